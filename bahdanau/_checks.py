@@ -1,0 +1,72 @@
+"""Input validation shared by the modules: every failure is a ValueError naming the argument."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+
+def shape_str(t: Tensor) -> str:
+    return str(tuple(t.shape))
+
+
+def check_tensor(name: str, t: object, ndim: int, *, integer: bool = False,
+                 floating: bool = False, boolean: bool = False) -> Tensor:
+    """Check type, rank and dtype family of an argument; return it typed as a Tensor."""
+    if not isinstance(t, Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {shape_str(t)}")
+    if integer and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
+        raise ValueError(f"{name} must hold integer token ids, got dtype {t.dtype}")
+    if floating and not t.dtype.is_floating_point:
+        raise ValueError(f"{name} must be floating point, got dtype {t.dtype}")
+    if boolean and t.dtype != torch.bool:
+        raise ValueError(f"{name} must be a bool mask (True at real tokens), got dtype {t.dtype}")
+    return t
+
+
+def check_dims(what: str, pairs: Sequence[tuple[str, Tensor, int, int]]) -> None:
+    """All (name, tensor, dim, expected) must agree: tensor.shape[dim] == expected."""
+    for name, t, dim, expected in pairs:
+        if t.shape[dim] != expected:
+            raise ValueError(
+                f"{what}: {name} has shape {shape_str(t)}, expected size {expected} at dim {dim}"
+            )
+
+
+def check_token_ids(name: str, ids: Tensor, vocab_size: int, mask: Tensor | None = None) -> None:
+    """Token ids (at real positions, if a mask is given) must lie in [0, vocab_size)."""
+    if ids.numel() == 0:
+        return
+    values = ids[mask] if mask is not None else ids
+    if values.numel() == 0:
+        return
+    low, high = int(values.min()), int(values.max())
+    if low < 0 or high >= vocab_size:
+        bad = low if low < 0 else high
+        raise ValueError(f"{name} holds token id {bad}, outside the vocabulary of size {vocab_size}")
+
+
+def check_mask_rows(name: str, mask: Tensor) -> None:
+    """Every row of a (B, S) mask needs at least one real token."""
+    empty = ~mask.any(dim=-1)
+    if bool(empty.any()):
+        rows = torch.nonzero(empty).flatten().tolist()[:8]
+        raise ValueError(f"{name} {shape_str(mask)} has rows with no real token: rows {rows}")
+
+
+def check_lengths(name: str, lengths: Tensor, batch: int, max_len: int) -> None:
+    """(B,) lengths with 1 <= length <= max_len."""
+    check_tensor(name, lengths, 1, integer=True)
+    if lengths.shape[0] != batch:
+        raise ValueError(f"{name} has shape {shape_str(lengths)}, expected ({batch},) for the batch")
+    if batch == 0:
+        raise ValueError(f"{name}: empty batch")
+    low, high = int(lengths.min()), int(lengths.max())
+    if low < 1:
+        raise ValueError(f"{name} holds length {low}: every sequence needs at least one token")
+    if high > max_len:
+        raise ValueError(f"{name} holds length {high}, longer than the padded length {max_len}")

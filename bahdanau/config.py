@@ -1,0 +1,95 @@
+"""Frozen configuration dataclasses.
+
+`ModelConfig` holds every size and option needed to build `RNNSearch` or `RNNEncDec`; the
+defaults are the paper's RNNsearch-50 (Bahdanau et al. 2015, appendix A.2 and B). Variants are
+made with `dataclasses.replace`; presets live in `bahdanau.presets`; checkpoints store
+`dataclasses.asdict(cfg)` and rebuild it with `ModelConfig.from_dict`.
+
+Shape legend used across the package: B batch, S source length, T target length, E embedding,
+H encoder hidden per direction (annotations are 2H), D decoder hidden, A alignment size,
+L maxout units, V vocabulary, K beam.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Arch = Literal["rnnsearch", "rnnencdec"]
+AttentionImpl = Literal["auto", "reference", "triton"]
+GRUForm = Literal["torch", "paper"]
+
+ARCHS: tuple[str, ...] = ("rnnsearch", "rnnencdec")
+ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference", "triton")
+GRU_FORMS: tuple[str, ...] = ("torch", "paper")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes and options of an RNNsearch / RNNencdec model.
+
+    Defaults follow RNNsearch-50 (Bahdanau et al. 2015, appendix A and B.2): 620-dimensional
+    embeddings, 1000 hidden units per encoder direction and in the decoder, a 1000-unit alignment
+    model and a 500-unit maxout layer.
+    """
+
+    src_vocab_size: int               # source V, from the source Vocab (specials included)
+    tgt_vocab_size: int               # target V, from the target Vocab (specials included)
+    embed_size: int = 620             # E (m in the paper), both sides
+    hidden_size: int = 1000           # H per encoder direction (n in the paper)
+    decoder_size: int = 1000          # D, decoder state s_i (n in the paper)
+    align_size: int = 1000            # A (n' in the paper)
+    maxout_size: int = 500            # L, units after maxout over pairs (l in the paper)
+    arch: Arch = "rnnsearch"          # which model `bahdanau.build_model` makes from this config
+    attention_impl: AttentionImpl = "auto"
+    gru_form: GRUForm = "torch"       # "paper": reset gate applied before U (eq. of appendix A)
+    dropout: float = 0.0              # on embeddings and the maxout output; the paper uses none
+    pad_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    unk_id: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("src_vocab_size", "tgt_vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 5:
+                raise ValueError(f"{name} must be an int >= 5 (4 specials + 1 word), got {value!r}")
+        for name in ("embed_size", "hidden_size", "decoder_size", "align_size", "maxout_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(
+                f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"
+            )
+        if self.gru_form not in GRU_FORMS:
+            raise ValueError(f"gru_form must be one of {GRU_FORMS}, got {self.gru_form!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        specials = {"pad_id": self.pad_id, "bos_id": self.bos_id,
+                    "eos_id": self.eos_id, "unk_id": self.unk_id}
+        if len(set(specials.values())) != len(specials):
+            raise ValueError(f"special token ids must be distinct, got {specials}")
+        smallest = min(self.src_vocab_size, self.tgt_vocab_size)
+        for name, value in specials.items():
+            if not 0 <= value < smallest:
+                raise ValueError(
+                    f"{name}={value} is outside the vocabularies (sizes {self.src_vocab_size}, "
+                    f"{self.tgt_vocab_size})"
+                )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON- and checkpoint-friendly) that `from_dict` turns back into a config."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """Rebuild a config from `to_dict()` output; unknown keys raise `ValueError`."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields {unknown}; known fields: {sorted(known)}")
+        return cls(**data)

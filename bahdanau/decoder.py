@@ -1,0 +1,252 @@
+"""AttentiveDecoder: the paper's GRU decoder with attention and a deep maxout output.
+
+Bahdanau et al. (2015), appendix A.2.2, for target step i (y_0 = bos):
+
+    c_i   = attention(s_{i-1}, h)                               (or a fixed c for RNNencdec)
+    t~_i  = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i               deep output, 2L units
+    t_i   = max over pairs of t~_i                              maxout, L units
+    p(y_i | y_<i, x) = softmax(W_o t_i)
+    s_i   = GRU(s_{i-1}, [E y_{i-1}; c_i])                      s_0 = tanh(W_s bwd h_1)
+
+Only the GRU update and the attention depend on the recurrence. `forward` (teacher forcing)
+therefore embeds and projects all target inputs at once, runs the loop with one fused matmul of
+s_{i-1} per step ([W_a; U] s_{i-1}), and computes the deep output and the vocabulary projection for
+all positions after the loop. `step` computes exactly the same for one position (for search).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from bahdanau import functional
+from bahdanau._checks import check_dims, check_mask_rows, check_tensor, check_token_ids
+from bahdanau.attention import AdditiveAttention
+from bahdanau.config import GRU_FORMS
+from bahdanau.encoder import init_recurrent_
+
+
+class DecoderMemory(NamedTuple):
+    """Everything the decoder reuses at every step for one source batch (built by `init_state`).
+
+    Attributes:
+        annotations: (B, S, 2H) encoder annotations h_j.
+        mask: (B, S) bool, True at real source tokens.
+        keys: (B, S, A) U_a h_j, or None without attention.
+        context: (B, 2H) the fixed context c of RNNencdec, or None with attention.
+        context_gates: (B, 3D) C c for the fixed context, or None with attention.
+        state_weight: the fused ([W_a;] U) weight applied to s_{i-1} at every step.
+    """
+
+    annotations: Tensor
+    mask: Tensor
+    keys: Tensor | None
+    context: Tensor | None
+    context_gates: Tensor | None
+    state_weight: Tensor
+
+
+class StepOutput(NamedTuple):
+    """Result of one decoder step for N rows (N = B, or B*K with beams)."""
+
+    logits: Tensor            # (N, V) scores of y_i
+    state: Tensor             # (N, D) s_i
+    weights: Tensor | None    # (N, S) a_ij, None without attention
+
+
+class AttentiveDecoder(nn.Module):
+    """GRU decoder with additive attention (RNNsearch) or a fixed context (RNNencdec).
+
+    Args:
+        vocab_size: target V.
+        embed_size: E.
+        hidden_size: D, size of s_i.
+        context_size: 2H, size of an annotation (and of c_i).
+        maxout_size: L, units after maxout (the deep output has 2L units before it).
+        attention: the alignment model; None gives RNNencdec's fixed context
+            c = tanh(W_c [fwd h_{T_x}; bwd h_1]) from the encoder (Cho et al. 2014a, with the
+            bidirectional encoder's two final states).
+        pad_id: padding id of the target vocabulary.
+        dropout: dropout on target embeddings and on the maxout output (0 in the paper).
+        gru_form: "torch" (r * (U s + b)) or "paper" (U (r * s)); see `functional.gru_update`.
+    """
+
+    def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, context_size: int,
+                 maxout_size: int, *, attention: AdditiveAttention | None, pad_id: int = 0,
+                 dropout: float = 0.0, gru_form: str = "torch") -> None:
+        super().__init__()
+        if gru_form not in GRU_FORMS:
+            raise ValueError(f"gru_form must be one of {GRU_FORMS}, got {gru_form!r}")
+        if context_size % 2:
+            raise ValueError(f"context_size must be 2H (even), got {context_size}")
+        if attention is not None and (attention.query_size, attention.key_size) != (
+                hidden_size, context_size):
+            raise ValueError(
+                f"attention expects query_size={attention.query_size}, "
+                f"key_size={attention.key_size}; the decoder has hidden_size={hidden_size}, "
+                f"context_size={context_size}"
+            )
+        self.vocab_size, self.embed_size, self.hidden_size = vocab_size, embed_size, hidden_size
+        self.context_size, self.maxout_size = context_size, maxout_size
+        self.pad_id, self.gru_form = pad_id, gru_form
+        self.attention = attention
+        D, C, L = hidden_size, context_size, maxout_size
+        self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=pad_id)   # E
+        self.dropout = nn.Dropout(dropout)
+        self.init_proj = nn.Linear(C // 2, D)                     # W_s on bwd h_1
+        self.input_gates = nn.Linear(embed_size, 3 * D)           # [W_r; W_z; W] E y_{i-1} + b
+        self.context_gates = nn.Linear(C, 3 * D, bias=False)      # [C_r; C_z; C] c_i
+        self.weight_hh = nn.Parameter(torch.empty(3 * D, D))      # [U_r; U_z; U]
+        self.bias_hh = nn.Parameter(torch.empty(3 * D))
+        self.readout_state = nn.Linear(D, 2 * L)                  # U_o (+ bias)
+        self.readout_embed = nn.Linear(embed_size, 2 * L, bias=False)   # V_o
+        self.readout_context = nn.Linear(C, 2 * L, bias=False)    # C_o
+        self.output = nn.Linear(L, vocab_size)                    # W_o (+ bias)
+        self.context_proj = nn.Linear(C, C) if attention is None else None  # RNNencdec's c
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """The paper's initialisation: U orthogonal, other weights N(0, 0.01^2), biases 0."""
+        for module in self.modules():
+            if module is self.attention:
+                continue
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, std=0.01)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+        with torch.no_grad():
+            self.embedding.weight[self.pad_id].zero_()
+        init_recurrent_(self.weight_hh, self.hidden_size)
+        nn.init.zeros_(self.bias_hh)
+        if self.attention is not None:
+            self.attention.reset_parameters()
+
+    # ------------------------------------------------------------------ per source batch
+    def init_state(self, annotations: Tensor, mask: Tensor) -> tuple[Tensor, DecoderMemory]:
+        """s_0 and the per-batch memory: keys (or the fixed context) and the fused step weight.
+
+        Args:
+            annotations: (B, S, 2H) encoder annotations; the last H features of position 0 are
+                the backward GRU's final state bwd h_1.
+            mask: (B, S) bool, True at real tokens; every row needs one True.
+        Returns:
+            (B, D) s_0 = tanh(W_s bwd h_1) and the `DecoderMemory` for `step` / `forward`.
+        """
+        check_tensor("annotations", annotations, 3, floating=True)
+        check_tensor("mask", mask, 2, boolean=True)
+        check_dims("AttentiveDecoder.init_state", [
+            ("annotations", annotations, 2, self.context_size),
+            ("mask", mask, 0, annotations.shape[0]),
+            ("mask", mask, 1, annotations.shape[1]),
+        ])
+        if annotations.shape[0] == 0 or annotations.shape[1] == 0:
+            raise ValueError(f"annotations {tuple(annotations.shape)}: empty batch or source")
+        check_mask_rows("mask", mask)
+        half = self.context_size // 2
+        backward_first = annotations[:, 0, half:]                 # (B, H) bwd h_1
+        s0 = torch.tanh(self.init_proj(backward_first))           # (B, D)
+        u_rz = self.weight_hh if self.gru_form == "torch" else self.weight_hh[: 2 * self.hidden_size]
+        if self.attention is None:
+            last = mask.sum(dim=1) - 1                            # index of each last real token
+            forward_last = annotations[torch.arange(annotations.shape[0]), last, :half]
+            context = torch.tanh(self.context_proj(torch.cat([forward_last, backward_first], -1)))
+            memory = DecoderMemory(annotations, mask, None, context, self.context_gates(context),
+                                   u_rz)
+        else:
+            keys = self.attention.precompute_keys(annotations)   # (B, S, A) once per batch
+            state_weight = torch.cat([self.attention.W_a.weight, u_rz])  # (A + 3D or A + 2D, D)
+            memory = DecoderMemory(annotations, mask, keys, None, None, state_weight)
+        return s0, memory
+
+    # ------------------------------------------------------------------ the recurrence
+    def _recur(self, x_gates: Tensor, state: Tensor, memory: DecoderMemory
+               ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """c_i from s_{i-1}, then s_i. x_gates: (N, 3D) input part of the GRU pre-activations."""
+        projected = F.linear(state, memory.state_weight)         # (N, [A +] 3D or 2D)
+        if memory.keys is None:
+            assert memory.context is not None and memory.context_gates is not None
+            repeat = state.shape[0] // memory.context.shape[0]
+            context = memory.context.repeat_interleave(repeat, 0) if repeat > 1 else memory.context
+            c_gates = (memory.context_gates.repeat_interleave(repeat, 0) if repeat > 1
+                       else memory.context_gates)
+            weights, h_gates = None, projected
+        else:
+            assert self.attention is not None
+            align = self.attention.align_size
+            query, h_gates = projected[:, :align], projected[:, align:]
+            context, weights = self.attention.attend(query, memory.keys, memory.annotations,
+                                                     memory.mask, check=False)
+            c_gates = self.context_gates(context)
+        D = self.hidden_size
+        if self.gru_form == "torch":
+            new_state = functional.gru_update(x_gates + c_gates, h_gates + self.bias_hh, state)
+        else:
+            new_state = functional.gru_update(
+                x_gates + c_gates, h_gates + self.bias_hh[: 2 * D], state,
+                weight_hn=self.weight_hh[2 * D:], bias_hn=self.bias_hh[2 * D:])
+        return new_state, context, weights
+
+    def _readout(self, states: Tensor, embedded: Tensor, contexts: Tensor) -> Tensor:
+        """Deep output: logits from s_{i-1}, E y_{i-1}, c_i (any leading shape)."""
+        t_tilde = (self.readout_state(states) + self.readout_embed(embedded)
+                   + self.readout_context(contexts))             # (..., 2L)
+        return self.output(self.dropout(functional.maxout(t_tilde)))  # (..., V)
+
+    # ------------------------------------------------------------------ public steps
+    def step(self, prev_tokens: Tensor, state: Tensor, memory: DecoderMemory) -> StepOutput:
+        """One decoding step for N rows (N = B, or B*K beams stored sentence-major).
+
+        Args:
+            prev_tokens: (N,) y_{i-1}.
+            state: (N, D) s_{i-1}.
+            memory: from `init_state` for the B source sentences.
+        Returns:
+            `StepOutput` with (N, V) logits of y_i, (N, D) s_i and (N, S) weights a_ij.
+        """
+        embedded = self.dropout(self.embedding(prev_tokens))      # (N, E)
+        new_state, context, weights = self._recur(self.input_gates(embedded), state, memory)
+        return StepOutput(self._readout(state, embedded, context), new_state, weights)
+
+    def forward(self, tgt_in: Tensor, state: Tensor, memory: DecoderMemory, *,
+                return_attention: bool = False, select: Tensor | None = None
+                ) -> tuple[Tensor, Tensor | None]:
+        """Teacher-forced decoding of whole target prefixes.
+
+        Args:
+            tgt_in: (B, T) decoder inputs y_0..y_{T-1} (bos first), padded with pad_id.
+            state: (B, D) s_0 from `init_state`.
+            memory: from `init_state`.
+            return_attention: also return the (B, T, S) weights (else None).
+            select: optional (B, T) bool; if given, only the selected positions are projected
+                onto the vocabulary and the logits come back as (M, V), M = select.sum(), in
+                row-major order (what a loss needs: padding costs no vocabulary projection).
+        Returns:
+            (B, T, V) logits of y_1..y_T (or (M, V), see `select`), and the weights or None.
+        """
+        check_tensor("tgt_in", tgt_in, 2, integer=True)
+        check_dims("AttentiveDecoder.forward", [("tgt_in", tgt_in, 0, state.shape[0])])
+        if tgt_in.shape[1] == 0:
+            raise ValueError(f"tgt_in has shape {tuple(tgt_in.shape)}: no target positions")
+        check_token_ids("tgt_in", tgt_in, self.vocab_size)
+        embedded = self.dropout(self.embedding(tgt_in))           # (B, T, E)
+        x_gates = self.input_gates(embedded)                      # (B, T, 3D) hoisted
+        states, contexts, weights = [], [], []
+        for x_step in x_gates.unbind(1):                          # unbind: one backward op
+            states.append(state)
+            state, context, step_weights = self._recur(x_step, state, memory)
+            contexts.append(context)
+            weights.append(step_weights)
+        states_all, contexts_all = torch.stack(states, 1), torch.stack(contexts, 1)
+        if select is not None:
+            check_dims("AttentiveDecoder.forward", [("select", select, 0, tgt_in.shape[0]),
+                                                    ("select", select, 1, tgt_in.shape[1])])
+            states_all, embedded, contexts_all = (
+                states_all[select], embedded[select], contexts_all[select])
+        logits = self._readout(states_all, embedded, contexts_all)
+        attention = None
+        if return_attention and memory.keys is not None:
+            attention = torch.stack(weights, 1)                   # (B, T, S)
+        return logits, attention

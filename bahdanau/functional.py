@@ -1,0 +1,118 @@
+"""The paper's math in plain PyTorch: the reference every other path is checked against.
+
+Everything here works on any device and dtype and gets its gradients from autograd. Shapes follow
+the legend in `bahdanau.config`; N is a number of decoder rows, either B (one per sentence) or B*K
+(K beam hypotheses per sentence, stored sentence-major: row n belongs to sentence n // K).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def lengths_to_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
+    """(B,) lengths -> (B, max_len) bool mask, True at the first `lengths[b]` positions."""
+    if max_len is None:
+        max_len = int(lengths.max()) if lengths.numel() else 0
+    positions = torch.arange(max_len, device=lengths.device)
+    return positions[None, :] < lengths[:, None]
+
+
+def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
+    """Softmax over the last dim restricted to `mask`: exactly 0 where mask is False.
+
+    Args:
+        scores: (..., S) energies e_ij.
+        mask: bool, broadcastable to `scores`, True at real positions; every row needs one True
+            (the caller checks it: a row with none would give NaN).
+    """
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+
+
+def additive_attention(query_proj: Tensor, keys: Tensor, annotations: Tensor, mask: Tensor,
+                       v: Tensor) -> tuple[Tensor, Tensor]:
+    """One alignment step: e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j), a = softmax_j(e), c = a h.
+
+    Args:
+        query_proj: (N, A) W_a s_{i-1}; N = B, or B*K with K beams per sentence (sentence-major).
+        keys: (B, S, A) U_a h_j, computed once per source batch.
+        annotations: (B, S, 2H) encoder annotations h_j.
+        mask: (B, S) bool, True at real tokens; every row needs one True.
+        v: (A,) v_a.
+    Returns:
+        (N, 2H) context c_i and (N, S) weights a_ij (exactly 0 at padding, rows sum to 1).
+    """
+    batch, src_len, align = keys.shape
+    beams = query_proj.shape[0] // batch
+    query = query_proj.view(batch, beams, 1, align)
+    energy = torch.tanh(query + keys[:, None])                # (B, K, S, A)
+    scores = energy @ v                                       # (B, K, S)  e_ij
+    weights = masked_softmax(scores, mask[:, None, :])        # (B, K, S)  a_ij
+    context = torch.bmm(weights, annotations)                 # (B, K, 2H) c_i
+    return context.reshape(batch * beams, -1), weights.reshape(batch * beams, src_len)
+
+
+def gru_update(x_gates: Tensor, h_gates: Tensor, h: Tensor, *, weight_hn: Tensor | None = None,
+               bias_hn: Tensor | None = None) -> Tensor:
+    """One GRU state update from precomputed gate pre-activations (gate order r, z, n).
+
+    Two formulations of the candidate state n (both update h' = (1 - z) * n + z * h):
+
+    * torch form (`weight_hn is None`): `h_gates` is U h + b_h, shape (..., 3D), and
+      n = tanh(x_n + r * (U_n h + b_hn)), as `torch.nn.GRU` computes it.
+    * paper form: `h_gates` is U_{r,z} h + b_{r,z}, shape (..., 2D), and
+      n = tanh(x_n + U_n (r * h) + b_hn), the reset gate applied before U as in the paper's
+      appendix A. It costs one extra (N, D) x (D, D) matmul per step.
+
+    The paper writes the update as h' = (1 - z) h + z n; ours is the same family with z relabelled
+    (z -> 1 - z), as torch does.
+
+    Args:
+        x_gates: (..., 3D) input pre-activations W x (+ C c) + b_x.
+        h_gates: (..., 3D) or (..., 2D), see above.
+        h: (..., D) previous state.
+        weight_hn: (D, D) U_n, paper form only.
+        bias_hn: (D,) b_hn, paper form only.
+    Returns:
+        (..., D) the new state.
+    """
+    x_r, x_z, x_n = x_gates.chunk(3, dim=-1)
+    if weight_hn is None:
+        h_r, h_z, h_n = h_gates.chunk(3, dim=-1)
+        r = torch.sigmoid(x_r + h_r)
+        z = torch.sigmoid(x_z + h_z)
+        n = torch.tanh(x_n + r * h_n)
+    else:
+        h_r, h_z = h_gates.chunk(2, dim=-1)
+        r = torch.sigmoid(x_r + h_r)
+        z = torch.sigmoid(x_z + h_z)
+        n = torch.tanh(x_n + F.linear(r * h, weight_hn, bias_hn))
+    return n + z * (h - n)
+
+
+def maxout(x: Tensor, pool: int = 2) -> Tensor:
+    """Maxout over consecutive groups of `pool` units: (..., pool*L) -> (..., L)."""
+    return x.unflatten(-1, (x.shape[-1] // pool, pool)).amax(dim=-1)
+
+
+def sequence_nll(logits: Tensor, target: Tensor, pad_id: int, *,
+                 label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Summed negative log-likelihood of `target` under `logits`, padding ignored.
+
+    Args:
+        logits: (B, T, V) unnormalised scores.
+        target: (B, T) token ids; positions equal to `pad_id` contribute nothing.
+        pad_id: padding id.
+        label_smoothing: as in `torch.nn.functional.cross_entropy`; 0 (the paper) by default.
+    Returns:
+        The summed loss (a scalar) and the number of non-pad target tokens (a scalar tensor).
+    """
+    if logits.shape[:2] != target.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} and target {tuple(target.shape)} disagree on (B, T)"
+        )
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
+                           ignore_index=pad_id, reduction="sum", label_smoothing=label_smoothing)
+    return loss, (target != pad_id).sum()

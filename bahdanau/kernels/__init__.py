@@ -1,0 +1,57 @@
+"""Optional fused kernels and the choice between them and the reference.
+
+Triton is imported lazily: `import bahdanau` never loads it. `resolve_impl` maps a requested
+attention implementation to the one that runs for given tensors.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from torch import Tensor
+
+IMPLS = ("auto", "reference", "triton")
+
+
+def has_triton() -> bool:
+    """True if the `triton` package can be imported (without importing it)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_unavailable_reason(tensor: Tensor) -> str | None:
+    """Why the Triton path cannot run on `tensor`, or None if it can."""
+    if not has_triton():
+        return "the triton package is not installed (pip install 'bahdanau[triton]')"
+    if tensor.device.type != "cuda" and not _interpreting():
+        return (f"tensors are on {tensor.device.type}; the Triton kernel needs CUDA tensors "
+                "(or TRITON_INTERPRET=1 for the slow CPU interpreter)")
+    try:
+        from bahdanau.kernels import triton_attention  # noqa: F401  (lazy: loads triton)
+    except ImportError as exc:
+        return f"the Triton kernels could not be loaded ({exc})"
+    return None
+
+
+def resolve_impl(impl: str, tensor: Tensor) -> str:
+    """Map "auto" / "reference" / "triton" to the implementation that runs on `tensor`.
+
+    "auto" picks "triton" for CUDA tensors when Triton is importable and "reference" otherwise;
+    an explicit "triton" that cannot run raises `ValueError` (nothing falls back silently).
+    """
+    if impl not in IMPLS:
+        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "reference":
+        return "reference"
+    if impl == "auto":
+        if tensor.device.type == "cuda" and has_triton():
+            return "triton"
+        return "reference"
+    reason = triton_unavailable_reason(tensor)
+    if reason is not None:
+        raise ValueError(f"impl='triton' cannot run: {reason}")
+    return "triton"
