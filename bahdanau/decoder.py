@@ -32,12 +32,18 @@ from bahdanau.encoder import init_recurrent_
 class DecoderMemory(NamedTuple):
     """Everything the decoder reuses at every step for one source batch (built by `init_state`).
 
+    The context c_i enters the decoder only through linear maps without bias (C c_i in the GRU,
+    C_o c_i in the deep output), and c_i = sum_j a_ij h_j with sum_j a_ij = 1, so
+    [C; C_o] c_i = sum_j a_ij [C; C_o] h_j. `values` holds [C; C_o] h_j for every source position,
+    computed once per batch in one large matmul; each step then only mixes it with a_ij, an
+    (S)-long weighted sum instead of a (2H x (3D + 2L)) matmul per row.
+
     Attributes:
         annotations: (B, S, 2H) encoder annotations h_j.
         mask: (B, S) bool, True at real source tokens.
         keys: (B, S, A) U_a h_j, or None without attention.
         context: (B, 2H) the fixed context c of RNNencdec, or None with attention.
-        context_gates: (B, 3D) C c for the fixed context, or None with attention.
+        values: (B, S, 3D + 2L) [C; C_o] h_j with attention; (B, 3D + 2L) [C; C_o] c without.
         state_weight: the fused ([W_a;] U) weight applied to s_{i-1} at every step.
     """
 
@@ -45,7 +51,7 @@ class DecoderMemory(NamedTuple):
     mask: Tensor
     keys: Tensor | None
     context: Tensor | None
-    context_gates: Tensor | None
+    values: Tensor
     state_weight: Tensor
 
 
@@ -149,50 +155,55 @@ class AttentiveDecoder(nn.Module):
         backward_first = annotations[:, 0, half:]                 # (B, H) bwd h_1
         s0 = torch.tanh(self.init_proj(backward_first))           # (B, D)
         u_rz = self.weight_hh if self.gru_form == "torch" else self.weight_hh[: 2 * self.hidden_size]
+        value_weight = torch.cat([self.context_gates.weight, self.readout_context.weight])
         if self.attention is None:
             last = mask.sum(dim=1) - 1                            # index of each last real token
             forward_last = annotations[torch.arange(annotations.shape[0]), last, :half]
             context = torch.tanh(self.context_proj(torch.cat([forward_last, backward_first], -1)))
-            memory = DecoderMemory(annotations, mask, None, context, self.context_gates(context),
-                                   u_rz)
+            memory = DecoderMemory(annotations, mask, None, context,
+                                   F.linear(context, value_weight), u_rz)   # (B, 3D + 2L)
         else:
             keys = self.attention.precompute_keys(annotations)   # (B, S, A) once per batch
+            values = F.linear(annotations, value_weight)          # (B, S, 3D + 2L)
             state_weight = torch.cat([self.attention.W_a.weight, u_rz])  # (A + 3D or A + 2D, D)
-            memory = DecoderMemory(annotations, mask, keys, None, None, state_weight)
+            memory = DecoderMemory(annotations, mask, keys, None, values, state_weight)
         return s0, memory
 
     # ------------------------------------------------------------------ the recurrence
-    def _recur(self, x_gates: Tensor, state: Tensor, memory: DecoderMemory
-               ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """c_i from s_{i-1}, then s_i. x_gates: (N, 3D) input part of the GRU pre-activations."""
+    def _attend(self, state: Tensor, memory: DecoderMemory
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """From s_{i-1} (N rows): U s_{i-1}, C c_i (N, 3D), C_o c_i (N, 2L) and a_ij (N, S)."""
         projected = F.linear(state, memory.state_weight)         # (N, [A +] 3D or 2D)
         if memory.keys is None:
-            assert memory.context is not None and memory.context_gates is not None
-            repeat = state.shape[0] // memory.context.shape[0]
-            context = memory.context.repeat_interleave(repeat, 0) if repeat > 1 else memory.context
-            c_gates = (memory.context_gates.repeat_interleave(repeat, 0) if repeat > 1
-                       else memory.context_gates)
-            weights, h_gates = None, projected
+            repeat = state.shape[0] // memory.values.shape[0]
+            context_terms = (memory.values.repeat_interleave(repeat, 0) if repeat > 1
+                             else memory.values)
+            h_gates, weights = projected, None
         else:
             assert self.attention is not None
-            align = self.attention.align_size
-            query, h_gates = projected[:, :align], projected[:, align:]
-            context, weights = self.attention.attend(query, memory.keys, memory.annotations,
-                                                     memory.mask, check=False)
-            c_gates = self.context_gates(context)
-        D = self.hidden_size
-        if self.gru_form == "torch":
-            new_state = functional.gru_update(x_gates + c_gates, h_gates + self.bias_hh, state)
-        else:
-            new_state = functional.gru_update(
-                x_gates + c_gates, h_gates + self.bias_hh[: 2 * D], state,
-                weight_hn=self.weight_hh[2 * D:], bias_hn=self.bias_hh[2 * D:])
-        return new_state, context, weights
+            query, h_gates = projected.split(
+                [self.attention.align_size, projected.shape[1] - self.attention.align_size], 1)
+            context_terms, weights = self.attention.attend(query, memory.keys, memory.values,
+                                                           memory.mask, check=False)
+        gate_terms, readout_terms = context_terms.split(
+            [3 * self.hidden_size, 2 * self.maxout_size], 1)
+        return h_gates, gate_terms, readout_terms, weights
 
-    def _readout(self, states: Tensor, embedded: Tensor, contexts: Tensor) -> Tensor:
-        """Deep output: logits from s_{i-1}, E y_{i-1}, c_i (any leading shape)."""
+    def _update(self, x_gates: Tensor, h_gates: Tensor, gate_terms: Tensor, state: Tensor
+                ) -> Tensor:
+        """s_i = GRU(s_{i-1}, [E y_{i-1}; c_i]) from the pre-activation parts."""
+        D = self.hidden_size
+        x_gates = x_gates + gate_terms                            # W E y_{i-1} + b + C c_i
+        if self.gru_form == "torch":
+            return functional.gru_update(x_gates, h_gates + self.bias_hh, state)
+        return functional.gru_update(x_gates, h_gates + self.bias_hh[: 2 * D], state,
+                                     weight_hn=self.weight_hh[2 * D:],
+                                     bias_hn=self.bias_hh[2 * D:])
+
+    def _readout(self, states: Tensor, embedded: Tensor, context_readout: Tensor) -> Tensor:
+        """Deep output: logits from s_{i-1}, E y_{i-1} and C_o c_i (any leading shape)."""
         t_tilde = (self.readout_state(states) + self.readout_embed(embedded)
-                   + self.readout_context(contexts))             # (..., 2L)
+                   + context_readout)                             # (..., 2L)
         return self.output(self.dropout(functional.maxout(t_tilde)))  # (..., V)
 
     # ------------------------------------------------------------------ public steps
@@ -207,8 +218,10 @@ class AttentiveDecoder(nn.Module):
             `StepOutput` with (N, V) logits of y_i, (N, D) s_i and (N, S) weights a_ij.
         """
         embedded = self.dropout(self.embedding(prev_tokens))      # (N, E)
-        new_state, context, weights = self._recur(self.input_gates(embedded), state, memory)
-        return StepOutput(self._readout(state, embedded, context), new_state, weights)
+        h_gates, gate_terms, readout_terms, weights = self._attend(state, memory)
+        new_state = self._update(self.input_gates(embedded), h_gates, gate_terms, state)
+        logits = self._readout(state, embedded, readout_terms)
+        return StepOutput(logits, new_state, weights)
 
     def forward(self, tgt_in: Tensor, state: Tensor, memory: DecoderMemory, *,
                 return_attention: bool = False, select: Tensor | None = None
@@ -233,19 +246,22 @@ class AttentiveDecoder(nn.Module):
         check_token_ids("tgt_in", tgt_in, self.vocab_size)
         embedded = self.dropout(self.embedding(tgt_in))           # (B, T, E)
         x_gates = self.input_gates(embedded)                      # (B, T, 3D) hoisted
-        states, contexts, weights = [], [], []
-        for x_step in x_gates.unbind(1):                          # unbind: one backward op
+        states, readouts, weights = [], [], []
+        last = tgt_in.shape[1] - 1
+        for i, x_step in enumerate(x_gates.unbind(1)):            # unbind: one backward op
             states.append(state)
-            state, context, step_weights = self._recur(x_step, state, memory)
-            contexts.append(context)
+            h_gates, gate_terms, readout_terms, step_weights = self._attend(state, memory)
+            readouts.append(readout_terms)                        # C_o c_i
             weights.append(step_weights)
-        states_all, contexts_all = torch.stack(states, 1), torch.stack(contexts, 1)
+            if i < last:                                          # s_T is never used
+                state = self._update(x_step, h_gates, gate_terms, state)
+        states_all, readouts_all = torch.stack(states, 1), torch.stack(readouts, 1)
         if select is not None:
             check_dims("AttentiveDecoder.forward", [("select", select, 0, tgt_in.shape[0]),
                                                     ("select", select, 1, tgt_in.shape[1])])
-            states_all, embedded, contexts_all = (
-                states_all[select], embedded[select], contexts_all[select])
-        logits = self._readout(states_all, embedded, contexts_all)
+            states_all, embedded, readouts_all = (
+                states_all[select], embedded[select], readouts_all[select])
+        logits = self._readout(states_all, embedded, readouts_all)
         attention = None
         if return_attention and memory.keys is not None:
             attention = torch.stack(weights, 1)                   # (B, T, S)
