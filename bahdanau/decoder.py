@@ -45,6 +45,7 @@ class DecoderMemory(NamedTuple):
         context: (B, 2H) the fixed context c of RNNencdec, or None with attention.
         values: (B, S, 3D + 2L) [C; C_o] h_j with attention; (B, 3D + 2L) [C; C_o] c without.
         state_weight: the fused ([W_a;] U) weight applied to s_{i-1} at every step.
+        state_bias: its bias (0 for W_a, then the GRU's recurrent bias).
     """
 
     annotations: Tensor
@@ -53,6 +54,7 @@ class DecoderMemory(NamedTuple):
     context: Tensor | None
     values: Tensor
     state_weight: Tensor
+    state_bias: Tensor
 
 
 class StepOutput(NamedTuple):
@@ -154,26 +156,28 @@ class AttentiveDecoder(nn.Module):
         half = self.context_size // 2
         backward_first = annotations[:, 0, half:]                 # (B, H) bwd h_1
         s0 = torch.tanh(self.init_proj(backward_first))           # (B, D)
-        u_rz = self.weight_hh if self.gru_form == "torch" else self.weight_hh[: 2 * self.hidden_size]
+        rows = 3 * self.hidden_size if self.gru_form == "torch" else 2 * self.hidden_size
+        u_rz, b_rz = self.weight_hh[:rows], self.bias_hh[:rows]   # U (torch) or U_{r,z} (paper)
         value_weight = torch.cat([self.context_gates.weight, self.readout_context.weight])
         if self.attention is None:
             last = mask.sum(dim=1) - 1                            # index of each last real token
             forward_last = annotations[torch.arange(annotations.shape[0]), last, :half]
             context = torch.tanh(self.context_proj(torch.cat([forward_last, backward_first], -1)))
             memory = DecoderMemory(annotations, mask, None, context,
-                                   F.linear(context, value_weight), u_rz)   # (B, 3D + 2L)
+                                   F.linear(context, value_weight), u_rz, b_rz)  # (B, 3D + 2L)
         else:
             keys = self.attention.precompute_keys(annotations)   # (B, S, A) once per batch
             values = F.linear(annotations, value_weight)          # (B, S, 3D + 2L)
             state_weight = torch.cat([self.attention.W_a.weight, u_rz])  # (A + 3D or A + 2D, D)
-            memory = DecoderMemory(annotations, mask, keys, None, values, state_weight)
+            state_bias = torch.cat([b_rz.new_zeros(self.attention.align_size), b_rz])
+            memory = DecoderMemory(annotations, mask, keys, None, values, state_weight, state_bias)
         return s0, memory
 
     # ------------------------------------------------------------------ the recurrence
     def _attend(self, state: Tensor, memory: DecoderMemory
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """From s_{i-1} (N rows): U s_{i-1}, C c_i (N, 3D), C_o c_i (N, 2L) and a_ij (N, S)."""
-        projected = F.linear(state, memory.state_weight)         # (N, [A +] 3D or 2D)
+        projected = F.linear(state, memory.state_weight, memory.state_bias)  # (N, [A +] 3D|2D)
         if memory.keys is None:
             repeat = state.shape[0] // memory.values.shape[0]
             context_terms = (memory.values.repeat_interleave(repeat, 0) if repeat > 1
@@ -195,9 +199,8 @@ class AttentiveDecoder(nn.Module):
         D = self.hidden_size
         x_gates = x_gates + gate_terms                            # W E y_{i-1} + b + C c_i
         if self.gru_form == "torch":
-            return functional.gru_update(x_gates, h_gates + self.bias_hh, state)
-        return functional.gru_update(x_gates, h_gates + self.bias_hh[: 2 * D], state,
-                                     weight_hn=self.weight_hh[2 * D:],
+            return functional.gru_update(x_gates, h_gates, state)
+        return functional.gru_update(x_gates, h_gates, state, weight_hn=self.weight_hh[2 * D:],
                                      bias_hn=self.bias_hh[2 * D:])
 
     def _readout(self, states: Tensor, embedded: Tensor, context_readout: Tensor) -> Tensor:

@@ -78,18 +78,16 @@ def gru_update(x_gates: Tensor, h_gates: Tensor, h: Tensor, *, weight_hn: Tensor
     Returns:
         (..., D) the new state.
     """
-    x_r, x_z, x_n = x_gates.chunk(3, dim=-1)
+    size = h.shape[-1]
+    x_rz, x_n = x_gates.split([2 * size, size], dim=-1)
     if weight_hn is None:
-        h_r, h_z, h_n = h_gates.chunk(3, dim=-1)
-        r = torch.sigmoid(x_r + h_r)
-        z = torch.sigmoid(x_z + h_z)
+        h_rz, h_n = h_gates.split([2 * size, size], dim=-1)
+        r, z = torch.sigmoid(x_rz + h_rz).chunk(2, dim=-1)
         n = torch.tanh(x_n + r * h_n)
     else:
-        h_r, h_z = h_gates.chunk(2, dim=-1)
-        r = torch.sigmoid(x_r + h_r)
-        z = torch.sigmoid(x_z + h_z)
+        r, z = torch.sigmoid(x_rz + h_gates).chunk(2, dim=-1)
         n = torch.tanh(x_n + F.linear(r * h, weight_hn, bias_hn))
-    return n + z * (h - n)
+    return torch.lerp(n, h, z)                                # (1 - z) * n + z * h
 
 
 def maxout(x: Tensor, pool: int = 2) -> Tensor:
