@@ -204,10 +204,10 @@ class AttentiveDecoder(nn.Module):
                                      bias_hn=self.bias_hh[2 * D:])
 
     def _readout(self, states: Tensor, embedded: Tensor, context_readout: Tensor) -> Tensor:
-        """Deep output: logits from s_{i-1}, E y_{i-1} and C_o c_i (any leading shape)."""
+        """Deep output t_i from s_{i-1}, E y_{i-1} and C_o c_i (any leading shape): (..., L)."""
         t_tilde = (self.readout_state(states) + self.readout_embed(embedded)
                    + context_readout)                             # (..., 2L)
-        return self.output(self.dropout(functional.maxout(t_tilde)))  # (..., V)
+        return self.dropout(functional.maxout(t_tilde))           # (..., L); logits: W_o t_i
 
     # ------------------------------------------------------------------ public steps
     def step(self, prev_tokens: Tensor, state: Tensor, memory: DecoderMemory) -> StepOutput:
@@ -223,13 +223,13 @@ class AttentiveDecoder(nn.Module):
         embedded = self.dropout(self.embedding(prev_tokens))      # (N, E)
         h_gates, gate_terms, readout_terms, weights = self._attend(state, memory)
         new_state = self._update(self.input_gates(embedded), h_gates, gate_terms, state)
-        logits = self._readout(state, embedded, readout_terms)
+        logits = self.output(self._readout(state, embedded, readout_terms))
         return StepOutput(logits, new_state, weights)
 
     def forward(self, tgt_in: Tensor, state: Tensor, memory: DecoderMemory, *,
                 return_attention: bool = False, select: Tensor | None = None
                 ) -> tuple[Tensor, Tensor | None]:
-        """Teacher-forced decoding of whole target prefixes.
+        """Teacher-forced decoding of whole target prefixes: `output(features(...))`.
 
         Args:
             tgt_in: (B, T) decoder inputs y_0..y_{T-1} (bos first), padded with pad_id.
@@ -241,6 +241,18 @@ class AttentiveDecoder(nn.Module):
                 row-major order (what a loss needs: padding costs no vocabulary projection).
         Returns:
             (B, T, V) logits of y_1..y_T (or (M, V), see `select`), and the weights or None.
+        """
+        features, attention = self.features(tgt_in, state, memory,
+                                            return_attention=return_attention, select=select)
+        return self.output(features), attention
+
+    def features(self, tgt_in: Tensor, state: Tensor, memory: DecoderMemory, *,
+                 return_attention: bool = False, select: Tensor | None = None
+                 ) -> tuple[Tensor, Tensor | None]:
+        """Like `forward`, but stops before the vocabulary projection W_o.
+
+        Returns:
+            (B, T, L) maxout outputs t_i (or (M, L) with `select`), and the weights or None.
         """
         check_tensor("tgt_in", tgt_in, 2, integer=True)
         check_dims("AttentiveDecoder.forward", [("tgt_in", tgt_in, 0, state.shape[0])])
@@ -264,8 +276,8 @@ class AttentiveDecoder(nn.Module):
                                                     ("select", select, 1, tgt_in.shape[1])])
             states_all, embedded, readouts_all = (
                 states_all[select], embedded[select], readouts_all[select])
-        logits = self._readout(states_all, embedded, readouts_all)
+        features = self._readout(states_all, embedded, readouts_all)
         attention = None
         if return_attention and memory.keys is not None:
             attention = torch.stack(weights, 1)                   # (B, T, S)
-        return logits, attention
+        return features, attention

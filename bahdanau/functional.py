@@ -111,6 +111,75 @@ def sequence_nll(logits: Tensor, target: Tensor, pad_id: int, *,
         raise ValueError(
             f"logits {tuple(logits.shape)} and target {tuple(target.shape)} disagree on (B, T)"
         )
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()                                   # accumulate in fp32
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                            ignore_index=pad_id, reduction="sum", label_smoothing=label_smoothing)
     return loss, (target != pad_id).sum()
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of `hidden @ weight.T + bias` without a stored log-softmax.
+
+    The backward recomputes softmax(logits) from the saved logits and log-sum-exp in one pass
+    (softmax minus the smoothed one-hot), instead of torch's log-softmax output, zero-filled
+    gradient and log-softmax backward.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
+                label_smoothing: float) -> Tensor:
+        logits = F.linear(hidden, weight, bias)                   # (M, V)
+        if logits.dtype in (torch.float16, torch.bfloat16):
+            logits = logits.float()                               # accumulate in fp32
+        lse = torch.logsumexp(logits, dim=1)                      # (M,)
+        nll = lse - logits.gather(1, target[:, None]).squeeze(1)
+        loss = nll.sum()
+        if label_smoothing > 0.0:
+            uniform = (lse - logits.mean(dim=1)).sum()            # -sum_v log p_v / V
+            loss = (1.0 - label_smoothing) * loss + label_smoothing * uniform
+        ctx.save_for_backward(hidden, weight, logits, lse, target)
+        ctx.has_bias = bias is not None
+        ctx.label_smoothing = label_smoothing
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor):  # type: ignore[override]
+        hidden, weight, logits, lse, target = ctx.saved_tensors
+        smoothing = ctx.label_smoothing
+        grad = torch.exp(logits - lse[:, None])                   # softmax (M, V)
+        if smoothing > 0.0:
+            grad -= smoothing / logits.shape[1]
+        grad.scatter_add_(1, target[:, None],
+                          grad.new_full((target.shape[0], 1), smoothing - 1.0))
+        grad = (grad * grad_loss).to(hidden.dtype)
+        grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
+        grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_hidden, grad_weight, grad_bias, None, None
+
+
+def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, *,
+                         label_smoothing: float = 0.0) -> Tensor:
+    """Summed cross-entropy of the logits `hidden @ weight.T + bias` against `target`.
+
+    Equal to `F.cross_entropy(F.linear(hidden, weight, bias), target, reduction="sum",
+    label_smoothing=label_smoothing)` with less memory traffic: the (M, V) log-softmax is never
+    stored. Every row counts (select the non-pad rows first).
+
+    Args:
+        hidden: (M, L) features.
+        weight: (V, L) output weight.
+        bias: (V,) output bias, or None.
+        target: (M,) target ids in [0, V).
+        label_smoothing: in [0, 1).
+    Returns:
+        The summed loss, a scalar (float32 for half-precision inputs).
+    """
+    if hidden.dim() != 2 or target.shape != hidden.shape[:1]:
+        raise ValueError(
+            f"hidden {tuple(hidden.shape)} must be (M, L) and target {tuple(target.shape)} (M,)"
+        )
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+    return _LinearCrossEntropy.apply(hidden, weight, bias, target, label_smoothing)

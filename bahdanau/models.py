@@ -100,12 +100,13 @@ class RNNSearch(nn.Module):
                 f"tgt_out {tuple(tgt_out.shape)} and tgt_in {tuple(tgt_in.shape)} differ in shape"
             )
         check_dims("loss", [("tgt_in", tgt_in, 0, src.shape[0])])
-        pad_id = self.decoder.pad_id
-        select = tgt_out != pad_id
+        select = tgt_out != self.decoder.pad_id
         state, memory = self.encode(src, src_lengths)
-        logits, _ = self.decoder(tgt_in, state, memory, select=select)  # (M, V)
-        return functional.sequence_nll(logits[None], tgt_out[select][None], pad_id,
-                                       label_smoothing=label_smoothing)
+        features, _ = self.decoder.features(tgt_in, state, memory, select=select)  # (M, L)
+        output = self.decoder.output
+        loss = functional.linear_cross_entropy(features, output.weight, output.bias,
+                                               tgt_out[select], label_smoothing=label_smoothing)
+        return loss, select.sum()
 
 
 class RNNEncDec(RNNSearch):
