@@ -47,7 +47,9 @@ def check_token_ids(name: str, ids: Tensor, vocab_size: int, mask: Tensor | None
     low, high = int(values.min()), int(values.max())
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
-        raise ValueError(f"{name} holds token id {bad}, outside the vocabulary of size {vocab_size}")
+        raise ValueError(
+            f"{name} holds token id {bad}, outside the vocabulary of size {vocab_size}"
+        )
 
 
 def check_mask_rows(name: str, mask: Tensor) -> None:
@@ -62,7 +64,9 @@ def check_lengths(name: str, lengths: Tensor, batch: int, max_len: int) -> None:
     """(B,) lengths with 1 <= length <= max_len."""
     check_tensor(name, lengths, 1, integer=True)
     if lengths.shape[0] != batch:
-        raise ValueError(f"{name} has shape {shape_str(lengths)}, expected ({batch},) for the batch")
+        raise ValueError(
+            f"{name} has shape {shape_str(lengths)}, expected ({batch},) for the batch"
+        )
     if batch == 0:
         raise ValueError(f"{name}: empty batch")
     low, high = int(lengths.min()), int(lengths.max())

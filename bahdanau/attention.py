@@ -115,8 +115,8 @@ class AdditiveAttention(nn.Module):
             raise ValueError(f"keys {tuple(keys.shape)}: empty batch or empty source sequence")
         if query_proj.shape[0] % batch != 0:
             raise ValueError(
-                f"query rows ({query_proj.shape[0]}) must be the batch size ({batch}) or a multiple "
-                f"of it (beams grouped per sentence)"
+                f"query rows ({query_proj.shape[0]}) must be the batch size ({batch}) or a "
+                f"multiple of it (beams grouped per sentence)"
             )
         if len({query_proj.dtype, keys.dtype, annotations.dtype}) != 1:
             raise ValueError(

@@ -82,7 +82,7 @@ class ModelConfig:
                 )
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain dict (JSON- and checkpoint-friendly) that `from_dict` turns back into a config."""
+        """A plain dict (JSON- and checkpoint-friendly) that `from_dict` turns back."""
         return dataclasses.asdict(self)
 
     @classmethod

@@ -98,7 +98,7 @@ class BiRNNEncoder(nn.Module):
         return annotations, mask
 
     def _paper_gru(self, embedded: Tensor, mask: Tensor) -> Tensor:
-        """Both directions of the paper's GRU in one loop over positions (fwd at t, bwd at S-1-t)."""
+        """Both directions of the paper's GRU in one loop (fwd at position t, bwd at S-1-t)."""
         rnn, hidden = self.rnn, self.hidden_size
         batch, src_len, _ = embedded.shape
         x_fwd = nn.functional.linear(embedded, rnn.weight_ih_l0, rnn.bias_ih_l0)  # (B, S, 3H)
