@@ -1,0 +1,39 @@
+"""Shared test setup: hypothesis profiles, the seed fixture, and skipping GPU tests without CUDA."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+# Small CPU runners: more threads than cores only adds contention.
+torch.set_num_threads(2)
+
+settings.register_profile(
+    "ci",
+    derandomize=True,
+    deadline=None,
+    max_examples=30,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.register_profile("dev", deadline=None, max_examples=50)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+@pytest.fixture
+def seed() -> torch.Generator:
+    """Seed torch's global RNG with 0 and return a separate generator, also seeded 0."""
+    torch.manual_seed(0)
+    return torch.Generator().manual_seed(0)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip tests marked ``gpu`` when CUDA is not available."""
+    if torch.cuda.is_available():
+        return
+    skip_gpu = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in items:
+        if item.get_closest_marker("gpu") is not None:
+            item.add_marker(skip_gpu)
