@@ -111,56 +111,80 @@ def sequence_nll(logits: Tensor, target: Tensor, pad_id: int, *,
         raise ValueError(
             f"logits {tuple(logits.shape)} and target {tuple(target.shape)} disagree on (B, T)"
         )
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()                                   # accumulate in fp32
+    logits = _upcast(logits)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                            ignore_index=pad_id, reduction="sum", label_smoothing=label_smoothing)
     return loss, (target != pad_id).sum()
 
 
-class _LinearCrossEntropy(torch.autograd.Function):
-    """Summed cross-entropy of `hidden @ weight.T + bias` without a stored log-softmax.
+def _upcast(t: Tensor) -> Tensor:
+    """Half-precision tensors to float32 (for accumulation); others unchanged."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
-    The backward recomputes softmax(logits) from the saved logits and log-sum-exp in one pass
-    (softmax minus the smoothed one-hot), instead of torch's log-softmax output, zero-filled
-    gradient and log-softmax backward.
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of `hidden @ weight.T + bias`, in row chunks, without a log-softmax.
+
+    Forward keeps each chunk's logits and log-sum-exp; backward turns the logits into
+    softmax minus the (smoothed) one-hot in place and accumulates the weight gradient chunk by
+    chunk. Chunks stay a few MB: an (M, V) tensor of more than 32 MB would be a fresh mmap with
+    page faults at every allocation on glibc, which costs more than the arithmetic on a CPU.
     """
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
-                label_smoothing: float) -> Tensor:
-        logits = F.linear(hidden, weight, bias)                   # (M, V)
-        if logits.dtype in (torch.float16, torch.bfloat16):
-            logits = logits.float()                               # accumulate in fp32
-        lse = torch.logsumexp(logits, dim=1)                      # (M,)
-        nll = lse - logits.gather(1, target[:, None]).squeeze(1)
-        loss = nll.sum()
-        if label_smoothing > 0.0:
-            uniform = (lse - logits.mean(dim=1)).sum()            # -sum_v log p_v / V
-            loss = (1.0 - label_smoothing) * loss + label_smoothing * uniform
-        ctx.save_for_backward(hidden, weight, logits, lse, target)
-        ctx.has_bias = bias is not None
-        ctx.label_smoothing = label_smoothing
+                label_smoothing: float, chunk: int) -> Tensor:
+        loss = hidden.new_zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32))
+        logits_chunks, lse_chunks = [], []
+        for start in range(0, hidden.shape[0], chunk):
+            logits = _upcast(F.linear(hidden[start:start + chunk], weight, bias))  # (c, V)
+            lse = torch.logsumexp(logits, dim=1)                  # (c,)
+            rows = target[start:start + chunk, None]
+            chunk_loss = (lse - logits.gather(1, rows).squeeze(1)).sum()
+            if label_smoothing > 0.0:
+                uniform = (lse - logits.mean(dim=1)).sum()        # -sum_v log p_v / V
+                chunk_loss = (1.0 - label_smoothing) * chunk_loss + label_smoothing * uniform
+            loss += chunk_loss
+            logits_chunks.append(logits)
+            lse_chunks.append(lse)
+        ctx.save_for_backward(hidden, weight, bias, target)
+        ctx.logits_chunks, ctx.lse_chunks = logits_chunks, lse_chunks
+        ctx.has_bias, ctx.label_smoothing, ctx.chunk = bias is not None, label_smoothing, chunk
         return loss
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss: Tensor):  # type: ignore[override]
-        hidden, weight, logits, lse, target = ctx.saved_tensors
-        smoothing = ctx.label_smoothing
-        grad = torch.exp(logits - lse[:, None])                   # softmax (M, V)
-        if smoothing > 0.0:
-            grad -= smoothing / logits.shape[1]
-        grad.scatter_add_(1, target[:, None],
-                          grad.new_full((target.shape[0], 1), smoothing - 1.0))
-        grad = (grad * grad_loss).to(hidden.dtype)
-        grad_hidden = grad @ weight if ctx.needs_input_grad[0] else None
-        grad_weight = grad.t() @ hidden if ctx.needs_input_grad[1] else None
-        grad_bias = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_hidden, grad_weight, grad_bias, None, None
+        hidden, weight, bias, target = ctx.saved_tensors
+        smoothing, chunk = ctx.label_smoothing, ctx.chunk
+        logits_chunks = ctx.logits_chunks
+        if logits_chunks is None:                                 # a second backward: recompute
+            logits_chunks = [_upcast(F.linear(hidden[i:i + chunk], weight, bias))
+                             for i in range(0, hidden.shape[0], chunk)]
+        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        grad_bias = (weight.new_zeros(weight.shape[0])
+                     if ctx.has_bias and ctx.needs_input_grad[2] else None)
+        for i, (logits, lse) in enumerate(zip(logits_chunks, ctx.lse_chunks, strict=True)):
+            rows = slice(i * chunk, i * chunk + logits.shape[0])
+            grad = logits.sub_(lse[:, None]).exp_()               # softmax, in place (c, V)
+            if smoothing > 0.0:
+                grad.sub_(smoothing / grad.shape[1])
+            grad.scatter_add_(1, target[rows, None],
+                              grad.new_full((grad.shape[0], 1), smoothing - 1.0))
+            grad = grad.mul_(grad_loss).to(hidden.dtype)
+            if grad_hidden is not None:
+                torch.mm(grad, weight, out=grad_hidden[rows])
+            if grad_weight is not None:
+                grad_weight.addmm_(grad.t(), hidden[rows])
+            if grad_bias is not None:
+                grad_bias += grad.sum(0)
+        ctx.logits_chunks = None                                  # consumed in place above
+        return grad_hidden, grad_weight, grad_bias, None, None, None
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, *,
-                         label_smoothing: float = 0.0) -> Tensor:
+                         label_smoothing: float = 0.0, chunk_rows: int | None = None) -> Tensor:
     """Summed cross-entropy of the logits `hidden @ weight.T + bias` against `target`.
 
     Equal to `F.cross_entropy(F.linear(hidden, weight, bias), target, reduction="sum",
@@ -173,6 +197,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
         bias: (V,) output bias, or None.
         target: (M,) target ids in [0, V).
         label_smoothing: in [0, 1).
+        chunk_rows: rows per chunk; default: about 8 MB of logits per chunk.
     Returns:
         The summed loss, a scalar (float32 for half-precision inputs).
     """
@@ -182,4 +207,7 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
         )
     if not 0.0 <= label_smoothing < 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-    return _LinearCrossEntropy.apply(hidden, weight, bias, target, label_smoothing)
+    if chunk_rows is not None and chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    chunk = chunk_rows or max(16, (8 << 20) // (4 * weight.shape[0]))  # ~8 MB of logits
+    return _LinearCrossEntropy.apply(hidden, weight, bias, target, label_smoothing, chunk)

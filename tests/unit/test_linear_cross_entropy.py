@@ -9,7 +9,9 @@ from bahdanau import RNNSearch, functional, presets
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
 @pytest.mark.parametrize("with_bias", [True, False])
-def test_matches_cross_entropy(label_smoothing: float, with_bias: bool) -> None:
+@pytest.mark.parametrize("chunk_rows", [None, 1, 4])
+def test_matches_cross_entropy(label_smoothing: float, with_bias: bool,
+                               chunk_rows: int | None) -> None:
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(9, 5, generator=gen, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(13, 5, generator=gen, dtype=torch.float64, requires_grad=True)
@@ -19,7 +21,7 @@ def test_matches_cross_entropy(label_smoothing: float, with_bias: bool) -> None:
     inputs = [t for t in (hidden, weight, bias) if t is not None]
 
     ours = functional.linear_cross_entropy(hidden, weight, bias, target,
-                                           label_smoothing=label_smoothing)
+                                           label_smoothing=label_smoothing, chunk_rows=chunk_rows)
     ref = F.cross_entropy(F.linear(hidden, weight, bias), target, reduction="sum",
                           label_smoothing=label_smoothing)
     torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)
@@ -39,6 +41,22 @@ def test_gradcheck() -> None:
         (hidden, weight, bias))
 
 
+def test_second_backward_recomputes() -> None:
+    """The first backward reuses the logits in place; a retained graph still differentiates."""
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(10, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(7, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(0, 7, (10,), generator=gen)
+    loss = functional.linear_cross_entropy(hidden, weight, None, target, chunk_rows=3)
+    first = torch.autograd.grad(loss, (hidden, weight), retain_graph=True)
+    second = torch.autograd.grad(loss, (hidden, weight))
+    ref = torch.autograd.grad(F.cross_entropy(hidden @ weight.t(), target, reduction="sum"),
+                              (hidden, weight))
+    for a, b, r in zip(first, second, ref, strict=True):
+        torch.testing.assert_close(a, r, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(b, r, rtol=1e-10, atol=1e-12)
+
+
 def test_half_precision_accumulates_in_float32() -> None:
     gen = torch.Generator().manual_seed(2)
     hidden = torch.randn(6, 4, generator=gen)
@@ -55,6 +73,9 @@ def test_bad_shapes_and_smoothing() -> None:
     with pytest.raises(ValueError, match="target"):
         functional.linear_cross_entropy(torch.zeros(3, 2), torch.zeros(5, 2), None,
                                         torch.zeros(4, dtype=torch.long))
+    with pytest.raises(ValueError, match="chunk_rows"):
+        functional.linear_cross_entropy(torch.zeros(3, 2), torch.zeros(5, 2), None,
+                                        torch.zeros(3, dtype=torch.long), chunk_rows=0)
     with pytest.raises(ValueError, match="label_smoothing"):
         functional.linear_cross_entropy(torch.zeros(3, 2), torch.zeros(5, 2), None,
                                         torch.zeros(3, dtype=torch.long), label_smoothing=1.0)

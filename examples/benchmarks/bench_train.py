@@ -1,0 +1,157 @@
+"""Teacher-forced training throughput of RNNsearch, in target tokens per second.
+
+Measured the way the peer toolkits are measured on the same machine class: batches of 64
+sentence pairs (length-bucketed, the paper's 20-batch sort), Adam 1e-3, gradient norm clipped to
+1, the summed token loss divided by the number of sentences. Target tokens are the non-pad target
+positions including eos; the window is updates WARMUP+1 .. WARMUP+MEASURE and its time covers
+batch assembly, forward, backward, clipping and the optimizer step.
+
+Data: the shipped Multi30k en->fr training set tokenized with `DefaultTokenizer`, or, with
+`--data-dir`, whitespace-tokenized `train.src` / `train.tgt` files (e.g. the Moses-tokenized files
+a peer benchmark prepared, so both sides read identical text).
+
+    python examples/benchmarks/bench_train.py                       # mid-size model, 2 threads
+    python examples/benchmarks/bench_train.py --data-dir DIR --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from bahdanau import RNNSearch, build_model, presets
+from bahdanau.data import (
+    BucketBatchSampler,
+    DefaultTokenizer,
+    Vocab,
+    WhitespaceTokenizer,
+    collate,
+    encode_pairs,
+    read_parallel,
+)
+from bahdanau.datasets import multi30k_files
+
+
+def canary_gflops(seconds: float = 1.0) -> float:
+    """fp32 GEMM speed of this machine right now (the same probe as the peer harness)."""
+    a, b = torch.randn(256, 512), torch.randn(512, 4096)
+    for _ in range(5):
+        a @ b
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        n += 1
+    return 2 * 256 * 512 * 4096 * n / (time.perf_counter() - start) / 1e9
+
+
+def load_pairs(data_dir: str | None) -> tuple[list[tuple[str, str]], object, str]:
+    if data_dir:
+        root = Path(data_dir)
+        pairs = read_parallel(root / "train.src", root / "train.tgt")
+        return pairs, WhitespaceTokenizer(), f"{root} (whitespace tokens)"
+    pairs = read_parallel(multi30k_files("train", "en"), multi30k_files("train", "fr"))
+    return pairs, DefaultTokenizer(), "shipped Multi30k train en->fr (DefaultTokenizer)"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", help="folder with whitespace-tokenized train.src/train.tgt")
+    parser.add_argument("--preset", default="small", choices=["tiny", "small", "rnnsearch_50"])
+    parser.add_argument("--arch", default="rnnsearch", choices=["rnnsearch", "rnnencdec"])
+    parser.add_argument("--vocab", type=int, default=10000, help="words per side (+4 specials)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-len", type=int, default=80)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--measure", type=int, default=200)
+    parser.add_argument("--interval", type=int, default=20, help="updates per reported interval")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    pairs, tokenizer, data_name = load_pairs(args.data_dir)
+    src_tok = [tokenizer.tokenize(s) for s, _ in pairs]
+    tgt_tok = [tokenizer.tokenize(t) for _, t in pairs]
+    src_vocab = Vocab.build(src_tok, max_size=args.vocab)
+    tgt_vocab = Vocab.build(tgt_tok, max_size=args.vocab)
+    examples = encode_pairs(pairs, src_vocab, tgt_vocab, tokenizer, max_len=args.max_len)
+    cfg = getattr(presets, args.preset)(len(src_vocab), len(tgt_vocab))
+    model: RNNSearch = build_model(cfg.__class__(**{**cfg.to_dict(), "arch": args.arch}))
+    model.train()
+    params = sum(p.numel() for p in model.parameters())
+    optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, fused=True)
+    sampler = BucketBatchSampler(examples, batch_size=args.batch_size, seed=args.seed)
+
+    def batches():
+        epoch = 0
+        while True:
+            sampler.set_epoch(epoch)
+            yield from sampler
+            epoch += 1
+
+    canary_before = canary_gflops()
+    stream = batches()
+    interval_tokens, interval_start, rates = 0, 0.0, []
+    total_tokens, total_seconds = 0, 0.0
+    for update in range(1, args.warmup + args.measure + 1):
+        if update == args.warmup + 1:
+            interval_start = time.perf_counter()
+            window_start = interval_start
+        batch = collate([examples[i] for i in next(stream)])
+        loss, n_tokens = model.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out)
+        optimizer.zero_grad(set_to_none=True)
+        (loss / batch.src.shape[0]).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        if update > args.warmup:
+            interval_tokens += int(n_tokens)
+            if (update - args.warmup) % args.interval == 0:
+                now = time.perf_counter()
+                rates.append(interval_tokens / (now - interval_start))
+                total_tokens += interval_tokens
+                interval_tokens, interval_start = 0, now
+    total_seconds = time.perf_counter() - window_start
+    canary_after = canary_gflops()
+
+    result = {
+        "library": "bahdanau",
+        "data": data_name,
+        "preset": args.preset,
+        "arch": args.arch,
+        "params": params,
+        "src_vocab": len(src_vocab),
+        "tgt_vocab": len(tgt_vocab),
+        "train_pairs": len(examples),
+        "batch_size": args.batch_size,
+        "threads": args.threads,
+        "updates_measured": args.measure,
+        "train_tgt_tokens_measured": total_tokens,
+        "train_seconds_measured": round(total_seconds, 2),
+        "train_tgt_tokens_per_s": round(total_tokens / total_seconds, 1),
+        "train_tgt_tokens_per_s_median_interval": round(statistics.median(rates), 1),
+        "train_interval_rates": [round(r) for r in rates],
+        "mean_tgt_tokens_per_update": round(total_tokens / args.measure, 1),
+        "ms_per_update": round(1000 * total_seconds / args.measure, 1),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "canary_gflops_before": round(canary_before, 1),
+        "canary_gflops_after": round(canary_after, 1),
+        "torch": torch.__version__,
+    }
+    width = max(len(k) for k in result)
+    for key, value in result.items():
+        print(f"{key:<{width}}  {value}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
