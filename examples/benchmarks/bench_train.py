@@ -106,6 +106,7 @@ def main() -> None:
         if update == args.warmup + 1:
             interval_start = time.perf_counter()
             window_start = interval_start
+            faults_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         batch = collate([examples[i] for i in next(stream)])
         loss, n_tokens = model.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out)
         optimizer.zero_grad(set_to_none=True)
@@ -120,6 +121,7 @@ def main() -> None:
                 total_tokens += interval_tokens
                 interval_tokens, interval_start = 0, now
     total_seconds = time.perf_counter() - window_start
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_start
     canary_after = canary_gflops()
 
     result = {
@@ -141,6 +143,7 @@ def main() -> None:
         "train_interval_rates": [round(r) for r in rates],
         "mean_tgt_tokens_per_update": round(total_tokens / args.measure, 1),
         "ms_per_update": round(1000 * total_seconds / args.measure, 1),
+        "minor_page_faults_per_update": round(faults / args.measure),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "canary_gflops_before": round(canary_before, 1),
         "canary_gflops_after": round(canary_after, 1),
