@@ -2,10 +2,40 @@
 
 from bahdanau import functional, presets
 from bahdanau.attention import AdditiveAttention
+from bahdanau.checkpoint import (
+    CheckpointManager,
+    checkpoint_payload,
+    load_checkpoint,
+    model_from_checkpoint,
+    restore,
+    save_checkpoint,
+)
 from bahdanau.config import ModelConfig
+from bahdanau.data import (
+    SPECIALS,
+    Batch,
+    BucketBatchSampler,
+    DefaultTokenizer,
+    Example,
+    Tokenizer,
+    Vocab,
+    WhitespaceTokenizer,
+    collate,
+    encode_pairs,
+    read_parallel,
+)
 from bahdanau.decoder import AttentiveDecoder, DecoderMemory, StepOutput
 from bahdanau.encoder import BiRNNEncoder
 from bahdanau.models import RNNEncDec, RNNSearch, build_model
+from bahdanau.train import (
+    LossModule,
+    StepStats,
+    TrainConfig,
+    TrainResult,
+    evaluate_loss,
+    make_optimizer,
+    train_step,
+)
 
 __version__ = "0.1.0"
 
@@ -21,5 +51,29 @@ __all__ = [
     "build_model",
     "functional",
     "presets",
+    "SPECIALS",
+    "Batch",
+    "BucketBatchSampler",
+    "CheckpointManager",
+    "DefaultTokenizer",
+    "Example",
+    "LossModule",
+    "StepStats",
+    "Tokenizer",
+    "TrainConfig",
+    "TrainResult",
+    "Vocab",
+    "WhitespaceTokenizer",
+    "checkpoint_payload",
+    "collate",
+    "encode_pairs",
+    "evaluate_loss",
+    "load_checkpoint",
+    "make_optimizer",
+    "model_from_checkpoint",
+    "read_parallel",
+    "restore",
+    "save_checkpoint",
+    "train_step",
     "__version__",
 ]

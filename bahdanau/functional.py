@@ -136,8 +136,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 label_smoothing: float, chunk: int) -> Tensor:
         loss = hidden.new_zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32))
         logits_chunks, lse_chunks = [], []
+        ctx.compute_dtype = hidden.dtype
         for start in range(0, hidden.shape[0], chunk):
-            logits = _upcast(F.linear(hidden[start:start + chunk], weight, bias))  # (c, V)
+            logits = F.linear(hidden[start:start + chunk], weight, bias)   # (c, V)
+            ctx.compute_dtype = logits.dtype                      # bf16/fp16 under autocast
+            logits = _upcast(logits)
             lse = torch.logsumexp(logits, dim=1)                  # (c,)
             rows = target[start:start + chunk, None]
             chunk_loss = (lse - logits.gather(1, rows).squeeze(1)).sum()
@@ -156,10 +159,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_loss: Tensor):  # type: ignore[override]
         hidden, weight, bias, target = ctx.saved_tensors
-        smoothing, chunk = ctx.label_smoothing, ctx.chunk
+        smoothing, chunk, compute = ctx.label_smoothing, ctx.chunk, ctx.compute_dtype
+        w = weight.to(compute)                                    # as the forward's matmul saw it
+        h = hidden.to(compute)
         logits_chunks = ctx.logits_chunks
         if logits_chunks is None:                                 # a second backward: recompute
-            logits_chunks = [_upcast(F.linear(hidden[i:i + chunk], weight, bias))
+            b = None if bias is None else bias.to(compute)
+            logits_chunks = [_upcast(F.linear(h[i:i + chunk], w, b))
                              for i in range(0, hidden.shape[0], chunk)]
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
@@ -172,13 +178,16 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 grad.sub_(smoothing / grad.shape[1])
             grad.scatter_add_(1, target[rows, None],
                               grad.new_full((grad.shape[0], 1), smoothing - 1.0))
-            grad = grad.mul_(grad_loss).to(hidden.dtype)
+            grad = grad.mul_(grad_loss).to(compute)
             if grad_hidden is not None:
-                torch.mm(grad, weight, out=grad_hidden[rows])
+                grad_hidden[rows] = grad @ w
             if grad_weight is not None:
-                grad_weight.addmm_(grad.t(), hidden[rows])
+                if compute == weight.dtype:
+                    grad_weight.addmm_(grad.t(), h[rows])
+                else:                                             # accumulate in full precision
+                    grad_weight += (grad.t() @ h[rows]).to(weight.dtype)
             if grad_bias is not None:
-                grad_bias += grad.sum(0)
+                grad_bias += grad.sum(0).to(weight.dtype)
         ctx.logits_chunks = None                                  # consumed in place above
         return grad_hidden, grad_weight, grad_bias, None, None, None
 

@@ -69,6 +69,24 @@ def test_half_precision_accumulates_in_float32() -> None:
     torch.testing.assert_close(loss.double(), ref, rtol=1e-2, atol=1e-2)
 
 
+def test_autocast_bf16_backward() -> None:
+    """Under CPU autocast the matmul runs in bf16; gradients come back in the inputs' dtypes."""
+    gen = torch.Generator().manual_seed(4)
+    hidden = torch.randn(12, 8, generator=gen, requires_grad=True)
+    weight = torch.randn(20, 8, generator=gen, requires_grad=True)
+    bias = torch.randn(20, generator=gen, requires_grad=True)
+    target = torch.randint(0, 20, (12,), generator=gen)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = functional.linear_cross_entropy(hidden, weight, bias, target, chunk_rows=5)
+    grads = torch.autograd.grad(loss, (hidden, weight, bias))
+    ref = F.cross_entropy(F.linear(hidden, weight, bias), target, reduction="sum")
+    ref_grads = torch.autograd.grad(ref, (hidden, weight, bias))
+    torch.testing.assert_close(loss, ref, rtol=2e-2, atol=2e-1)
+    for g, r in zip(grads, ref_grads, strict=True):
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, r, rtol=5e-2, atol=5e-2)
+
+
 def test_bad_shapes_and_smoothing() -> None:
     with pytest.raises(ValueError, match="target"):
         functional.linear_cross_entropy(torch.zeros(3, 2), torch.zeros(5, 2), None,

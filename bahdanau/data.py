@@ -1,0 +1,661 @@
+"""Data pipeline: vocabularies, reversible tokenisation, parallel text, length-bucketed batches.
+
+The pieces compose; none owns a loop::
+
+    pairs = read_parallel("train.en.gz", "train.fr.gz")                 # [(src_text, tgt_text)]
+    tok = DefaultTokenizer()
+    src_vocab = Vocab.build((tok.tokenize(s) for s, _ in pairs), max_size=30000)
+    tgt_vocab = Vocab.build((tok.tokenize(t) for _, t in pairs), max_size=30000)
+    examples = encode_pairs(pairs, src_vocab, tgt_vocab, tok, max_len=50)
+    sampler = BucketBatchSampler(examples, batch_size=80, seed=1234)
+    for positions in sampler:
+        batch = collate([examples[i] for i in positions])              # Batch of (B, S), (B, T)
+
+Special ids follow `ModelConfig`'s defaults: pad 0, bos 1, eos 2, unk 3.
+Shape legend: B batch, S source length, T target length (tgt_in and tgt_out, eos/bos included).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from bahdanau.datasets import read_lines
+
+__all__ = [
+    "SPECIALS",
+    "Batch",
+    "BucketBatchSampler",
+    "DefaultTokenizer",
+    "Example",
+    "Tokenizer",
+    "Vocab",
+    "WhitespaceTokenizer",
+    "collate",
+    "encode_pairs",
+    "normalize_whitespace",
+    "read_parallel",
+]
+
+SPECIALS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0..3 = pad, bos, eos, unk
+
+
+# ----------------------------------------------------------------------------------------------
+# Vocabulary
+
+
+class Vocab:
+    """A token <-> id table: the four `SPECIALS` first (ids 0..3), then words.
+
+    Args:
+        tokens: the words, in id order (ids start after the specials); no duplicates, no specials.
+        specials: the special tokens, in the order pad, bos, eos, unk.
+    Raises:
+        ValueError: fewer or more than 4 specials, a duplicate token, or a word that is a special.
+    """
+
+    def __init__(self, tokens: Iterable[str], *, specials: Sequence[str] = SPECIALS) -> None:
+        specials = tuple(specials)
+        if len(specials) != 4:
+            raise ValueError(f"specials must be (pad, bos, eos, unk), got {specials!r}")
+        self._itos: list[str] = [*specials, *tokens]
+        self._stoi: dict[str, int] = {}
+        for i, token in enumerate(self._itos):
+            if not isinstance(token, str) or not token:
+                raise ValueError(f"vocabulary entry {i} must be a non-empty str, got {token!r}")
+            if token in self._stoi:
+                raise ValueError(
+                    f"duplicate vocabulary token {token!r} at ids {self._stoi[token]} and {i}"
+                )
+            self._stoi[token] = i
+        self._specials = specials
+
+    @classmethod
+    def build(cls, token_lists: Iterable[list[str]], max_size: int | None = None,
+              min_freq: int = 1, *, specials: Sequence[str] = SPECIALS) -> Vocab:
+        """Count tokens and keep the most frequent ones.
+
+        Order is deterministic: by decreasing count, ties broken alphabetically (by code point).
+        Tokens equal to a special are not counted as words.
+
+        Args:
+            token_lists: tokenised sentences.
+            max_size: keep at most this many words, specials not included (the paper keeps
+                30,000, so `len(vocab)` is then 30,004); None keeps all.
+            min_freq: drop words seen fewer times.
+            specials: the special tokens (pad, bos, eos, unk).
+        Returns:
+            The vocabulary.
+        Raises:
+            ValueError: `max_size` < 1 or `min_freq` < 1.
+        """
+        if max_size is not None and (not isinstance(max_size, int) or max_size < 1):
+            raise ValueError(f"max_size must be a positive int or None, got {max_size!r}")
+        if not isinstance(min_freq, int) or min_freq < 1:
+            raise ValueError(f"min_freq must be a positive int, got {min_freq!r}")
+        counts: Counter[str] = Counter()
+        for tokens in token_lists:
+            counts.update(tokens)
+        for special in specials:
+            counts.pop(special, None)
+        counts.pop("", None)
+        ranked = sorted((t for t, c in counts.items() if c >= min_freq),
+                        key=lambda t: (-counts[t], t))
+        if max_size is not None:
+            ranked = ranked[:max_size]
+        return cls(ranked, specials=specials)
+
+    # ids of the specials -----------------------------------------------------------------------
+    @property
+    def pad_id(self) -> int:
+        return 0
+
+    @property
+    def bos_id(self) -> int:
+        return 1
+
+    @property
+    def eos_id(self) -> int:
+        return 2
+
+    @property
+    def unk_id(self) -> int:
+        return 3
+
+    @property
+    def specials(self) -> tuple[str, ...]:
+        return self._specials
+
+    @property
+    def tokens(self) -> list[str]:
+        """The words (without specials), in id order."""
+        return self._itos[len(self._specials):]
+
+    def __len__(self) -> int:
+        return len(self._itos)
+
+    def __contains__(self, token: object) -> bool:
+        return token in self._stoi
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Vocab):
+            return NotImplemented
+        return self._itos == other._itos
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._itos))
+
+    def __repr__(self) -> str:
+        return f"Vocab(size={len(self)}, first={self._itos[4:9]!r})"
+
+    def token_to_id(self, token: str) -> int:
+        """The id of `token`, or `unk_id` if it is not in the vocabulary."""
+        return self._stoi.get(token, self.unk_id)
+
+    def id_to_token(self, index: int) -> str:
+        """The token of id `index`; ValueError outside [0, len)."""
+        index = int(index)
+        if not 0 <= index < len(self._itos):
+            raise ValueError(f"token id {index} is outside the vocabulary of size {len(self)}")
+        return self._itos[index]
+
+    def encode(self, tokens: Iterable[str]) -> list[int]:
+        """Map tokens to ids; unknown tokens become `unk_id`. No bos/eos is added."""
+        stoi, unk = self._stoi, self.unk_id
+        return [stoi.get(t, unk) for t in tokens]
+
+    def decode(self, ids: Iterable[int] | Tensor, *, strip_specials: bool = True) -> list[str]:
+        """Map ids back to tokens.
+
+        Args:
+            ids: token ids (a list or a 1-D tensor).
+            strip_specials: stop at the first eos and drop pad and bos; unk stays as its token
+                ("<unk>"), since it stands for a word. False maps every id, eos included.
+        Returns:
+            The tokens.
+        Raises:
+            ValueError: an id outside [0, len(self)).
+        """
+        if isinstance(ids, Tensor):
+            ids = ids.tolist()
+        out = []
+        for i in ids:
+            i = int(i)
+            if strip_specials:
+                if i == self.eos_id:
+                    break
+                if i in (self.pad_id, self.bos_id):
+                    continue
+            out.append(self.id_to_token(i))
+        return out
+
+    # serialisation -----------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, list[str]]:
+        """{"specials": [...], "tokens": [...]}: readable, JSON-able, checkpoint-safe."""
+        return {"specials": list(self._specials), "tokens": self.tokens}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Vocab:
+        """Rebuild from `to_dict()` output."""
+        if not isinstance(data, dict) or set(data) != {"specials", "tokens"}:
+            keys = sorted(data) if isinstance(data, dict) else type(data).__name__
+            raise ValueError(f"a Vocab dict needs exactly the keys 'specials' and 'tokens', "
+                             f"got {keys}")
+        return cls(data["tokens"], specials=data["specials"])
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """Write `to_dict()` as UTF-8 JSON, one token per line."""
+        data = self.to_dict()
+        body = ",\n".join(json.dumps(t, ensure_ascii=False) for t in data["tokens"])
+        text = ('{\n"specials": ' + json.dumps(data["specials"], ensure_ascii=False)
+                + ',\n"tokens": [\n' + body + "\n]\n}\n")
+        Path(path).write_text(text, encoding="utf-8")
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Vocab:
+        """Read a file written by `save`; ValueError naming the file if it is not one."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            return cls.from_dict(data)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ValueError(f"{path}: not a vocabulary file ({err})") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenisation
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Anything with these two methods can tokenise, e.g. a wrapper of a SentencePiece model."""
+
+    def tokenize(self, text: str) -> list[str]: ...
+
+    def detokenize(self, tokens: list[str]) -> str: ...
+
+
+def normalize_whitespace(text: str) -> str:
+    """Runs of whitespace (as `str.split` sees it) become one space; ends are stripped."""
+    return " ".join(text.split())
+
+
+class WhitespaceTokenizer:
+    """For pre-tokenised text: split on whitespace, join with single spaces."""
+
+    def tokenize(self, text: str) -> list[str]:
+        return text.split()
+
+    def detokenize(self, tokens: list[str]) -> str:
+        return " ".join(tokens)
+
+
+def _is_word_char(ch: str) -> bool:
+    # Letters, digits and combining marks (so accents stay inside their word).
+    return ch.isalnum() or unicodedata.category(ch).startswith("M")
+
+
+class DefaultTokenizer:
+    """Reversible word/punctuation tokenizer: `detokenize(tokenize(s)) == normalize_whitespace(s)`.
+
+    Scheme. The text is split on whitespace; each piece is split further into runs of word
+    characters (letters, digits, combining marks) and single other characters (punctuation,
+    symbols). A token that was glued to the token before it (no space between them in the text)
+    carries the joiner ``JOINER`` ("￭", U+FFED) as a prefix::
+
+        "A dog, running." -> ["A", "dog", "￭,", "running", "￭."]
+        "l'homme (2)"     -> ["l", "￭'", "￭homme", "(", "￭2", "￭)"]
+
+    `detokenize` drops one leading joiner and glues the token to the previous one, and puts one
+    space before every other token. A joiner character in the input is a symbol like any other
+    (tokens "￭", or "￭￭" when glued), and a one-character token "￭" is always that literal
+    character, so every input round-trips.
+
+    Args:
+        lowercase: lowercase every token. The round trip then holds only up to case (and
+            `str.lower` may change lengths, e.g. "İ"); references should be compared lowercased.
+    """
+
+    JOINER = "\uffed"
+
+    def __init__(self, *, lowercase: bool = False) -> None:
+        self.lowercase = lowercase
+
+    def __repr__(self) -> str:
+        return f"DefaultTokenizer(lowercase={self.lowercase})"
+
+    def tokenize(self, text: str) -> list[str]:
+        """Split `text` into word and punctuation tokens, marking glued tokens with `JOINER`."""
+        tokens: list[str] = []
+        for piece in text.split():
+            start, n = 0, len(piece)
+            while start < n:
+                end = start + 1
+                if _is_word_char(piece[start]):
+                    while end < n and _is_word_char(piece[end]):
+                        end += 1
+                token = piece[start:end]
+                if self.lowercase:
+                    token = token.lower()
+                tokens.append(token if start == 0 else self.JOINER + token)
+                start = end
+        return tokens
+
+    def detokenize(self, tokens: list[str]) -> str:
+        """Inverse of `tokenize` (up to whitespace normalisation)."""
+        parts: list[str] = []
+        joiner = self.JOINER
+        for token in tokens:
+            if len(token) > 1 and token[0] == joiner:
+                parts.append(token[1:])
+            else:
+                if parts:
+                    parts.append(" ")
+                parts.append(token)
+        return "".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# Parallel text and examples
+
+
+def read_parallel(src_path: str | os.PathLike[str],
+                  tgt_path: str | os.PathLike[str]) -> list[tuple[str, str]]:
+    """Read two line-aligned UTF-8 files (plain or gzip) into (source, target) pairs.
+
+    Args:
+        src_path: source-language file; line i translates to line i of `tgt_path`.
+        tgt_path: target-language file.
+    Returns:
+        The pairs, in file order, lines as read (line endings removed).
+    Raises:
+        ValueError: the files have different line counts (both files named), a line is empty
+            or only whitespace (file and 1-based line named), or a file is not valid UTF-8
+            (file and line named).
+    """
+    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
+    if len(src_lines) != len(tgt_lines):
+        raise ValueError(
+            f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}: "
+            "the files are not line-aligned"
+        )
+    for path, lines in ((src_path, src_lines), (tgt_path, tgt_lines)):
+        for i, line in enumerate(lines):
+            if not line.strip():
+                raise ValueError(f"{path}: line {i + 1} is empty")
+    return list(zip(src_lines, tgt_lines, strict=True))
+
+
+@dataclass(frozen=True)
+class Example:
+    """One encoded sentence pair; `index` is its position in the pairs it came from."""
+
+    index: int
+    src: list[int]   # source ids, no bos/eos
+    tgt: list[int]   # target ids, no bos/eos
+
+
+def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: Vocab,
+                 tokenizer: Tokenizer | tuple[Tokenizer, Tokenizer], *,
+                 max_len: int | None = None) -> list[Example]:
+    """Tokenise and encode sentence pairs, dropping over-long ones.
+
+    Args:
+        pairs: (source text, target text) pairs, e.g. from `read_parallel`.
+        src_vocab, tgt_vocab: vocabularies of the two sides.
+        tokenizer: one tokenizer for both sides, or a (source, target) pair of them.
+        max_len: drop pairs with more than this many tokens on either side (bos/eos not counted);
+            the paper's RNNsearch-30/-50 use 30/50 words. None keeps all.
+    Returns:
+        The kept examples, in input order, each with its index in `pairs`.
+    Raises:
+        ValueError: `max_len` < 1, or a side tokenises to nothing (the pair index is named).
+    """
+    if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
+        raise ValueError(f"max_len must be a positive int or None, got {max_len!r}")
+    src_tok, tgt_tok = tokenizer if isinstance(tokenizer, tuple) else (tokenizer, tokenizer)
+    examples = []
+    for index, (src_text, tgt_text) in enumerate(pairs):
+        src_tokens, tgt_tokens = src_tok.tokenize(src_text), tgt_tok.tokenize(tgt_text)
+        for side, tokens, text in (("source", src_tokens, src_text),
+                                   ("target", tgt_tokens, tgt_text)):
+            if not tokens:
+                raise ValueError(f"pair {index}: the {side} {text!r} has no tokens")
+        if max_len is not None and max(len(src_tokens), len(tgt_tokens)) > max_len:
+            continue
+        examples.append(Example(index, src_vocab.encode(src_tokens), tgt_vocab.encode(tgt_tokens)))
+    return examples
+
+
+# ----------------------------------------------------------------------------------------------
+# Batches
+
+
+@dataclass
+class Batch:
+    """A padded minibatch for `RNNSearch.loss` / `forward`.
+
+    Attributes:
+        src: (B, S) long source ids, padded with pad_id after each sentence.
+        src_lengths: (B,) long real source lengths.
+        tgt_in: (B, T) long decoder inputs: bos y_1 .. y_n, then padding.
+        tgt_out: (B, T) long targets: y_1 .. y_n eos, then padding.
+        indices: (B,) long `Example.index` of each row.
+        pad_id: the padding id.
+    """
+
+    src: Tensor
+    src_lengths: Tensor
+    tgt_in: Tensor
+    tgt_out: Tensor
+    indices: Tensor
+    pad_id: int = 0
+
+    def __len__(self) -> int:
+        return self.src.shape[0]
+
+    @property
+    def n_tokens(self) -> int:
+        """Number of real (non-pad) target tokens, eos included."""
+        return int((self.tgt_out != self.pad_id).sum())
+
+    @property
+    def src_mask(self) -> Tensor:
+        """(B, S) bool, True at real source tokens."""
+        return self.src != self.pad_id
+
+    def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
+        """A copy with every tensor on `device`."""
+        def move(t: Tensor) -> Tensor:
+            return t.to(device, non_blocking=non_blocking)
+        return Batch(move(self.src), move(self.src_lengths), move(self.tgt_in),
+                     move(self.tgt_out), move(self.indices), self.pad_id)
+
+
+def collate(examples: Sequence[Example], *, pad_id: int = 0, bos_id: int = 1,
+            eos_id: int = 2) -> Batch:
+    """Pad examples into a `Batch`: S = longest source, T = longest target + 1.
+
+    Raises:
+        ValueError: no examples, or an example with an empty source.
+    """
+    if len(examples) == 0:
+        raise ValueError("collate needs at least one example")
+    for ex in examples:
+        if not ex.src:
+            raise ValueError(f"example {ex.index} has an empty source")
+    s = max(len(ex.src) for ex in examples)
+    t = max(len(ex.tgt) for ex in examples) + 1
+    src = torch.tensor([[*ex.src] + [pad_id] * (s - len(ex.src)) for ex in examples],
+                       dtype=torch.long)                                              # (B, S)
+    tgt_in = torch.tensor([[bos_id, *ex.tgt] + [pad_id] * (t - 1 - len(ex.tgt))
+                           for ex in examples], dtype=torch.long)                     # (B, T)
+    tgt_out = torch.tensor([[*ex.tgt, eos_id] + [pad_id] * (t - 1 - len(ex.tgt))
+                            for ex in examples], dtype=torch.long)                    # (B, T)
+    lengths = torch.tensor([len(ex.src) for ex in examples], dtype=torch.long)        # (B,)
+    indices = torch.tensor([ex.index for ex in examples], dtype=torch.long)           # (B,)
+    return Batch(src, lengths, tgt_in, tgt_out, indices, pad_id)
+
+
+# ----------------------------------------------------------------------------------------------
+# Length-bucketed batch sampler
+
+
+def _lengths(items: Sequence[Any]) -> np.ndarray:
+    """(N, 2) padded lengths (source S, target T) of Examples, (src, tgt) pairs or ints."""
+    out = np.empty((len(items), 2), dtype=np.int64)
+    for i, item in enumerate(items):
+        if isinstance(item, Example):
+            out[i] = (len(item.src), len(item.tgt) + 1)  # tgt_in/tgt_out carry bos/eos
+        elif isinstance(item, (int, np.integer)):
+            out[i] = (item, item)
+        else:
+            out[i] = tuple(item)
+    if len(out) and out.min() < 1:
+        raise ValueError(f"lengths must be >= 1, got {int(out.min())} at position "
+                         f"{int(np.argwhere(out < 1)[0][0])}")
+    return out
+
+
+class BucketBatchSampler:
+    """The paper's minibatches: shuffle, take `bucket` batches' worth, sort by length, split.
+
+    Each epoch: shuffle all examples (unless `shuffle=False`); cut the order into chunks of
+    `bucket` minibatches' worth (`bucket * batch_size` sentences when `batch_size` is set, else
+    sentences adding up to `bucket * max_tokens` tokens of max(S, T));
+    sort each chunk by (source length, target length); split it into consecutive batches; shuffle
+    the order of all batches. Everything is a function of (seed, epoch), so every process and
+    every resumed run sees the same batches.
+
+    Budget. A batch's cost is its padded size, `len(batch) * max(S, T)`, where S is the longest
+    source and T the longest target + 1 (what `collate` pads to). A batch holds at most
+    `batch_size` sentences and costs at most `max_tokens`, except that a single example over the
+    budget gets a batch of its own.
+
+    Distributed. With `num_replicas` R > 1 the global batch list is made the same way on every
+    rank; if its length is not a multiple of R, the largest batches are halved until it is (so
+    every example still appears exactly once), and rank r takes batches r, r+R, r+2R, ... Each
+    rank therefore gets a disjoint shard and the same number of batches. Only if every batch
+    holds one sentence and the count is still not a multiple of R are the first batches repeated,
+    as `torch.utils.data.DistributedSampler` does.
+
+    Args:
+        lengths: one entry per example: an `Example`, a (source, target) length pair, or an int.
+        batch_size: most sentences per batch (the paper: 80); None for no sentence cap.
+        max_tokens: most padded tokens per batch (see Budget); None for no token cap.
+        bucket: minibatches per sorted chunk (the paper: 20); 1 gives no sorting across batches.
+        shuffle: shuffle examples and batches; False keeps the input order (chunks still sorted).
+        seed: base seed; epoch e uses numpy's generator seeded with (seed, e).
+        num_replicas: number of processes; default: the torch.distributed world size, or 1.
+        rank: this process's rank; default: the torch.distributed rank, or 0.
+    Raises:
+        ValueError: neither cap is set, a cap or `bucket` < 1, rank outside [0, num_replicas),
+            or fewer examples than replicas.
+    """
+
+    def __init__(self, lengths: Sequence[Any], *, batch_size: int | None = 80,
+                 max_tokens: int | None = None, bucket: int = 20, shuffle: bool = True,
+                 seed: int = 0, num_replicas: int | None = None, rank: int | None = None) -> None:
+        if batch_size is None and max_tokens is None:
+            raise ValueError("set batch_size, max_tokens, or both")
+        for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+        if not isinstance(bucket, int) or bucket < 1:
+            raise ValueError(f"bucket must be a positive int, got {bucket!r}")
+        if num_replicas is None or rank is None:
+            dist = torch.distributed
+            initialised = dist.is_available() and dist.is_initialized()
+            if num_replicas is None:
+                num_replicas = dist.get_world_size() if initialised else 1
+            if rank is None:
+                rank = dist.get_rank() if initialised else 0
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
+        self._lengths = _lengths(lengths)
+        if len(self._lengths) < num_replicas:
+            raise ValueError(
+                f"{len(self._lengths)} examples cannot be shared among {num_replicas} replicas"
+            )
+        self.batch_size, self.max_tokens, self.bucket = batch_size, max_tokens, bucket
+        self.shuffle, self.seed = shuffle, int(seed)
+        self.num_replicas, self.rank = num_replicas, rank
+        self.epoch, self.position = 0, 0
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    # epoch and resumption ---------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch to iterate; a different epoch starts at its first batch."""
+        if epoch != self.epoch:
+            self.epoch, self.position = int(epoch), 0
+
+    def state_dict(self) -> dict[str, int]:
+        """{"epoch", "position"}: position = batches of this epoch already handed out."""
+        return {"epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continue from `state_dict()` output: the next batch is the one after `position`."""
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if position < 0:
+            raise ValueError(f"sampler position must be >= 0, got {position}")
+        self.epoch, self.position = epoch, position
+
+    # batches ----------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        """Batches this rank gets in the current epoch."""
+        return len(self._batches())
+
+    def __iter__(self) -> Iterator[list[int]]:
+        """Yield this rank's remaining batches of the current epoch as lists of positions.
+
+        `position` advances as each batch is handed out; when the epoch is exhausted it goes
+        back to 0, so iterating again repeats the epoch (call `set_epoch` between epochs).
+        """
+        batches = self._batches()
+        while self.position < len(batches):
+            self.position += 1
+            yield list(batches[self.position - 1])
+        self.position = 0
+
+    def epoch_batches(self, epoch: int) -> list[list[int]]:
+        """All of this rank's batches of `epoch` (does not change the sampler's state)."""
+        return [list(b) for b in self._make(epoch)]
+
+    def _batches(self) -> list[list[int]]:
+        if self._cache is None or self._cache[0] != self.epoch:
+            self._cache = (self.epoch, self._make(self.epoch))
+        return self._cache[1]
+
+    def _make(self, epoch: int) -> list[list[int]]:
+        rng = np.random.default_rng([self.seed % 2**64, int(epoch) % 2**64])
+        lengths = self._lengths
+        n = len(lengths)
+        order = rng.permutation(n) if self.shuffle else np.arange(n)
+        longest = lengths.max(axis=1)
+        batches: list[list[int]] = []
+        for chunk in self._chunks(order, longest):
+            keys = lengths[chunk]
+            chunk = chunk[np.lexsort((keys[:, 1], keys[:, 0]))]
+            batches.extend(self._split(chunk, longest))
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        batches = self._divisible(batches)
+        return batches[self.rank::self.num_replicas]
+
+    def _chunks(self, order: np.ndarray, longest: np.ndarray) -> Iterator[np.ndarray]:
+        if self.batch_size is not None:
+            size = self.bucket * self.batch_size
+            for start in range(0, len(order), size):
+                yield order[start:start + size]
+            return
+        budget = self.bucket * self.max_tokens
+        ends = np.cumsum(longest[order])
+        start = 0
+        while start < len(order):
+            base = ends[start - 1] if start else 0
+            stop = int(np.searchsorted(ends, base + budget, side="right"))
+            stop = max(stop, start + 1)
+            yield order[start:stop]
+            start = stop
+
+    def _split(self, chunk: np.ndarray, longest: np.ndarray) -> list[list[int]]:
+        batches: list[list[int]] = []
+        current: list[int] = []
+        width = 0
+        for i in chunk.tolist():
+            new_width = max(width, int(longest[i]))
+            fits = (self.batch_size is None or len(current) < self.batch_size) and (
+                self.max_tokens is None or new_width * (len(current) + 1) <= self.max_tokens)
+            if current and not fits:
+                batches.append(current)
+                current, new_width = [], int(longest[i])
+            current.append(i)
+            width = new_width
+        if current:
+            batches.append(current)
+        return batches
+
+    def _divisible(self, batches: list[list[int]]) -> list[list[int]]:
+        r = self.num_replicas
+        while len(batches) % r:
+            sizes = [len(b) for b in batches]
+            big = int(np.argmax(sizes))
+            if sizes[big] < 2:
+                missing = (-len(batches)) % r
+                return batches + batches[:missing]
+            half = math.ceil(sizes[big] / 2)
+            batch = batches[big]
+            batches[big:big + 1] = [batch[:half], batch[half:]]
+        return batches

@@ -1,0 +1,61 @@
+"""Run by tests/integration/test_ddp.py: `python _ddp_worker.py OUT_DIR PORT`.
+
+Spawns 2 CPU processes (gloo), trains a tiny RNNsearch with `bahdanau.train` under
+DistributedDataParallel and writes each rank's final weights, log and losses to OUT_DIR.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from bahdanau.data import Example, Vocab, collate
+from bahdanau.models import build_model
+from bahdanau.presets import tiny
+from bahdanau.train import TrainConfig, evaluate_loss, train
+
+WORLD = 2
+
+
+def _examples() -> list[Example]:
+    # A learnable task: the target copies the source.
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for i in range(48):
+        n = int(torch.randint(2, 6, (1,), generator=g))
+        ids = torch.randint(4, 16, (n,), generator=g).tolist()
+        out.append(Example(i, ids, ids))
+    return out
+
+
+def _worker(rank: int, out_dir: str, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    try:
+        examples = _examples()
+        vocab = Vocab([f"w{i}" for i in range(12)])
+        torch.manual_seed(rank)  # different initial weights: DDP must broadcast rank 0's
+        model = build_model(tiny())
+        eval_batches = [collate(examples)]
+        lines: list[str] = []
+        cfg = TrainConfig(optimizer="adam", lr=0.01, batch_size=6, bucket=2, max_steps=12,
+                          log_every=4, save_every=100)
+        result = train(model, examples, cfg, src_vocab=vocab, tgt_vocab=vocab,
+                       checkpoint_dir=Path(out_dir) / "ckpt", log=lines.append)
+        torch.manual_seed(0)
+        initial = evaluate_loss(build_model(tiny()), eval_batches)[0]
+        final = evaluate_loss(model, eval_batches)[0]
+        torch.save({"state": model.state_dict(), "lines": lines, "step": result.step,
+                    "initial": initial, "final": final}, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    mp.spawn(_worker, args=(sys.argv[1], int(sys.argv[2])), nprocs=WORLD, join=True)

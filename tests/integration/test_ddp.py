@@ -1,0 +1,41 @@
+"""Two CPU processes (gloo) train with DistributedDataParallel and keep identical weights."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+WORKER = Path(__file__).with_name("_ddp_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or
+                    not torch.distributed.is_gloo_available(),
+                    reason="torch.distributed with gloo is not available")
+def test_ddp_two_processes_identical_weights(tmp_path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    proc = subprocess.run([sys.executable, str(WORKER), str(tmp_path), str(_free_port())],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    assert ranks[0]["step"] == ranks[1]["step"] == 12
+    for key, value in ranks[0]["state"].items():
+        assert torch.equal(value, ranks[1]["state"][key]), key
+    # Each rank trained on half the data of each epoch, and the shared weights improved.
+    assert ranks[0]["final"] < ranks[0]["initial"] - 0.1
+    # Only rank 0 logs and saves.
+    assert ranks[0]["lines"] and not ranks[1]["lines"]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_00000012.pt"]

@@ -1,0 +1,311 @@
+"""Unit tests for bahdanau.data: hand-worked vocabularies, tokens, files, batches and samplers."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import torch
+
+from bahdanau.data import (
+    SPECIALS,
+    Batch,
+    BucketBatchSampler,
+    DefaultTokenizer,
+    Example,
+    Vocab,
+    WhitespaceTokenizer,
+    collate,
+    encode_pairs,
+    read_parallel,
+)
+
+J = DefaultTokenizer.JOINER
+
+
+# ----------------------------------------------------------------------------------------------
+# Vocab
+
+
+def test_vocab_build_orders_by_count_then_alphabet() -> None:
+    # counts: b 3, a 2, d 2, c 1 -> b, then a/d tied (alphabetical), then c
+    vocab = Vocab.build([["b", "a", "b", "d"], ["c", "a", "b", "d"]])
+    assert vocab.tokens == ["b", "a", "d", "c"]
+    assert len(vocab) == 8
+    assert [vocab.id_to_token(i) for i in range(4)] == list(SPECIALS)
+    assert (vocab.pad_id, vocab.bos_id, vocab.eos_id, vocab.unk_id) == (0, 1, 2, 3)
+    assert vocab.token_to_id("b") == 4 and vocab.token_to_id("c") == 7
+
+
+def test_vocab_size_cap_and_min_freq() -> None:
+    lists = [["b", "a", "b", "d"], ["c", "a", "b", "d"]]
+    assert Vocab.build(lists, max_size=2).tokens == ["b", "a"]
+    assert Vocab.build(lists, min_freq=2).tokens == ["b", "a", "d"]
+    assert Vocab.build(lists, max_size=1, min_freq=3).tokens == ["b"]
+
+
+def test_vocab_build_is_independent_of_sentence_order() -> None:
+    lists = [["x", "y"], ["z", "y"], ["w"]]
+    assert Vocab.build(lists) == Vocab.build(list(reversed(lists)))
+
+
+def test_vocab_specials_in_corpus_are_not_words() -> None:
+    vocab = Vocab.build([["<unk>", "a", "</s>", "<pad>"]])
+    assert vocab.tokens == ["a"]
+    assert vocab.encode(["<unk>", "</s>"]) == [3, 2]
+
+
+def test_vocab_encode_unknown_and_decode() -> None:
+    vocab = Vocab(["the", "cat"])
+    assert vocab.encode(["the", "dog", "cat"]) == [4, 3, 5]
+    assert vocab.decode([4, 3, 5]) == ["the", "<unk>", "cat"]
+    # bos/pad dropped, stops at eos
+    assert vocab.decode([1, 4, 0, 5, 2, 4, 4]) == ["the", "cat"]
+    assert vocab.decode(torch.tensor([4, 2, 5])) == ["the"]
+    assert vocab.decode([1, 4, 2, 0], strip_specials=False) == ["<s>", "the", "</s>", "<pad>"]
+
+
+def test_vocab_decode_out_of_range() -> None:
+    with pytest.raises(ValueError, match="token id 6 is outside the vocabulary of size 6"):
+        Vocab(["the", "cat"]).decode([4, 6])
+
+
+def test_vocab_rejects_duplicates_and_specials() -> None:
+    with pytest.raises(ValueError, match="duplicate vocabulary token 'a'"):
+        Vocab(["a", "b", "a"])
+    with pytest.raises(ValueError, match="duplicate vocabulary token '<s>'"):
+        Vocab(["<s>"])
+
+
+def test_vocab_dict_and_file_round_trip(tmp_path) -> None:
+    vocab = Vocab(["été", "dog", J + "."])
+    data = vocab.to_dict()
+    assert data == {"specials": list(SPECIALS), "tokens": ["été", "dog", J + "."]}
+    assert Vocab.from_dict(json.loads(json.dumps(data))) == vocab
+    path = tmp_path / "vocab.json"
+    vocab.save(path)
+    assert json.loads(path.read_text(encoding="utf-8")) == data
+    assert "été" in path.read_text(encoding="utf-8")  # readable, not \u-escaped
+    assert Vocab.load(path) == vocab
+    assert Vocab.load(path) != Vocab(["été", "dog"])
+
+
+def test_vocab_load_bad_file_names_it(tmp_path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text('{"tokens": ["a"]}', encoding="utf-8")
+    with pytest.raises(ValueError, match="broken.json"):
+        Vocab.load(path)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tokenizers
+
+
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("A dog, running.", ["A", "dog", J + ",", "running", J + "."]),
+        ("l'homme (2)", ["l", J + "'", J + "homme", "(", J + "2", J + ")"]),
+        ("  deux\t chiens\n", ["deux", "chiens"]),
+        ("«Oui»!", ["«", J + "Oui", J + "»", J + "!"]),
+        ("café", ["café"]),
+        ("cafe\u0301s", ["cafe\u0301s"]),  # a combining accent stays in its word
+        ("a ￭ b￭c", ["a", "￭", "b", J + "￭", J + "c"]),
+    ],
+)
+def test_default_tokenizer_examples(text: str, tokens: list[str]) -> None:
+    tok = DefaultTokenizer()
+    assert tok.tokenize(text) == tokens
+    assert tok.detokenize(tokens) == " ".join(text.split())
+
+
+def test_default_tokenizer_lowercase() -> None:
+    tok = DefaultTokenizer(lowercase=True)
+    assert tok.tokenize("Deux Chiens.") == ["deux", "chiens", J + "."]
+    assert tok.detokenize(tok.tokenize("Deux Chiens.")) == "deux chiens."
+
+
+def test_whitespace_tokenizer() -> None:
+    tok = WhitespaceTokenizer()
+    assert tok.tokenize(" a  b, c ") == ["a", "b,", "c"]
+    assert tok.detokenize(["a", "b,"]) == "a b,"
+
+
+# ----------------------------------------------------------------------------------------------
+# read_parallel
+
+
+def _write(path, lines: list[bytes], *, gz: bool = False) -> None:
+    data = b"".join(line + b"\n" for line in lines)
+    path.write_bytes(gzip.compress(data) if gz else data)
+
+
+def test_read_parallel_plain_and_gzip(tmp_path) -> None:
+    _write(tmp_path / "a.en", [b"A dog.", "Un été".encode()])
+    _write(tmp_path / "a.fr.gz", [b"Un chien.", b"Summer"], gz=True)
+    pairs = read_parallel(tmp_path / "a.en", tmp_path / "a.fr.gz")
+    assert pairs == [("A dog.", "Un chien."), ("Un été", "Summer")]
+
+
+def test_read_parallel_different_line_counts_names_both_files(tmp_path) -> None:
+    _write(tmp_path / "src.txt", [b"a", b"b", b"c"])
+    _write(tmp_path / "tgt.txt", [b"x", b"y"])
+    with pytest.raises(ValueError, match=r"src\.txt has 3 lines but .*tgt\.txt has 2"):
+        read_parallel(tmp_path / "src.txt", tmp_path / "tgt.txt")
+
+
+@pytest.mark.parametrize("empty", [b"", b"  \t"])
+def test_read_parallel_empty_line_names_file_and_line(tmp_path, empty: bytes) -> None:
+    _write(tmp_path / "src.txt", [b"a", b"b", b"c"])
+    _write(tmp_path / "tgt.txt", [b"x", empty, b"z"])
+    with pytest.raises(ValueError, match=r"tgt\.txt: line 2 is empty"):
+        read_parallel(tmp_path / "src.txt", tmp_path / "tgt.txt")
+
+
+def test_read_parallel_bad_utf8_names_file_and_line(tmp_path) -> None:
+    _write(tmp_path / "src.txt", [b"a", b"b", b"caf\xe9"], gz=True)
+    _write(tmp_path / "tgt.txt", [b"x", b"y", b"z"])
+    with pytest.raises(ValueError, match=r"src\.txt: line 3 is not valid UTF-8"):
+        read_parallel(tmp_path / "src.txt", tmp_path / "tgt.txt")
+
+
+# ----------------------------------------------------------------------------------------------
+# encode_pairs and collate
+
+
+def test_encode_pairs_filters_long_pairs_and_keeps_indices() -> None:
+    tok = WhitespaceTokenizer()
+    src_vocab, tgt_vocab = Vocab(["a", "b"]), Vocab(["x", "y"])
+    pairs = [("a b", "x"), ("a a a", "y"), ("b", "x y x y"), ("b a", "y q")]
+    examples = encode_pairs(pairs, src_vocab, tgt_vocab, tok, max_len=2)
+    assert examples == [Example(0, [4, 5], [4]), Example(3, [5, 4], [5, 3])]
+    assert len(encode_pairs(pairs, src_vocab, tgt_vocab, tok)) == 4
+    # max_len counts tokens without bos/eos: a 3-token side passes max_len=3
+    assert [e.index for e in encode_pairs(pairs, src_vocab, tgt_vocab, tok, max_len=3)] == [0, 1, 3]
+
+
+def test_encode_pairs_tokenizer_per_side_and_errors() -> None:
+    pairs = [("a,b", "x,y")]
+    out = encode_pairs(pairs, Vocab(["a,b"]), Vocab(["x", J + ",", J + "y"]),
+                       (WhitespaceTokenizer(), DefaultTokenizer()))
+    assert out == [Example(0, [4], [4, 5, 6])]
+    with pytest.raises(ValueError, match="pair 1: the target"):
+        encode_pairs([("a", "x"), ("a", "  ")], Vocab(["a"]), Vocab(["x"]), WhitespaceTokenizer())
+    with pytest.raises(ValueError, match="max_len"):
+        encode_pairs(pairs, Vocab(["a"]), Vocab(["x"]), WhitespaceTokenizer(), max_len=0)
+
+
+def test_collate_pads_and_adds_bos_eos() -> None:
+    batch = collate([Example(7, [5, 6, 7], [9]), Example(2, [8], [10, 11])])
+    assert batch.src.tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch.src_lengths.tolist() == [3, 1]
+    assert batch.tgt_in.tolist() == [[1, 9, 0], [1, 10, 11]]
+    assert batch.tgt_out.tolist() == [[9, 2, 0], [10, 11, 2]]
+    assert batch.indices.tolist() == [7, 2]
+    assert batch.n_tokens == 5
+    assert batch.src_mask.tolist() == [[True, True, True], [True, False, False]]
+    for t in (batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out, batch.indices):
+        assert t.dtype == torch.long
+    moved = batch.to("cpu")
+    assert isinstance(moved, Batch) and torch.equal(moved.tgt_out, batch.tgt_out)
+
+
+def test_collate_custom_ids_and_errors() -> None:
+    batch = collate([Example(0, [4], [])], pad_id=3, bos_id=0, eos_id=1)
+    assert batch.tgt_in.tolist() == [[0]] and batch.tgt_out.tolist() == [[1]]
+    with pytest.raises(ValueError, match="at least one example"):
+        collate([])
+    with pytest.raises(ValueError, match="example 4 has an empty source"):
+        collate([Example(4, [], [5])])
+
+
+# ----------------------------------------------------------------------------------------------
+# BucketBatchSampler
+
+
+def test_sampler_sorts_within_buckets_without_shuffle() -> None:
+    # chunks of bucket * batch_size = 4: [5, 1, 4, 2] -> sorted positions 1, 3, 2, 0; then [3, 6]
+    sampler = BucketBatchSampler([5, 1, 4, 2, 3, 6], batch_size=2, bucket=2, shuffle=False)
+    assert list(sampler) == [[1, 3], [2, 0], [4, 5]]
+    assert len(sampler) == 3
+
+
+def test_sampler_token_budget_by_padded_size() -> None:
+    # (src, tgt) pairs; cost = sentences * max(longest src, longest tgt)
+    lengths = [(2, 2), (2, 3), (4, 1), (1, 1), (5, 5)]
+    sampler = BucketBatchSampler(lengths, batch_size=None, max_tokens=8, bucket=1,
+                                 shuffle=False)
+    # Chunks hold bucket * max_tokens = 8 tokens of max(src, tgt): [0, 1] (2 + 3), [2, 3]
+    # (4 + 1), [4]. Sorted by source length, [2, 3] becomes [3, 2]; it costs 2 * 4 = 8 <= 8.
+    assert list(sampler) == [[0, 1], [3, 2], [4]]
+    # Budget 7: [3, 2] would cost 8, so it is split.
+    tight = BucketBatchSampler(lengths, batch_size=None, max_tokens=7, bucket=1, shuffle=False)
+    assert list(tight) == [[0, 1], [3], [2], [4]]
+
+
+def test_sampler_single_example_over_budget_gets_own_batch() -> None:
+    sampler = BucketBatchSampler([3, 10, 3], batch_size=None, max_tokens=6, bucket=1,
+                                 shuffle=False)
+    assert list(sampler) == [[0], [1], [2]]
+
+
+def test_sampler_example_lengths_include_bos_eos() -> None:
+    # Example with 2 target ids pads to T = 3: two of them cost 2 * 3 = 6 > 5.
+    examples = [Example(0, [4], [4, 4]), Example(1, [4], [4, 4])]
+    sampler = BucketBatchSampler(examples, batch_size=None, max_tokens=5, shuffle=False)
+    assert list(sampler) == [[0], [1]]
+
+
+def test_sampler_distributed_splits_to_equal_counts() -> None:
+    # 3 batches [0, 1], [2, 3], [4] for 2 ranks: the first (largest) is halved -> 4 batches
+    shards = [list(BucketBatchSampler(range(1, 6), batch_size=2, bucket=1, shuffle=False,
+                                      num_replicas=2, rank=r)) for r in range(2)]
+    assert shards == [[[0], [2, 3]], [[1], [4]]]
+
+
+def test_sampler_resume_mid_epoch() -> None:
+    a = BucketBatchSampler(list(range(1, 41)), batch_size=3, bucket=2, seed=5)
+    a.set_epoch(2)
+    full = list(a)
+    it = iter(a)
+    head = [next(it) for _ in range(4)]
+    state = a.state_dict()
+    assert state == {"epoch": 2, "position": 4}
+    b = BucketBatchSampler(list(range(1, 41)), batch_size=3, bucket=2, seed=5)
+    b.load_state_dict(state)
+    b.set_epoch(2)  # same epoch: keeps the position
+    assert head + list(b) == full
+    assert b.state_dict() == {"epoch": 2, "position": 0}  # exhausted: the epoch starts over
+
+
+def test_sampler_set_epoch_changes_order_and_resets_position() -> None:
+    sampler = BucketBatchSampler(list(range(1, 41)), batch_size=4, seed=0)
+    first = list(sampler)
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert first != second
+    assert sorted(i for b in second for i in b) == list(range(40))
+    sampler.set_epoch(0)
+    assert list(sampler) == first
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"batch_size": None}, "set batch_size, max_tokens"),
+        ({"batch_size": 0}, "batch_size must be a positive int"),
+        ({"max_tokens": -1}, "max_tokens must be a positive int"),
+        ({"bucket": 0}, "bucket must be a positive int"),
+        ({"num_replicas": 2, "rank": 2}, r"rank must be in \[0, 2\)"),
+        ({"num_replicas": 5, "rank": 0}, "3 examples cannot be shared among 5 replicas"),
+    ],
+)
+def test_sampler_errors(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        BucketBatchSampler([1, 2, 3], **kwargs)
+
+
+def test_sampler_rejects_zero_length() -> None:
+    with pytest.raises(ValueError, match="lengths must be >= 1, got 0 at position 1"):
+        BucketBatchSampler([(1, 1), (0, 2)])

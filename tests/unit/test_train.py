@@ -1,0 +1,404 @@
+"""Unit tests for bahdanau.train and bahdanau.checkpoint: steps, configs, checkpoints, resume."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import replace
+
+import pytest
+import torch
+
+from bahdanau import checkpoint as checkpoint_module
+from bahdanau.checkpoint import (
+    CheckpointManager,
+    checkpoint_payload,
+    load_checkpoint,
+    model_from_checkpoint,
+    restore,
+    save_checkpoint,
+)
+from bahdanau.data import Example, Vocab, collate
+from bahdanau.models import build_model
+from bahdanau.presets import tiny
+from bahdanau.train import TrainConfig, evaluate_loss, make_optimizer, train, train_step
+
+VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny models: one thread avoids contention on shared small machines.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _examples(n: int, seed: int = 0) -> list[Example]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        s, t = torch.randint(1, 7, (2,), generator=g).tolist()
+        out.append(Example(i, torch.randint(4, 16, (s,), generator=g).tolist(),
+                           torch.randint(4, 16, (t,), generator=g).tolist()))
+    return out
+
+
+def _model(seed: int = 0, **changes):
+    torch.manual_seed(seed)
+    return build_model(replace(tiny(), **changes))
+
+
+def _equal_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+# ----------------------------------------------------------------------------------------------
+# TrainConfig and optimizers
+
+
+def test_train_config_defaults_follow_paper() -> None:
+    cfg = TrainConfig()
+    assert (cfg.optimizer, cfg.learning_rate, cfg.rho, cfg.eps) == ("adadelta", 1.0, 0.95, 1e-6)
+    assert (cfg.clip_norm, cfg.batch_size, cfg.bucket, cfg.max_len) == (1.0, 80, 20, 50)
+    assert TrainConfig(optimizer="adam").learning_rate == 1e-3
+
+
+def test_train_config_dict_round_trip() -> None:
+    cfg = TrainConfig(optimizer="adam", lr=3e-4, max_steps=10, patience=2, amp="bf16")
+    assert TrainConfig.from_dict(cfg.to_dict()) == cfg
+    with pytest.raises(ValueError, match=r"unknown TrainConfig fields \['lr_decay'\]"):
+        TrainConfig.from_dict({**cfg.to_dict(), "lr_decay": 0.5})
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("optimizer", "sgd"), ("lr", 0.0), ("rho", 1.0), ("eps", -1e-6), ("clip_norm", 0),
+     ("batch_size", 0), ("max_tokens", 0), ("bucket", 0), ("max_len", -5), ("max_steps", 0),
+     ("max_epochs", 1.5), ("max_time_s", -1.0), ("eval_every", 0), ("save_every", 0),
+     ("keep_last", 0), ("patience", 0), ("label_smoothing", 1.0), ("amp", "fp8"),
+     ("log_every", 0), ("seed", "1")],
+)
+def test_train_config_rejects_bad_values(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"^{field} "):
+        TrainConfig(**{field: value})
+
+
+def test_make_optimizer() -> None:
+    model = _model()
+    opt = make_optimizer(model, TrainConfig())
+    assert isinstance(opt, torch.optim.Adadelta)
+    group = opt.param_groups[0]
+    assert (group["lr"], group["rho"], group["eps"]) == (1.0, 0.95, 1e-6)
+    assert len(group["params"]) == len(list(model.parameters()))
+    adam = make_optimizer(model, TrainConfig(optimizer="adam", lr=2e-3))
+    assert isinstance(adam, torch.optim.Adam) and adam.param_groups[0]["lr"] == 2e-3
+
+
+# ----------------------------------------------------------------------------------------------
+# train_step and evaluate_loss
+
+
+def test_train_step_matches_hand_computed_adadelta() -> None:
+    model, reference = _model(), _model()
+    batch = collate(_examples(5))
+    clip, rho, eps, lr = 0.5, 0.95, 1e-6, 1.0
+    # Expected: gradient of (summed loss / B), clipped to norm 0.5, one Adadelta update from zero
+    # state: v = (1 - rho) g^2, delta = sqrt(eps) / sqrt(v + eps) * g, p <- p - lr * delta.
+    loss_sum, n_tokens = reference.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out)
+    (loss_sum / 5).backward()
+    grads = [p.grad.double() for p in reference.parameters()]
+    norm = math.sqrt(sum(float((g * g).sum()) for g in grads))
+    scale = min(1.0, clip / (norm + 1e-6))
+    expected = []
+    for p, g in zip(reference.parameters(), grads, strict=True):
+        g = g * scale
+        v = (1 - rho) * g * g
+        delta = math.sqrt(eps) / torch.sqrt(v + eps) * g
+        expected.append(p.detach().double() - lr * delta)
+
+    opt = torch.optim.Adadelta(model.parameters(), lr=lr, rho=rho, eps=eps)
+    stats = train_step(model, batch, opt, clip_norm=clip)
+    assert stats.n_tokens == int(n_tokens) == batch.n_tokens
+    assert stats.loss_sum == pytest.approx(float(loss_sum.detach()), rel=1e-6)
+    assert stats.grad_norm == pytest.approx(norm, rel=1e-5)
+    assert norm > clip  # the clipping branch is exercised
+    for p, e in zip(model.parameters(), expected, strict=True):
+        torch.testing.assert_close(p.detach().double(), e, rtol=1e-5, atol=1e-7)
+
+
+def test_train_step_clips_gradient_norm() -> None:
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    stats = train_step(model, collate(_examples(6)), opt, clip_norm=1e-3)
+    assert stats.grad_norm > 1e-3
+    clipped = math.sqrt(sum(float((p.grad ** 2).sum()) for p in model.parameters()))
+    assert clipped == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_train_step_skips_non_finite_gradient() -> None:
+    model = _model()
+    with torch.no_grad():
+        model.encoder.embedding.weight[5:].fill_(float("nan"))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.Adadelta(model.parameters())
+    stats = train_step(model, collate([Example(0, [5, 6], [7])]), opt)
+    assert not math.isfinite(stats.grad_norm)
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k], equal_nan=True, rtol=0, atol=0)
+
+
+def test_train_step_bf16_autocast_close_to_float32() -> None:
+    batch = collate(_examples(6))
+    full, half = _model(), _model()
+    fp32 = train_step(full, batch, torch.optim.SGD(full.parameters(), lr=0.1))
+    bf16 = train_step(half, batch, torch.optim.SGD(half.parameters(), lr=0.1),
+                      amp_dtype=torch.bfloat16)
+    assert bf16.n_tokens == fp32.n_tokens
+    assert bf16.loss_sum == pytest.approx(fp32.loss_sum, rel=0.02)
+    assert bf16.grad_norm == pytest.approx(fp32.grad_norm, rel=0.1)
+    assert all(p.dtype == torch.float32 and bool(p.isfinite().all()) for p in half.parameters())
+
+
+def test_evaluate_loss_per_token_and_mode_restored() -> None:
+    model = _model(dropout=0.3)
+    examples = _examples(9)
+    batches = [collate(examples[:4]), collate(examples[4:])]
+    model.eval()
+    with torch.no_grad():
+        sums = [model.loss(b.src, b.src_lengths, b.tgt_in, b.tgt_out) for b in batches]
+    expected = sum(float(s) for s, _ in sums) / sum(int(n) for _, n in sums)
+    model.train()
+    loss, ppl = evaluate_loss(model, batches)
+    assert model.training
+    assert loss == pytest.approx(expected, rel=1e-6)
+    assert ppl == pytest.approx(math.exp(expected), rel=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoint files
+
+
+def test_checkpoint_round_trip(tmp_path) -> None:
+    payload = {"w": torch.arange(6.0).reshape(2, 3), "n": 3, "x": None,
+               "nested": {"a": [1, 2.5, "s"], "t": (torch.ones(2, dtype=torch.long),)}}
+    save_checkpoint(tmp_path / "c.pt", payload)
+    loaded = load_checkpoint(tmp_path / "c.pt")
+    assert torch.equal(loaded["w"], payload["w"])
+    assert loaded["n"] == 3 and loaded["x"] is None and loaded["nested"]["a"] == [1, 2.5, "s"]
+    assert torch.equal(loaded["nested"]["t"][0], torch.ones(2, dtype=torch.long))
+
+
+def test_checkpoint_refuses_objects_before_writing(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"payload\['cfg'\] is a TrainConfig"):
+        save_checkpoint(tmp_path / "c.pt", {"cfg": TrainConfig()})
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch) -> None:
+    path = tmp_path / "c.pt"
+    save_checkpoint(path, {"version": 1})
+
+    def broken_save(obj, f):
+        f.write(b"PK\x03\x04 partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, {"version": 2})
+    monkeypatch.undo()
+    assert load_checkpoint(path) == {"version": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_corrupt_and_truncated_checkpoints_name_the_file(tmp_path) -> None:
+    good = tmp_path / "good.pt"
+    save_checkpoint(good, {"w": torch.randn(100)})
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(good.read_bytes()[: os.path.getsize(good) // 2])
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint at all")
+    for path in (truncated, garbage):
+        with pytest.raises(ValueError, match=f"{path.name}: not a readable checkpoint"):
+            load_checkpoint(path)
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(tmp_path / "missing.pt")
+
+
+def test_manager_keeps_last_and_best(tmp_path) -> None:
+    manager = CheckpointManager(tmp_path, keep_last=2)
+    for step, metric in [(1, 1.0), (2, 3.0), (3, 2.0), (4, None), (5, 0.5)]:
+        manager.save(step, {"step": step}, metric=metric)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "best.json", "best.pt", "step_00000004.pt", "step_00000005.pt"]
+    assert manager.latest() == tmp_path / "step_00000005.pt"
+    assert load_checkpoint(manager.best())["step"] == 2
+    again = CheckpointManager(tmp_path, keep_last=2)  # a resumed run remembers the best
+    assert (again.best_metric, again.best_step) == (3.0, 2)
+    again.save(6, {"step": 6}, metric=2.5)
+    assert load_checkpoint(again.best())["step"] == 2
+    again.save(7, {"step": 7}, metric=3.5)
+    assert load_checkpoint(again.best())["step"] == 7
+
+
+def test_manager_empty_directory(tmp_path) -> None:
+    manager = CheckpointManager(tmp_path / "new")
+    assert manager.latest() is None and manager.best() is None
+    with pytest.raises(ValueError, match="keep_last"):
+        CheckpointManager(tmp_path, keep_last=0)
+
+
+# ----------------------------------------------------------------------------------------------
+# Payloads and restore
+
+
+def _payload(model, optimizer=None, vocab=VOCAB):
+    return checkpoint_payload(model, optimizer, model_config=model.config,
+                              train_config=TrainConfig(), src_vocab=vocab, tgt_vocab=vocab,
+                              step=7, epoch=1, sampler_state={"epoch": 1, "position": 3},
+                              best_metric=0.25)
+
+
+def test_payload_round_trip_rebuilds_model(tmp_path) -> None:
+    model = _model(1)
+    opt = make_optimizer(model, TrainConfig())
+    train_step(model, collate(_examples(4)), opt)
+    save_checkpoint(tmp_path / "c.pt", _payload(model, opt))
+    payload = load_checkpoint(tmp_path / "c.pt")
+    rebuilt, src_vocab, tgt_vocab = model_from_checkpoint(tmp_path / "c.pt")
+    assert _equal_weights(rebuilt, model) and src_vocab == VOCAB == tgt_vocab
+    assert TrainConfig.from_dict(payload["train_config"]) == TrainConfig()
+    other = _model(2)
+    other_opt = make_optimizer(other, TrainConfig())
+    state = restore(payload, other, other_opt, src_vocab=VOCAB, tgt_vocab=VOCAB)
+    assert _equal_weights(other, model)
+    assert (state["step"], state["epoch"], state["best_metric"]) == (7, 1, 0.25)
+    assert str(other_opt.state_dict()) == str(opt.state_dict())
+
+
+def test_restore_refuses_other_vocabulary() -> None:
+    payload = _payload(_model())
+    other = Vocab([f"w{i}" for i in range(11)] + ["z"])
+    with pytest.raises(ValueError, match=r"tgt_vocab: id 15 is 'w11' in the checkpoint but 'z'"):
+        restore(payload, _model(), src_vocab=VOCAB, tgt_vocab=other)
+    with pytest.raises(ValueError, match="src_vocab: checkpoint has 16 entries, given .* 17"):
+        restore(payload, _model(), src_vocab=Vocab([f"w{i}" for i in range(13)]))
+
+
+def test_restore_refuses_other_model_config() -> None:
+    payload = _payload(_model())
+    target = _model(hidden_size=10)
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    with pytest.raises(ValueError, match="hidden_size: checkpoint 8 vs given 10"):
+        restore(payload, target)
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
+
+
+# ----------------------------------------------------------------------------------------------
+# The loop
+
+
+def test_train_stops_at_max_epochs_and_logs() -> None:
+    lines: list[str] = []
+    cfg = TrainConfig(batch_size=8, bucket=2, max_epochs=2, log_every=3)
+    result = train(_model(), _examples(40), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                   log=lines.append)
+    assert (result.step, result.epoch, result.stopped) == (10, 2, "max_epochs")  # 5 batches/epoch
+    assert [h["step"] for h in result.history] == [3, 6, 9]
+    assert all(k in lines[0] for k in ("step 3", "loss", "ppl", "tgt tok/s", "eta"))
+
+
+def test_train_early_stopping_and_best(tmp_path) -> None:
+    metrics = iter([1.0, 2.0, 1.5, 1.9, 5.0])
+    modes: list[bool] = []
+
+    def validate(model: torch.nn.Module) -> float:
+        modes.append(model.training)
+        return next(metrics)
+
+    cfg = TrainConfig(batch_size=8, max_steps=50, eval_every=2, save_every=100, patience=2,
+                      log_every=100)
+    model = _model()
+    result = train(model, _examples(40), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                   checkpoint_dir=tmp_path, validate=validate, log=lambda s: None,
+                   extra={"tokenizer": {"lowercase": True}})
+    assert modes == [False] * 4 and model.training
+    # evals at steps 2 (1.0), 4 (2.0 best), 6 (1.5), 8 (1.9): two without improvement -> stop
+    assert (result.step, result.stopped) == (8, "patience")
+    assert result.evals == [(2, 1.0), (4, 2.0), (6, 1.5), (8, 1.9)]
+    assert (result.best_metric, result.best_step) == (2.0, 4)
+    assert load_checkpoint(result.best_checkpoint)["step"] == 4
+    last = load_checkpoint(result.last_checkpoint)
+    assert last["step"] == 8 and last["extra"] == {"tokenizer": {"lowercase": True}}
+
+
+def test_train_time_budget_and_token_batches() -> None:
+    cfg = TrainConfig(max_tokens=30, bucket=1, max_time_s=1e-9, log_every=1)
+    result = train(_model(), _examples(40), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                   log=lambda s: None)
+    assert (result.step, result.stopped) == (1, "max_time")
+    assert result.history[0]["loss"] == pytest.approx(result.train_loss)
+
+
+def test_train_argument_errors() -> None:
+    with pytest.raises(ValueError, match="max_steps, max_epochs or max_time_s"):
+        train(_model(), _examples(4), TrainConfig(), src_vocab=VOCAB, tgt_vocab=VOCAB)
+    with pytest.raises(ValueError, match=r"tgt_vocab_size=16 but len\(tgt_vocab\)=14"):
+        train(_model(), _examples(4), TrainConfig(max_steps=1), src_vocab=VOCAB,
+              tgt_vocab=Vocab([f"w{i}" for i in range(10)]))
+
+
+@pytest.mark.parametrize("optimizer", ["adadelta", "adam"])
+def test_exact_resume(tmp_path, optimizer: str) -> None:
+    """2N steps in one run == N steps, then a fresh model/optimizer resumed for N more."""
+    examples = _examples(40)  # 5 batches per epoch: the run crosses epoch boundaries mid-way
+    cfg = TrainConfig(optimizer=optimizer, batch_size=8, bucket=2, max_steps=14, log_every=100,
+                      save_every=100)
+    quiet = {"src_vocab": VOCAB, "tgt_vocab": VOCAB, "log": lambda s: None}
+    straight = _model(0, dropout=0.2)  # dropout: the RNG state matters too
+    train(straight, examples, cfg, **quiet)
+
+    first = _model(0, dropout=0.2)
+    half = train(first, examples, replace(cfg, max_steps=7), checkpoint_dir=tmp_path, **quiet)
+    assert half.step == 7 and not _equal_weights(first, straight)
+    torch.manual_seed(12345)  # a new process: other RNG state, other initial weights
+    resumed = _model(99, dropout=0.2)
+    result = train(resumed, examples, cfg, checkpoint_dir=tmp_path, **quiet)
+    assert result.step == 14
+    assert _equal_weights(resumed, straight)
+
+
+def test_resume_after_crash_from_periodic_checkpoint(tmp_path) -> None:
+    examples = _examples(40)
+    cfg = TrainConfig(batch_size=8, bucket=2, max_steps=14, log_every=1, save_every=4)
+    straight = _model(0, dropout=0.2)
+    train(straight, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB, log=lambda s: None)
+
+    def crash_at_step_9(line: str) -> None:
+        if line.startswith("step 9 "):
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(_model(0, dropout=0.2), examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+              checkpoint_dir=tmp_path, log=crash_at_step_9)
+    (tmp_path / ".step_00000012.pt.abc.tmp").write_bytes(b"partial")  # killed mid-write
+    lines: list[str] = []
+    resumed = _model(5, dropout=0.2)
+    train(resumed, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB, checkpoint_dir=tmp_path,
+          log=lines.append)
+    assert lines[0].startswith("resumed from") and "at step 8" in lines[0]
+    assert _equal_weights(resumed, straight)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step_00000008.pt", "step_00000012.pt", "step_00000014.pt"]
+
+
+def test_resume_refuses_other_vocabulary(tmp_path) -> None:
+    cfg = TrainConfig(batch_size=8, max_steps=2, log_every=100)
+    train(_model(), _examples(16), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+          checkpoint_dir=tmp_path, log=lambda s: None)
+    other = Vocab([f"v{i}" for i in range(12)])
+    with pytest.raises(ValueError, match="src_vocab: id 4 is 'w0' in the checkpoint but 'v0'"):
+        train(_model(), _examples(16), replace(cfg, max_steps=4), src_vocab=other,
+              tgt_vocab=VOCAB, checkpoint_dir=tmp_path, log=lambda s: None)
