@@ -37,14 +37,11 @@ def check_dims(what: str, pairs: Sequence[tuple[str, Tensor, int, int]]) -> None
             )
 
 
-def check_token_ids(name: str, ids: Tensor, vocab_size: int, mask: Tensor | None = None) -> None:
-    """Token ids (at real positions, if a mask is given) must lie in [0, vocab_size)."""
+def check_token_ids(name: str, ids: Tensor, vocab_size: int) -> None:
+    """Token ids must lie in [0, vocab_size)."""
     if ids.numel() == 0:
         return
-    values = ids[mask] if mask is not None else ids
-    if values.numel() == 0:
-        return
-    low, high = int(values.min()), int(values.max())
+    low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
         raise ValueError(

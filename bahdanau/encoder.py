@@ -83,7 +83,7 @@ class BiRNNEncoder(nn.Module):
         batch, src_len = src.shape
         check_lengths("src_lengths", src_lengths, batch, src_len)
         mask = functional.lengths_to_mask(src_lengths.to(src.device), src_len)
-        check_token_ids("src", src, self.vocab_size, mask)
+        check_token_ids("src", src, self.vocab_size)              # padding is embedded too
         embedded = self.dropout(self.embedding(src))              # (B, S, E)
         if self.gru_form == "paper":
             return self._paper_gru(embedded, mask), mask

@@ -1,0 +1,110 @@
+"""Bad input raises ValueError naming the argument; nothing falls back silently."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bahdanau import AdditiveAttention, AttentiveDecoder, RNNSearch, presets
+
+V = 16
+
+
+@pytest.fixture(scope="module")
+def model() -> RNNSearch:
+    torch.manual_seed(0)
+    return RNNSearch.from_config(presets.tiny(V, V))
+
+
+SRC = torch.tensor([[5, 6, 7], [8, 9, 0]])
+LENGTHS = torch.tensor([3, 2])
+TGT = torch.tensor([[1, 5], [1, 6]])
+
+
+@pytest.mark.parametrize(("src", "lengths", "tgt", "match"), [
+    (SRC.float(), LENGTHS, TGT, "src must hold integer token ids"),
+    (SRC[None], LENGTHS, TGT, "src must have 2 dims"),
+    (SRC, LENGTHS[:1], TGT, r"src_lengths has shape \(1,\), expected \(2,\)"),
+    (SRC, torch.tensor([3, 0]), TGT, "at least one token"),
+    (SRC, torch.tensor([4, 2]), TGT, "longer than the padded length 3"),
+    (SRC, LENGTHS.float(), TGT, "src_lengths must hold integer"),
+    (torch.tensor([[5, 6, 16], [8, 9, 0]]), LENGTHS, TGT, "src holds token id 16"),
+    (torch.tensor([[5, -1, 7], [8, 9, 0]]), LENGTHS, TGT, "src holds token id -1"),
+    (SRC, LENGTHS, torch.tensor([[1, 99], [1, 6]]), "tgt_in holds token id 99"),
+    (SRC, LENGTHS, TGT[:1], "tgt_in"),
+    (SRC, LENGTHS, TGT[:, :0], "no target positions"),
+    (SRC[:0], LENGTHS[:0], TGT[:0], "empty batch"),
+])
+def test_model_input_errors(model, src, lengths, tgt, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        model(src, lengths, tgt)
+
+
+def test_padding_ids_are_checked_too(model) -> None:
+    """Padding positions are embedded as well, so they must hold valid ids (pad_id)."""
+    with pytest.raises(ValueError, match="src holds token id 999"):
+        model(torch.tensor([[5, 6, 7], [8, 9, 999]]), LENGTHS, TGT)
+
+
+def test_loss_shape_mismatch(model) -> None:
+    with pytest.raises(ValueError, match="tgt_out"):
+        model.loss(SRC, LENGTHS, TGT, TGT[:, :1])
+
+
+def _attention_inputs():
+    attn = AdditiveAttention(query_size=4, key_size=6, align_size=5, impl="reference")
+    annotations = torch.randn(2, 3, 6)
+    return attn, torch.randn(2, 4), attn.precompute_keys(annotations), annotations, \
+        torch.tensor([[True, True, False], [True, False, False]])
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda q, k, h, m: (q, k, h, torch.tensor([[True, True, False], [False] * 3])),
+     r"mask \(2, 3\) has rows with no real token: rows \[1\]"),
+    (lambda q, k, h, m: (q, k, h, m.float()), "mask must be a bool mask"),
+    (lambda q, k, h, m: (q, k, h, m[:, :2]), "mask has shape"),
+    (lambda q, k, h, m: (q, k, h[:, :2], m), "annotations has shape"),
+    (lambda q, k, h, m: (q, k[..., :4], h, m), "keys has shape"),
+    (lambda q, k, h, m: (q[:, :3], k, h, m), "query has shape"),
+    (lambda q, k, h, m: (q[:1], k, h, m), "query rows"),
+    (lambda q, k, h, m: (q[0], k, h, m), "query must have 2 dims"),
+    (lambda q, k, h, m: (q, k[:, :0], h[:, :0], m[:, :0]), "empty"),
+])
+def test_attention_errors(change, match) -> None:
+    attn, query, keys, annotations, mask = _attention_inputs()
+    with pytest.raises(ValueError, match=match):
+        attn(*change(query, keys, annotations, mask))
+
+
+def test_decoder_errors() -> None:
+    with pytest.raises(ValueError, match="query_size=4"):
+        AttentiveDecoder(V, 8, 12, 16, 6, attention=AdditiveAttention(4, 16, 10))
+    with pytest.raises(ValueError, match="impl must be one of"):
+        AdditiveAttention(4, 6, 5, impl="bogus")
+    decoder = AttentiveDecoder(V, 8, 12, 16, 6, attention=AdditiveAttention(12, 16, 10))
+    with pytest.raises(ValueError, match="no real token"):
+        decoder.init_state(torch.randn(2, 3, 16), torch.tensor([[True] * 3, [False] * 3]))
+    with pytest.raises(ValueError, match="annotations has shape"):
+        decoder.init_state(torch.randn(2, 3, 15), torch.ones(2, 3, dtype=torch.bool))
+
+
+def test_triton_on_cpu_without_interpreter_raises() -> None:
+    """An explicit impl='triton' that cannot run raises; it never falls back to the reference."""
+    code = (
+        "import torch\n"
+        "from bahdanau import AdditiveAttention\n"
+        "a = AdditiveAttention(4, 6, 5, impl='triton')\n"
+        "h = torch.randn(2, 3, 6)\n"
+        "try:\n"
+        "    a(torch.randn(2, 4), a.precompute_keys(h), h, torch.ones(2, 3, dtype=torch.bool))\n"
+        "except ValueError as e:\n"
+        "    print('ValueError:', e)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=120, check=True)
+    assert "ValueError: impl='triton' cannot run" in out.stdout
