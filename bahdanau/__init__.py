@@ -27,6 +27,7 @@ from bahdanau.data import (
 from bahdanau.decoder import AttentiveDecoder, DecoderMemory, StepOutput
 from bahdanau.encoder import BiRNNEncoder
 from bahdanau.models import RNNEncDec, RNNSearch, build_model
+from bahdanau.search import BeamSearch, Hypothesis, greedy_search, replace_unk
 from bahdanau.train import (
     LossModule,
     StepStats,
@@ -42,6 +43,10 @@ __version__ = "0.1.0"
 __all__ = [
     "AdditiveAttention",
     "AttentiveDecoder",
+    "BeamSearch",
+    "Hypothesis",
+    "greedy_search",
+    "replace_unk",
     "BiRNNEncoder",
     "DecoderMemory",
     "ModelConfig",

@@ -16,6 +16,7 @@ from bahdanau.attention import AdditiveAttention
 from bahdanau.config import ModelConfig
 from bahdanau.decoder import AttentiveDecoder, DecoderMemory
 from bahdanau.encoder import BiRNNEncoder
+from bahdanau.search import BeamSearch, Hypothesis
 
 
 class RNNSearch(nn.Module):
@@ -107,6 +108,23 @@ class RNNSearch(nn.Module):
         loss = functional.linear_cross_entropy(features, output.weight, output.bias,
                                                tgt_out[select], label_smoothing=label_smoothing)
         return loss, select.sum()
+
+    def translate(self, src: Tensor, src_lengths: Tensor, *, beam_size: int = 5,
+                  n_best: int = 1, max_len: int = 100, max_len_ratio: float | None = None,
+                  min_len: int = 1, length_penalty: str = "none", alpha: float = 0.6,
+                  early_stopping: bool = True) -> list[list[Hypothesis]]:
+        """Beam search (`beam_size=1`: greedy) for a padded batch; see `bahdanau.BeamSearch`.
+
+        Returns:
+            For each sentence, its `n_best` hypotheses, best first, each with `tokens` (ids
+            without bos/eos), `log_prob`, `score` and `attention` ((len(tokens)+1, S), or None
+            for RNNencdec).
+        """
+        search = BeamSearch(beam_size=beam_size, n_best=n_best, max_len=max_len,
+                            max_len_ratio=max_len_ratio, min_len=min_len,
+                            length_penalty=length_penalty,  # type: ignore[arg-type]
+                            alpha=alpha, early_stopping=early_stopping)
+        return search(self, src, src_lengths)
 
 
 class RNNEncDec(RNNSearch):

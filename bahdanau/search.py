@@ -1,0 +1,353 @@
+"""Greedy and beam search for models built from `AttentiveDecoder`, batched and exact.
+
+All sentences of a batch and all K beams of a sentence advance together: decoder rows are
+stored sentence-major (row n belongs to sentence n // K), and the per-sentence memory (annotations,
+keys, precomputed values) is shared by the beams, never copied. Sentences that are done are
+dropped from the batch, so their memory stops costing anything.
+
+Every hypothesis ends with eos. At a sentence's length cap only eos may follow, so the search
+space is all y_1 .. y_n eos with min_len <= n <= cap and no pad or bos among the y_i, and
+`log_prob` always includes eos. With a
+beam as wide as that space the search is exhaustive (the tests check it against enumeration).
+
+Length normalisation (`length_penalty`), with |Y| = len(tokens) + 1 (eos counted):
+    "none"     score = log p(Y | X)                             (the paper)
+    "average"  score = log p(Y | X) / |Y|
+    "gnmt"     score = log p(Y | X) / ((5 + |Y|) / 6) ** alpha   (Wu et al. 2016)
+
+Early stopping is exact for all three: a sentence stops once it has `n_best` finished hypotheses
+and no live one can still beat the worst of them. Log-probabilities only decrease as tokens are
+added, so a live hypothesis with log-probability l can at best score l (none), l / (cap + 1)
+(average) or l / lp(cap + 1) (gnmt).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+from bahdanau._checks import check_lengths, check_tensor
+from bahdanau.decoder import DecoderMemory
+
+LengthPenalty = Literal["none", "average", "gnmt"]
+LENGTH_PENALTIES = ("none", "average", "gnmt")
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One translation of one sentence.
+
+    Attributes:
+        tokens: target ids, without bos and eos.
+        log_prob: sum of the log-probabilities of the tokens and of eos.
+        score: `log_prob` after length normalisation (equal to it with "none").
+        attention: (len(tokens) + 1, S) alignment weights, one row per predicted token (the last
+            row is eos), over the sentence's real source positions; None for models without
+            attention (RNNencdec).
+    """
+
+    tokens: list[int]
+    log_prob: float
+    score: float
+    attention: Tensor | None = field(default=None, repr=False)
+
+
+def length_normalise(log_prob: Tensor, length: Tensor | int, penalty: str, alpha: float
+                     ) -> Tensor:
+    """Score of hypotheses of `length` predicted tokens (eos included); see the module doc."""
+    if penalty == "none":
+        return log_prob
+    length = torch.as_tensor(length, dtype=log_prob.dtype, device=log_prob.device)
+    if penalty == "average":
+        return log_prob / length
+    return log_prob / ((5.0 + length) / 6.0) ** alpha
+
+
+class Selection(NamedTuple):
+    """The outcome of one beam step for B' sentences (see `select_candidates`)."""
+
+    finished: Tensor         # (B', 2K) bool: eos candidates among the first K, finite score
+    top_scores: Tensor       # (B', 2K) candidate log-probabilities, best first
+    top_parent: Tensor       # (B', 2K) beam each candidate extends
+    scores: Tensor           # (B', K) log-probabilities of the continuing beams
+    parent: Tensor           # (B', K) beam each continuing beam extends
+    token: Tensor            # (B', K) its new token
+
+
+def select_candidates(scores: Tensor, log_probs: Tensor, eos_id: int) -> Selection:
+    """One beam step: the best 2K extensions of K beams; eos ones finish, K others continue.
+
+    Args:
+        scores: (B', K) log-probabilities of the live beams (-inf for dead ones).
+        log_probs: (B', K, V) next-token log-probabilities of each beam.
+        eos_id: the end-of-sentence id.
+    Returns:
+        A `Selection`. Among the 2K best extensions by total log-probability, those ending in
+        eos within the first K finish; the first K that do not end in eos continue (there are at
+        least K: each beam has one eos).
+    """
+    n_live, beams, vocab = log_probs.shape
+    candidates = (scores[:, :, None] + log_probs).reshape(n_live, beams * vocab)
+    top_scores, top_index = candidates.topk(min(2 * beams, beams * vocab), dim=1)
+    top_parent, top_token = top_index // vocab, top_index % vocab
+    is_eos = top_token == eos_id
+    rank = torch.arange(top_scores.shape[1], device=scores.device)
+    finished = is_eos & (rank < beams) & torch.isfinite(top_scores)
+    order = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :beams]
+    return Selection(finished, top_scores, top_parent, top_scores.gather(1, order),
+                     top_parent.gather(1, order), top_token.gather(1, order))
+
+
+def update_kept(kept: Tensor, new_scores: Tensor, finished: Tensor) -> Tensor:
+    """The n best finished scores per sentence after adding `new_scores` where `finished`.
+
+    Args:
+        kept: (B', n) best normalised scores so far, descending, -inf where fewer than n.
+        new_scores: (B', C) normalised scores of this step's candidates.
+        finished: (B', C) bool, which candidates finished.
+    Returns:
+        (B', n) the updated best scores, descending.
+    """
+    merged = torch.cat([kept, new_scores.masked_fill(~finished, float("-inf"))], dim=1)
+    return merged.topk(kept.shape[1], dim=1).values
+
+
+@dataclass(frozen=True)
+class BeamSearch:
+    """Batched beam search; `beam_size=1` is greedy search.
+
+    Args:
+        beam_size: K, hypotheses kept per sentence.
+        n_best: hypotheses returned per sentence, best first (<= beam_size).
+        max_len: absolute cap on generated tokens (eos not counted).
+        max_len_ratio: if set, each sentence's cap is also at most ceil(ratio * source length).
+        min_len: eos is forbidden before this many tokens.
+        length_penalty: "none" (the paper), "average" or "gnmt"; see the module docstring.
+        alpha: exponent of the "gnmt" penalty.
+        early_stopping: stop a sentence as soon as no live hypothesis can beat its n-best (exact);
+            False runs every sentence to its cap.
+        bos_id, eos_id: special ids; None takes them from the model's config (default 1, 2).
+    """
+
+    beam_size: int = 5
+    n_best: int = 1
+    max_len: int = 100
+    max_len_ratio: float | None = None
+    min_len: int = 1
+    length_penalty: LengthPenalty = "none"
+    alpha: float = 0.6
+    early_stopping: bool = True
+    bos_id: int | None = None
+    eos_id: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.beam_size, int) or self.beam_size < 1:
+            raise ValueError(f"beam_size must be an int >= 1, got {self.beam_size!r}")
+        if not 1 <= self.n_best <= self.beam_size:
+            raise ValueError(f"n_best must be in [1, beam_size={self.beam_size}], "
+                             f"got {self.n_best!r}")
+        if self.min_len < 0:
+            raise ValueError(f"min_len must be >= 0, got {self.min_len}")
+        if self.max_len < max(self.min_len, 1):
+            raise ValueError(f"max_len ({self.max_len}) must be >= min_len ({self.min_len}) "
+                             f"and >= 1")
+        if self.max_len_ratio is not None and self.max_len_ratio <= 0:
+            raise ValueError(f"max_len_ratio must be > 0, got {self.max_len_ratio}")
+        if self.length_penalty not in LENGTH_PENALTIES:
+            raise ValueError(f"length_penalty must be one of {LENGTH_PENALTIES}, "
+                             f"got {self.length_penalty!r}")
+
+    def _ids(self, model: torch.nn.Module) -> tuple[int, int, int]:
+        cfg = getattr(model, "config", None)
+        bos = self.bos_id if self.bos_id is not None else (cfg.bos_id if cfg else 1)
+        eos = self.eos_id if self.eos_id is not None else (cfg.eos_id if cfg else 2)
+        return bos, eos, model.decoder.pad_id
+
+    def caps(self, src_lengths: Tensor) -> Tensor:
+        """(B,) most tokens each sentence may get before eos."""
+        caps = torch.full_like(src_lengths, self.max_len)
+        if self.max_len_ratio is not None:
+            ratio_caps = torch.ceil(src_lengths.double() * self.max_len_ratio).long()
+            caps = torch.minimum(caps, ratio_caps.clamp(min=max(self.min_len, 1)))
+        return caps
+
+    @torch.inference_mode()
+    def __call__(self, model: torch.nn.Module, src: Tensor, src_lengths: Tensor
+                 ) -> list[list[Hypothesis]]:
+        """Translate a padded batch.
+
+        Args:
+            model: an `RNNSearch` / `RNNEncDec` (anything with `encode` and `decoder.step`).
+            src: (B, S) source ids, padded.
+            src_lengths: (B,) real lengths.
+        Returns:
+            For each sentence, its `n_best` hypotheses, best first.
+        Raises:
+            ValueError: empty batch, empty sentences, or bad shapes.
+        """
+        check_tensor("src", src, 2, integer=True)
+        if src.shape[0] == 0 or src.shape[1] == 0:
+            raise ValueError(f"src has shape {tuple(src.shape)}: nothing to translate")
+        check_lengths("src_lengths", src_lengths, src.shape[0], src.shape[1])
+        was_training = model.training
+        model.eval()
+        try:
+            return self._search(model, src, src_lengths.to(src.device))
+        finally:
+            model.train(was_training)
+
+    def _search(self, model: torch.nn.Module, src: Tensor, src_lengths: Tensor
+                ) -> list[list[Hypothesis]]:
+        bos, eos, pad = self._ids(model)
+        never = [pad, bos]                                     # never generated
+        decoder = model.decoder
+        K, n_best, penalty, alpha = self.beam_size, self.n_best, self.length_penalty, self.alpha
+        state, memory = model.encode(src, src_lengths)
+        n_sent, src_len = src.shape
+        device = src.device
+        caps = self.caps(src_lengths)                                          # (B,)
+        active = torch.arange(n_sent, device=device)                           # original ids
+        state = state.repeat_interleave(K, 0)                                  # (B*K, D)
+        tokens = torch.full((n_sent * K,), bos, dtype=torch.long, device=device)
+        dtype = torch.float64 if state.dtype == torch.float64 else torch.float32
+        scores = torch.full((n_sent, K), float("-inf"), dtype=dtype, device=device)
+        scores[:, 0] = 0.0                                                     # one live beam
+        kept = torch.full((n_sent, n_best), float("-inf"), dtype=dtype, device=device)
+        history: list[tuple[Tensor, ...]] = []          # per step, over the original sentences
+        finished: list[tuple[int, Tensor, Tensor, Tensor, Tensor]] = []
+        for step in range(int(caps.max()) + 1):
+            out = decoder.step(tokens, state, memory)
+            n_live = active.shape[0]
+            log_probs = torch.log_softmax(out.logits.to(dtype), dim=-1).view(n_live, K, -1)
+            log_probs[..., never] = float("-inf")                            # pad, bos
+            if step < self.min_len:
+                log_probs[..., eos] = float("-inf")
+            at_cap = caps[active] <= step                                      # only eos left
+            if bool(at_cap.any()):
+                eos_col = log_probs[..., eos].clone()
+                log_probs[at_cap] = float("-inf")
+                log_probs[..., eos] = eos_col
+            sel = select_candidates(scores, log_probs, eos)
+            normalised = length_normalise(sel.top_scores, step + 1, penalty, alpha)
+            kept = update_kept(kept, normalised, sel.finished)
+            if bool(sel.finished.any()):
+                finished.append((step, active, sel.finished, sel.top_scores, sel.top_parent))
+            scores, parent, token = sel.scores, sel.parent, sel.token
+            weights = None if out.weights is None else out.weights.view(n_live, K, -1)
+            history.append((active, parent, token, weights))
+            # which sentences are done
+            bound = self._bound(scores, caps[active])
+            done = at_cap | ~torch.isfinite(scores).any(1)
+            if self.early_stopping:
+                done |= torch.isfinite(kept[:, -1]) & (kept[:, -1] >= bound)
+            rows = (torch.arange(n_live, device=device)[:, None] * K + parent).flatten()
+            state, tokens = out.state.index_select(0, rows), token.flatten()
+            if bool(done.all()):
+                break
+            if bool(done.any()):                                               # drop them
+                keep = (~done).nonzero().flatten()
+                keep_rows = (keep[:, None] * K + torch.arange(K, device=device)).flatten()
+                active, scores, kept = active[keep], scores[keep], kept[keep]
+                state, tokens = state[keep_rows], tokens[keep_rows]
+                memory = _select(memory, keep)
+        return self._collect(n_sent, src_len, src_lengths, history, finished)
+
+    def _bound(self, scores: Tensor, caps: Tensor) -> Tensor:
+        """(B',) the best score any live hypothesis could still reach."""
+        best = scores.max(dim=1).values
+        if self.length_penalty == "none":
+            return best
+        return length_normalise(best, caps + 1, self.length_penalty, self.alpha)
+
+    def _collect(self, n_sent: int, src_len: int, src_lengths: Tensor,
+                 history: list[tuple[Tensor, ...]],
+                 finished: list[tuple[int, Tensor, Tensor, Tensor, Tensor]]
+                 ) -> list[list[Hypothesis]]:
+        """Follow back-pointers of the finished hypotheses (on the CPU, after the search)."""
+        steps = [(a.tolist(), p.tolist(), t.tolist(), None if w is None else w.cpu())
+                 for a, p, t, w in history]
+        position = [{sent: i for i, sent in enumerate(a)} for a, _, _, _ in steps]
+        lengths = src_lengths.tolist()
+        candidates: list[list[tuple[float, float, int, int]]] = [[] for _ in range(n_sent)]
+        for step, active, done_now, top_scores, parent in finished:
+            for i, rank in done_now.nonzero().tolist():
+                log_prob = float(top_scores[i, rank])
+                score = float(length_normalise(torch.tensor(log_prob, dtype=torch.float64),
+                                               step + 1, self.length_penalty, self.alpha))
+                candidates[int(active[i])].append((score, log_prob, step,
+                                                   int(parent[i, rank])))
+        results = []
+        for sent in range(n_sent):
+            best = sorted(candidates[sent], key=lambda c: (-c[0], c[2]))[: self.n_best]
+            hyps = []
+            for score, log_prob, step, beam in best:
+                active, _, _, weights = steps[step]
+                rows = [] if weights is None else [weights[position[step][sent], beam]]  # eos
+                tokens = []
+                for s in range(step - 1, -1, -1):  # beam `beam` at step s+1 was made at step s
+                    _, parents, new_tokens, weights = steps[s]
+                    i = position[s][sent]
+                    tokens.append(new_tokens[i][beam])
+                    beam = parents[i][beam]
+                    if weights is not None:
+                        rows.append(weights[i, beam])
+                tokens.reverse()
+                attention = (torch.stack(rows[::-1])[:, : lengths[sent]]
+                             if rows else None)
+                hyps.append(Hypothesis(tokens, log_prob, score, attention))
+            results.append(hyps)
+        return results
+
+
+def _select(memory: DecoderMemory, keep: Tensor) -> DecoderMemory:
+    """The memory of the sentences `keep` (per-sentence fields only; weights are shared)."""
+    def pick(t: Tensor | None) -> Tensor | None:
+        return None if t is None else t.index_select(0, keep)
+
+    return memory._replace(annotations=pick(memory.annotations), mask=pick(memory.mask),
+                           keys=pick(memory.keys), context=pick(memory.context),
+                           values=pick(memory.values))
+
+
+def greedy_search(model: torch.nn.Module, src: Tensor, src_lengths: Tensor, *,
+                  max_len: int = 100, min_len: int = 1) -> list[Hypothesis]:
+    """Greedy decoding: `BeamSearch(beam_size=1)`, one hypothesis per sentence."""
+    search = BeamSearch(beam_size=1, max_len=max_len, min_len=min_len)
+    return [hyps[0] for hyps in search(model, src, src_lengths)]
+
+
+def replace_unk(hypothesis: Hypothesis, src_tokens: Sequence[str], tgt_tokens: Sequence[str], *,
+                unk: str = "<unk>", dictionary: Mapping[str, str] | None = None) -> list[str]:
+    """Replace each generated [UNK] by the source word it attends to most.
+
+    An extension beyond the paper (Luong et al. 2015's "unk replace", with attention standing in
+    for the alignment model): the source word is copied, or translated through `dictionary` if
+    it has an entry.
+
+    Args:
+        hypothesis: a hypothesis with attention (from `RNNSearch`).
+        src_tokens: the S source tokens of its sentence (real positions only).
+        tgt_tokens: the hypothesis' tokens as strings (`len(hypothesis.tokens)` of them).
+        unk: the unknown-word token.
+        dictionary: optional source word -> target word mapping.
+    Returns:
+        The target tokens with [UNK]s replaced.
+    Raises:
+        ValueError: no attention (RNNencdec), or lengths that do not match the attention.
+    """
+    if hypothesis.attention is None:
+        raise ValueError("replace_unk needs attention weights; RNNencdec has none")
+    rows, cols = hypothesis.attention.shape
+    if len(tgt_tokens) != rows - 1 or len(src_tokens) != cols:
+        raise ValueError(f"attention is {tuple(hypothesis.attention.shape)} but there are "
+                         f"{len(tgt_tokens)} target and {len(src_tokens)} source tokens")
+    out = list(tgt_tokens)
+    for i, token in enumerate(tgt_tokens):
+        if token == unk:
+            word = src_tokens[int(hypothesis.attention[i].argmax())]
+            out[i] = dictionary.get(word, word) if dictionary else word
+    return out
