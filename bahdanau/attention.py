@@ -24,9 +24,11 @@ class AdditiveAttention(nn.Module):
         query_size: D, size of the decoder state s_{i-1}.
         key_size: 2H, size of an annotation h_j.
         align_size: A, hidden size of the alignment model (n' in the paper).
-        impl: "reference" (plain PyTorch, `bahdanau.functional.additive_attention`), "triton"
-            (the fused kernel; raises if it cannot run) or "auto" (Triton on CUDA when available,
-            else the reference).
+        impl: "reference" (plain PyTorch, `bahdanau.functional.additive_attention`, the paper's
+            tanh form), "triton" (the fused kernel; raises if it cannot run) or "auto" (Triton on
+            CUDA when available; on a CPU the reference computed with
+            v^T tanh(x) = (2v)^T sigmoid(2x) - sum(v), whose constant the softmax ignores:
+            same weights and context, about twice as fast there).
     """
 
     def __init__(self, query_size: int, key_size: int, align_size: int, *,
@@ -76,7 +78,10 @@ class AdditiveAttention(nn.Module):
             from bahdanau.kernels.triton_attention import additive_attention as fused
 
             return fused(query_proj, keys, annotations, mask, self.v_a)
-        return functional.additive_attention(query_proj, keys, annotations, mask, self.v_a)
+        # "auto" on a CPU: the same function with sigmoid in place of tanh (cheaper there)
+        fast = self.impl == "auto" and keys.device.type == "cpu"
+        return functional.additive_attention(query_proj, keys, annotations, mask, self.v_a,
+                                             tanh_via_sigmoid=fast)
 
     def forward(self, query: Tensor, keys: Tensor, annotations: Tensor, mask: Tensor
                 ) -> tuple[Tensor, Tensor]:

@@ -83,17 +83,22 @@ def select_candidates(scores: Tensor, log_probs: Tensor, eos_id: int) -> Selecti
 
     Args:
         scores: (B', K) log-probabilities of the live beams (-inf for dead ones).
-        log_probs: (B', K, V) next-token log-probabilities of each beam.
+        log_probs: (B', K, V) next-token scores of each beam. Only sums matter, so logits with
+            the beam's log-normaliser moved into `scores` give the same selection.
         eos_id: the end-of-sentence id.
     Returns:
         A `Selection`. Among the 2K best extensions by total log-probability, those ending in
         eos within the first K finish; the first K that do not end in eos continue (there are at
-        least K: each beam has one eos).
+        least K: each beam has one eos). The 2K best are found per beam first, then among the
+        K x 2K survivors, which is exact: a global top-2K candidate is in its beam's top 2K.
     """
     n_live, beams, vocab = log_probs.shape
-    candidates = (scores[:, :, None] + log_probs).reshape(n_live, beams * vocab)
-    top_scores, top_index = candidates.topk(min(2 * beams, beams * vocab), dim=1)
-    top_parent, top_token = top_index // vocab, top_index % vocab
+    width = min(2 * beams, vocab)
+    beam_best, beam_token = log_probs.topk(width, dim=2)                   # (B', K, w)
+    candidates = (scores[:, :, None] + beam_best).reshape(n_live, beams * width)
+    top_scores, top_index = candidates.topk(min(2 * beams, beams * width), dim=1)
+    top_parent = top_index // width
+    top_token = beam_token.reshape(n_live, beams * width).gather(1, top_index)
     is_eos = top_token == eos_id
     rank = torch.arange(top_scores.shape[1], device=scores.device)
     finished = is_eos & (rank < beams) & torch.isfinite(top_scores)
@@ -222,16 +227,17 @@ class BeamSearch:
         for step in range(int(caps.max()) + 1):
             out = decoder.step(tokens, state, memory)
             n_live = active.shape[0]
-            log_probs = torch.log_softmax(out.logits.to(dtype), dim=-1).view(n_live, K, -1)
-            log_probs[..., never] = float("-inf")                            # pad, bos
+            logits = out.logits.to(dtype).view(n_live, K, -1)              # (B', K, V)
+            log_norm = torch.logsumexp(logits, dim=-1)                          # (B', K)
+            logits[..., never] = float("-inf")                               # pad, bos
             if step < self.min_len:
-                log_probs[..., eos] = float("-inf")
+                logits[..., eos] = float("-inf")
             at_cap = caps[active] <= step                                      # only eos left
             if bool(at_cap.any()):
-                eos_col = log_probs[..., eos].clone()
-                log_probs[at_cap] = float("-inf")
-                log_probs[..., eos] = eos_col
-            sel = select_candidates(scores, log_probs, eos)
+                eos_col = logits[..., eos].clone()
+                logits[at_cap] = float("-inf")
+                logits[..., eos] = eos_col
+            sel = select_candidates(scores - log_norm, logits, eos)         # log p = z - lse
             normalised = length_normalise(sel.top_scores, step + 1, penalty, alpha)
             kept = update_kept(kept, normalised, sel.finished)
             if bool(sel.finished.any()):

@@ -125,3 +125,23 @@ def test_huge_energies_single_real_token_stay_finite() -> None:
     (context.sum() + weights.sum()).backward()
     for t in (context, weights, query.grad, keys.grad, values.grad):
         assert torch.isfinite(t).all()
+
+
+@given(attention_inputs(max_beams=2))
+def test_sigmoid_form_is_the_same_function(inputs) -> None:
+    """v^T tanh(x) = (2v)^T sigmoid(2x) - sum(v): same weights, context and gradients."""
+    query, keys, values, mask, v = (t.clone().requires_grad_(t.dtype != torch.bool)
+                                    for t in inputs)
+    plain = functional.additive_attention(query, keys, values, mask, v)
+    fast = functional.additive_attention(query, keys, values, mask, v, tanh_via_sigmoid=True)
+    for a, b in zip(plain, fast, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    leaves = (query, keys, values, v)
+    probe = [torch.randn(t.shape, dtype=t.dtype, generator=torch.Generator().manual_seed(1))
+             for t in plain]
+    g_plain = torch.autograd.grad(sum((t * p).sum() for t, p in zip(plain, probe, strict=True)),
+                                  leaves)
+    g_fast = torch.autograd.grad(sum((t * p).sum() for t, p in zip(fast, probe, strict=True)),
+                                 leaves)
+    for a, b in zip(g_plain, g_fast, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)

@@ -1,0 +1,136 @@
+"""Decoding throughput of greedy and beam search (sentences/s and target tokens/s).
+
+The fixed mid-size model (E=256, H=256, D=512, A=512, maxout 256, 10k-word vocabularies) decodes
+the 1,000 Multi30k test_2016_flickr English sentences, sorted by length and batched. Untrained
+models produce arbitrary lengths, so besides natural stopping (at most 100 tokens) every setting
+is also timed with exactly 20 tokens per sentence (min = max = 20, eos forced after them): the
+work then does not depend on what the model learned, which is how peer toolkits were compared.
+`--train-steps N` first trains N updates (Adam 1e-3, batch 64), as the peer benchmark does.
+A naive loop that decodes one sentence at a time gives the batching speed-up.
+
+    python examples/benchmarks/bench_search.py
+    python examples/benchmarks/bench_search.py --batch-sizes 32 --beams 1 5 --train-steps 220
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from bahdanau import BeamSearch, RNNSearch, presets
+from bahdanau.data import (
+    BucketBatchSampler,
+    DefaultTokenizer,
+    Vocab,
+    collate,
+    encode_pairs,
+    read_parallel,
+)
+from bahdanau.datasets import multi30k_files
+
+
+def batches(ids: list[list[int]], batch_size: int, pad_id: int):
+    """Sentences sorted by length, cut into padded batches."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    for start in range(0, len(order), batch_size):
+        chunk = [ids[i] for i in order[start:start + batch_size]]
+        lengths = torch.tensor([len(s) for s in chunk])
+        src = torch.full((len(chunk), int(lengths.max())), pad_id, dtype=torch.long)
+        for row, sent in enumerate(chunk):
+            src[row, : len(sent)] = torch.tensor(sent)
+        yield src, lengths
+
+
+def run(model, ids, batch_size: int, search: BeamSearch) -> tuple[float, int]:
+    start, tokens = time.perf_counter(), 0
+    for src, lengths in batches(ids, batch_size, model.decoder.pad_id):
+        for hyps in search(model, src, lengths):
+            tokens += len(hyps[0].tokens)
+    return time.perf_counter() - start, tokens
+
+
+def train_briefly(model: RNNSearch, steps: int, src_vocab: Vocab, tgt_vocab: Vocab,
+                  tokenizer) -> None:
+    pairs = read_parallel(multi30k_files("train", "en"), multi30k_files("train", "fr"))
+    examples = encode_pairs(pairs, src_vocab, tgt_vocab, tokenizer, max_len=80)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sampler = BucketBatchSampler(examples, batch_size=64, seed=0)
+    model.train()
+    for step, indices in enumerate(sampler):
+        if step == steps:
+            break
+        batch = collate([examples[i] for i in indices])
+        loss, _ = model.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out)
+        optimizer.zero_grad()
+        (loss / len(indices)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+    model.eval()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 128])
+    parser.add_argument("--beams", type=int, nargs="+", default=[1, 5, 12])
+    parser.add_argument("--limit", type=int, default=1000, help="test sentences to decode")
+    parser.add_argument("--naive-limit", type=int, default=100,
+                        help="sentences for the one-at-a-time loop (0: skip)")
+    parser.add_argument("--train-steps", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=2, help="passes per setting; fastest kept")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--json", help="also write the results (one JSON object per line)")
+    args = parser.parse_args()
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(1234)
+    tokenizer = DefaultTokenizer()
+    train = read_parallel(multi30k_files("train", "en"), multi30k_files("train", "fr"))
+    src_vocab = Vocab.build((tokenizer.tokenize(s) for s, _ in train), max_size=10000)
+    tgt_vocab = Vocab.build((tokenizer.tokenize(t) for _, t in train), max_size=10000)
+    model = RNNSearch.from_config(presets.small(len(src_vocab), len(tgt_vocab)))
+    if args.train_steps:
+        train_briefly(model, args.train_steps, src_vocab, tgt_vocab, tokenizer)
+    model = model.to(args.device).eval()
+    test = read_parallel(multi30k_files("test_2016_flickr", "en"),
+                         multi30k_files("test_2016_flickr", "fr"))[: args.limit]
+    ids = [src_vocab.encode(tokenizer.tokenize(s)) for s, _ in test]
+
+    rows = []
+    print(f"{'batch':>5} {'beam':>4} {'length':>8} {'sents/s':>9} {'tokens/s':>9} "
+          f"{'mean len':>8} {'seconds':>8}")
+    for batch_size in args.batch_sizes:
+        for beam in args.beams:
+            for mode, kwargs in (("natural", dict(max_len=100)),
+                                 ("fixed20", dict(min_len=20, max_len=20))):
+                search = BeamSearch(beam_size=beam, **kwargs)
+                seconds, tokens = min(run(model, ids, batch_size, search)
+                                      for _ in range(args.repeats))
+                row = dict(batch=batch_size, beam=beam, length=mode, sents_per_s=len(ids) / seconds,
+                           tgt_tokens_per_s=tokens / seconds, mean_len=tokens / len(ids),
+                           seconds=seconds)
+                rows.append(row)
+                print(f"{batch_size:>5} {beam:>4} {mode:>8} {row['sents_per_s']:>9.1f} "
+                      f"{row['tgt_tokens_per_s']:>9.0f} {row['mean_len']:>8.2f} {seconds:>8.2f}")
+    if args.naive_limit:
+        search = BeamSearch(beam_size=5, min_len=20, max_len=20)
+        subset = ids[: args.naive_limit]
+        start = time.perf_counter()
+        for sent in subset:
+            search(model, torch.tensor([sent]), torch.tensor([len(sent)]))
+        seconds = time.perf_counter() - start
+        row = dict(batch=1, beam=5, length="fixed20", naive=True,
+                   sents_per_s=len(subset) / seconds, seconds=seconds, sentences=len(subset))
+        rows.append(row)
+        print(f"naive one-sentence loop, beam 5, 20 tokens: {row['sents_per_s']:.1f} sents/s "
+              f"({len(subset)} sentences, {seconds:.1f} s)")
+    if args.json:
+        Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+if __name__ == "__main__":
+    main()
