@@ -26,6 +26,16 @@ from bahdanau.data import (
 )
 from bahdanau.decoder import AttentiveDecoder, DecoderMemory, StepOutput
 from bahdanau.encoder import BiRNNEncoder
+from bahdanau.evaluate import (
+    CorpusScores,
+    LengthBucket,
+    Translation,
+    bleu_by_length,
+    bleu_without_unk,
+    corpus_bleu,
+    corpus_scores,
+    translate_corpus,
+)
 from bahdanau.models import RNNEncDec, RNNSearch, build_model
 from bahdanau.search import BeamSearch, Hypothesis, greedy_search, replace_unk
 from bahdanau.train import (
@@ -43,6 +53,14 @@ __version__ = "0.1.0"
 __all__ = [
     "AdditiveAttention",
     "AttentiveDecoder",
+    "CorpusScores",
+    "LengthBucket",
+    "Translation",
+    "bleu_by_length",
+    "bleu_without_unk",
+    "corpus_bleu",
+    "corpus_scores",
+    "translate_corpus",
     "BeamSearch",
     "Hypothesis",
     "greedy_search",

@@ -116,8 +116,9 @@ def load_checkpoint(path: str | os.PathLike[str], *,
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
-        raise ValueError(f"{path}: not a readable checkpoint ({type(err).__name__}: "
-                         f"{str(err).splitlines()[0] if str(err) else ''})") from None
+        detail = str(err).split(". ")[0].splitlines()[0] if str(err) else ""
+        raise ValueError(f"{path}: not a readable checkpoint, corrupt or truncated "
+                         f"({type(err).__name__}: {detail})") from None
     if not isinstance(payload, dict):
         raise ValueError(f"{path}: checkpoint holds a {type(payload).__name__}, not a dict")
     return payload

@@ -281,3 +281,16 @@ def test_padding_never_gives_nan() -> None:
     assert torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     assert F.softmax(model(src, torch.tensor([1, 5]), tgt), -1).isfinite().all()
+
+
+@pytest.mark.parametrize("cls", [RNNSearch, RNNEncDec])
+def test_select_projects_only_the_selected_positions(cls) -> None:
+    model = random_model(cls)
+    src, src_lengths, tgt_in, _ = batch()
+    state, memory = model.encode(src, src_lengths)
+    full, _ = model.decoder(tgt_in, state, memory)
+    select = tgt_in != 0
+    select[0, 2] = False                                        # a hole inside a sentence too
+    picked, _ = model.decoder(tgt_in, state, memory, select=select)
+    assert picked.shape == (int(select.sum()), V)
+    torch.testing.assert_close(picked, full[select], rtol=1e-10, atol=1e-10)

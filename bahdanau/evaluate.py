@@ -1,0 +1,162 @@
+"""Evaluation with sacrebleu: corpus BLEU and chrF, BLEU without [UNK], BLEU by sentence length.
+
+Scores are computed on detokenised hypotheses against raw references, with sacrebleu's defaults
+(13a tokenisation for BLEU), and come with sacrebleu's signature so they can be reproduced.
+`translate_corpus` turns raw sentences into detokenised translations with any model built from
+our decoder; the paper's "No UNK" column and its Figure 2 (BLEU by source length) are
+`bleu_without_unk` and `bleu_by_length`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sacrebleu
+import torch
+
+from bahdanau.data import Tokenizer, Vocab
+from bahdanau.search import BeamSearch, Hypothesis, replace_unk
+
+
+@dataclass(frozen=True)
+class CorpusScores:
+    """Corpus-level scores with their sacrebleu signatures."""
+
+    bleu: float
+    chrf: float
+    n_sentences: int
+    bleu_signature: str
+    chrf_signature: str
+
+
+@dataclass(frozen=True)
+class LengthBucket:
+    """BLEU of the sentences whose source length (in tokens) lies in [low, high)."""
+
+    low: int
+    high: int | None           # None: no upper bound
+    n_sentences: int
+    bleu: float | None         # None when the bucket is empty
+
+
+def _check_parallel(hypotheses: Sequence[str], references: Sequence[str]) -> None:
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+    if not hypotheses:
+        raise ValueError("no sentences to score")
+
+
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
+    """sacrebleu corpus BLEU (13a tokenisation) of detokenised text, one reference each."""
+    _check_parallel(hypotheses, references)
+    return sacrebleu.metrics.BLEU().corpus_score(list(hypotheses), [list(references)]).score
+
+
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> CorpusScores:
+    """BLEU and chrF with their signatures."""
+    _check_parallel(hypotheses, references)
+    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+    hyps, refs = list(hypotheses), [list(references)]
+    return CorpusScores(bleu.corpus_score(hyps, refs).score, chrf.corpus_score(hyps, refs).score,
+                        len(hyps), str(bleu.get_signature()), str(chrf.get_signature()))
+
+
+def has_unk(tokens: Sequence[str], vocab: Vocab) -> bool:
+    """True if any token is outside `vocab` (would be encoded as [UNK])."""
+    return any(token not in vocab for token in tokens)
+
+
+def bleu_without_unk(hypotheses: Sequence[str], references: Sequence[str],
+                     unk_flags: Sequence[bool]) -> tuple[float | None, int]:
+    """BLEU on the sentences whose flag is False (the paper's "No UNK" column).
+
+    Args:
+        hypotheses, references: detokenised text, line-aligned.
+        unk_flags: per sentence, True if its source or reference has a word outside the
+            vocabularies (see `has_unk`).
+    Returns:
+        (BLEU or None if no sentence is left, number of sentences kept).
+    """
+    _check_parallel(hypotheses, references)
+    if len(unk_flags) != len(hypotheses):
+        raise ValueError(f"{len(unk_flags)} unk flags for {len(hypotheses)} sentences")
+    keep = [i for i, flag in enumerate(unk_flags) if not flag]
+    if not keep:
+        return None, 0
+    return corpus_bleu([hypotheses[i] for i in keep], [references[i] for i in keep]), len(keep)
+
+
+def bleu_by_length(source_lengths: Sequence[int], hypotheses: Sequence[str],
+                   references: Sequence[str], edges: Sequence[int] = (10, 20, 30, 40, 50, 60)
+                   ) -> list[LengthBucket]:
+    """BLEU per source-length bucket: [0, e1), [e1, e2), ..., [e_last, inf) (paper Figure 2)."""
+    _check_parallel(hypotheses, references)
+    if len(source_lengths) != len(hypotheses):
+        raise ValueError(f"{len(source_lengths)} source lengths for {len(hypotheses)} sentences")
+    if list(edges) != sorted(set(edges)) or (edges and edges[0] <= 0):
+        raise ValueError(f"edges must be increasing positive ints, got {list(edges)}")
+    bounds = [0, *edges]
+    buckets = []
+    for i, low in enumerate(bounds):
+        high = bounds[i + 1] if i + 1 < len(bounds) else None
+        idx = [j for j, n in enumerate(source_lengths) if n >= low and (high is None or n < high)]
+        score = (corpus_bleu([hypotheses[j] for j in idx], [references[j] for j in idx])
+                 if idx else None)
+        buckets.append(LengthBucket(low, high, len(idx), score))
+    return buckets
+
+
+@dataclass(frozen=True)
+class Translation:
+    """A translated sentence: detokenised text, its target tokens and the best hypothesis."""
+
+    text: str
+    tokens: list[str]
+    hypothesis: Hypothesis
+    nbest: list[Hypothesis]
+
+
+def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab: Vocab,
+                     tgt_vocab: Vocab, tokenizer: Tokenizer, *, search: BeamSearch | None = None,
+                     batch_size: int = 64, unk_replace: bool = False,
+                     device: str | torch.device = "cpu") -> list[Translation]:
+    """Translate raw sentences; results come back in input order.
+
+    Sentences are sorted by length and batched (less padding); each is tokenised, encoded
+    (unknown words -> [UNK]), searched, decoded and detokenised.
+
+    Args:
+        model: an `RNNSearch` / `RNNEncDec` on `device`.
+        sentences: raw source sentences (empty ones raise ValueError naming the line).
+        src_vocab, tgt_vocab: the model's vocabularies.
+        tokenizer: the tokenizer used in training (for both sides).
+        search: a `BeamSearch` (default: beam 5, at most 100 tokens).
+        batch_size: sentences per batch.
+        unk_replace: replace generated [UNK]s by the most attended source word (an extension
+            beyond the paper; needs attention).
+        device: where the model lives.
+    """
+    search = search or BeamSearch(beam_size=5)
+    tokenized = [tokenizer.tokenize(s) for s in sentences]
+    for i, toks in enumerate(tokenized):
+        if not toks:
+            raise ValueError(f"sentence {i + 1} is empty")
+    ids = [src_vocab.encode(toks) for toks in tokenized]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    results: list[Translation | None] = [None] * len(ids)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        lengths = torch.tensor([len(ids[i]) for i in chunk])
+        src = torch.full((len(chunk), int(lengths.max())), src_vocab.pad_id, dtype=torch.long)
+        for row, i in enumerate(chunk):
+            src[row, : len(ids[i])] = torch.tensor(ids[i])
+        for i, hyps in zip(chunk, search(model, src.to(device), lengths.to(device)),
+                           strict=True):
+            best = hyps[0]
+            words = tgt_vocab.decode(best.tokens)
+            if unk_replace:
+                words = replace_unk(best, tokenized[i], words,
+                                    unk=tgt_vocab.id_to_token(tgt_vocab.unk_id))
+            results[i] = Translation(tokenizer.detokenize(words), words, best, hyps)
+    return [r for r in results if r is not None]

@@ -1,0 +1,81 @@
+"""Evaluation helpers against sacrebleu called directly, and hand-made examples."""
+
+from __future__ import annotations
+
+import pytest
+import sacrebleu
+import torch
+
+from bahdanau import RNNSearch, presets
+from bahdanau.data import DefaultTokenizer, Vocab
+from bahdanau.evaluate import (
+    bleu_by_length,
+    bleu_without_unk,
+    corpus_bleu,
+    corpus_scores,
+    has_unk,
+    translate_corpus,
+)
+
+HYPS = ["a man is riding a bike .", "two dogs play in the snow", "the girl sings loud"]
+REFS = ["a man is riding a bicycle .", "two dogs are playing in the snow", "a girl sings"]
+
+
+def test_identical_corpus_is_100() -> None:
+    assert corpus_bleu(REFS, REFS) == pytest.approx(100.0)
+
+
+def test_scores_equal_sacrebleu() -> None:
+    scores = corpus_scores(HYPS, REFS)
+    assert scores.bleu == pytest.approx(sacrebleu.corpus_bleu(HYPS, [REFS]).score)
+    assert scores.chrf == pytest.approx(sacrebleu.corpus_chrf(HYPS, [REFS]).score)
+    assert scores.n_sentences == 3
+    assert "tok:13a" in scores.bleu_signature and "version:" in scores.chrf_signature
+
+
+def test_no_unk_subset_by_hand() -> None:
+    vocab = Vocab(["a", "man", "girl"])
+    assert has_unk(["a", "dog"], vocab) and not has_unk(["a", "man"], vocab)
+    score, n = bleu_without_unk(HYPS, REFS, [False, True, False])
+    assert n == 2
+    assert score == pytest.approx(sacrebleu.corpus_bleu([HYPS[0], HYPS[2]],
+                                                        [[REFS[0], REFS[2]]]).score)
+    assert bleu_without_unk(HYPS, REFS, [True] * 3) == (None, 0)
+
+
+def test_length_buckets_by_hand() -> None:
+    buckets = bleu_by_length([3, 12, 9], HYPS, REFS, edges=(10, 20))
+    assert [(b.low, b.high, b.n_sentences) for b in buckets] == [(0, 10, 2), (10, 20, 1),
+                                                                  (20, None, 0)]
+    assert buckets[0].bleu == pytest.approx(corpus_bleu([HYPS[0], HYPS[2]], [REFS[0], REFS[2]]))
+    assert buckets[2].bleu is None
+
+
+@pytest.mark.parametrize(("call", "match"), [
+    (lambda: corpus_bleu(HYPS, REFS[:2]), "3 hypotheses but 2 references"),
+    (lambda: corpus_bleu([], []), "no sentences"),
+    (lambda: bleu_by_length([1, 2], HYPS, REFS), "2 source lengths"),
+    (lambda: bleu_by_length([1, 2, 3], HYPS, REFS, edges=(20, 10)), "edges"),
+    (lambda: bleu_without_unk(HYPS, REFS, [True]), "1 unk flags"),
+])
+def test_errors(call, match) -> None:
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_translate_corpus_keeps_input_order() -> None:
+    tok = DefaultTokenizer()
+    sentences = ["a man .", "two dogs play in the snow .", "a girl", "dogs ."]
+    vocab = Vocab.build([tok.tokenize(s) for s in sentences])
+    torch.manual_seed(0)
+    model = RNNSearch.from_config(presets.tiny(len(vocab), len(vocab))).eval()
+    from bahdanau import BeamSearch
+
+    search = BeamSearch(beam_size=2, max_len=5)
+    batched = translate_corpus(model, sentences, vocab, vocab, tok, search=search, batch_size=3)
+    for sentence, result in zip(sentences, batched, strict=True):
+        [alone] = translate_corpus(model, [sentence], vocab, vocab, tok, search=search)
+        assert result.hypothesis.tokens == alone.hypothesis.tokens
+        assert result.text == tok.detokenize(vocab.decode(alone.hypothesis.tokens))
+    with pytest.raises(ValueError, match="sentence 2 is empty"):
+        translate_corpus(model, ["a man", "   "], vocab, vocab, tok, search=search)
