@@ -1,0 +1,21 @@
+"""The README's quick-start example runs as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_quick_start_runs(capsys) -> None:
+    if not README.is_file():
+        pytest.skip("README.md is not next to the tests (installed package)")
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), re.S)
+    assert blocks, "README has no python example"
+    exec(compile(blocks[0], str(README), "exec"), {})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "80451000"                                  # the documented count
+    assert "torch.Size([" in out[1]
