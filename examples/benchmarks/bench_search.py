@@ -6,7 +6,8 @@ models produce arbitrary lengths, so besides natural stopping (at most 100 token
 is also timed with exactly 20 tokens per sentence (min = max = 20, eos forced after them): the
 work then does not depend on what the model learned, which is how peer toolkits were compared.
 `--train-steps N` first trains N updates (Adam 1e-3, batch 64), as the peer benchmark does.
-A naive loop that decodes one sentence at a time gives the batching speed-up.
+Two one-sentence-at-a-time loops give the batching speed-up: our BeamSearch on batches of one
+sentence (beams still batched), and a tutorial-style loop that also steps each hypothesis alone.
 
     python examples/benchmarks/bench_search.py
     python examples/benchmarks/bench_search.py --batch-sizes 32 --beams 1 5 --train-steps 220
@@ -51,6 +52,32 @@ def run(model, ids, batch_size: int, search: BeamSearch) -> tuple[float, int]:
         for hyps in search(model, src, lengths):
             tokens += len(hyps[0].tokens)
     return time.perf_counter() - start, tokens
+
+
+@torch.inference_mode()
+def naive_beam_search(model: RNNSearch, src: list[int], beam: int, length: int) -> list[int]:
+    """Tutorial-style beam search: one sentence, one decoder call per hypothesis per step.
+
+    Exactly `length` tokens (eos forbidden before, forced after), like the fixed-20 setting.
+    """
+    bos, eos = model.config.bos_id, model.config.eos_id
+    state, memory = model.encode(torch.tensor([src]), torch.tensor([len(src)]))
+    hyps = [([], 0.0, state)]
+    for step in range(length + 1):
+        candidates = []
+        for tokens, score, h in hyps:
+            prev = torch.tensor([tokens[-1] if tokens else bos])
+            out = model.decoder.step(prev, h, memory)
+            log_probs = torch.log_softmax(out.logits[0], -1)
+            if step == length:
+                candidates.append((tokens + [eos], score + float(log_probs[eos]), out.state))
+                continue
+            log_probs[eos] = float("-inf")
+            values, ids = log_probs.topk(beam)
+            candidates += [(tokens + [int(i)], score + float(v), out.state)
+                           for v, i in zip(values, ids, strict=True)]
+        hyps = sorted(candidates, key=lambda c: -c[1])[:beam]
+    return hyps[0][0][:-1]
 
 
 def train_briefly(model: RNNSearch, steps: int, src_vocab: Vocab, tgt_vocab: Vocab,
@@ -117,17 +144,23 @@ def main() -> None:
                 print(f"{batch_size:>5} {beam:>4} {mode:>8} {row['sents_per_s']:>9.1f} "
                       f"{row['tgt_tokens_per_s']:>9.0f} {row['mean_len']:>8.2f} {seconds:>8.2f}")
     if args.naive_limit:
-        search = BeamSearch(beam_size=5, min_len=20, max_len=20)
         subset = ids[: args.naive_limit]
-        start = time.perf_counter()
-        for sent in subset:
-            search(model, torch.tensor([sent]), torch.tensor([len(sent)]))
-        seconds = time.perf_counter() - start
-        row = dict(batch=1, beam=5, length="fixed20", naive=True,
-                   sents_per_s=len(subset) / seconds, seconds=seconds, sentences=len(subset))
-        rows.append(row)
-        print(f"naive one-sentence loop, beam 5, 20 tokens: {row['sents_per_s']:.1f} sents/s "
-              f"({len(subset)} sentences, {seconds:.1f} s)")
+        for name, decode in (
+            ("one sentence at a time, beams batched (BeamSearch, batch 1)",
+             lambda sent: BeamSearch(beam_size=5, min_len=20, max_len=20)(
+                 model, torch.tensor([sent]), torch.tensor([len(sent)]))),
+            ("naive: one sentence and one hypothesis at a time",
+             lambda sent: naive_beam_search(model, sent, 5, 20)),
+        ):
+            start = time.perf_counter()
+            for sent in subset:
+                decode(sent)
+            seconds = time.perf_counter() - start
+            row = dict(batch=1, beam=5, length="fixed20", loop=name,
+                       sents_per_s=len(subset) / seconds, seconds=seconds, sentences=len(subset))
+            rows.append(row)
+            print(f"{name}: {row['sents_per_s']:.1f} sents/s (beam 5, 20 tokens, "
+                  f"{len(subset)} sentences, {seconds:.1f} s)")
     if args.json:
         Path(args.json).write_text("".join(json.dumps(r) + "\n" for r in rows))
 
