@@ -7,6 +7,8 @@ the legend in `bahdanau.config`; N is a number of decoder rows, either B (one pe
 
 from __future__ import annotations
 
+import threading
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -127,6 +129,42 @@ def _upcast(t: Tensor) -> Tensor:
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
 
 
+class _BufferPool:
+    """Logits chunk buffers given back by finished backward passes, for the next forward.
+
+    Fresh multi-MB CPU tensors cost a page fault per 4 KB page at every step (glibc returns
+    freed memory to the system); recycling the chunk buffers avoids that. A buffer is taken in
+    forward and given back only after its backward has consumed it, so two forward passes in
+    flight never share one. At most `limit_bytes` are kept.
+    """
+
+    def __init__(self, limit_bytes: int = 512 << 20) -> None:
+        self._free: dict[tuple, list[Tensor]] = {}
+        self._bytes, self._limit = 0, limit_bytes
+        self._lock = threading.Lock()
+
+    def take(self, rows: int, cols: int, dtype: torch.dtype) -> Tensor:
+        with self._lock:
+            free = self._free.get((rows, cols, dtype))
+            if free:
+                buffer = free.pop()
+                self._bytes -= buffer.numel() * buffer.element_size()
+                return buffer
+        return torch.empty(rows, cols, dtype=dtype)
+
+    def give(self, buffers: list[Tensor]) -> None:
+        with self._lock:
+            for buffer in buffers:
+                size = buffer.numel() * buffer.element_size()
+                if self._bytes + size > self._limit:
+                    break
+                self._free.setdefault((*buffer.shape, buffer.dtype), []).append(buffer)
+                self._bytes += size
+
+
+_POOL = _BufferPool()
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of `hidden @ weight.T + bias`, in row chunks, without a log-softmax.
 
@@ -140,15 +178,27 @@ class _LinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
                 label_smoothing: float, chunk: int) -> Tensor:
         loss = hidden.new_zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32))
-        logits_chunks, lse_chunks = [], []
+        logits_chunks, lse_chunks, pooled = [], [], []
         ctx.compute_dtype = hidden.dtype
+        recycle = (hidden.device.type == "cpu" and hidden.dtype == weight.dtype
+                   and hidden.dtype in (torch.float32, torch.float64)
+                   and not torch.is_autocast_enabled("cpu"))
         for start in range(0, hidden.shape[0], chunk):
-            logits = F.linear(hidden[start:start + chunk], weight, bias)   # (c, V)
-            ctx.compute_dtype = logits.dtype                      # bf16/fp16 under autocast
-            logits = _upcast(logits)
+            rows = hidden[start:start + chunk]
+            if recycle:                                           # CPU: reuse chunk buffers
+                pooled.append(_POOL.take(chunk, weight.shape[0], hidden.dtype))
+                logits = pooled[-1][: rows.shape[0]]
+                if bias is None:
+                    torch.mm(rows, weight.t(), out=logits)
+                else:
+                    torch.addmm(bias, rows, weight.t(), out=logits)
+            else:
+                logits = F.linear(rows, weight, bias)             # (c, V)
+                ctx.compute_dtype = logits.dtype                  # bf16/fp16 under autocast
+                logits = _upcast(logits)
             lse = torch.logsumexp(logits, dim=1)                  # (c,)
-            rows = target[start:start + chunk, None]
-            chunk_loss = (lse - logits.gather(1, rows).squeeze(1)).sum()
+            labels = target[start:start + chunk, None]
+            chunk_loss = (lse - logits.gather(1, labels).squeeze(1)).sum()
             if label_smoothing > 0.0:
                 uniform = (lse - logits.mean(dim=1)).sum()        # -sum_v log p_v / V
                 chunk_loss = (1.0 - label_smoothing) * chunk_loss + label_smoothing * uniform
@@ -156,7 +206,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             logits_chunks.append(logits)
             lse_chunks.append(lse)
         ctx.save_for_backward(hidden, weight, bias, target)
-        ctx.logits_chunks, ctx.lse_chunks = logits_chunks, lse_chunks
+        ctx.logits_chunks, ctx.lse_chunks, ctx.pooled = logits_chunks, lse_chunks, pooled
         ctx.has_bias, ctx.label_smoothing, ctx.chunk = bias is not None, label_smoothing, chunk
         return loss
 
@@ -194,6 +244,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if grad_bias is not None:
                 grad_bias += grad.sum(0).to(weight.dtype)
         ctx.logits_chunks = None                                  # consumed in place above
+        _POOL.give(ctx.pooled)
+        ctx.pooled = []
         return grad_hidden, grad_weight, grad_bias, None, None, None
 
 

@@ -83,8 +83,7 @@ def select_candidates(scores: Tensor, log_probs: Tensor, eos_id: int) -> Selecti
 
     Args:
         scores: (B', K) log-probabilities of the live beams (-inf for dead ones).
-        log_probs: (B', K, V) next-token scores of each beam. Only sums matter, so logits with
-            the beam's log-normaliser moved into `scores` give the same selection.
+        log_probs: (B', K, V) next-token log-probabilities of each beam.
         eos_id: the end-of-sentence id.
     Returns:
         A `Selection`. Among the 2K best extensions by total log-probability, those ending in
@@ -227,8 +226,7 @@ class BeamSearch:
         for step in range(int(caps.max()) + 1):
             out = decoder.step(tokens, state, memory)
             n_live = active.shape[0]
-            logits = out.logits.to(dtype).view(n_live, K, -1)              # (B', K, V)
-            log_norm = torch.logsumexp(logits, dim=-1)                          # (B', K)
+            logits = torch.log_softmax(out.logits.to(dtype), dim=-1).view(n_live, K, -1)
             logits[..., never] = float("-inf")                               # pad, bos
             if step < self.min_len:
                 logits[..., eos] = float("-inf")
@@ -237,7 +235,7 @@ class BeamSearch:
                 eos_col = logits[..., eos].clone()
                 logits[at_cap] = float("-inf")
                 logits[..., eos] = eos_col
-            sel = select_candidates(scores - log_norm, logits, eos)         # log p = z - lse
+            sel = select_candidates(scores, logits, eos)                    # log-probabilities
             normalised = length_normalise(sel.top_scores, step + 1, penalty, alpha)
             kept = update_kept(kept, normalised, sel.finished)
             if bool(sel.finished.any()):
