@@ -32,6 +32,7 @@ from bahdanau.data import (
     read_parallel,
 )
 from bahdanau.datasets import multi30k_files
+from bahdanau.train import train_step
 
 
 def batches(ids: list[list[int]], batch_size: int, pad_id: int):
@@ -86,16 +87,10 @@ def train_briefly(model: RNNSearch, steps: int, src_vocab: Vocab, tgt_vocab: Voc
     examples = encode_pairs(pairs, src_vocab, tgt_vocab, tokenizer, max_len=80)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     sampler = BucketBatchSampler(examples, batch_size=64, seed=0)
-    model.train()
     for step, indices in enumerate(sampler):
         if step == steps:
             break
-        batch = collate([examples[i] for i in indices])
-        loss, _ = model.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out)
-        optimizer.zero_grad()
-        (loss / len(indices)).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        train_step(model, collate([examples[i] for i in indices]), optimizer, clip_norm=1.0)
     model.eval()
 
 
