@@ -16,6 +16,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from typing_extensions import Self
+
 Arch = Literal["rnnsearch", "rnnencdec"]
 AttentionImpl = Literal["auto", "reference", "triton"]
 GRUForm = Literal["torch", "paper"]
@@ -25,8 +27,26 @@ ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference", "triton")
 GRU_FORMS: tuple[str, ...] = ("torch", "paper")
 
 
+class DictConfig:
+    """Mixin for frozen dataclass configs: a plain-dict round trip for checkpoints and JSON."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain dict (JSON- and checkpoint-friendly) that `from_dict` turns back."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Self:
+        """Rebuild a config from `to_dict()` output; unknown keys raise `ValueError`."""
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown {cls.__name__} fields {unknown}; "
+                             f"known fields: {sorted(known)}")
+        return cls(**data)
+
+
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelConfig(DictConfig):
     """Sizes and options of an RNNsearch / RNNencdec model.
 
     Defaults follow RNNsearch-50 (Bahdanau et al. 2015, appendix A and B.2): 620-dimensional
@@ -80,16 +100,3 @@ class ModelConfig:
                     f"{name}={value} is outside the vocabularies (sizes {self.src_vocab_size}, "
                     f"{self.tgt_vocab_size})"
                 )
-
-    def to_dict(self) -> dict[str, Any]:
-        """A plain dict (JSON- and checkpoint-friendly) that `from_dict` turns back."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        """Rebuild a config from `to_dict()` output; unknown keys raise `ValueError`."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig fields {unknown}; known fields: {sorted(known)}")
-        return cls(**data)

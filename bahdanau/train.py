@@ -13,7 +13,6 @@ words for RNNsearch-50.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -35,6 +34,7 @@ from bahdanau.checkpoint import (
     restore,
     save_checkpoint,
 )
+from bahdanau.config import DictConfig
 from bahdanau.data import Batch, BucketBatchSampler, Example, Vocab, collate
 
 __all__ = [
@@ -58,7 +58,7 @@ _AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(DictConfig):
     """Training settings; defaults follow the paper (appendix B.2) where it has one."""
 
     optimizer: Literal["adadelta", "adam"] = "adadelta"
@@ -120,18 +120,6 @@ class TrainConfig:
             return float(self.lr)
         return 1.0 if self.optimizer == "adadelta" else 1e-3
 
-    def to_dict(self) -> dict[str, Any]:
-        """A plain dict (JSON- and checkpoint-friendly) that `from_dict` turns back."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """Rebuild from `to_dict()` output; unknown keys raise `ValueError`."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown TrainConfig fields {unknown}; known fields: {sorted(known)}")
-        return cls(**data)
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
