@@ -442,6 +442,14 @@ class Batch:
                      move(self.tgt_out), move(self.indices), self.pad_id)
 
 
+def pad_sources(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
+    """Right-pad id sequences into a (B, S) long tensor; also return the (B,) lengths."""
+    longest = max(len(seq) for seq in sequences)
+    src = torch.tensor([[*seq] + [pad_id] * (longest - len(seq)) for seq in sequences],
+                       dtype=torch.long)                                              # (B, S)
+    return src, torch.tensor([len(seq) for seq in sequences], dtype=torch.long)      # (B,)
+
+
 def collate(examples: Sequence[Example], *, pad_id: int = 0, bos_id: int = 1,
             eos_id: int = 2) -> Batch:
     """Pad examples into a `Batch`: S = longest source, T = longest target + 1.
@@ -454,15 +462,12 @@ def collate(examples: Sequence[Example], *, pad_id: int = 0, bos_id: int = 1,
     for ex in examples:
         if not ex.src:
             raise ValueError(f"example {ex.index} has an empty source")
-    s = max(len(ex.src) for ex in examples)
+    src, lengths = pad_sources([ex.src for ex in examples], pad_id)                # (B, S)
     t = max(len(ex.tgt) for ex in examples) + 1
-    src = torch.tensor([[*ex.src] + [pad_id] * (s - len(ex.src)) for ex in examples],
-                       dtype=torch.long)                                              # (B, S)
     tgt_in = torch.tensor([[bos_id, *ex.tgt] + [pad_id] * (t - 1 - len(ex.tgt))
                            for ex in examples], dtype=torch.long)                     # (B, T)
     tgt_out = torch.tensor([[*ex.tgt, eos_id] + [pad_id] * (t - 1 - len(ex.tgt))
                             for ex in examples], dtype=torch.long)                    # (B, T)
-    lengths = torch.tensor([len(ex.src) for ex in examples], dtype=torch.long)        # (B,)
     indices = torch.tensor([ex.index for ex in examples], dtype=torch.long)           # (B,)
     return Batch(src, lengths, tgt_in, tgt_out, indices, pad_id)
 

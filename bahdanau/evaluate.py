@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import sacrebleu
 import torch
 
-from bahdanau.data import Tokenizer, Vocab
+from bahdanau.data import Tokenizer, Vocab, pad_sources
 from bahdanau.search import BeamSearch, Hypothesis, replace_unk
 
 
@@ -147,10 +147,7 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
     results: list[Translation | None] = [None] * len(ids)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        lengths = torch.tensor([len(ids[i]) for i in chunk])
-        src = torch.full((len(chunk), int(lengths.max())), src_vocab.pad_id, dtype=torch.long)
-        for row, i in enumerate(chunk):
-            src[row, : len(ids[i])] = torch.tensor(ids[i])
+        src, lengths = pad_sources([ids[i] for i in chunk], src_vocab.pad_id)
         for i, hyps in zip(chunk, search(model, src.to(device), lengths.to(device)),
                            strict=True):
             best = hyps[0]

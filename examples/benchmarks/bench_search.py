@@ -29,6 +29,7 @@ from bahdanau.data import (
     Vocab,
     collate,
     encode_pairs,
+    pad_sources,
     read_parallel,
 )
 from bahdanau.datasets import multi30k_files
@@ -39,12 +40,7 @@ def batches(ids: list[list[int]], batch_size: int, pad_id: int):
     """Sentences sorted by length, cut into padded batches."""
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     for start in range(0, len(order), batch_size):
-        chunk = [ids[i] for i in order[start:start + batch_size]]
-        lengths = torch.tensor([len(s) for s in chunk])
-        src = torch.full((len(chunk), int(lengths.max())), pad_id, dtype=torch.long)
-        for row, sent in enumerate(chunk):
-            src[row, : len(sent)] = torch.tensor(sent)
-        yield src, lengths
+        yield pad_sources([ids[i] for i in order[start:start + batch_size]], pad_id)
 
 
 def run(model, ids, batch_size: int, search: BeamSearch) -> tuple[float, int]:
