@@ -11,7 +11,7 @@ import os
 
 from torch import Tensor
 
-IMPLS = ("auto", "reference", "triton")
+from bahdanau.config import ATTENTION_IMPLS as IMPLS
 
 
 def has_triton() -> bool:
