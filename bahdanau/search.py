@@ -230,7 +230,8 @@ class BeamSearch:
             logits[..., never] = float("-inf")                               # pad, bos
             if step < self.min_len:
                 logits[..., eos] = float("-inf")
-            at_cap = caps[active] <= step                                      # only eos left
+            live_caps = caps[active]
+            at_cap = live_caps <= step                                         # only eos left
             if bool(at_cap.any()):
                 eos_col = logits[..., eos].clone()
                 logits[at_cap] = float("-inf")
@@ -244,7 +245,7 @@ class BeamSearch:
             weights = None if out.weights is None else out.weights.view(n_live, K, -1)
             history.append((active, parent, token, weights))
             # which sentences are done
-            bound = self._bound(scores, caps[active])
+            bound = self._bound(scores, live_caps)
             done = at_cap | ~torch.isfinite(scores).any(1)
             if self.early_stopping:
                 done |= torch.isfinite(kept[:, -1]) & (kept[:, -1] >= bound)
