@@ -77,7 +77,7 @@ class AdditiveAttention(nn.Module):
         if resolve_impl(self.impl, keys) == "triton":
             from bahdanau.kernels.triton_attention import additive_attention as fused
 
-            return fused(query_proj, keys, annotations, mask, self.v_a)
+            return fused(query_proj, keys, annotations, mask, self.v_a, check=check)
         # "auto" on a CPU: the same function with sigmoid in place of tanh (cheaper there)
         fast = self.impl == "auto" and keys.device.type == "cpu"
         return functional.additive_attention(query_proj, keys, annotations, mask, self.v_a,

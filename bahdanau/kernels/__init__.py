@@ -9,9 +9,12 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import torch
 from torch import Tensor
 
 from bahdanau.config import ATTENTION_IMPLS as IMPLS
+
+FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # what the Triton kernel takes
 
 
 def has_triton() -> bool:
@@ -40,15 +43,16 @@ def triton_unavailable_reason(tensor: Tensor) -> str | None:
 def resolve_impl(impl: str, tensor: Tensor) -> str:
     """Map "auto" / "reference" / "triton" to the implementation that runs on `tensor`.
 
-    "auto" picks "triton" for CUDA tensors when Triton is importable and "reference" otherwise;
-    an explicit "triton" that cannot run raises `ValueError` (nothing falls back silently).
+    "auto" picks "triton" for CUDA tensors of a dtype the kernel takes (`FUSED_DTYPES`) when
+    Triton is importable, and "reference" otherwise; an explicit "triton" that cannot run raises
+    `ValueError` (nothing falls back silently).
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "reference":
         return "reference"
     if impl == "auto":
-        if tensor.device.type == "cuda" and has_triton():
+        if tensor.device.type == "cuda" and tensor.dtype in FUSED_DTYPES and has_triton():
             return "triton"
         return "reference"
     reason = triton_unavailable_reason(tensor)
