@@ -16,6 +16,7 @@ sentence (beams still batched), and a tutorial-style loop that also steps each h
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -45,8 +46,9 @@ def batches(ids: list[list[int]], batch_size: int, pad_id: int):
 
 def run(model, ids, batch_size: int, search: BeamSearch) -> tuple[float, int]:
     start, tokens = time.perf_counter(), 0
+    device = next(model.parameters()).device
     for src, lengths in batches(ids, batch_size, model.decoder.pad_id):
-        for hyps in search(model, src, lengths):
+        for hyps in search(model, src.to(device), lengths.to(device)):
             tokens += len(hyps[0].tokens)
     return time.perf_counter() - start, tokens
 
@@ -101,6 +103,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="passes per setting; fastest kept")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--attention-impl", default="auto", choices=["auto", "reference", "triton"],
+                        help="attention path (triton: the fused kernel, CUDA)")
     parser.add_argument("--json", help="also write the results (one JSON object per line)")
     args = parser.parse_args()
 
@@ -110,7 +114,8 @@ def main() -> None:
     train = read_parallel(multi30k_files("train", "en"), multi30k_files("train", "fr"))
     src_vocab = Vocab.build((tokenizer.tokenize(s) for s, _ in train), max_size=10000)
     tgt_vocab = Vocab.build((tokenizer.tokenize(t) for _, t in train), max_size=10000)
-    model = RNNSearch.from_config(presets.small(len(src_vocab), len(tgt_vocab)))
+    cfg = presets.small(len(src_vocab), len(tgt_vocab))
+    model = RNNSearch.from_config(dataclasses.replace(cfg, attention_impl=args.attention_impl))
     if args.train_steps:
         train_briefly(model, args.train_steps, src_vocab, tgt_vocab, tokenizer)
     model = model.to(args.device).eval()

@@ -72,6 +72,9 @@ def main() -> None:
     parser.add_argument("--interval", type=int, default=20, help="updates per reported interval")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--attention-impl", default="auto", choices=["auto", "reference", "triton"],
+                        help="attention path (triton: the fused kernel, CUDA)")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
@@ -85,10 +88,12 @@ def main() -> None:
     tgt_vocab = Vocab.build(tgt_tok, max_size=args.vocab)
     examples = encode_pairs(pairs, src_vocab, tgt_vocab, tokenizer, max_len=args.max_len)
     cfg = getattr(presets, args.preset)(len(src_vocab), len(tgt_vocab))
-    model: RNNSearch = build_model(cfg.__class__(**{**cfg.to_dict(), "arch": args.arch}))
-    model.train()
+    model: RNNSearch = build_model(cfg.__class__(
+        **{**cfg.to_dict(), "arch": args.arch, "attention_impl": args.attention_impl}))
+    model.to(args.device).train()
     params = sum(p.numel() for p in model.parameters())
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, fused=True)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     sampler = BucketBatchSampler(examples, batch_size=args.batch_size, seed=args.seed)
 
     def batches():
@@ -104,11 +109,14 @@ def main() -> None:
     total_tokens, total_seconds = 0, 0.0
     for update in range(1, args.warmup + args.measure + 1):
         if update == args.warmup + 1:
+            sync()
             interval_start = time.perf_counter()
             window_start = interval_start
             faults_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         batch = collate([examples[i] for i in next(stream)])
-        loss, n_tokens = model.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out)
+        src, src_lengths, tgt_in, tgt_out = (t.to(args.device) for t in (
+            batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out))
+        loss, n_tokens = model.loss(src, src_lengths, tgt_in, tgt_out)
         optimizer.zero_grad(set_to_none=True)
         (loss / batch.src.shape[0]).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -116,6 +124,7 @@ def main() -> None:
         if update > args.warmup:
             interval_tokens += int(n_tokens)
             if (update - args.warmup) % args.interval == 0:
+                sync()
                 now = time.perf_counter()
                 rates.append(interval_tokens / (now - interval_start))
                 total_tokens += interval_tokens
@@ -135,6 +144,8 @@ def main() -> None:
         "train_pairs": len(examples),
         "batch_size": args.batch_size,
         "threads": args.threads,
+        "device": args.device,
+        "attention_impl": args.attention_impl,
         "updates_measured": args.measure,
         "train_tgt_tokens_measured": total_tokens,
         "train_seconds_measured": round(total_seconds, 2),
