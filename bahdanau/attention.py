@@ -93,7 +93,8 @@ class AdditiveAttention(nn.Module):
             annotations: (B, S, 2H) encoder annotations h_j.
             mask: (B, S) bool, True at real tokens; every row needs one True.
         Returns:
-            (B, 2H) context c_i and (B, S) weights a_ij (0 at padding, rows sum to 1).
+            (N, 2H) context c_i and (N, S) weights a_ij (0 at padding, rows sum to 1), N = B
+            or B*K query rows.
         Raises:
             ValueError: shapes or dtypes disagree, or a row of mask is all False.
         """

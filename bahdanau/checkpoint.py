@@ -153,6 +153,7 @@ class CheckpointManager:
             self.best_metric, self.best_step = data["metric"], data["step"]
 
     def path_for(self, step: int) -> Path:
+        """Path of the numbered checkpoint of `step`."""
         return self.directory / f"step_{step:08d}.pt"
 
     def checkpoints(self) -> list[Path]:

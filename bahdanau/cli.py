@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -64,6 +65,7 @@ def _search_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `bahdanau` command."""
     parser = _Parser(prog="bahdanau", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -251,6 +253,9 @@ def _plot_one(out_path: Path, translation, src_tokens: list[str]) -> str:
 
 # --------------------------------------------------------------------------------- commands
 def _train(args: argparse.Namespace) -> None:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise UsageError("the train command runs one process; for several GPUs call "
+                         "bahdanau.train.train under torchrun (docs/guides/multi-gpu.md)")
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     out = Path(args.out)

@@ -7,7 +7,7 @@ made with `dataclasses.replace`; presets live in `bahdanau.presets`; checkpoints
 
 Shape legend used across the package: B batch, S source length, T target length, E embedding,
 H encoder hidden per direction (annotations are 2H), D decoder hidden, A alignment size,
-L maxout units, V vocabulary, K beam.
+L maxout units, V vocabulary, K beam, N decoder rows (B, or B*K with K beams per sentence).
 """
 
 from __future__ import annotations
@@ -62,13 +62,13 @@ class ModelConfig(DictConfig):
     align_size: int = 1000            # A (n' in the paper)
     maxout_size: int = 500            # L, units after maxout over pairs (l in the paper)
     arch: Arch = "rnnsearch"          # which model `bahdanau.build_model` makes from this config
-    attention_impl: AttentionImpl = "auto"
+    attention_impl: AttentionImpl = "auto"  # "triton": the fused kernel; "auto": it on CUDA
     gru_form: GRUForm = "torch"       # "paper": reset gate applied before U (eq. of appendix A)
     dropout: float = 0.0              # on embeddings and the maxout output; the paper uses none
-    pad_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
-    unk_id: int = 3
+    pad_id: int = 0                   # special ids, shared with the vocabularies (Vocab)
+    bos_id: int = 1                   # y_0, the decoder's first input
+    eos_id: int = 2                   # ends every target sentence
+    unk_id: int = 3                   # [UNK], words outside the vocabulary
 
     def __post_init__(self) -> None:
         for name in ("src_vocab_size", "tgt_vocab_size"):

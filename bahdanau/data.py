@@ -119,22 +119,27 @@ class Vocab:
     # ids of the specials -----------------------------------------------------------------------
     @property
     def pad_id(self) -> int:
+        """The padding id (0)."""
         return 0
 
     @property
     def bos_id(self) -> int:
+        """The begin-of-sentence id (1), the decoder's first input y_0."""
         return 1
 
     @property
     def eos_id(self) -> int:
+        """The end-of-sentence id (2), the last target token of every sentence."""
         return 2
 
     @property
     def unk_id(self) -> int:
+        """The id of [UNK] (3), which every word outside the vocabulary maps to."""
         return 3
 
     @property
     def specials(self) -> tuple[str, ...]:
+        """The special tokens, in the order pad, bos, eos, unk."""
         return self._specials
 
     @property
@@ -240,9 +245,13 @@ class Vocab:
 class Tokenizer(Protocol):
     """Anything with these two methods can tokenise, e.g. a wrapper of a SentencePiece model."""
 
-    def tokenize(self, text: str) -> list[str]: ...
+    def tokenize(self, text: str) -> list[str]:
+        """The tokens of one sentence (non-empty strings)."""
+        ...
 
-    def detokenize(self, tokens: list[str]) -> str: ...
+    def detokenize(self, tokens: list[str]) -> str:
+        """The text of a list of tokens (the inverse of `tokenize`)."""
+        ...
 
 
 def normalize_whitespace(text: str) -> str:
@@ -254,9 +263,11 @@ class WhitespaceTokenizer:
     """For pre-tokenised text: split on whitespace, join with single spaces."""
 
     def tokenize(self, text: str) -> list[str]:
+        """The whitespace-separated tokens of `text`."""
         return text.split()
 
     def detokenize(self, tokens: list[str]) -> str:
+        """The tokens joined with single spaces."""
         return " ".join(tokens)
 
 

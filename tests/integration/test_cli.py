@@ -110,3 +110,13 @@ def test_help_and_bad_option() -> None:
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "unrecognized arguments: --bogus" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_train_refuses_several_processes(monkeypatch, tmp_path, capsys) -> None:
+    """Under torchrun (WORLD_SIZE > 1) the command would start independent runs sharing one
+    output folder; it refuses and points to the Python API instead."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["train", "--out", str(tmp_path / "run"), "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "runs one process" in err and "multi-gpu.md" in err
+    assert not (tmp_path / "run").exists()
