@@ -74,14 +74,26 @@ class AdditiveAttention(nn.Module):
         """
         if check:
             self._check(query_proj, keys, annotations, mask)
-        if resolve_impl(self.impl, keys) == "triton":
+        if self.is_fused(keys):
             from bahdanau.kernels.triton_attention import additive_attention as fused
 
             return fused(query_proj, keys, annotations, mask, self.v_a, check=check)
-        # "auto" on a CPU: the same function with sigmoid in place of tanh (cheaper there)
-        fast = self.impl == "auto" and keys.device.type == "cpu"
         return functional.additive_attention(query_proj, keys, annotations, mask, self.v_a,
-                                             tanh_via_sigmoid=fast)
+                                             tanh_via_sigmoid=self._via_sigmoid(keys))
+
+    def is_fused(self, keys: Tensor) -> bool:
+        """True if `attend` runs the fused Triton kernel for these keys (see `impl`)."""
+        return resolve_impl(self.impl, keys) == "triton"
+
+    def weights(self, query_proj: Tensor, keys: Tensor, mask: Tensor) -> Tensor:
+        """The (N, S) weights a_ij alone, by the reference path (callers that mix the values
+        themselves; not for the fused path, which computes weights and context together)."""
+        return functional.attention_weights(query_proj, keys, mask, self.v_a,
+                                            tanh_via_sigmoid=self._via_sigmoid(keys))
+
+    def _via_sigmoid(self, keys: Tensor) -> bool:
+        # "auto" on a CPU: the same function with sigmoid in place of tanh (cheaper there)
+        return self.impl == "auto" and keys.device.type == "cpu"
 
     def forward(self, query: Tensor, keys: Tensor, annotations: Tensor, mask: Tensor
                 ) -> tuple[Tensor, Tensor]:

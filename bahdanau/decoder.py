@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from bahdanau import functional
 from bahdanau._checks import check_dims, check_mask_rows, check_tensor, check_token_ids
+from bahdanau._sequence_grads import SequenceGrads
 from bahdanau.attention import AdditiveAttention
 from bahdanau.config import GRU_FORMS
 from bahdanau.encoder import init_recurrent_
@@ -174,10 +175,17 @@ class AttentiveDecoder(nn.Module):
         return s0, memory
 
     # ------------------------------------------------------------------ the recurrence
-    def _attend(self, state: Tensor, memory: DecoderMemory
+    def _attend(self, state: Tensor, memory: DecoderMemory, grads: SequenceGrads | None = None
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """From s_{i-1} (N rows): U s_{i-1}, C c_i (N, 3D), C_o c_i (N, 2L) and a_ij (N, S)."""
-        projected = F.linear(state, memory.state_weight, memory.state_bias)  # (N, [A +] 3D|2D)
+        """From s_{i-1} (N rows): U s_{i-1}, C c_i (N, 3D), C_o c_i (N, 2L) and a_ij (N, S).
+
+        With `grads` (teacher forcing with autograd), the step projection and the value mix go
+        through it, so their gradients are summed once per sequence.
+        """
+        if grads is None:
+            projected = F.linear(state, memory.state_weight, memory.state_bias)
+        else:
+            projected = grads.project(state)                      # (N, [A +] 3D|2D)
         if memory.keys is None:
             repeat = state.shape[0] // memory.values.shape[0]
             context_terms = (memory.values.repeat_interleave(repeat, 0) if repeat > 1
@@ -187,8 +195,12 @@ class AttentiveDecoder(nn.Module):
             assert self.attention is not None
             query, h_gates = projected.split(
                 [self.attention.align_size, projected.shape[1] - self.attention.align_size], 1)
-            context_terms, weights = self.attention.attend(query, memory.keys, memory.values,
-                                                           memory.mask, check=False)
+            if grads is not None and grads.values is not None:
+                weights = self.attention.weights(query, memory.keys, memory.mask)
+                context_terms = grads.mix(weights)                # sum_j a_ij [C; C_o] h_j
+            else:
+                context_terms, weights = self.attention.attend(query, memory.keys, memory.values,
+                                                               memory.mask, check=False)
         gate_terms, readout_terms = context_terms.split(
             [3 * self.hidden_size, 2 * self.maxout_size], 1)
         return h_gates, gate_terms, readout_terms, weights
@@ -261,11 +273,12 @@ class AttentiveDecoder(nn.Module):
         check_token_ids("tgt_in", tgt_in, self.vocab_size)
         embedded = self.dropout(self.embedding(tgt_in))           # (B, T, E)
         x_gates = self.input_gates(embedded)                      # (B, T, 3D) hoisted
+        grads = self._sequence_grads(memory, tgt_in.device)
         states, readouts, weights = [], [], []
         last = tgt_in.shape[1] - 1
         for i, x_step in enumerate(x_gates.unbind(1)):            # unbind: one backward op
             states.append(state)
-            h_gates, gate_terms, readout_terms, step_weights = self._attend(state, memory)
+            h_gates, gate_terms, readout_terms, step_weights = self._attend(state, memory, grads)
             readouts.append(readout_terms)                        # C_o c_i
             weights.append(step_weights)
             if i < last:                                          # s_T is never used
@@ -281,3 +294,15 @@ class AttentiveDecoder(nn.Module):
         if return_attention and memory.keys is not None:
             attention = torch.stack(weights, 1)                   # (B, T, S)
         return features, attention
+
+    def _sequence_grads(self, memory: DecoderMemory, device: torch.device
+                        ) -> SequenceGrads | None:
+        """Per-sequence gradient sums for the teacher-forced loop (see `_sequence_grads`), or
+        None where plain autograd is used: no gradients wanted, autocast (whose dtypes the
+        summation does not follow), or the fused attention kernel (values mixed inside it)."""
+        if not torch.is_grad_enabled() or torch.is_autocast_enabled(device.type):
+            return None
+        mixes = (memory.keys is not None and self.attention is not None
+                 and not self.attention.is_fused(memory.keys))
+        return SequenceGrads(memory.state_weight, memory.state_bias,
+                             memory.values if mixes else None)

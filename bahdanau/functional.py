@@ -49,6 +49,16 @@ def additive_attention(query_proj: Tensor, keys: Tensor, annotations: Tensor, ma
     Returns:
         (N, 2H) context c_i and (N, S) weights a_ij (exactly 0 at padding, rows sum to 1).
     """
+    batch, src_len, _ = keys.shape
+    beams = query_proj.shape[0] // batch
+    weights = attention_weights(query_proj, keys, mask, v, tanh_via_sigmoid=tanh_via_sigmoid)
+    context = torch.bmm(weights.view(batch, beams, src_len), annotations)  # (B, K, 2H) c_i
+    return context.reshape(batch * beams, -1), weights
+
+
+def attention_weights(query_proj: Tensor, keys: Tensor, mask: Tensor, v: Tensor, *,
+                      tanh_via_sigmoid: bool = False) -> Tensor:
+    """The weights a_ij of `additive_attention` alone: (N, S), exactly 0 at padding."""
     batch, src_len, align = keys.shape
     beams = query_proj.shape[0] // batch
     query = query_proj.view(batch, beams, 1, align)
@@ -57,8 +67,7 @@ def additive_attention(query_proj: Tensor, keys: Tensor, annotations: Tensor, ma
     else:
         scores = torch.tanh(query + keys[:, None]) @ v        # (B, K, S)  e_ij
     weights = masked_softmax(scores, mask[:, None, :])        # (B, K, S)  a_ij
-    context = torch.bmm(weights, annotations)                 # (B, K, 2H) c_i
-    return context.reshape(batch * beams, -1), weights.reshape(batch * beams, src_len)
+    return weights.reshape(batch * beams, src_len)
 
 
 def gru_update(x_gates: Tensor, h_gates: Tensor, h: Tensor, *, weight_hn: Tensor | None = None,

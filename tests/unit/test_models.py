@@ -294,3 +294,43 @@ def test_select_projects_only_the_selected_positions(cls) -> None:
     picked, _ = model.decoder(tgt_in, state, memory, select=select)
     assert picked.shape == (int(select.sum()), V)
     torch.testing.assert_close(picked, full[select], rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(("cls", "form"), MODELS)
+@pytest.mark.parametrize("impl", ["auto", "reference"])
+def test_sequence_level_gradients_equal_per_step_autograd(cls, form, impl, monkeypatch) -> None:
+    """The decoder sums the step-weight and value gradients once per sequence; plain per-step
+    autograd (the decoder with that summation switched off) gives the same gradients."""
+    model = random_model(cls, form).train()
+    if model.decoder.attention is not None:
+        model.decoder.attention.impl = impl
+    src, src_lengths, tgt_in, _ = batch()
+    params = list(model.parameters())
+
+    def gradients() -> list[torch.Tensor | None]:
+        logits = model(src, src_lengths, tgt_in)
+        objective = (logits * torch.linspace(-1, 1, logits.numel(), dtype=logits.dtype)
+                     .view_as(logits)).sum()
+        return list(torch.autograd.grad(objective, params, allow_unused=True))
+
+    summed = gradients()
+    with monkeypatch.context() as m:
+        m.setattr(type(model.decoder), "_sequence_grads", lambda self, memory, device: None)
+        per_step = gradients()
+    for (name, _), g, r in zip(model.named_parameters(), summed, per_step, strict=True):
+        if r is None:
+            assert g is None or not g.any(), name
+        else:
+            torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_sequence_level_gradients_with_retained_graph() -> None:
+    """A second backward over a retained graph adds the same gradients again."""
+    model = random_model().train()
+    src, src_lengths, tgt_in, _ = batch()
+    loss = model(src, src_lengths, tgt_in).square().sum()
+    loss.backward(retain_graph=True)
+    once = [p.grad.clone() for p in model.parameters()]
+    loss.backward()
+    for (name, p), g in zip(model.named_parameters(), once, strict=True):
+        torch.testing.assert_close(p.grad, 2 * g, rtol=1e-12, atol=1e-12, msg=name)
