@@ -194,8 +194,8 @@ PAPER_MAP: list[tuple[str, list[Row]]] = [
     ]),
     ("Alignment model (appendix A.1.2)", [
         Row("A.1.2", "a(s_{i-1}, h_j) = v_a^T tanh(W_a s_{i-1} + U_a h_j)",
-            (C("bahdanau.functional:additive_attention", "scores = torch.tanh(query + keys"),
-             C("bahdanau.functional:additive_attention", "scores = torch.sigmoid(2.0")),
+            (C("bahdanau.functional:attention_weights", "scores = torch.tanh(query + keys"),
+             C("bahdanau.functional:attention_weights", "scores = torch.sigmoid(2.0")),
             "e_ij -> `scores` (N, S). The second line is the CPU form used by `impl=\"auto\"`, "
             "(2 v_a)^T sigmoid(2x), equal up to a constant the softmax ignores; see "
             f"[deviations]({DEV})"),
