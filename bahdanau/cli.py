@@ -238,11 +238,7 @@ def _plot_one(out_path: Path, translation, src_tokens: list[str]) -> str:
 
     if translation.hypothesis.attention is None:
         return "no alignment plot: the model has no attention"
-    joiner = DefaultTokenizer.JOINER
-
-    def label(token: str) -> str:                              # drop the attachment mark
-        return token[1:] if len(token) > 1 and token.startswith(joiner) else token
-
+    label = DefaultTokenizer.display                           # drop the attachment mark
     try:
         plot_alignment(translation.hypothesis.attention, [label(t) for t in src_tokens],
                        [*map(label, translation.tokens), "</s>"], out_path)

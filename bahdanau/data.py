@@ -322,6 +322,11 @@ class DefaultTokenizer:
                 start = end
         return tokens
 
+    @classmethod
+    def display(cls, token: str) -> str:
+        """A token as a label (e.g. on an alignment plot's axis): without its joiner mark."""
+        return token[1:] if len(token) > 1 and token[0] == cls.JOINER else token
+
     def detokenize(self, tokens: list[str]) -> str:
         """Inverse of `tokenize` (up to whitespace normalisation)."""
         parts: list[str] = []

@@ -39,7 +39,8 @@ def plot_alignment(weights: torch.Tensor | Sequence[Sequence[float]], src_tokens
 
     Args:
         weights: (T, S) attention weights a_ij, row i for target token i.
-        src_tokens: the S source tokens.
+        src_tokens: the S source tokens (for `DefaultTokenizer` tokens, map
+            `DefaultTokenizer.display` over them first to drop the joiner mark).
         tgt_tokens: the T target tokens (include "</s>" for the eos row of a hypothesis).
         path: if given, the figure is saved there (format from the suffix: png, pdf, svg).
         title: optional title.

@@ -309,3 +309,10 @@ def test_sampler_errors(kwargs: dict, message: str) -> None:
 def test_sampler_rejects_zero_length() -> None:
     with pytest.raises(ValueError, match="lengths must be >= 1, got 0 at position 1"):
         BucketBatchSampler([(1, 1), (0, 2)])
+
+
+def test_display_drops_only_the_joiner_mark() -> None:
+    tokens = DefaultTokenizer().tokenize("Hello, world! (x)")
+    assert [DefaultTokenizer.display(t) for t in tokens] == ["Hello", ",", "world", "!", "(",
+                                                             "x", ")"]
+    assert DefaultTokenizer.display(J) == J                 # a lone joiner is a symbol
