@@ -257,7 +257,7 @@ class TrainResult:
     elapsed_s: float                   # training time, resumed runs included
     best_metric: float | None = None   # best validate() value
     best_step: int | None = None
-    train_loss: float = math.nan       # per-token loss of the last log window
+    train_loss: float = math.nan       # per-token loss, last log window (nan: no step taken)
     history: list[dict[str, float]] = field(default_factory=list)   # one dict per log line
     evals: list[tuple[int, float]] = field(default_factory=list)    # (step, metric)
     last_checkpoint: Path | None = None
