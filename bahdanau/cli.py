@@ -25,14 +25,7 @@ from bahdanau import presets
 from bahdanau.checkpoint import CheckpointManager, load_checkpoint, model_from_checkpoint
 from bahdanau.data import DefaultTokenizer, Vocab, encode_pairs, read_parallel
 from bahdanau.datasets import multi30k_files, read_lines
-from bahdanau.evaluate import (
-    bleu_by_length,
-    bleu_without_unk,
-    corpus_bleu,
-    corpus_scores,
-    has_unk,
-    translate_corpus,
-)
+from bahdanau.evaluate import corpus_bleu, score_test_set, translate_corpus
 from bahdanau.models import build_model
 from bahdanau.search import BeamSearch
 from bahdanau.train import TrainConfig, train
@@ -197,24 +190,9 @@ def _report(model, sources: list[str], references: list[str], src_vocab: Vocab, 
                            batch_size=args.batch_size, unk_replace=args.unk_replace,
                            device=args.device)
     seconds = time.perf_counter() - start
-    hyps = [t.text for t in out]
-    refs = [tokenizer.detokenize(tokenizer.tokenize(r)) for r in references]  # same casing
-    scores = corpus_scores(hyps, refs)
-    src_tokens = [tokenizer.tokenize(s) for s in sources]
-    flags = [has_unk(s, src_vocab) or has_unk(tokenizer.tokenize(r), tgt_vocab)
-             for s, r in zip(src_tokens, refs, strict=True)]
-    no_unk, n_no_unk = bleu_without_unk(hyps, refs, flags)
-    buckets = bleu_by_length([len(s) for s in src_tokens], hyps, refs)
-    metrics = {
-        "bleu": round(scores.bleu, 2), "chrf": round(scores.chrf, 2),
-        "bleu_no_unk": None if no_unk is None else round(no_unk, 2),
-        "sentences": scores.n_sentences, "sentences_no_unk": n_no_unk,
-        "bleu_by_length": [{"low": b.low, "high": b.high, "sentences": b.n_sentences,
-                            "bleu": None if b.bleu is None else round(b.bleu, 2)}
-                           for b in buckets],
-        "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
-        "beam_size": args.beam_size, "decode_seconds": round(seconds, 2),
-    }
+    metrics = score_test_set([t.text for t in out], sources, references, src_vocab, tgt_vocab,
+                           tokenizer)
+    metrics.update(beam_size=args.beam_size, decode_seconds=round(seconds, 2))
     return metrics, out
 
 

@@ -297,7 +297,7 @@ class AttentiveDecoder(nn.Module):
 
     def _sequence_grads(self, memory: DecoderMemory, device: torch.device
                         ) -> SequenceGrads | None:
-        """Per-sequence gradient sums for the teacher-forced loop (see `_sequence_grads`), or
+        """Per-sequence gradient sums for the teacher-forced loop (`bahdanau._sequence_grads`), or
         None where plain autograd is used: no gradients wanted, autocast (whose dtypes the
         summation does not follow), or the fused attention kernel (values mixed inside it)."""
         if not torch.is_grad_enabled() or torch.is_autocast_enabled(device.type):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sacrebleu
 import torch
@@ -105,6 +106,40 @@ def bleu_by_length(source_lengths: Sequence[int], hypotheses: Sequence[str],
                  if idx else None)
         buckets.append(LengthBucket(low, high, len(idx), score))
     return buckets
+
+
+def score_test_set(hypotheses: Sequence[str], sources: Sequence[str], references: Sequence[str],
+                 src_vocab: Vocab, tgt_vocab: Vocab, tokenizer: Tokenizer, *,
+                 edges: Sequence[int] = (10, 20, 30, 40, 50, 60)) -> dict[str, Any]:
+    """Every test-set score the paper reports, as a JSON-friendly dict (scores to 2 decimals).
+
+    BLEU and chrF with signatures; BLEU on the pairs whose source and reference have no [UNK]
+    (Table 1's second column); BLEU by source length in tokens (Figure 2). The references are
+    passed through `tokenizer`'s round trip first, so whitespace is normalised as in the
+    hypotheses.
+
+    Args:
+        hypotheses: detokenised translations, one per source sentence.
+        sources, references: the raw source sentences and reference translations.
+        src_vocab, tgt_vocab, tokenizer: what the model was trained with.
+        edges: bucket edges of `bleu_by_length`.
+    """
+    refs = [tokenizer.detokenize(tokenizer.tokenize(r)) for r in references]
+    scores = corpus_scores(hypotheses, refs)
+    src_tokens = [tokenizer.tokenize(s) for s in sources]
+    flags = [has_unk(s, src_vocab) or has_unk(tokenizer.tokenize(r), tgt_vocab)
+             for s, r in zip(src_tokens, refs, strict=True)]
+    no_unk, n_no_unk = bleu_without_unk(hypotheses, refs, flags)
+    buckets = bleu_by_length([len(s) for s in src_tokens], hypotheses, refs, edges=edges)
+    return {
+        "bleu": round(scores.bleu, 2), "chrf": round(scores.chrf, 2),
+        "bleu_no_unk": None if no_unk is None else round(no_unk, 2),
+        "sentences": scores.n_sentences, "sentences_no_unk": n_no_unk,
+        "bleu_by_length": [{"low": b.low, "high": b.high, "sentences": b.n_sentences,
+                            "bleu": None if b.bleu is None else round(b.bleu, 2)}
+                           for b in buckets],
+        "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
+    }
 
 
 @dataclass(frozen=True)

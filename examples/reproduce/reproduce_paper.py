@@ -50,10 +50,8 @@ from bahdanau.data import DefaultTokenizer, Vocab, encode_pairs, read_parallel
 from bahdanau.evaluate import (
     LengthBucket,
     Translation,
-    bleu_by_length,
-    bleu_without_unk,
-    corpus_scores,
     has_unk,
+    score_test_set,
     translate_corpus,
 )
 from bahdanau.models import build_model
@@ -201,29 +199,19 @@ def evaluate_one(name: str, model: torch.nn.Module, sources: list[str], referenc
                            batch_size=settings.decode_batch_size)
     seconds = time.perf_counter() - start
     hyps = [t.text for t in out]
-    refs = [tokenizer.detokenize(tokenizer.tokenize(r)) for r in references]
-    scores = corpus_scores(hyps, refs)
-    src_tokens = [tokenizer.tokenize(s) for s in sources]
-    flags = [has_unk(s, src_vocab) or has_unk(tokenizer.tokenize(r), tgt_vocab)
-             for s, r in zip(src_tokens, refs, strict=True)]
-    no_unk, n_no_unk = bleu_without_unk(hyps, refs, flags)
-    buckets = bleu_by_length([len(s) for s in src_tokens], hyps, refs, edges=BUCKET_EDGES)
     metrics = {
-        "model": name, "bleu": round(scores.bleu, 2), "chrf": round(scores.chrf, 2),
-        "bleu_no_unk": None if no_unk is None else round(no_unk, 2),
-        "sentences": scores.n_sentences, "sentences_no_unk": n_no_unk,
-        "bleu_by_length": [{"low": b.low, "high": b.high, "sentences": b.n_sentences,
-                            "bleu": None if b.bleu is None else round(b.bleu, 2)}
-                           for b in buckets],
-        "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
+        "model": name,
+        **score_test_set(hyps, sources, references, src_vocab, tgt_vocab, tokenizer,
+                       edges=BUCKET_EDGES),
         "beam_size": settings.beam_size, "decode_seconds": round(seconds, 1),
         "mean_hyp_tokens": round(sum(len(t.tokens) for t in out) / len(out), 2),
-        "mean_ref_tokens": round(sum(len(tokenizer.tokenize(r)) for r in refs) / len(refs), 2),
+        "mean_ref_tokens": round(sum(len(tokenizer.tokenize(r)) for r in references)
+                                 / len(references), 2),
     }
     (run_dir / "test.hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     _write_json(run_dir / "metrics.json", metrics)
     _log(f"{name}: BLEU {metrics['bleu']:.2f}, no-UNK {metrics['bleu_no_unk']} "
-         f"({n_no_unk} sentences), decoded in {seconds:.0f} s")
+         f"({metrics['sentences_no_unk']} sentences), decoded in {seconds:.0f} s")
     return metrics, out
 
 

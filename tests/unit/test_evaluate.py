@@ -14,6 +14,7 @@ from bahdanau.evaluate import (
     corpus_bleu,
     corpus_scores,
     has_unk,
+    score_test_set,
     translate_corpus,
 )
 
@@ -49,6 +50,26 @@ def test_length_buckets_by_hand() -> None:
                                                                   (20, None, 0)]
     assert buckets[0].bleu == pytest.approx(corpus_bleu([HYPS[0], HYPS[2]], [REFS[0], REFS[2]]))
     assert buckets[2].bleu is None
+
+
+def test_score_test_set_by_hand() -> None:
+    """Sources with 2, 6 and 3 tokens; the second source and the third reference have a word
+    outside the vocabularies, so only the first pair counts without [UNK]."""
+    tok = DefaultTokenizer()
+    sources = ["a man", "two dogs play in the snow", "the girl sings"]
+    src_vocab = Vocab(["a", "man", "the", "girl", "sings"])
+    tgt_vocab = Vocab(dict.fromkeys(w for r in REFS[:2] for w in tok.tokenize(r)))
+    refs = [REFS[0], REFS[1], "a  girl sings"]                 # double space: normalised
+    got = score_test_set(HYPS, sources, refs, src_vocab, tgt_vocab, tok, edges=(3, 6))
+    clean = [REFS[0], REFS[1], "a girl sings"]
+    assert got["bleu"] == round(sacrebleu.corpus_bleu(HYPS, [clean]).score, 2)
+    assert got["chrf"] == round(sacrebleu.corpus_chrf(HYPS, [clean]).score, 2)
+    assert (got["sentences"], got["sentences_no_unk"]) == (3, 1)
+    assert got["bleu_no_unk"] == round(sacrebleu.corpus_bleu(HYPS[:1], [clean[:1]]).score, 2)
+    assert [(b["low"], b["high"], b["sentences"]) for b in got["bleu_by_length"]] == [
+        (0, 3, 1), (3, 6, 1), (6, None, 1)]
+    assert got["bleu_by_length"][1]["bleu"] == round(corpus_bleu(HYPS[2:], clean[2:]), 2)
+    assert got["bleu_signature"].startswith("nrefs:1|")
 
 
 @pytest.mark.parametrize(("call", "match"), [
