@@ -191,7 +191,7 @@ def _report(model, sources: list[str], references: list[str], src_vocab: Vocab, 
                            device=args.device)
     seconds = time.perf_counter() - start
     metrics = score_test_set([t.text for t in out], sources, references, src_vocab, tgt_vocab,
-                           tokenizer)
+                             tokenizer)
     metrics.update(beam_size=args.beam_size, decode_seconds=round(seconds, 2))
     return metrics, out
 

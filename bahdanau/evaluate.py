@@ -109,8 +109,8 @@ def bleu_by_length(source_lengths: Sequence[int], hypotheses: Sequence[str],
 
 
 def score_test_set(hypotheses: Sequence[str], sources: Sequence[str], references: Sequence[str],
-                 src_vocab: Vocab, tgt_vocab: Vocab, tokenizer: Tokenizer, *,
-                 edges: Sequence[int] = (10, 20, 30, 40, 50, 60)) -> dict[str, Any]:
+                   src_vocab: Vocab, tgt_vocab: Vocab, tokenizer: Tokenizer, *,
+                   edges: Sequence[int] = (10, 20, 30, 40, 50, 60)) -> dict[str, Any]:
     """Every test-set score the paper reports, as a JSON-friendly dict (scores to 2 decimals).
 
     BLEU and chrF with signatures; BLEU on the pairs whose source and reference have no [UNK]
