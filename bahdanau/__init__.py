@@ -1,7 +1,7 @@
 """bahdanau: RNNsearch (Bahdanau, Cho & Bengio, ICLR 2015) as composable PyTorch modules."""
 
-from bahdanau import functional, presets
-from bahdanau.attention import AdditiveAttention
+from bahdanau import engine, functional, presets
+from bahdanau.attention import AdditiveAttention, Attention, AttentionStep, LuongAttention
 from bahdanau.checkpoint import (
     CheckpointManager,
     checkpoint_payload,
@@ -24,7 +24,7 @@ from bahdanau.data import (
     encode_pairs,
     read_parallel,
 )
-from bahdanau.decoder import AttentiveDecoder, DecoderMemory, StepOutput
+from bahdanau.decoder import AttentiveDecoder, DecoderMemory, DecoderState, StepOutput
 from bahdanau.encoder import BiRNNEncoder
 from bahdanau.evaluate import (
     CorpusScores,
@@ -52,6 +52,11 @@ __version__ = "0.1.0"
 
 __all__ = [
     "AdditiveAttention",
+    "Attention",
+    "AttentionStep",
+    "LuongAttention",
+    "DecoderState",
+    "engine",
     "AttentiveDecoder",
     "CorpusScores",
     "LengthBucket",

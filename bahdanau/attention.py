@@ -1,13 +1,45 @@
-"""AdditiveAttention: the alignment model of Bahdanau et al. (2015), section 3.1 and appendix A.1.2.
+"""The decoder-attention seam (`Attention`) and two attentions that implement it.
 
-    e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j)      a_ij = softmax_j(e_ij)      c_i = sum_j a_ij h_j
+`AttentiveDecoder` and the fast engine (`bahdanau.engine`) meet an attention only through the
+methods of `Attention`, at two moments:
 
-`U_a h_j` does not depend on i: `precompute_keys` computes it once per source batch and the caller
-keeps it (it is never cached on the module). The paper has no bias in the alignment model and
-neither do we.
+    memory = attention.prepare(annotations, mask)        once per source batch (B sentences)
+    state  = attention.initial_state(memory)             once per batch: per-row state, or None
+
+    query   = attention.project_query(s)                 every target step, N rows
+    weights = attention.weights(query, memory, state)    a_ij, (N, S)
+    context, weights = attention.attend(query, memory, values, state)   sum_j a_ij values_j
+    state   = attention.next_state(state, weights)
+
+An attention here is a distribution a_ij over source positions: its context is always a weighted
+sum of per-position values. The caller chooses the values: the annotations h_j give the paper's
+c_i, and the engine passes [C; C_o] h_j instead (the decoder's own linear maps of c_i, computed once
+per batch), which serves any attention of this kind unchanged.
+
+Rows: a step sees N = B*K query rows for B sentences (K beams per sentence, sentence-major: row n
+belongs to sentence n // K; K = 1 in training). The memory holds B sentences; every tensor in it
+has them along dim 0, so beam search can drop finished sentences by indexing each tensor. A
+per-row attention state (for example coverage, the sum of past weights) has N rows; beam search
+repeats and reorders it with the decoder state.
+
+Two optional hooks let an attention offer more than calls:
+
+* `query_weight()`: the plain (P, D) matrix W when `project_query(s)` is `s @ W.T`. The engine
+  then stacks W with the GRU's recurrent matrix, one matmul of s_{i-1} per step. None (the
+  default) when the projection is anything else (a LoRA-wrapped linear, an MLP, the identity).
+* `mixes_values(memory)`: True when `attend` mixes the values inside a fused kernel. Callers that
+  sum the value gradients over a whole sequence themselves then leave mixing to `attend`.
+
+Per-step calls are not validated: `prepare` checks its inputs once per batch, and the values and
+states a decoder passes are built from them.
+
+`AdditiveAttention` is the paper's alignment model; `LuongAttention` (Luong et al. 2015, the
+"general" and "dot" scores) is the second implementation of the seam.
 """
 
 from __future__ import annotations
+
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -17,18 +49,126 @@ from bahdanau._checks import check_dims, check_mask_rows, check_tensor
 from bahdanau.kernels import IMPLS, resolve_impl
 
 
-class AdditiveAttention(nn.Module):
-    """Additive (concat / MLP) attention with precomputed keys.
+class AttentionStep(NamedTuple):
+    """What `Attention.forward` returns for N query rows."""
+
+    context: Tensor               # (N, M) sum_j a_ij values_j
+    weights: Tensor               # (N, S) a_ij, 0 at padding, rows sum to 1
+    state: Tensor | None          # the next per-row attention state, or None
+
+
+class Attention(nn.Module):
+    """Base class of the decoder-attention seam; see the module docstring for the protocol.
+
+    Subclasses set `query_size` (D, the decoder state) and `key_size` (2H, an annotation) and
+    implement `prepare`, `project_query` and `weights`; the other methods have defaults.
+    """
+
+    query_size: int
+    key_size: int
+
+    def prepare(self, annotations: Tensor, mask: Tensor) -> Any:
+        """Per-batch memory: a NamedTuple whose tensors all have B rows along dim 0.
+
+        Args:
+            annotations: (B, S, 2H) encoder annotations h_j.
+            mask: (B, S) bool, True at real tokens; every row needs one True.
+        """
+        raise NotImplementedError
+
+    def initial_state(self, memory: Any) -> Tensor | None:
+        """The per-row attention state before the first step, (B, ...), or None (stateless)."""
+        return None
+
+    def project_query(self, query: Tensor) -> Tensor:
+        """The query as `weights` takes it: (N, D) decoder states -> (N, P)."""
+        raise NotImplementedError
+
+    def query_weight(self) -> Tensor | None:
+        """The (P, D) matrix W with `project_query(s) == s @ W.T`, or None if there is none."""
+        return None
+
+    def weights(self, query: Tensor, memory: Any, state: Tensor | None) -> Tensor:
+        """The alignment weights a_ij: (N, P) projected queries -> (N, S), 0 at padding."""
+        raise NotImplementedError
+
+    def attend(self, query: Tensor, memory: Any, values: Tensor, state: Tensor | None
+               ) -> tuple[Tensor, Tensor]:
+        """(N, M) sum_j a_ij values_bj and the (N, S) weights, for (B, S, M) values."""
+        weights = self.weights(query, memory, state)
+        return functional.weighted_sum(weights, values), weights
+
+    def mixes_values(self, memory: Any) -> bool:
+        """True if `attend` mixes the values inside a fused kernel for this memory."""
+        return False
+
+    def next_state(self, state: Tensor | None, weights: Tensor) -> Tensor | None:
+        """The per-row state after a step with these (N, S) weights (unchanged by default)."""
+        return state
+
+    def forward(self, query: Tensor, memory: Any, values: Tensor,
+                state: Tensor | None = None) -> AttentionStep:
+        """One attention step from decoder states.
+
+        Args:
+            query: (N, D) previous decoder states s_{i-1}, N = B or B*K (sentence-major).
+            memory: from `prepare` for the B sentences.
+            values: (B, S, M) what the weights mix; the annotations give the context c_i.
+            state: the per-row attention state (N rows), or None.
+        Returns:
+            `AttentionStep`: (N, M) context, (N, S) weights and the next state.
+        Raises:
+            ValueError: the query's shape does not fit the attention or the memory.
+        """
+        check_tensor("query", query, 2, floating=True)
+        check_dims(type(self).__name__, [("query", query, 1, self.query_size)])
+        check_tensor("values", values, 3, floating=True)
+        batch = values.shape[0]
+        if batch == 0 or query.shape[0] % batch != 0:
+            raise ValueError(f"query rows ({query.shape[0]}) must be a positive multiple of "
+                             f"the batch size ({batch}): K beams per sentence, sentence-major")
+        context, weights = self.attend(self.project_query(query), memory, values, state)
+        return AttentionStep(context, weights, self.next_state(state, weights))
+
+    def _check_prepare(self, annotations: Tensor, mask: Tensor) -> None:
+        check_tensor("annotations", annotations, 3, floating=True)
+        check_tensor("mask", mask, 2, boolean=True)
+        check_dims(type(self).__name__, [
+            ("annotations", annotations, 2, self.key_size),
+            ("mask", mask, 0, annotations.shape[0]),
+            ("mask", mask, 1, annotations.shape[1]),
+        ])
+        if annotations.shape[0] == 0 or annotations.shape[1] == 0:
+            raise ValueError(f"annotations {tuple(annotations.shape)}: empty batch or source")
+        check_mask_rows("mask", mask)
+
+
+class AdditiveMemory(NamedTuple):
+    """`AdditiveAttention.prepare` output for B sentences."""
+
+    keys: Tensor                  # (B, S, A) U_a h_j
+    mask: Tensor                  # (B, S) bool, True at real tokens
+
+
+class AdditiveAttention(Attention):
+    """The paper's alignment model: e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j) (section 3.1, A.1.2).
+
+    `U_a h_j` does not depend on i: `prepare` computes it once per source batch, and the caller
+    keeps it (nothing is cached on the module). The paper has no bias here and neither do we.
 
     Args:
         query_size: D, size of the decoder state s_{i-1}.
         key_size: 2H, size of an annotation h_j.
         align_size: A, hidden size of the alignment model (n' in the paper).
-        impl: "reference" (plain PyTorch, `bahdanau.functional.additive_attention`, the paper's
-            tanh form), "triton" (the fused kernel; raises if it cannot run) or "auto" (Triton on
-            CUDA when available; on a CPU the reference computed with
-            v^T tanh(x) = (2v)^T sigmoid(2x) - sum(v), whose constant the softmax ignores:
-            same weights and context, about twice as fast there).
+        impl: how the weights are computed, all the same function:
+            "reference" `bahdanau.functional.attention_weights`, the paper's tanh form;
+            "sigmoid" `bahdanau.engine.sigmoid_attention_weights`, v^T tanh(x) computed as
+            (2v)^T sigmoid(2x) - sum(v), whose constant the softmax ignores (about twice as fast
+            on a CPU);
+            "triton" the fused kernel of `bahdanau.kernels.triton_attention` (raises if it
+            cannot run);
+            "auto" "triton" for CUDA tensors when Triton is installed, "sigmoid" on a CPU,
+            "reference" otherwise. `implementation(tensor)` says which one runs.
     """
 
     def __init__(self, query_size: int, key_size: int, align_size: int, *,
@@ -41,6 +181,7 @@ class AdditiveAttention(nn.Module):
         self.W_a = nn.Linear(query_size, align_size, bias=False)
         self.U_a = nn.Linear(key_size, align_size, bias=False)
         self.v_a = nn.Parameter(torch.empty(align_size))
+        self._resolved: dict[tuple[str, torch.dtype], str] = {}
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -49,96 +190,117 @@ class AdditiveAttention(nn.Module):
         nn.init.normal_(self.U_a.weight, std=0.001)
         nn.init.zeros_(self.v_a)
 
-    def precompute_keys(self, annotations: Tensor) -> Tensor:
-        """U_a h_j for every source position: (B, S, 2H) -> (B, S, A). Call once per batch."""
-        check_tensor("annotations", annotations, 3, floating=True)
-        check_dims("precompute_keys", [("annotations", annotations, 2, self.key_size)])
-        return self.U_a(annotations)
+    def implementation(self, tensor: Tensor) -> str:
+        """The implementation that runs for tensors like `tensor`: reference, sigmoid or triton.
+
+        Resolved once per device type and dtype (`bahdanau.kernels.resolve_impl`).
+        """
+        key = (tensor.device.type, tensor.dtype)
+        impl = self._resolved.get(key)
+        if impl is None:
+            impl = self._resolved[key] = resolve_impl(self.impl, tensor)
+        return impl
+
+    def prepare(self, annotations: Tensor, mask: Tensor) -> AdditiveMemory:
+        """U_a h_j for every source position, once per batch: (B, S, 2H) -> (B, S, A) keys."""
+        if not torch.compiler.is_compiling():
+            self._check_prepare(annotations, mask)
+        keys = self.U_a(annotations)
+        self.implementation(keys)                                 # resolve before any step
+        return AdditiveMemory(keys, mask)
 
     def project_query(self, query: Tensor) -> Tensor:
         """W_a s_{i-1}: (N, D) -> (N, A)."""
         return self.W_a(query)
 
-    def attend(self, query_proj: Tensor, keys: Tensor, annotations: Tensor, mask: Tensor, *,
-               check: bool = True) -> tuple[Tensor, Tensor]:
-        """Attention from an already projected query (see `bahdanau.functional.additive_attention`).
+    def query_weight(self) -> Tensor | None:
+        """W_a's (A, D) weight while W_a is a plain bias-free `nn.Linear`."""
+        plain = type(self.W_a) is nn.Linear and self.W_a.bias is None
+        return self.W_a.weight if plain else None
 
-        Args:
-            query_proj: (N, A) W_a s_{i-1}, N = B or B*K (K beams per sentence, sentence-major).
-            keys: (B, S, A) from `precompute_keys`.
-            annotations: (B, S, 2H).
-            mask: (B, S) bool, True at real tokens.
-            check: validate shapes and mask rows (the decoder validates once per batch instead).
-        Returns:
-            (N, 2H) context and (N, S) weights.
-        """
-        if check:
-            self._check(query_proj, keys, annotations, mask)
-        if self.is_fused(keys):
+    def weights(self, query: Tensor, memory: AdditiveMemory, state: Tensor | None = None
+                ) -> Tensor:
+        """a_ij from (N, A) projected queries. The fused kernel computes weights and context
+        together, so with impl "triton" the weights alone come from the reference formula."""
+        if self.implementation(memory.keys) == "sigmoid":
+            from bahdanau.engine import sigmoid_attention_weights
+
+            return sigmoid_attention_weights(query, memory.keys, memory.mask, self.v_a)
+        return functional.attention_weights(query, memory.keys, memory.mask, self.v_a)
+
+    def attend(self, query: Tensor, memory: AdditiveMemory, values: Tensor,
+               state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(N, M) mixed values and (N, S) weights; one fused kernel with impl "triton"."""
+        if self.mixes_values(memory):
             from bahdanau.kernels.triton_attention import additive_attention as fused
 
-            return fused(query_proj, keys, annotations, mask, self.v_a, check=check)
-        return functional.additive_attention(query_proj, keys, annotations, mask, self.v_a,
-                                             tanh_via_sigmoid=self._via_sigmoid(keys))
+            return fused(query, memory.keys, values, memory.mask, self.v_a, check=False)
+        return super().attend(query, memory, values, state)
 
-    def is_fused(self, keys: Tensor) -> bool:
-        """True if `attend` runs the fused Triton kernel for these keys (see `impl`)."""
-        return resolve_impl(self.impl, keys) == "triton"
+    def mixes_values(self, memory: AdditiveMemory) -> bool:
+        """True when the fused Triton kernel runs for these keys."""
+        return self.implementation(memory.keys) == "triton"
 
-    def weights(self, query_proj: Tensor, keys: Tensor, mask: Tensor) -> Tensor:
-        """The (N, S) weights a_ij alone, by the reference path (callers that mix the values
-        themselves; not for the fused path, which computes weights and context together)."""
-        return functional.attention_weights(query_proj, keys, mask, self.v_a,
-                                            tanh_via_sigmoid=self._via_sigmoid(keys))
 
-    def _via_sigmoid(self, keys: Tensor) -> bool:
-        # "auto" on a CPU: the same function with sigmoid in place of tanh (cheaper there)
-        return self.impl == "auto" and keys.device.type == "cpu"
+class LuongMemory(NamedTuple):
+    """`LuongAttention.prepare` output for B sentences."""
 
-    def forward(self, query: Tensor, keys: Tensor, annotations: Tensor, mask: Tensor
-                ) -> tuple[Tensor, Tensor]:
-        """One alignment step from the decoder state s_{i-1}.
+    keys: Tensor                  # (B, S, 2H) the annotations h_j
+    mask: Tensor                  # (B, S) bool, True at real tokens
 
-        Args:
-            query: (B, D) previous decoder state s_{i-1} (or (B*K, D) for K beams per sentence).
-            keys: (B, S, A) U_a h_j from `precompute_keys`.
-            annotations: (B, S, 2H) encoder annotations h_j.
-            mask: (B, S) bool, True at real tokens; every row needs one True.
-        Returns:
-            (N, 2H) context c_i and (N, S) weights a_ij (0 at padding, rows sum to 1), N = B
-            or B*K query rows.
-        Raises:
-            ValueError: shapes or dtypes disagree, or a row of mask is all False.
-        """
-        check_tensor("query", query, 2, floating=True)
-        check_dims("AdditiveAttention", [("query", query, 1, self.query_size)])
-        return self.attend(self.project_query(query), keys, annotations, mask)
 
-    def _check(self, query_proj: Tensor, keys: Tensor, annotations: Tensor, mask: Tensor) -> None:
-        check_tensor("query_proj", query_proj, 2, floating=True)
-        check_tensor("keys", keys, 3, floating=True)
-        check_tensor("annotations", annotations, 3, floating=True)
-        check_tensor("mask", mask, 2, boolean=True)
-        batch, src_len, _ = keys.shape
-        check_dims("AdditiveAttention", [
-            ("keys", keys, 2, self.align_size),
-            ("query_proj", query_proj, 1, self.align_size),
-            ("annotations", annotations, 0, batch),
-            ("annotations", annotations, 1, src_len),
-            ("annotations", annotations, 2, self.key_size),
-            ("mask", mask, 0, batch),
-            ("mask", mask, 1, src_len),
-        ])
-        if batch == 0 or src_len == 0:
-            raise ValueError(f"keys {tuple(keys.shape)}: empty batch or empty source sequence")
-        if query_proj.shape[0] % batch != 0:
-            raise ValueError(
-                f"query rows ({query_proj.shape[0]}) must be the batch size ({batch}) or a "
-                f"multiple of it (beams grouped per sentence)"
-            )
-        if len({query_proj.dtype, keys.dtype, annotations.dtype}) != 1:
-            raise ValueError(
-                f"dtypes differ: query {query_proj.dtype}, keys {keys.dtype}, "
-                f"annotations {annotations.dtype}"
-            )
-        check_mask_rows("mask", mask)
+class LuongAttention(Attention):
+    """Multiplicative attention of Luong, Pham & Manning (2015), section 3.1.
+
+        "general"  e_ij = (W_a s_{i-1})^T h_j        W_a: (2H, D), no bias
+        "dot"      e_ij = s_{i-1}^T h_j              needs D = 2H
+
+    As in the rest of this decoder (and unlike Luong's, which attends from s_i) the query is the
+    previous state s_{i-1}, so it plugs into `AttentiveDecoder` unchanged. "general" offers W_a
+    through `query_weight`, so the engine fuses it into the step matmul like `AdditiveAttention`'s.
+
+    Args:
+        query_size: D.
+        key_size: 2H.
+        score: "general" or "dot".
+    """
+
+    SCORES = ("general", "dot")
+
+    def __init__(self, query_size: int, key_size: int, *, score: str = "general") -> None:
+        super().__init__()
+        if score not in self.SCORES:
+            raise ValueError(f"score must be one of {self.SCORES}, got {score!r}")
+        if score == "dot" and query_size != key_size:
+            raise ValueError(f"score='dot' needs query_size == key_size, got {query_size} and "
+                             f"{key_size}")
+        self.query_size, self.key_size, self.score = query_size, key_size, score
+        self.W_a = nn.Linear(query_size, key_size, bias=False) if score == "general" else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """W_a ~ N(0, 0.01^2), the paper's initialisation of the decoder's other matrices."""
+        if self.W_a is not None:
+            nn.init.normal_(self.W_a.weight, std=0.01)
+
+    def prepare(self, annotations: Tensor, mask: Tensor) -> LuongMemory:
+        """The annotations are the keys: nothing to precompute."""
+        if not torch.compiler.is_compiling():
+            self._check_prepare(annotations, mask)
+        return LuongMemory(annotations, mask)
+
+    def project_query(self, query: Tensor) -> Tensor:
+        """W_a s_{i-1} ("general") or s_{i-1} ("dot"): (N, D) -> (N, 2H)."""
+        return query if self.W_a is None else self.W_a(query)
+
+    def query_weight(self) -> Tensor | None:
+        """W_a's (2H, D) weight for "general"; None for "dot" (no projection to fuse)."""
+        return None if self.W_a is None else self.W_a.weight
+
+    def weights(self, query: Tensor, memory: LuongMemory, state: Tensor | None = None
+                ) -> Tensor:
+        """a_ij = softmax_j(q_n . h_bj) over real positions: (N, 2H) -> (N, S)."""
+        batch, src_len, width = memory.keys.shape
+        scores = torch.bmm(query.view(batch, -1, width), memory.keys.transpose(1, 2))  # (B,K,S)
+        weights = functional.masked_softmax(scores, memory.mask[:, None, :])
+        return weights.reshape(-1, src_len)

@@ -19,11 +19,15 @@ from typing import Any, Literal
 from typing_extensions import Self
 
 Arch = Literal["rnnsearch", "rnnencdec"]
-AttentionImpl = Literal["auto", "reference", "triton"]
+AttentionKind = Literal["additive", "luong_general", "luong_dot"]
+AttentionImpl = Literal["auto", "reference", "sigmoid", "triton"]
+Engine = Literal["fast", "reference"]
 GRUForm = Literal["torch", "paper"]
 
 ARCHS: tuple[str, ...] = ("rnnsearch", "rnnencdec")
-ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference", "triton")
+ATTENTIONS: tuple[str, ...] = ("additive", "luong_general", "luong_dot")
+ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference", "sigmoid", "triton")
+ENGINES: tuple[str, ...] = ("fast", "reference")
 GRU_FORMS: tuple[str, ...] = ("torch", "paper")
 
 
@@ -62,7 +66,9 @@ class ModelConfig(DictConfig):
     align_size: int = 1000            # A (n' in the paper)
     maxout_size: int = 500            # L, units after maxout over pairs (l in the paper)
     arch: Arch = "rnnsearch"          # which model `bahdanau.build_model` makes from this config
-    attention_impl: AttentionImpl = "auto"  # "triton": the fused kernel; "auto": it on CUDA
+    attention: AttentionKind = "additive"   # the paper's; "luong_*": Luong et al. (2015)
+    attention_impl: AttentionImpl = "auto"  # additive only; see AdditiveAttention's `impl`
+    engine: Engine = "fast"           # "reference": the paper-shaped decoder alone (see engine)
     gru_form: GRUForm = "torch"       # "paper": reset gate applied before U (eq. of appendix A)
     dropout: float = 0.0              # on embeddings and the maxout output; the paper uses none
     pad_id: int = 0                   # special ids, shared with the vocabularies (Vocab)
@@ -81,6 +87,13 @@ class ModelConfig(DictConfig):
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.arch not in ARCHS:
             raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+        if self.attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
+        if self.attention == "luong_dot" and self.decoder_size != 2 * self.hidden_size:
+            raise ValueError(f"attention='luong_dot' needs decoder_size == 2 * hidden_size, got "
+                             f"{self.decoder_size} and {2 * self.hidden_size}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.attention_impl not in ATTENTION_IMPLS:
             raise ValueError(
                 f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"

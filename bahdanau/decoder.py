@@ -3,20 +3,20 @@
 Bahdanau et al. (2015), appendix A.2.2, for target step i (y_0 = bos):
 
     c_i   = attention(s_{i-1}, h)                               (or a fixed c for RNNencdec)
+    s_i   = GRU(s_{i-1}, [E y_{i-1}; c_i])                      s_0 = tanh(W_s bwd h_1)
     t~_i  = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i               deep output, 2L units
     t_i   = max over pairs of t~_i                              maxout, L units
     p(y_i | y_<i, x) = softmax(W_o t_i)
-    s_i   = GRU(s_{i-1}, [E y_{i-1}; c_i])                      s_0 = tanh(W_s bwd h_1)
 
-Only the GRU update and the attention depend on the recurrence. `forward` (teacher forcing)
-therefore embeds and projects all target inputs at once, runs the loop with one fused matmul of
-s_{i-1} per step ([W_a; U] s_{i-1}), and computes the deep output and the vocabulary projection for
-all positions after the loop. `step` computes exactly the same for one position (for search).
+This module is the reference: `init_state` and `step` compute exactly these equations, and
+`forward` (teacher forcing) is a loop of `step`. It meets its attention only through the seam of
+`bahdanau.attention.Attention`. The fast path that models use by default, `bahdanau.engine`,
+computes the same function with the same parameters and is tested against this one in float64.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,50 +24,55 @@ from torch import Tensor, nn
 
 from bahdanau import functional
 from bahdanau._checks import check_dims, check_mask_rows, check_tensor, check_token_ids
-from bahdanau._sequence_grads import SequenceGrads
-from bahdanau.attention import AdditiveAttention
+from bahdanau.attention import Attention
 from bahdanau.config import GRU_FORMS
 from bahdanau.encoder import init_recurrent_
 
 
+class DecoderState(NamedTuple):
+    """The recurrent state of N decoder rows (N = B, or B*K with beams)."""
+
+    hidden: Tensor                # (N, D) s_i
+    attention: Tensor | None = None   # the attention's per-row state (e.g. coverage), or None
+
+    def rows(self, index: Tensor) -> DecoderState:
+        """The state of rows `index` ((N',) long): beam search repeats and reorders rows."""
+        return DecoderState(*(None if t is None else t.index_select(0, index) for t in self))
+
+
 class DecoderMemory(NamedTuple):
-    """Everything the decoder reuses at every step for one source batch (built by `init_state`).
+    """What every step reuses for B source sentences (built once per batch by `init_state`)."""
 
-    The context c_i enters the decoder only through linear maps without bias (C c_i in the GRU,
-    C_o c_i in the deep output), and c_i = sum_j a_ij h_j with sum_j a_ij = 1, so
-    [C; C_o] c_i = sum_j a_ij [C; C_o] h_j. `values` holds [C; C_o] h_j for every source position,
-    computed once per batch in one large matmul; each step then only mixes it with a_ij, an
-    (S)-long weighted sum instead of a (2H x (3D + 2L)) matmul per row.
+    annotations: Tensor           # (B, S, 2H) encoder annotations h_j
+    mask: Tensor                  # (B, S) bool, True at real source tokens
+    attention: Any                # the attention's memory (`Attention.prepare`), None without
+    context: Tensor | None        # (B, 2H) RNNencdec's fixed context c, None with attention
 
-    Attributes:
-        annotations: (B, S, 2H) encoder annotations h_j.
-        mask: (B, S) bool, True at real source tokens.
-        keys: (B, S, A) U_a h_j, or None without attention.
-        context: (B, 2H) the fixed context c of RNNencdec, or None with attention.
-        values: (B, S, 3D + 2L) [C; C_o] h_j with attention; (B, 3D + 2L) [C; C_o] c without.
-        state_weight: the fused ([W_a;] U) weight applied to s_{i-1} at every step.
-        state_bias: its bias (0 for W_a, then the GRU's recurrent bias).
-    """
+    def select(self, keep: Tensor) -> DecoderMemory:
+        """The memory of sentences `keep` ((B',) long): search drops finished sentences."""
+        return DecoderMemory(*(select_sentences(field, keep) for field in self))
 
-    annotations: Tensor
-    mask: Tensor
-    keys: Tensor | None
-    context: Tensor | None
-    values: Tensor
-    state_weight: Tensor
-    state_bias: Tensor
+
+def select_sentences(memory: Any, keep: Tensor) -> Any:
+    """Rows `keep` of every tensor in a (nested) tuple of per-sentence tensors; None stays."""
+    if isinstance(memory, Tensor):
+        return memory.index_select(0, keep)
+    if isinstance(memory, tuple):
+        fields = [select_sentences(field, keep) for field in memory]
+        return type(memory)(*fields) if hasattr(memory, "_fields") else tuple(fields)
+    return memory
 
 
 class StepOutput(NamedTuple):
     """Result of one decoder step for N rows (N = B, or B*K with beams)."""
 
-    logits: Tensor            # (N, V) scores of y_i
-    state: Tensor             # (N, D) s_i
-    weights: Tensor | None    # (N, S) a_ij, None without attention
+    logits: Tensor                # (N, V) scores of y_i
+    state: DecoderState           # s_i (and the attention's state)
+    weights: Tensor | None        # (N, S) a_ij, None without attention
 
 
 class AttentiveDecoder(nn.Module):
-    """GRU decoder with additive attention (RNNsearch) or a fixed context (RNNencdec).
+    """GRU decoder with an attention (RNNsearch) or a fixed context (RNNencdec).
 
     Args:
         vocab_size: target V.
@@ -75,16 +80,16 @@ class AttentiveDecoder(nn.Module):
         hidden_size: D, size of s_i.
         context_size: 2H, size of an annotation (and of c_i).
         maxout_size: L, units after maxout (the deep output has 2L units before it).
-        attention: the alignment model; None gives RNNencdec's fixed context
-            c = tanh(W_c [fwd h_{T_x}; bwd h_1]) from the encoder (Cho et al. 2014a, with the
-            bidirectional encoder's two final states).
+        attention: any `bahdanau.attention.Attention` (`AdditiveAttention` in the paper); None
+            gives RNNencdec's fixed context c = tanh(W_c [fwd h_{T_x}; bwd h_1]) from the encoder
+            (Cho et al. 2014a, with the bidirectional encoder's two final states).
         pad_id: padding id of the target vocabulary.
         dropout: dropout on target embeddings and on the maxout output (0 in the paper).
         gru_form: "torch" (r * (U s + b)) or "paper" (U (r * s)); see `functional.gru_update`.
     """
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, context_size: int,
-                 maxout_size: int, *, attention: AdditiveAttention | None, pad_id: int = 0,
+                 maxout_size: int, *, attention: Attention | None, pad_id: int = 0,
                  dropout: float = 0.0, gru_form: str = "torch") -> None:
         super().__init__()
         if gru_form not in GRU_FORMS:
@@ -118,9 +123,13 @@ class AttentiveDecoder(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """The paper's initialisation: U orthogonal, other weights N(0, 0.01^2), biases 0."""
+        """The paper's initialisation: U orthogonal, other weights N(0, 0.01^2), biases 0.
+
+        The attention keeps its own initialisation (its `reset_parameters`, if it has one).
+        """
+        own_attention = set() if self.attention is None else set(self.attention.modules())
         for module in self.modules():
-            if module is self.attention:
+            if module in own_attention:
                 continue
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.01)
@@ -130,19 +139,19 @@ class AttentiveDecoder(nn.Module):
             self.embedding.weight[self.pad_id].zero_()
         init_recurrent_(self.weight_hh, self.hidden_size)
         nn.init.zeros_(self.bias_hh)
-        if self.attention is not None:
+        if self.attention is not None and hasattr(self.attention, "reset_parameters"):
             self.attention.reset_parameters()
 
     # ------------------------------------------------------------------ per source batch
-    def init_state(self, annotations: Tensor, mask: Tensor) -> tuple[Tensor, DecoderMemory]:
-        """s_0 and the per-batch memory: keys (or the fixed context) and the fused step weight.
+    def init_state(self, annotations: Tensor, mask: Tensor) -> tuple[DecoderState, DecoderMemory]:
+        """s_0 and the per-batch memory (the attention's, or RNNencdec's fixed context).
 
         Args:
             annotations: (B, S, 2H) encoder annotations; the last H features of position 0 are
                 the backward GRU's final state bwd h_1.
             mask: (B, S) bool, True at real tokens; every row needs one True.
         Returns:
-            (B, D) s_0 = tanh(W_s bwd h_1) and the `DecoderMemory` for `step` / `forward`.
+            The (B rows) `DecoderState` with s_0 = tanh(W_s bwd h_1), and the `DecoderMemory`.
         """
         check_tensor("annotations", annotations, 3, floating=True)
         check_tensor("mask", mask, 2, boolean=True)
@@ -153,156 +162,111 @@ class AttentiveDecoder(nn.Module):
         ])
         if annotations.shape[0] == 0 or annotations.shape[1] == 0:
             raise ValueError(f"annotations {tuple(annotations.shape)}: empty batch or source")
-        check_mask_rows("mask", mask)
         half = self.context_size // 2
         backward_first = annotations[:, 0, half:]                 # (B, H) bwd h_1
         s0 = torch.tanh(self.init_proj(backward_first))           # (B, D)
-        rows = 3 * self.hidden_size if self.gru_form == "torch" else 2 * self.hidden_size
-        u_rz, b_rz = self.weight_hh[:rows], self.bias_hh[:rows]   # U (torch) or U_{r,z} (paper)
-        value_weight = torch.cat([self.context_gates.weight, self.readout_context.weight])
-        if self.attention is None:
-            last = mask.sum(dim=1) - 1                            # index of each last real token
-            forward_last = annotations[torch.arange(annotations.shape[0]), last, :half]
-            context = torch.tanh(self.context_proj(torch.cat([forward_last, backward_first], -1)))
-            memory = DecoderMemory(annotations, mask, None, context,
-                                   F.linear(context, value_weight), u_rz, b_rz)  # (B, 3D + 2L)
-        else:
-            keys = self.attention.precompute_keys(annotations)   # (B, S, A) once per batch
-            values = F.linear(annotations, value_weight)          # (B, S, 3D + 2L)
-            state_weight = torch.cat([self.attention.W_a.weight, u_rz])  # (A + 3D or A + 2D, D)
-            state_bias = torch.cat([b_rz.new_zeros(self.attention.align_size), b_rz])
-            memory = DecoderMemory(annotations, mask, keys, None, values, state_weight, state_bias)
-        return s0, memory
+        if self.attention is not None:                            # checks the mask once
+            memory = self.attention.prepare(annotations, mask)
+            state = DecoderState(s0, self.attention.initial_state(memory))
+            return state, DecoderMemory(annotations, mask, memory, None)
+        if not torch.compiler.is_compiling():
+            check_mask_rows("mask", mask)
+        last = mask.sum(dim=1) - 1                                # index of each last real token
+        forward_last = annotations[torch.arange(annotations.shape[0]), last, :half]
+        context = torch.tanh(self.context_proj(torch.cat([forward_last, backward_first], -1)))
+        return DecoderState(s0), DecoderMemory(annotations, mask, None, context)
 
-    # ------------------------------------------------------------------ the recurrence
-    def _attend(self, state: Tensor, memory: DecoderMemory, grads: SequenceGrads | None = None
-                ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        """From s_{i-1} (N rows): U s_{i-1}, C c_i (N, 3D), C_o c_i (N, 2L) and a_ij (N, S).
-
-        With `grads` (teacher forcing with autograd), the step projection and the value mix go
-        through it, so their gradients are summed once per sequence.
-        """
-        if grads is None:
-            projected = F.linear(state, memory.state_weight, memory.state_bias)
-        else:
-            projected = grads.project(state)                      # (N, [A +] 3D|2D)
-        if memory.keys is None:
-            repeat = state.shape[0] // memory.values.shape[0]
-            context_terms = (memory.values.repeat_interleave(repeat, 0) if repeat > 1
-                             else memory.values)
-            h_gates, weights = projected, None
-        else:
-            assert self.attention is not None
-            query, h_gates = projected.split(
-                [self.attention.align_size, projected.shape[1] - self.attention.align_size], 1)
-            if grads is not None and grads.values is not None:
-                weights = self.attention.weights(query, memory.keys, memory.mask)
-                context_terms = grads.mix(weights)                # sum_j a_ij [C; C_o] h_j
-            else:
-                context_terms, weights = self.attention.attend(query, memory.keys, memory.values,
-                                                               memory.mask, check=False)
-        gate_terms, readout_terms = context_terms.split(
-            [3 * self.hidden_size, 2 * self.maxout_size], 1)
-        return h_gates, gate_terms, readout_terms, weights
-
-    def _update(self, x_gates: Tensor, h_gates: Tensor, gate_terms: Tensor, state: Tensor
-                ) -> Tensor:
-        """s_i = GRU(s_{i-1}, [E y_{i-1}; c_i]) from the pre-activation parts."""
-        D = self.hidden_size
-        x_gates = x_gates + gate_terms                            # W E y_{i-1} + b + C c_i
-        if self.gru_form == "torch":
-            return functional.gru_update(x_gates, h_gates, state)
-        return functional.gru_update(x_gates, h_gates, state, weight_hn=self.weight_hh[2 * D:],
-                                     bias_hn=self.bias_hh[2 * D:])
-
-    def _readout(self, states: Tensor, embedded: Tensor, context_readout: Tensor) -> Tensor:
-        """Deep output t_i from s_{i-1}, E y_{i-1} and C_o c_i (any leading shape): (..., L)."""
-        t_tilde = (self.readout_state(states) + self.readout_embed(embedded)
-                   + context_readout)                             # (..., 2L)
-        return self.dropout(functional.maxout(t_tilde))           # (..., L); logits: W_o t_i
-
-    # ------------------------------------------------------------------ public steps
-    def step(self, prev_tokens: Tensor, state: Tensor, memory: DecoderMemory) -> StepOutput:
+    # ------------------------------------------------------------------ one target step
+    def step(self, prev_tokens: Tensor, state: DecoderState, memory: DecoderMemory
+             ) -> StepOutput:
         """One decoding step for N rows (N = B, or B*K beams stored sentence-major).
 
         Args:
             prev_tokens: (N,) y_{i-1}.
-            state: (N, D) s_{i-1}.
+            state: s_{i-1} (and the attention's state) for the N rows.
             memory: from `init_state` for the B source sentences.
         Returns:
-            `StepOutput` with (N, V) logits of y_i, (N, D) s_i and (N, S) weights a_ij.
+            `StepOutput` with (N, V) logits of y_i, the next state and (N, S) weights a_ij.
         """
-        embedded = self.dropout(self.embedding(prev_tokens))      # (N, E)
-        h_gates, gate_terms, readout_terms, weights = self._attend(state, memory)
-        new_state = self._update(self.input_gates(embedded), h_gates, gate_terms, state)
-        logits = self.output(self._readout(state, embedded, readout_terms))
-        return StepOutput(logits, new_state, weights)
+        embedded = self.dropout(self.embedding(prev_tokens))      # (N, E) E y_{i-1}
+        context, weights, attention_state = self.context(state, memory)   # (N, 2H) c_i
+        x_gates = self.input_gates(embedded) + self.context_gates(context)
+        hidden = self.update(x_gates, F.linear(state.hidden, *self.recurrent_weights()),
+                             state.hidden)                        # (N, D) s_i
+        features = self.readout(state.hidden, embedded, self.readout_context(context))
+        return StepOutput(self.output(features), DecoderState(hidden, attention_state), weights)
 
-    def forward(self, tgt_in: Tensor, state: Tensor, memory: DecoderMemory, *,
-                return_attention: bool = False, select: Tensor | None = None
-                ) -> tuple[Tensor, Tensor | None]:
-        """Teacher-forced decoding of whole target prefixes: `output(features(...))`.
+    def context(self, state: DecoderState, memory: DecoderMemory
+                ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """c_i for N rows: (N, 2H) context, (N, S) weights (None for RNNencdec), next state."""
+        if self.attention is None:
+            assert memory.context is not None
+            beams = state.hidden.shape[0] // memory.context.shape[0]
+            return memory.context.repeat_interleave(beams, 0), None, None
+        step = self.attention(state.hidden, memory.attention, memory.annotations,
+                              state.attention)
+        return step.context, step.weights, step.state
+
+    @property
+    def recurrent_rows(self) -> int:
+        """R, the rows of [U_r; U_z; U] that multiply s_{i-1} directly: all 3D in the torch
+        form, U_{r,z} (2D) in the paper form, where U multiplies r * s_{i-1}."""
+        return (3 if self.gru_form == "torch" else 2) * self.hidden_size
+
+    def recurrent_weights(self) -> tuple[Tensor, Tensor]:
+        """The (R, D) rows of [U_r; U_z; U] that multiply s_{i-1} directly, and their bias."""
+        return self.weight_hh[:self.recurrent_rows], self.bias_hh[:self.recurrent_rows]
+
+    def update(self, x_gates: Tensor, h_gates: Tensor, hidden: Tensor) -> Tensor:
+        """s_i = GRU(s_{i-1}, [E y_{i-1}; c_i]) from the pre-activations.
+
+        Args:
+            x_gates: (..., 3D) [W_r; W_z; W] E y_{i-1} + b + [C_r; C_z; C] c_i.
+            h_gates: (..., 3D or 2D) s_{i-1} through `recurrent_weights`.
+            hidden: (..., D) s_{i-1}.
+        """
+        if self.gru_form == "torch":
+            return functional.gru_update(x_gates, h_gates, hidden)
+        rows = self.recurrent_rows
+        return functional.gru_update(x_gates, h_gates, hidden, weight_hn=self.weight_hh[rows:],
+                                     bias_hn=self.bias_hh[rows:])
+
+    def readout(self, hidden: Tensor, embedded: Tensor, context_readout: Tensor) -> Tensor:
+        """Deep output t_i from s_{i-1}, E y_{i-1} and C_o c_i (any leading shape): (..., L)."""
+        t_tilde = (self.readout_state(hidden) + self.readout_embed(embedded)
+                   + context_readout)                             # (..., 2L)
+        return self.dropout(functional.maxout(t_tilde))           # (..., L); logits: W_o t_i
+
+    # ------------------------------------------------------------------ teacher forcing
+    def forward(self, tgt_in: Tensor, state: DecoderState, memory: DecoderMemory, *,
+                return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Teacher-forced decoding of whole target prefixes: `step` at every position.
 
         Args:
             tgt_in: (B, T) decoder inputs y_0..y_{T-1} (bos first), padded with pad_id.
-            state: (B, D) s_0 from `init_state`.
+            state: from `init_state`.
             memory: from `init_state`.
             return_attention: also return the (B, T, S) weights (else None).
-            select: optional (B, T) bool; if given, only the selected positions are projected
-                onto the vocabulary and the logits come back as (M, V), M = select.sum(), in
-                row-major order (what a loss needs: padding costs no vocabulary projection).
         Returns:
-            (B, T, V) logits of y_1..y_T (or (M, V), see `select`), and the weights or None.
+            (B, T, V) logits of y_1..y_T, and the weights or None.
         """
-        features, attention = self.features(tgt_in, state, memory,
-                                            return_attention=return_attention, select=select)
-        return self.output(features), attention
+        self.check_targets(tgt_in, state.hidden.shape[0])
+        logits, weights = [], []
+        for prev_tokens in tgt_in.unbind(1):
+            out = self.step(prev_tokens, state, memory)
+            logits.append(out.logits)
+            weights.append(out.weights)
+            state = out.state
+        attention = None
+        if return_attention and self.attention is not None:
+            attention = torch.stack(weights, 1)                   # (B, T, S)
+        return torch.stack(logits, 1), attention
 
-    def features(self, tgt_in: Tensor, state: Tensor, memory: DecoderMemory, *,
-                 return_attention: bool = False, select: Tensor | None = None
-                 ) -> tuple[Tensor, Tensor | None]:
-        """Like `forward`, but stops before the vocabulary projection W_o.
-
-        Returns:
-            (B, T, L) maxout outputs t_i (or (M, L) with `select`), and the weights or None.
-        """
+    def check_targets(self, tgt_in: Tensor, batch: int) -> None:
+        """(B, T) decoder inputs: integer ids in the vocabulary, T >= 1 (ids checked eagerly)."""
         check_tensor("tgt_in", tgt_in, 2, integer=True)
-        check_dims("AttentiveDecoder.forward", [("tgt_in", tgt_in, 0, state.shape[0])])
+        check_dims("AttentiveDecoder.forward", [("tgt_in", tgt_in, 0, batch)])
         if tgt_in.shape[1] == 0:
             raise ValueError(f"tgt_in has shape {tuple(tgt_in.shape)}: no target positions")
-        check_token_ids("tgt_in", tgt_in, self.vocab_size)
-        embedded = self.dropout(self.embedding(tgt_in))           # (B, T, E)
-        x_gates = self.input_gates(embedded)                      # (B, T, 3D) hoisted
-        grads = self._sequence_grads(memory, tgt_in.device)
-        states, readouts, weights = [], [], []
-        last = tgt_in.shape[1] - 1
-        for i, x_step in enumerate(x_gates.unbind(1)):            # unbind: one backward op
-            states.append(state)
-            h_gates, gate_terms, readout_terms, step_weights = self._attend(state, memory, grads)
-            readouts.append(readout_terms)                        # C_o c_i
-            weights.append(step_weights)
-            if i < last:                                          # s_T is never used
-                state = self._update(x_step, h_gates, gate_terms, state)
-        states_all, readouts_all = torch.stack(states, 1), torch.stack(readouts, 1)
-        if select is not None:
-            check_dims("AttentiveDecoder.forward", [("select", select, 0, tgt_in.shape[0]),
-                                                    ("select", select, 1, tgt_in.shape[1])])
-            states_all, embedded, readouts_all = (
-                states_all[select], embedded[select], readouts_all[select])
-        features = self._readout(states_all, embedded, readouts_all)
-        attention = None
-        if return_attention and memory.keys is not None:
-            attention = torch.stack(weights, 1)                   # (B, T, S)
-        return features, attention
-
-    def _sequence_grads(self, memory: DecoderMemory, device: torch.device
-                        ) -> SequenceGrads | None:
-        """Per-sequence gradient sums for the teacher-forced loop (`bahdanau._sequence_grads`), or
-        None where plain autograd is used: no gradients wanted, autocast (whose dtypes the
-        summation does not follow), or the fused attention kernel (values mixed inside it)."""
-        if not torch.is_grad_enabled() or torch.is_autocast_enabled(device.type):
-            return None
-        mixes = (memory.keys is not None and self.attention is not None
-                 and not self.attention.is_fused(memory.keys))
-        return SequenceGrads(memory.state_weight, memory.state_bias,
-                             memory.values if mixes else None)
+        if not torch.compiler.is_compiling():
+            check_token_ids("tgt_in", tgt_in, self.vocab_size)

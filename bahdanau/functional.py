@@ -7,8 +7,6 @@ the legend in `bahdanau.config`; N is a number of decoder rows, either B (one pe
 
 from __future__ import annotations
 
-import threading
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -34,7 +32,7 @@ def masked_softmax(scores: Tensor, mask: Tensor) -> Tensor:
 
 
 def additive_attention(query_proj: Tensor, keys: Tensor, annotations: Tensor, mask: Tensor,
-                       v: Tensor, *, tanh_via_sigmoid: bool = False) -> tuple[Tensor, Tensor]:
+                       v: Tensor) -> tuple[Tensor, Tensor]:
     """One alignment step: e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j), a = softmax_j(e), c = a h.
 
     Args:
@@ -43,31 +41,27 @@ def additive_attention(query_proj: Tensor, keys: Tensor, annotations: Tensor, ma
         annotations: (B, S, 2H) encoder annotations h_j.
         mask: (B, S) bool, True at real tokens; every row needs one True.
         v: (A,) v_a.
-        tanh_via_sigmoid: compute v^T tanh(x) as (2v)^T sigmoid(2x) - sum(v). The constant
-            does not change the softmax, so weights and context are the same function; on a CPU
-            sigmoid costs about a third of tanh. The energies then differ by that constant.
     Returns:
         (N, 2H) context c_i and (N, S) weights a_ij (exactly 0 at padding, rows sum to 1).
     """
-    batch, src_len, _ = keys.shape
-    beams = query_proj.shape[0] // batch
-    weights = attention_weights(query_proj, keys, mask, v, tanh_via_sigmoid=tanh_via_sigmoid)
-    context = torch.bmm(weights.view(batch, beams, src_len), annotations)  # (B, K, 2H) c_i
-    return context.reshape(batch * beams, -1), weights
+    weights = attention_weights(query_proj, keys, mask, v)
+    return weighted_sum(weights, annotations), weights
 
 
-def attention_weights(query_proj: Tensor, keys: Tensor, mask: Tensor, v: Tensor, *,
-                      tanh_via_sigmoid: bool = False) -> Tensor:
+def attention_weights(query_proj: Tensor, keys: Tensor, mask: Tensor, v: Tensor) -> Tensor:
     """The weights a_ij of `additive_attention` alone: (N, S), exactly 0 at padding."""
     batch, src_len, align = keys.shape
-    beams = query_proj.shape[0] // batch
-    query = query_proj.view(batch, beams, 1, align)
-    if tanh_via_sigmoid:
-        scores = torch.sigmoid(2.0 * (query + keys[:, None])) @ (2.0 * v)   # (B, K, S)
-    else:
-        scores = torch.tanh(query + keys[:, None]) @ v        # (B, K, S)  e_ij
+    query = query_proj.view(batch, -1, 1, align)              # (B, K, 1, A)
+    scores = torch.tanh(query + keys[:, None]) @ v            # (B, K, S)  e_ij
     weights = masked_softmax(scores, mask[:, None, :])        # (B, K, S)  a_ij
-    return weights.reshape(batch * beams, src_len)
+    return weights.reshape(-1, src_len)
+
+
+def weighted_sum(weights: Tensor, values: Tensor) -> Tensor:
+    """c_n = sum_j a_nj values_bj for row n of sentence b = n // K: (N, S), (B, S, M) -> (N, M)."""
+    batch, src_len, _ = values.shape
+    mixed = torch.bmm(weights.view(batch, -1, src_len), values)   # (B, K, M)
+    return mixed.reshape(weights.shape[0], -1)
 
 
 def gru_update(x_gates: Tensor, h_gates: Tensor, h: Tensor, *, weight_hn: Tensor | None = None,
@@ -136,153 +130,3 @@ def sequence_nll(logits: Tensor, target: Tensor, pad_id: int, *,
 def _upcast(t: Tensor) -> Tensor:
     """Half-precision tensors to float32 (for accumulation); others unchanged."""
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
-
-
-class _BufferPool:
-    """Logits chunk buffers given back by finished backward passes, for the next forward.
-
-    Fresh multi-MB CPU tensors cost a page fault per 4 KB page at every step (glibc returns
-    freed memory to the system); recycling the chunk buffers avoids that. A buffer is taken in
-    forward and given back only after its backward has consumed it, so two forward passes in
-    flight never share one. At most `limit_bytes` are kept.
-    """
-
-    def __init__(self, limit_bytes: int = 512 << 20) -> None:
-        self._free: dict[tuple, list[Tensor]] = {}
-        self._bytes, self._limit = 0, limit_bytes
-        self._lock = threading.Lock()
-
-    def take(self, rows: int, cols: int, dtype: torch.dtype) -> Tensor:
-        with self._lock:
-            free = self._free.get((rows, cols, dtype))
-            if free:
-                buffer = free.pop()
-                self._bytes -= buffer.numel() * buffer.element_size()
-                return buffer
-        return torch.empty(rows, cols, dtype=dtype)
-
-    def give(self, buffers: list[Tensor]) -> None:
-        with self._lock:
-            for buffer in buffers:
-                size = buffer.numel() * buffer.element_size()
-                if self._bytes + size > self._limit:
-                    break
-                self._free.setdefault((*buffer.shape, buffer.dtype), []).append(buffer)
-                self._bytes += size
-
-
-_POOL = _BufferPool()
-
-
-class _LinearCrossEntropy(torch.autograd.Function):
-    """Summed cross-entropy of `hidden @ weight.T + bias`, in row chunks, without a log-softmax.
-
-    Forward keeps each chunk's logits and log-sum-exp; backward turns the logits into
-    softmax minus the (smoothed) one-hot in place and accumulates the weight gradient chunk by
-    chunk. Chunks stay a few MB: an (M, V) tensor of more than 32 MB would be a fresh mmap with
-    page faults at every allocation on glibc, which costs more than the arithmetic on a CPU.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor,
-                label_smoothing: float, chunk: int) -> Tensor:
-        loss = hidden.new_zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32))
-        logits_chunks, lse_chunks, pooled = [], [], []
-        ctx.compute_dtype = hidden.dtype
-        recycle = (hidden.device.type == "cpu" and hidden.dtype == weight.dtype
-                   and hidden.dtype in (torch.float32, torch.float64)
-                   and not torch.is_autocast_enabled("cpu"))
-        for start in range(0, hidden.shape[0], chunk):
-            rows = hidden[start:start + chunk]
-            if recycle:                                           # CPU: reuse chunk buffers
-                pooled.append(_POOL.take(chunk, weight.shape[0], hidden.dtype))
-                logits = pooled[-1][: rows.shape[0]]
-                if bias is None:
-                    torch.mm(rows, weight.t(), out=logits)
-                else:
-                    torch.addmm(bias, rows, weight.t(), out=logits)
-            else:
-                logits = F.linear(rows, weight, bias)             # (c, V)
-                ctx.compute_dtype = logits.dtype                  # bf16/fp16 under autocast
-                logits = _upcast(logits)
-            lse = torch.logsumexp(logits, dim=1)                  # (c,)
-            labels = target[start:start + chunk, None]
-            chunk_loss = (lse - logits.gather(1, labels).squeeze(1)).sum()
-            if label_smoothing > 0.0:
-                uniform = (lse - logits.mean(dim=1)).sum()        # -sum_v log p_v / V
-                chunk_loss = (1.0 - label_smoothing) * chunk_loss + label_smoothing * uniform
-            loss += chunk_loss
-            logits_chunks.append(logits)
-            lse_chunks.append(lse)
-        ctx.save_for_backward(hidden, weight, bias, target)
-        ctx.logits_chunks, ctx.lse_chunks, ctx.pooled = logits_chunks, lse_chunks, pooled
-        ctx.has_bias, ctx.label_smoothing, ctx.chunk = bias is not None, label_smoothing, chunk
-        return loss
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss: Tensor):  # type: ignore[override]
-        hidden, weight, bias, target = ctx.saved_tensors
-        smoothing, chunk, compute = ctx.label_smoothing, ctx.chunk, ctx.compute_dtype
-        w = weight.to(compute)                                    # as the forward's matmul saw it
-        h = hidden.to(compute)
-        logits_chunks = ctx.logits_chunks
-        if logits_chunks is None:                                 # a second backward: recompute
-            b = None if bias is None else bias.to(compute)
-            logits_chunks = [_upcast(F.linear(h[i:i + chunk], w, b))
-                             for i in range(0, hidden.shape[0], chunk)]
-        grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
-        grad_bias = (weight.new_zeros(weight.shape[0])
-                     if ctx.has_bias and ctx.needs_input_grad[2] else None)
-        for i, (logits, lse) in enumerate(zip(logits_chunks, ctx.lse_chunks, strict=True)):
-            rows = slice(i * chunk, i * chunk + logits.shape[0])
-            grad = logits.sub_(lse[:, None]).exp_()               # softmax, in place (c, V)
-            if smoothing > 0.0:
-                grad.sub_(smoothing / grad.shape[1])
-            grad.scatter_add_(1, target[rows, None],
-                              grad.new_full((grad.shape[0], 1), smoothing - 1.0))
-            grad = grad.mul_(grad_loss).to(compute)
-            if grad_hidden is not None:
-                grad_hidden[rows] = grad @ w
-            if grad_weight is not None:
-                if compute == weight.dtype:
-                    grad_weight.addmm_(grad.t(), h[rows])
-                else:                                             # accumulate in full precision
-                    grad_weight += (grad.t() @ h[rows]).to(weight.dtype)
-            if grad_bias is not None:
-                grad_bias += grad.sum(0).to(weight.dtype)
-        ctx.logits_chunks = None                                  # consumed in place above
-        _POOL.give(ctx.pooled)
-        ctx.pooled = []
-        return grad_hidden, grad_weight, grad_bias, None, None, None
-
-
-def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, target: Tensor, *,
-                         label_smoothing: float = 0.0, chunk_rows: int | None = None) -> Tensor:
-    """Summed cross-entropy of the logits `hidden @ weight.T + bias` against `target`.
-
-    Equal to `F.cross_entropy(F.linear(hidden, weight, bias), target, reduction="sum",
-    label_smoothing=label_smoothing)` with less memory traffic: the (M, V) log-softmax is never
-    stored. Every row counts (select the non-pad rows first).
-
-    Args:
-        hidden: (M, L) features.
-        weight: (V, L) output weight.
-        bias: (V,) output bias, or None.
-        target: (M,) target ids in [0, V).
-        label_smoothing: in [0, 1).
-        chunk_rows: rows per chunk; default: about 8 MB of logits per chunk.
-    Returns:
-        The summed loss, a scalar (float32 for half-precision inputs).
-    """
-    if hidden.dim() != 2 or target.shape != hidden.shape[:1]:
-        raise ValueError(
-            f"hidden {tuple(hidden.shape)} must be (M, L) and target {tuple(target.shape)} (M,)"
-        )
-    if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-    if chunk_rows is not None and chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
-    chunk = chunk_rows or max(16, (8 << 20) // (4 * weight.shape[0]))  # ~8 MB of logits
-    return _LinearCrossEntropy.apply(hidden, weight, bias, target, label_smoothing, chunk)

@@ -7,15 +7,17 @@ context comes from (additive attention vs. a fixed vector), so they compare on e
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from torch import Tensor, nn
 
 from bahdanau import functional
 from bahdanau._checks import check_dims, check_tensor
-from bahdanau.attention import AdditiveAttention
-from bahdanau.config import ModelConfig
-from bahdanau.decoder import AttentiveDecoder, DecoderMemory
+from bahdanau.attention import AdditiveAttention, LuongAttention
+from bahdanau.config import ENGINES, ModelConfig
+from bahdanau.decoder import AttentiveDecoder, DecoderState, StepOutput
 from bahdanau.encoder import BiRNNEncoder
+from bahdanau.engine import DecoderEngine
 from bahdanau.search import BeamSearch, Hypothesis
 
 
@@ -25,20 +27,25 @@ class RNNSearch(nn.Module):
     Args:
         encoder: produces (B, S, 2H) annotations and the (B, S) mask.
         decoder: an `AttentiveDecoder` whose context size is the encoder's output size.
+        engine: "fast" (decoding and training through `bahdanau.engine.DecoderEngine`, the same
+            function computed faster) or "reference" (the paper-shaped decoder alone).
         config: the `ModelConfig` the model was built from (kept for checkpoints), if any.
     """
 
     arch = "rnnsearch"
 
     def __init__(self, encoder: BiRNNEncoder, decoder: AttentiveDecoder, *,
-                 config: ModelConfig | None = None) -> None:
+                 engine: str = "fast", config: ModelConfig | None = None) -> None:
         super().__init__()
         if encoder.output_size != decoder.context_size:
             raise ValueError(
                 f"encoder output size {encoder.output_size} != decoder context_size "
                 f"{decoder.context_size}"
             )
+        if engine not in ENGINES:
+            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.encoder, self.decoder, self.config = encoder, decoder, config
+        self.engine = DecoderEngine(decoder) if engine == "fast" else None
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> RNNSearch:
@@ -48,18 +55,24 @@ class RNNSearch(nn.Module):
                                pad_id=cfg.pad_id, dropout=cfg.dropout, gru_form=cfg.gru_form)
         attention = None
         if cls.arch == "rnnsearch":
-            attention = AdditiveAttention(query_size=cfg.decoder_size,
-                                          key_size=2 * cfg.hidden_size,
-                                          align_size=cfg.align_size, impl=cfg.attention_impl)
+            attention = _attention(cfg)
         decoder = AttentiveDecoder(cfg.tgt_vocab_size, cfg.embed_size, cfg.decoder_size,
                                    2 * cfg.hidden_size, cfg.maxout_size, attention=attention,
                                    pad_id=cfg.pad_id, dropout=cfg.dropout, gru_form=cfg.gru_form)
-        return cls(encoder, decoder, config=cfg)
+        return cls(encoder, decoder, engine=cfg.engine, config=cfg)
 
-    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Tensor, DecoderMemory]:
-        """Run the encoder and prepare decoding: returns s_0 (B, D) and the decoder memory."""
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[DecoderState, Any]:
+        """Run the encoder and prepare decoding: the (B rows) state s_0 and the memory that
+        `step` takes (`DecoderMemory`, or the engine's `EngineMemory`)."""
         annotations, mask = self.encoder(src, src_lengths)
-        return self.decoder.init_state(annotations, mask)
+        state, memory = self.decoder.init_state(annotations, mask)
+        return state, (memory if self.engine is None else self.engine.prepare(memory))
+
+    def step(self, prev_tokens: Tensor, state: DecoderState, memory: Any) -> StepOutput:
+        """One decoder step for N rows from `encode`'s memory (what `BeamSearch` calls)."""
+        if self.engine is None:
+            return self.decoder.step(prev_tokens, state, memory)
+        return self.engine.step(prev_tokens, state, memory)
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, *,
                 return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
@@ -77,15 +90,22 @@ class RNNSearch(nn.Module):
         check_tensor("tgt_in", tgt_in, 2, integer=True)
         check_dims("forward", [("tgt_in", tgt_in, 0, src.shape[0])])
         state, memory = self.encode(src, src_lengths)
-        logits, attention = self.decoder(tgt_in, state, memory, return_attention=return_attention)
+        if self.engine is None:
+            logits, attention = self.decoder(tgt_in, state, memory,
+                                             return_attention=return_attention)
+        else:
+            features, attention = self.engine.features(tgt_in, state, memory,
+                                                       return_attention=return_attention)
+            logits = self.decoder.output(features)
         return (logits, attention) if return_attention else logits
 
     def loss(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor, *,
              label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
         """Summed negative log-likelihood of `tgt_out` given `src`, padding ignored.
 
-        Equal to `functional.sequence_nll(model(src, src_lengths, tgt_in), tgt_out, pad_id)` but
-        faster: only the non-pad target positions are projected onto the vocabulary.
+        Equal to `functional.sequence_nll(model(src, src_lengths, tgt_in), tgt_out, pad_id)`,
+        which the reference engine computes; the fast engine projects only the non-pad target
+        positions onto the vocabulary (`DecoderEngine.loss`).
 
         Args:
             src, src_lengths, tgt_in: as for `forward`.
@@ -101,13 +121,13 @@ class RNNSearch(nn.Module):
                 f"tgt_out {tuple(tgt_out.shape)} and tgt_in {tuple(tgt_in.shape)} differ in shape"
             )
         check_dims("loss", [("tgt_in", tgt_in, 0, src.shape[0])])
-        select = tgt_out != self.decoder.pad_id
         state, memory = self.encode(src, src_lengths)
-        features, _ = self.decoder.features(tgt_in, state, memory, select=select)  # (M, L)
-        output = self.decoder.output
-        loss = functional.linear_cross_entropy(features, output.weight, output.bias,
-                                               tgt_out[select], label_smoothing=label_smoothing)
-        return loss, select.sum()
+        if self.engine is not None:
+            return self.engine.loss(tgt_in, tgt_out, state, memory,
+                                    label_smoothing=label_smoothing)
+        logits, _ = self.decoder(tgt_in, state, memory)
+        return functional.sequence_nll(logits, tgt_out, self.decoder.pad_id,
+                                       label_smoothing=label_smoothing)
 
     def translate(self, src: Tensor, src_lengths: Tensor, *, beam_size: int = 5,
                   n_best: int = 1, max_len: int = 100, max_len_ratio: float | None = None,
@@ -137,6 +157,15 @@ class RNNEncDec(RNNSearch):
     """
 
     arch = "rnnencdec"
+
+
+def _attention(cfg: ModelConfig) -> AdditiveAttention | LuongAttention:
+    """The attention `cfg.attention` names, sized for the model."""
+    if cfg.attention == "additive":
+        return AdditiveAttention(query_size=cfg.decoder_size, key_size=2 * cfg.hidden_size,
+                                 align_size=cfg.align_size, impl=cfg.attention_impl)
+    return LuongAttention(cfg.decoder_size, 2 * cfg.hidden_size,
+                          score=cfg.attention.removeprefix("luong_"))
 
 
 def build_model(cfg: ModelConfig) -> RNNSearch:

@@ -31,7 +31,6 @@ import torch
 from torch import Tensor
 
 from bahdanau._checks import check_lengths, check_tensor
-from bahdanau.decoder import DecoderMemory
 
 LengthPenalty = Literal["none", "average", "gnmt"]
 LENGTH_PENALTIES = ("none", "average", "gnmt")
@@ -185,7 +184,8 @@ class BeamSearch:
         """Translate a padded batch.
 
         Args:
-            model: an `RNNSearch` / `RNNEncDec` (anything with `encode` and `decoder.step`).
+            model: an `RNNSearch` / `RNNEncDec`, or anything with the same `encode` and `step`
+                (a `DecoderState` of B rows and a memory with `select(keep)`).
             src: (B, S) source ids, padded.
             src_lengths: (B,) real lengths.
         Returns:
@@ -208,23 +208,22 @@ class BeamSearch:
                 ) -> list[list[Hypothesis]]:
         bos, eos, pad = self._ids(model)
         never = [pad, bos]                                     # never generated
-        decoder = model.decoder
         K, n_best, penalty, alpha = self.beam_size, self.n_best, self.length_penalty, self.alpha
         state, memory = model.encode(src, src_lengths)
         n_sent, src_len = src.shape
         device = src.device
         caps = self.caps(src_lengths)                                          # (B,)
         active = torch.arange(n_sent, device=device)                           # original ids
-        state = state.repeat_interleave(K, 0)                                  # (B*K, D)
+        state = state.rows(active.repeat_interleave(K))                        # B*K rows
         tokens = torch.full((n_sent * K,), bos, dtype=torch.long, device=device)
-        dtype = torch.float64 if state.dtype == torch.float64 else torch.float32
+        dtype = torch.float64 if state.hidden.dtype == torch.float64 else torch.float32
         scores = torch.full((n_sent, K), float("-inf"), dtype=dtype, device=device)
         scores[:, 0] = 0.0                                                     # one live beam
         kept = torch.full((n_sent, n_best), float("-inf"), dtype=dtype, device=device)
         history: list[tuple[Tensor, ...]] = []          # per step, over the original sentences
         finished: list[tuple[int, Tensor, Tensor, Tensor, Tensor]] = []
         for step in range(int(caps.max()) + 1):
-            out = decoder.step(tokens, state, memory)
+            out = model.step(tokens, state, memory)
             n_live = active.shape[0]
             logits = torch.log_softmax(out.logits.to(dtype), dim=-1).view(n_live, K, -1)
             logits[..., never] = float("-inf")                               # pad, bos
@@ -250,15 +249,15 @@ class BeamSearch:
             if self.early_stopping:
                 done |= torch.isfinite(kept[:, -1]) & (kept[:, -1] >= bound)
             rows = (torch.arange(n_live, device=device)[:, None] * K + parent).flatten()
-            state, tokens = out.state.index_select(0, rows), token.flatten()
+            state, tokens = out.state.rows(rows), token.flatten()
             if bool(done.all()):
                 break
             if bool(done.any()):                                               # drop them
                 keep = (~done).nonzero().flatten()
                 keep_rows = (keep[:, None] * K + torch.arange(K, device=device)).flatten()
                 active, scores, kept = active[keep], scores[keep], kept[keep]
-                state, tokens = state[keep_rows], tokens[keep_rows]
-                memory = _select(memory, keep)
+                state, tokens = state.rows(keep_rows), tokens[keep_rows]
+                memory = memory.select(keep)
         return self._collect(n_sent, src_len, src_lengths, history, finished)
 
     def _bound(self, scores: Tensor, caps: Tensor) -> Tensor:
@@ -306,16 +305,6 @@ class BeamSearch:
                 hyps.append(Hypothesis(tokens, log_prob, score, attention))
             results.append(hyps)
         return results
-
-
-def _select(memory: DecoderMemory, keep: Tensor) -> DecoderMemory:
-    """The memory of the sentences `keep` (per-sentence fields only; weights are shared)."""
-    def pick(t: Tensor | None) -> Tensor | None:
-        return None if t is None else t.index_select(0, keep)
-
-    return memory._replace(annotations=pick(memory.annotations), mask=pick(memory.mask),
-                           keys=pick(memory.keys), context=pick(memory.context),
-                           values=pick(memory.values))
 
 
 def greedy_search(model: torch.nn.Module, src: Tensor, src_lengths: Tensor, *,

@@ -1,7 +1,8 @@
 """Optional fused kernels and the choice between them and the reference.
 
 Triton is imported lazily: `import bahdanau` never loads it. `resolve_impl` maps a requested
-attention implementation to the one that runs for given tensors.
+additive-attention implementation to the one that runs for given tensors; `AdditiveAttention`
+calls it once per device type and dtype (`AdditiveAttention.implementation`).
 """
 
 from __future__ import annotations
@@ -41,21 +42,21 @@ def triton_unavailable_reason(tensor: Tensor) -> str | None:
 
 
 def resolve_impl(impl: str, tensor: Tensor) -> str:
-    """Map "auto" / "reference" / "triton" to the implementation that runs on `tensor`.
+    """Map an `AdditiveAttention` impl to the one that runs on `tensor`.
 
-    "auto" picks "triton" for CUDA tensors of a dtype the kernel takes (`FUSED_DTYPES`) when
-    Triton is importable, and "reference" otherwise; an explicit "triton" that cannot run raises
-    `ValueError` (nothing falls back silently).
+    "reference", "sigmoid" and "triton" name themselves; "auto" picks "triton" for CUDA tensors
+    of a dtype the kernel takes (`FUSED_DTYPES`) when Triton is importable, "sigmoid" for CPU
+    tensors, and "reference" otherwise. An explicit "triton" that cannot run raises `ValueError`
+    (nothing falls back silently).
     """
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-    if impl == "reference":
-        return "reference"
     if impl == "auto":
         if tensor.device.type == "cuda" and tensor.dtype in FUSED_DTYPES and has_triton():
             return "triton"
-        return "reference"
-    reason = triton_unavailable_reason(tensor)
-    if reason is not None:
-        raise ValueError(f"impl='triton' cannot run: {reason}")
-    return "triton"
+        return "sigmoid" if tensor.device.type == "cpu" else "reference"
+    if impl == "triton":
+        reason = triton_unavailable_reason(tensor)
+        if reason is not None:
+            raise ValueError(f"impl='triton' cannot run: {reason}")
+    return impl

@@ -1,0 +1,192 @@
+"""DecoderEngine: `AttentiveDecoder`'s function, computed fast, with the decoder's own parameters.
+
+What it does differently from the reference decoder, and why it is the same function:
+
+* Precomputed values. c_i enters the decoder only through linear maps without bias (C c_i in the
+  GRU, C_o c_i in the deep output), and c_i = sum_j a_ij h_j with sum_j a_ij = 1, so
+  [C; C_o] c_i = sum_j a_ij [C; C_o] h_j. `prepare` computes [C; C_o] h_j once per batch in one
+  large matmul, and each step mixes it with a_ij through the attention's `attend`: an S-long
+  weighted sum instead of a (2H x (3D + 2L)) matmul per row.
+* A fused step weight. When the attention offers its query projection (`query_weight`), it is
+  stacked with the GRU's recurrent matrix: one matmul of s_{i-1} per step gives both.
+* Hoisting. Teacher forcing embeds and projects all target inputs before the loop, and computes
+  the deep output and the vocabulary projection for all positions after it (only the non-pad
+  ones for the loss).
+* Sequence-level gradient sums (`bahdanau.engine.sequence_grads`) for the step weight and the
+  values, and the chunked cross-entropy (`bahdanau.engine.cross_entropy`) for the loss.
+
+Under `torch.compile` and `torch.export` the engine uses traceable twins of the last two: plain
+autograd and `torch.nn.functional.cross_entropy` over every position. tests/unit/test_engine.py
+holds every path equal to the reference decoder in float64.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from bahdanau import functional
+from bahdanau.decoder import AttentiveDecoder, DecoderMemory, DecoderState, StepOutput
+from bahdanau.engine.cross_entropy import linear_cross_entropy
+from bahdanau.engine.sequence_grads import SequenceGrads
+
+
+class EngineMemory(NamedTuple):
+    """The decoder's memory plus what the engine precomputes once per batch."""
+
+    decoder: DecoderMemory        # from `AttentiveDecoder.init_state`
+    values: Tensor                # (B, S, 3D + 2L) [C; C_o] h_j; RNNencdec: (B, 3D + 2L) [C; C_o] c
+    step_weight: Tensor           # (P + R, D) [query_weight; U] (P = 0 without one), R = 3D | 2D
+    step_bias: Tensor             # (P + R,) 0 for the query rows, then the GRU's recurrent bias
+
+    def select(self, keep: Tensor) -> EngineMemory:
+        """The memory of sentences `keep` (the step weight is shared by all sentences)."""
+        return self._replace(decoder=self.decoder.select(keep),
+                             values=self.values.index_select(0, keep))
+
+
+class DecoderEngine:
+    """The fast twin of an `AttentiveDecoder` (see the module docstring).
+
+    Args:
+        decoder: the decoder whose parameters and attention it uses (it holds no weights).
+        sequence_grads: sum the step-weight and value gradients once per sequence (the default);
+            False uses plain per-step autograd, the same gradients in another order.
+    """
+
+    def __init__(self, decoder: AttentiveDecoder, *, sequence_grads: bool = True) -> None:
+        self.decoder = decoder
+        self.sequence_grads = sequence_grads
+
+    def prepare(self, memory: DecoderMemory) -> EngineMemory:
+        """Once per batch: the values [C; C_o] h_j and the fused step weight."""
+        dec = self.decoder
+        value_weight = torch.cat([dec.context_gates.weight, dec.readout_context.weight])
+        source = memory.context if dec.attention is None else memory.annotations
+        values = F.linear(source, value_weight)                   # (B, [S,] 3D + 2L)
+        weight, bias = dec.recurrent_weights()
+        query_weight = None if dec.attention is None else dec.attention.query_weight()
+        if query_weight is not None:
+            weight = torch.cat([query_weight, weight])
+            bias = torch.cat([bias.new_zeros(query_weight.shape[0]), bias])
+        return EngineMemory(memory, values, weight, bias)
+
+    def step(self, prev_tokens: Tensor, state: DecoderState, memory: EngineMemory
+             ) -> StepOutput:
+        """`AttentiveDecoder.step`, from the engine's memory."""
+        dec = self.decoder
+        embedded = dec.dropout(dec.embedding(prev_tokens))        # (N, E)
+        h_gates, gate_terms, readout_terms, weights, attention_state = self._attend(
+            state, memory, None)
+        hidden = dec.update(dec.input_gates(embedded) + gate_terms, h_gates, state.hidden)
+        logits = dec.output(dec.readout(state.hidden, embedded, readout_terms))
+        return StepOutput(logits, DecoderState(hidden, attention_state), weights)
+
+    def features(self, tgt_in: Tensor, state: DecoderState, memory: EngineMemory, *,
+                 select: Tensor | None = None, return_attention: bool = False
+                 ) -> tuple[Tensor, Tensor | None]:
+        """Teacher forcing up to the maxout output t_i (the logits are `decoder.output` of it).
+
+        Args:
+            tgt_in: (B, T) decoder inputs, bos first, padded.
+            state, memory: from `AttentiveDecoder.init_state` and `prepare`.
+            select: optional (B, T) bool; only those positions are returned, as (M, L) in
+                row-major order (what a loss needs: padding costs no vocabulary projection).
+            return_attention: also return the (B, T, S) weights (else None).
+        Returns:
+            (B, T, L) features t_i (or (M, L) with `select`), and the weights or None.
+        """
+        dec = self.decoder
+        dec.check_targets(tgt_in, state.hidden.shape[0])
+        embedded = dec.dropout(dec.embedding(tgt_in))             # (B, T, E)
+        x_gates = dec.input_gates(embedded)                       # (B, T, 3D) hoisted
+        grads = self._sequence_grads(memory)
+        hiddens, readouts, weights = [], [], []
+        last = tgt_in.shape[1] - 1
+        for i, x_step in enumerate(x_gates.unbind(1)):            # unbind: one backward op
+            hiddens.append(state.hidden)
+            h_gates, gate_terms, readout_terms, step_weights, attention_state = self._attend(
+                state, memory, grads)
+            readouts.append(readout_terms)                        # C_o c_i
+            weights.append(step_weights)
+            if i < last:                                          # s_T is never used
+                hidden = dec.update(x_step + gate_terms, h_gates, state.hidden)
+                state = DecoderState(hidden, attention_state)
+        hidden_all, readout_all = torch.stack(hiddens, 1), torch.stack(readouts, 1)
+        if select is not None:
+            hidden_all, embedded, readout_all = (
+                hidden_all[select], embedded[select], readout_all[select])
+        features = dec.readout(hidden_all, embedded, readout_all)
+        attention = None
+        if return_attention and dec.attention is not None:
+            attention = torch.stack(weights, 1)                   # (B, T, S)
+        return features, attention
+
+    def loss(self, tgt_in: Tensor, tgt_out: Tensor, state: DecoderState, memory: EngineMemory, *,
+             label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+        """Summed NLL of `tgt_out` (pad ignored) and the number of target tokens.
+
+        Only the non-pad positions are projected onto the vocabulary, in row chunks
+        (`linear_cross_entropy`); while compiling, every position through `F.cross_entropy`.
+        """
+        output, pad_id = self.decoder.output, self.decoder.pad_id
+        if torch.compiler.is_compiling():                         # no data-dependent shapes
+            features, _ = self.features(tgt_in, state, memory)
+            return functional.sequence_nll(output(features), tgt_out, pad_id,
+                                           label_smoothing=label_smoothing)
+        select = tgt_out != pad_id
+        features, _ = self.features(tgt_in, state, memory, select=select)   # (M, L)
+        loss = linear_cross_entropy(features, output.weight, output.bias, tgt_out[select],
+                                    label_smoothing=label_smoothing)
+        return loss, select.sum()
+
+    # ------------------------------------------------------------------ one step's attention
+    def _attend(self, state: DecoderState, memory: EngineMemory, grads: SequenceGrads | None
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
+        """From s_{i-1} (N rows): U s_{i-1}, C c_i (N, 3D), C_o c_i (N, 2L), a_ij and the
+        attention's next state. With `grads`, the step matmul and the value mix go through it."""
+        dec, hidden = self.decoder, state.hidden
+        if grads is None:
+            projected = F.linear(hidden, memory.step_weight, memory.step_bias)
+        else:
+            projected = grads.project(hidden)                     # (N, P + R)
+        attention, weights, attention_state = dec.attention, None, None
+        if attention is None:
+            beams = hidden.shape[0] // memory.values.shape[0]
+            h_gates, context_terms = projected, memory.values.repeat_interleave(beams, 0)
+        else:
+            query_rows = projected.shape[1] - dec.recurrent_rows
+            if query_rows:                                        # W_a s_{i-1} came fused
+                query, h_gates = projected.split([query_rows, projected.shape[1] - query_rows],
+                                                 1)
+            else:
+                query, h_gates = attention.project_query(hidden), projected
+            attention_memory = memory.decoder.attention
+            if grads is not None and grads.values is not None:
+                weights = attention.weights(query, attention_memory, state.attention)
+                context_terms = grads.mix(weights)                # sum_j a_ij [C; C_o] h_j
+            else:
+                context_terms, weights = attention.attend(query, attention_memory, memory.values,
+                                                          state.attention)
+            attention_state = attention.next_state(state.attention, weights)
+        gate_terms, readout_terms = context_terms.split(
+            [3 * dec.hidden_size, 2 * dec.maxout_size], 1)
+        return h_gates, gate_terms, readout_terms, weights, attention_state
+
+    def _sequence_grads(self, memory: EngineMemory) -> SequenceGrads | None:
+        """Per-sequence gradient sums for teacher forcing, or None where plain autograd is used:
+        switched off, no gradients wanted, autocast (whose dtypes the sums do not follow), or
+        tracing by torch.compile / torch.export. The values are left to the attention when it
+        mixes them in a fused kernel (`Attention.mixes_values`)."""
+        device = memory.step_weight.device
+        if (not self.sequence_grads or not torch.is_grad_enabled()
+                or torch.is_autocast_enabled(device.type) or torch.compiler.is_compiling()):
+            return None
+        attention = self.decoder.attention
+        mixes = (attention is not None
+                 and not attention.mixes_values(memory.decoder.attention))
+        return SequenceGrads(memory.step_weight, memory.step_bias,
+                             memory.values if mixes else None)
