@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import pkgutil
 import re
 import sys
@@ -89,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strict", action="store_true",
                         help="exit with status 1 if pdoc warns (import errors, bad annotations)")
     args = parser.parse_args(argv)
+    if importlib.util.find_spec("pdoc") is None:
+        print('pdoc is not installed: pip install -e ".[docs]"', file=sys.stderr)
+        return 2
     problems = build(args.output)
     for message in problems:
         print(f"pdoc warning: {message}", file=sys.stderr)
