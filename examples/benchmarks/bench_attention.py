@@ -38,6 +38,7 @@ from collections.abc import Callable
 import torch
 
 from bahdanau import functional
+from bahdanau.engine import sigmoid_attention_weights
 
 SIZES = {  # name: (sentences, beams, source length, align A, annotation width 2H)
     "train": (80, 1, 50, 1000, 2000),
@@ -78,8 +79,9 @@ def min_bytes(size: str, dtype: torch.dtype, backward: bool) -> int:
 def paths(device: str) -> dict[str, Callable]:
     reference = functional.additive_attention
 
-    def sigmoid(*args):
-        return reference(*args, tanh_via_sigmoid=True)
+    def sigmoid(query_proj, keys, annotations, mask, v):
+        weights = sigmoid_attention_weights(query_proj, keys, mask, v)
+        return functional.weighted_sum(weights, annotations), weights
 
     table = {"eager": reference, "sigmoid": sigmoid,
              "compiled": torch.compile(reference, dynamic=False)}

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from bahdanau import BeamSearch, RNNSearch, presets
+from bahdanau.config import ATTENTION_IMPLS
 from bahdanau.data import (
     BucketBatchSampler,
     DefaultTokenizer,
@@ -66,7 +67,7 @@ def naive_beam_search(model: RNNSearch, src: list[int], beam: int, length: int) 
         candidates = []
         for tokens, score, h in hyps:
             prev = torch.tensor([tokens[-1] if tokens else bos])
-            out = model.decoder.step(prev, h, memory)
+            out = model.step(prev, h, memory)
             log_probs = torch.log_softmax(out.logits[0], -1)
             if step == length:
                 candidates.append((tokens + [eos], score + float(log_probs[eos]), out.state))
@@ -103,7 +104,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2, help="passes per setting; fastest kept")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--attention-impl", default="auto", choices=["auto", "reference", "triton"],
+    parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLS,
                         help="attention path (triton: the fused kernel, CUDA)")
     parser.add_argument("--json", help="also write the results (one JSON object per line)")
     args = parser.parse_args()

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from bahdanau import RNNSearch, build_model, presets
+from bahdanau.config import ATTENTION_IMPLS
 from bahdanau.data import (
     BucketBatchSampler,
     DefaultTokenizer,
@@ -73,7 +74,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--attention-impl", default="auto", choices=["auto", "reference", "triton"],
+    parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLS,
                         help="attention path (triton: the fused kernel, CUDA)")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--json", help="also write the results here")

@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bahdanau import AdditiveAttention, functional
+from bahdanau.engine import sigmoid_attention_weights
 
 
 @st.composite
@@ -90,9 +91,11 @@ def test_module_forward_is_attend_of_projected_query(inputs) -> None:
     for p in attn.parameters():
         p.data = torch.randn(p.shape, generator=gen, dtype=torch.float64)
     query = torch.randn(batch, 3, generator=gen, dtype=torch.float64)
-    keys = attn.precompute_keys(values)
+    memory = attn.prepare(values, mask)
+    keys = memory.keys
     torch.testing.assert_close(keys, values @ attn.U_a.weight.t(), rtol=1e-12, atol=1e-12)
-    context, weights = attn(query, keys, values, mask)
+    context, weights, state = attn(query, memory, values)
+    assert state is None
     energy = torch.tanh((query @ attn.W_a.weight.t())[:, None, :] + keys) @ attn.v_a
     expected = torch.softmax(energy.masked_fill(~mask, float("-inf")), -1)
     torch.testing.assert_close(weights, expected, rtol=1e-12, atol=1e-12)
@@ -133,7 +136,8 @@ def test_sigmoid_form_is_the_same_function(inputs) -> None:
     query, keys, values, mask, v = (t.clone().requires_grad_(t.dtype != torch.bool)
                                     for t in inputs)
     plain = functional.additive_attention(query, keys, values, mask, v)
-    fast = functional.additive_attention(query, keys, values, mask, v, tanh_via_sigmoid=True)
+    fast_weights = sigmoid_attention_weights(query, keys, mask, v)
+    fast = (functional.weighted_sum(fast_weights, values), fast_weights)
     for a, b in zip(plain, fast, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
     leaves = (query, keys, values, v)

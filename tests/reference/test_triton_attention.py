@@ -8,6 +8,7 @@ at most twice the same-dtype reference's error, plus a small absolute slack for 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -154,13 +155,12 @@ def test_module_and_model_use_the_fused_path() -> None:
     beam search as the reference module (float32)."""
     cfg = presets.tiny(src_vocab_size=13, tgt_vocab_size=11)
     torch.manual_seed(0)
-    reference = RNNSearch.from_config(cfg).to(DEVICE)
+    reference = RNNSearch.from_config(replace(cfg, attention_impl="reference")).to(DEVICE)
     for p in reference.parameters():                          # away from the tiny init
         torch.nn.init.normal_(p, std=0.3)
-    fused = RNNSearch.from_config(cfg.__class__(**{**cfg.to_dict(), "attention_impl": "triton"}))
+    fused = RNNSearch.from_config(replace(cfg, attention_impl="triton"))
     fused = fused.to(DEVICE)
     fused.load_state_dict(reference.state_dict())
-    reference.decoder.attention.impl = "reference"
     src = torch.tensor([[5, 6, 7, 8, 9], [9, 10, 4, 0, 0]], device=DEVICE)
     lengths = torch.tensor([5, 3], device=DEVICE)
     tgt_in = torch.tensor([[1, 5, 6, 7], [1, 8, 0, 0]], device=DEVICE)

@@ -57,27 +57,37 @@ def test_loss_shape_mismatch(model) -> None:
 
 def _attention_inputs():
     attn = AdditiveAttention(query_size=4, key_size=6, align_size=5, impl="reference")
-    annotations = torch.randn(2, 3, 6)
-    return attn, torch.randn(2, 4), attn.precompute_keys(annotations), annotations, \
+    return attn, torch.randn(2, 4), torch.randn(2, 3, 6), \
         torch.tensor([[True, True, False], [True, False, False]])
 
 
 @pytest.mark.parametrize(("change", "match"), [
-    (lambda q, k, h, m: (q, k, h, torch.tensor([[True, True, False], [False] * 3])),
+    (lambda h, m: (h, torch.tensor([[True, True, False], [False] * 3])),
      r"mask \(2, 3\) has rows with no real token: rows \[1\]"),
-    (lambda q, k, h, m: (q, k, h, m.float()), "mask must be a bool mask"),
-    (lambda q, k, h, m: (q, k, h, m[:, :2]), "mask has shape"),
-    (lambda q, k, h, m: (q, k, h[:, :2], m), "annotations has shape"),
-    (lambda q, k, h, m: (q, k[..., :4], h, m), "keys has shape"),
-    (lambda q, k, h, m: (q[:, :3], k, h, m), "query has shape"),
-    (lambda q, k, h, m: (q[:1], k, h, m), "query rows"),
-    (lambda q, k, h, m: (q[0], k, h, m), "query must have 2 dims"),
-    (lambda q, k, h, m: (q, k[:, :0], h[:, :0], m[:, :0]), "empty"),
+    (lambda h, m: (h, m.float()), "mask must be a bool mask"),
+    (lambda h, m: (h, m[:, :2]), "mask has shape"),
+    (lambda h, m: (h[:, :2], m), "mask has shape"),
+    (lambda h, m: (h[..., :4], m), "annotations has shape"),
+    (lambda h, m: (h[:, :0], m[:, :0]), "empty"),
 ])
-def test_attention_errors(change, match) -> None:
-    attn, query, keys, annotations, mask = _attention_inputs()
+def test_attention_prepare_errors(change, match) -> None:
+    attn, _, annotations, mask = _attention_inputs()
     with pytest.raises(ValueError, match=match):
-        attn(*change(query, keys, annotations, mask))
+        attn.prepare(*change(annotations, mask))
+
+
+@pytest.mark.parametrize(("change", "match"), [
+    (lambda q, h: (q[:, :3], h), "query has shape"),
+    (lambda q, h: (q[:1], h), "query rows"),
+    (lambda q, h: (q[0], h), "query must have 2 dims"),
+    (lambda q, h: (q, h[0]), "values must have 3 dims"),
+])
+def test_attention_step_errors(change, match) -> None:
+    attn, query, annotations, mask = _attention_inputs()
+    memory = attn.prepare(annotations, mask)
+    query, values = change(query, annotations)
+    with pytest.raises(ValueError, match=match):
+        attn(query, memory, values)
 
 
 def test_decoder_errors() -> None:
@@ -100,7 +110,7 @@ def test_triton_on_cpu_without_interpreter_raises() -> None:
         "a = AdditiveAttention(4, 6, 5, impl='triton')\n"
         "h = torch.randn(2, 3, 6)\n"
         "try:\n"
-        "    a(torch.randn(2, 4), a.precompute_keys(h), h, torch.ones(2, 3, dtype=torch.bool))\n"
+        "    a(torch.randn(2, 4), a.prepare(h, torch.ones(2, 3, dtype=torch.bool)), h)\n"
         "except ValueError as e:\n"
         "    print('ValueError:', e)\n"
     )

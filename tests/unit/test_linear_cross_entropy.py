@@ -1,10 +1,11 @@
-"""functional.linear_cross_entropy against torch's cross_entropy (float64) and gradcheck."""
+"""bahdanau.engine.linear_cross_entropy against torch's cross_entropy (float64) and gradcheck."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from bahdanau import RNNSearch, functional, presets
+from bahdanau.engine import linear_cross_entropy
 
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
@@ -20,7 +21,7 @@ def test_matches_cross_entropy(label_smoothing: float, with_bias: bool,
     target = torch.randint(0, 13, (9,), generator=gen)
     inputs = [t for t in (hidden, weight, bias) if t is not None]
 
-    ours = functional.linear_cross_entropy(hidden, weight, bias, target,
+    ours = linear_cross_entropy(hidden, weight, bias, target,
                                            label_smoothing=label_smoothing, chunk_rows=chunk_rows)
     ref = F.cross_entropy(F.linear(hidden, weight, bias), target, reduction="sum",
                           label_smoothing=label_smoothing)
@@ -37,7 +38,7 @@ def test_gradcheck() -> None:
     bias = torch.randn(6, generator=gen, dtype=torch.float64, requires_grad=True)
     target = torch.tensor([0, 5, 2, 2])
     assert torch.autograd.gradcheck(
-        lambda h, w, b: functional.linear_cross_entropy(h, w, b, target, label_smoothing=0.2),
+        lambda h, w, b: linear_cross_entropy(h, w, b, target, label_smoothing=0.2),
         (hidden, weight, bias))
 
 
@@ -47,7 +48,7 @@ def test_second_backward_recomputes() -> None:
     hidden = torch.randn(10, 4, generator=gen, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(7, 4, generator=gen, dtype=torch.float64, requires_grad=True)
     target = torch.randint(0, 7, (10,), generator=gen)
-    loss = functional.linear_cross_entropy(hidden, weight, None, target, chunk_rows=3)
+    loss = linear_cross_entropy(hidden, weight, None, target, chunk_rows=3)
     first = torch.autograd.grad(loss, (hidden, weight), retain_graph=True)
     second = torch.autograd.grad(loss, (hidden, weight))
     ref = torch.autograd.grad(F.cross_entropy(hidden @ weight.t(), target, reduction="sum"),
@@ -62,7 +63,7 @@ def test_half_precision_accumulates_in_float32() -> None:
     hidden = torch.randn(6, 4, generator=gen)
     weight = torch.randn(8, 4, generator=gen)
     target = torch.randint(0, 8, (6,), generator=gen)
-    loss = functional.linear_cross_entropy(hidden.bfloat16(), weight.bfloat16(), None, target)
+    loss = linear_cross_entropy(hidden.bfloat16(), weight.bfloat16(), None, target)
     assert loss.dtype == torch.float32
     ref = F.cross_entropy(F.linear(hidden.bfloat16().double(), weight.bfloat16().double()),
                           target, reduction="sum")
@@ -77,7 +78,7 @@ def test_autocast_bf16_backward() -> None:
     bias = torch.randn(20, generator=gen, requires_grad=True)
     target = torch.randint(0, 20, (12,), generator=gen)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        loss = functional.linear_cross_entropy(hidden, weight, bias, target, chunk_rows=5)
+        loss = linear_cross_entropy(hidden, weight, bias, target, chunk_rows=5)
     grads = torch.autograd.grad(loss, (hidden, weight, bias))
     ref = F.cross_entropy(F.linear(hidden, weight, bias), target, reduction="sum")
     ref_grads = torch.autograd.grad(ref, (hidden, weight, bias))
@@ -89,13 +90,13 @@ def test_autocast_bf16_backward() -> None:
 
 def test_bad_shapes_and_smoothing() -> None:
     with pytest.raises(ValueError, match="target"):
-        functional.linear_cross_entropy(torch.zeros(3, 2), torch.zeros(5, 2), None,
+        linear_cross_entropy(torch.zeros(3, 2), torch.zeros(5, 2), None,
                                         torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="chunk_rows"):
-        functional.linear_cross_entropy(torch.zeros(3, 2), torch.zeros(5, 2), None,
+        linear_cross_entropy(torch.zeros(3, 2), torch.zeros(5, 2), None,
                                         torch.zeros(3, dtype=torch.long), chunk_rows=0)
     with pytest.raises(ValueError, match="label_smoothing"):
-        functional.linear_cross_entropy(torch.zeros(3, 2), torch.zeros(5, 2), None,
+        linear_cross_entropy(torch.zeros(3, 2), torch.zeros(5, 2), None,
                                         torch.zeros(3, dtype=torch.long), label_smoothing=1.0)
 
 

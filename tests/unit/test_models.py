@@ -12,6 +12,8 @@ from bahdanau import (
     AdditiveAttention,
     AttentiveDecoder,
     BiRNNEncoder,
+    DecoderMemory,
+    DecoderState,
     ModelConfig,
     RNNEncDec,
     RNNSearch,
@@ -125,7 +127,7 @@ def test_step_equals_teacher_forcing_and_batch_equals_alone(cls, form) -> None:
     assert (attention is None) == (cls is RNNEncDec)
     state, memory = model.encode(src, src_lengths)
     for i in range(5):
-        out = model.decoder.step(tgt_in[:, i], state, memory)
+        out = model.step(tgt_in[:, i], state, memory)
         torch.testing.assert_close(out.logits, logits[:, i], rtol=1e-10, atol=1e-10)
         if attention is not None:
             torch.testing.assert_close(out.weights, attention[:, i], rtol=1e-10, atol=1e-10)
@@ -143,15 +145,17 @@ def test_beam_rows_share_the_sentence_memory(cls, form) -> None:
     state, memory = model.encode(src, src_lengths)
     gen = torch.Generator().manual_seed(5)
     beams = 3
-    states = torch.randn(3 * beams, state.shape[1], generator=gen, dtype=torch.float64)
+    states = DecoderState(torch.randn(3 * beams, state.hidden.shape[1], generator=gen,
+                                      dtype=torch.float64))
     tokens = torch.randint(4, V, (3 * beams,), generator=gen)
-    grouped = model.decoder.step(tokens, states, memory)
+    grouped = model.step(tokens, states, memory)
     for row in range(3 * beams):
         b = row // beams
         _, own = model.encode(src[b:b + 1], src_lengths[b:b + 1])
-        single = model.decoder.step(tokens[row:row + 1], states[row:row + 1], own)
+        single = model.step(tokens[row:row + 1], states.rows(torch.tensor([row])), own)
         torch.testing.assert_close(grouped.logits[row], single.logits[0], rtol=1e-10, atol=1e-10)
-        torch.testing.assert_close(grouped.state[row], single.state[0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(grouped.state.hidden[row], single.state.hidden[0],
+                                   rtol=1e-10, atol=1e-10)
 
 
 def test_one_step_by_hand() -> None:
@@ -175,20 +179,22 @@ def test_one_step_by_hand() -> None:
     gates = (ey @ dec.input_gates.weight.t() + dec.input_gates.bias
              + c @ dec.context_gates.weight.t())
     s1 = functional.gru_update(gates, s0 @ dec.weight_hh.t() + dec.bias_hh, s0)
-    torch.testing.assert_close(dec.step(tgt_in[:, 0], *model.encode(src, src_lengths)).state, s1,
-                               rtol=1e-10, atol=1e-12)
+    for state, memory in (dec.init_state(h, mask), model.encode(src, src_lengths)):
+        step = dec.step if isinstance(memory, DecoderMemory) else model.step
+        torch.testing.assert_close(step(tgt_in[:, 0], state, memory).state.hidden, s1,
+                                   rtol=1e-10, atol=1e-12)
 
 
 def test_rnnencdec_fixed_context_by_hand() -> None:
     model = random_model(RNNEncDec)
     src, src_lengths, _, _ = batch()
     h, _ = model.encoder(src, src_lengths)
-    _, memory = model.encode(src, src_lengths)
+    _, memory = model.decoder.init_state(*model.encoder(src, src_lengths))
     last = src_lengths - 1
     fixed = torch.tanh(model.decoder.context_proj(
         torch.cat([h[torch.arange(3), last, :8], h[:, 0, 8:]], -1)))
     torch.testing.assert_close(memory.context, fixed, rtol=1e-12, atol=1e-12)
-    assert memory.keys is None
+    assert memory.attention is None
 
 
 @pytest.mark.parametrize(("cls", "form"), MODELS)
@@ -281,56 +287,3 @@ def test_padding_never_gives_nan() -> None:
     assert torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     assert F.softmax(model(src, torch.tensor([1, 5]), tgt), -1).isfinite().all()
-
-
-@pytest.mark.parametrize("cls", [RNNSearch, RNNEncDec])
-def test_select_projects_only_the_selected_positions(cls) -> None:
-    model = random_model(cls)
-    src, src_lengths, tgt_in, _ = batch()
-    state, memory = model.encode(src, src_lengths)
-    full, _ = model.decoder(tgt_in, state, memory)
-    select = tgt_in != 0
-    select[0, 2] = False                                        # a hole inside a sentence too
-    picked, _ = model.decoder(tgt_in, state, memory, select=select)
-    assert picked.shape == (int(select.sum()), V)
-    torch.testing.assert_close(picked, full[select], rtol=1e-10, atol=1e-10)
-
-
-@pytest.mark.parametrize(("cls", "form"), MODELS)
-@pytest.mark.parametrize("impl", ["auto", "reference"])
-def test_sequence_level_gradients_equal_per_step_autograd(cls, form, impl, monkeypatch) -> None:
-    """The decoder sums the step-weight and value gradients once per sequence; plain per-step
-    autograd (the decoder with that summation switched off) gives the same gradients."""
-    model = random_model(cls, form).train()
-    if model.decoder.attention is not None:
-        model.decoder.attention.impl = impl
-    src, src_lengths, tgt_in, _ = batch()
-    params = list(model.parameters())
-
-    def gradients() -> list[torch.Tensor | None]:
-        logits = model(src, src_lengths, tgt_in)
-        objective = (logits * torch.linspace(-1, 1, logits.numel(), dtype=logits.dtype)
-                     .view_as(logits)).sum()
-        return list(torch.autograd.grad(objective, params, allow_unused=True))
-
-    summed = gradients()
-    with monkeypatch.context() as m:
-        m.setattr(type(model.decoder), "_sequence_grads", lambda self, memory, device: None)
-        per_step = gradients()
-    for (name, _), g, r in zip(model.named_parameters(), summed, per_step, strict=True):
-        if r is None:
-            assert g is None or not g.any(), name
-        else:
-            torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12, msg=name)
-
-
-def test_sequence_level_gradients_with_retained_graph() -> None:
-    """A second backward over a retained graph adds the same gradients again."""
-    model = random_model().train()
-    src, src_lengths, tgt_in, _ = batch()
-    loss = model(src, src_lengths, tgt_in).square().sum()
-    loss.backward(retain_graph=True)
-    once = [p.grad.clone() for p in model.parameters()]
-    loss.backward()
-    for (name, p), g in zip(model.named_parameters(), once, strict=True):
-        torch.testing.assert_close(p.grad, 2 * g, rtol=1e-12, atol=1e-12, msg=name)

@@ -40,7 +40,7 @@ def reference_greedy(model, src, length, max_len: int) -> tuple[list[int], float
     state, memory = model.encode(src[None, :length], torch.tensor([length]))
     token, tokens, total = torch.tensor([BOS]), [], 0.0
     for step in range(max_len + 1):
-        out = model.decoder.step(token, state, memory)
+        out = model.step(token, state, memory)
         logp = torch.log_softmax(out.logits[0], -1)
         logp[[PAD, BOS]] = float("-inf")
         if step == 0:
