@@ -4,13 +4,14 @@ from bahdanau import engine, functional, presets
 from bahdanau.attention import AdditiveAttention, Attention, AttentionStep, LuongAttention
 from bahdanau.checkpoint import (
     CheckpointManager,
+    TrainState,
     checkpoint_payload,
     load_checkpoint,
     model_from_checkpoint,
     restore,
     save_checkpoint,
 )
-from bahdanau.config import ModelConfig
+from bahdanau.config import ModelConfig, TrainConfig
 from bahdanau.data import (
     SPECIALS,
     Batch,
@@ -41,7 +42,6 @@ from bahdanau.search import BeamSearch, Hypothesis, greedy_search, replace_unk
 from bahdanau.train import (
     LossModule,
     StepStats,
-    TrainConfig,
     TrainResult,
     evaluate_loss,
     make_optimizer,
@@ -90,6 +90,7 @@ __all__ = [
     "Tokenizer",
     "TrainConfig",
     "TrainResult",
+    "TrainState",
     "Vocab",
     "WhitespaceTokenizer",
     "checkpoint_payload",

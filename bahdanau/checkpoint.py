@@ -2,10 +2,42 @@
 
 A checkpoint is a plain dict saved with `torch.save` and read back with
 `torch.load(weights_only=True)`, so it may only hold tensors, numbers, strings, None, bools and
-dicts/lists/tuples of them: configs and vocabularies are stored through their `to_dict()`, RNG
-states as tensors, the sampler position as ints. `checkpoint_payload` builds such a dict from the
-training objects and `restore` puts it back, refusing a checkpoint whose model config or
-vocabularies differ from the ones given.
+dicts/lists/tuples of them: configs, vocabularies and the `TrainState` are stored through their
+`to_dict()`, RNG states as tensors. `checkpoint_payload` builds such a dict from the training
+objects, `restore` puts it back into live objects (refusing a checkpoint whose model config or
+vocabularies differ from the ones given) and returns the `TrainState`, and
+`model_from_checkpoint` rebuilds a model for translation. Every file is written atomically
+(a temporary file beside it, then `os.replace`).
+
+Format 2 (`FORMAT_VERSION`), the payload's keys:
+
+    format        2
+    model         the model's state_dict()
+    model_config  ModelConfig.to_dict(); its sizes and special ids are the vocabularies'
+    src_vocab     Vocab.to_dict() of the source vocabulary
+    tgt_vocab     Vocab.to_dict() of the target vocabulary
+    train_config  TrainConfig.to_dict(), or None
+    train_state   TrainState.to_dict() (step, epoch and batch position, best metric and its
+                  step, evaluations without improvement, training time), or None
+    optimizer     the optimizer's state_dict(), or None
+    scaler        the fp16 GradScaler's state_dict(), or None
+    rng           rng_state(): torch, CUDA, Python and NumPy generators
+    extra         the caller's own checkpoint-safe entries (the CLI keeps its tokenizer
+                  settings in extra["tokenizer"])
+
+Room to grow. A later addition that a reader may ignore is a new top-level key (an optional
+section), absent from checkpoints that do not have it, and leaves `format` at 2: readers take
+the keys above and ignore any other. The names kept for the planned sections are `tokenizer`
+(what a translation needs to tokenise, replacing extra["tokenizer"]), `weights_digest` (a digest
+of the `model` tensors), `ema` (moving-average weights, a state_dict like `model`) and `best_n`
+(the N best evaluations, [{"step", "metric"}]). `format` goes up only for a change that a reader
+of the older format would misread; a reader refuses a format newer than its own with a one-line
+error.
+
+Format 1, written before the training state had a section of its own, is still read everywhere
+through `upgrade_payload`: its top-level step, epoch, sampler position, best metric, bad
+evaluations and training time become the `train_state`. Its train_config holds `max_len`, a
+removed field, which `TrainConfig.from_dict` drops.
 """
 
 from __future__ import annotations
@@ -16,6 +48,7 @@ import random
 import re
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,20 +56,25 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from bahdanau.config import ModelConfig
+from bahdanau.config import DictConfig, ModelConfig, TrainConfig
 from bahdanau.data import Vocab
 from bahdanau.models import build_model
 
 __all__ = [
+    "FORMAT_VERSION",
     "CheckpointManager",
+    "TrainState",
     "checkpoint_payload",
     "load_checkpoint",
     "model_from_checkpoint",
     "restore",
     "save_checkpoint",
+    "upgrade_payload",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+_SECTIONS = ("model", "model_config", "src_vocab", "tgt_vocab", "train_config", "train_state",
+             "optimizer", "scaler", "rng", "extra")   # the keys of format 2, besides "format"
 _PRIMITIVES = (bool, int, float, str, type(None))
 
 
@@ -130,8 +168,8 @@ class CheckpointManager:
     Files are ``step_00001000.pt`` (one per saved step) and ``best.pt``, a copy of the
     checkpoint with the highest metric so far (higher is better, e.g. dev BLEU); ``best.json``
     records that metric and step so a resumed run keeps comparing against it. Each save first
-    removes temporary files that a process killed while writing left behind. Only one process
-    should save into a directory.
+    removes the temporary files of these names that a process killed while writing left behind;
+    no other file in the directory is touched. Only one process should save into a directory.
 
     Args:
         directory: where the files go; created if missing.
@@ -139,6 +177,7 @@ class CheckpointManager:
     """
 
     _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+    _TEMP_FILE = re.compile(r"^\.(step_\d+\.pt|best\.pt|best\.json)\..+\.tmp$")  # _atomic_write's
 
     def __init__(self, directory: str | os.PathLike[str], *, keep_last: int = 3) -> None:
         if not isinstance(keep_last, int) or keep_last < 1:
@@ -180,14 +219,23 @@ class CheckpointManager:
     def save(self, step: int, payload: dict[str, Any], *, metric: float | None = None) -> Path:
         """Write the checkpoint of `step`; also as ``best.pt`` if `metric` beats the best so far.
 
+        Then the numbered checkpoints older than the last `keep_last` are deleted.
+
+        Args:
+            step: the training step, which names the file.
+            payload: the checkpoint, e.g. from `checkpoint_payload`.
+            metric: this step's validation metric (higher is better), or None.
         Returns:
             The path of the numbered checkpoint.
+        Raises:
+            ValueError: a negative step, or a payload `save_checkpoint` refuses.
         """
         if not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         if self.directory.is_dir():  # temporary files left by a run killed mid-write
-            for stale in self.directory.glob(".*.tmp"):
-                stale.unlink(missing_ok=True)
+            for stale in self.directory.iterdir():
+                if self._TEMP_FILE.match(stale.name):
+                    stale.unlink(missing_ok=True)
         path = self.path_for(step)
         save_checkpoint(path, payload)
         if metric is not None and (self.best_metric is None or metric > self.best_metric):
@@ -239,54 +287,134 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def checkpoint_payload(model: nn.Module, optimizer: torch.optim.Optimizer | None, *,
-                       model_config: ModelConfig | None, train_config: Any, src_vocab: Vocab,
-                       tgt_vocab: Vocab, step: int, epoch: int,
-                       sampler_state: dict[str, int] | None, best_metric: float | None,
-                       scaler: torch.amp.GradScaler | None = None, bad_evals: int = 0,
-                       elapsed_s: float = 0.0, extra: dict[str, Any] | None = None
-                       ) -> dict[str, Any]:
-    """Everything needed to rebuild the model and resume training exactly.
+@dataclass
+class TrainState(DictConfig):
+    """Where a training run is: what its loop needs, besides the objects that keep their own
+    state (weights, optimizer, GradScaler, RNGs), to continue exactly after a restart.
+
+    `bahdanau.train` keeps one in its `TrainRun`, updates it after every step and evaluation,
+    saves it whole in every checkpoint and gets it back whole from `restore`. The batch order is
+    a function of (seed, epoch), so (`epoch`, `position`) is the place in the data; a loop that
+    iterates a `BucketBatchSampler` itself resumes it with
+    `sampler.load_state_dict({"epoch": state.epoch, "position": state.position})`.
+    """
+
+    step: int = 0                      # optimizer steps taken
+    epoch: int = 0                     # epoch of the next batch (0-based)
+    position: int = 0                  # batches of `epoch` already trained on
+    best_metric: float | None = None   # best validation metric so far (higher is better)
+    best_step: int | None = None       # the step it was measured at
+    bad_evals: int = 0                 # evaluations since the last improvement
+    elapsed_s: float = 0.0             # training time so far, resumed runs included
+
+    def __post_init__(self) -> None:
+        for name in ("step", "epoch", "position", "bad_evals"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"TrainState.{name} must be an int >= 0, got {value!r}")
+
+
+def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
+                       optimizer: torch.optim.Optimizer | None = None,
+                       scaler: torch.amp.GradScaler | None = None,
+                       train_config: TrainConfig | None = None,
+                       train_state: TrainState | None = None,
+                       extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A checkpoint of the current format (see the module docstring), with the RNG states.
 
     Args:
-        model: the model (DDP / LossModule wrappers are removed).
-        optimizer: its optimizer, or None to store weights only.
-        model_config: the `ModelConfig`; None uses `model.config`.
-        train_config: a `TrainConfig` (anything with `to_dict()`), or None.
-        src_vocab, tgt_vocab: the vocabularies.
-        step: optimizer steps taken; epoch: current epoch.
-        sampler_state: `BucketBatchSampler.state_dict()`, or None.
-        best_metric: best validation metric so far, or None.
-        scaler: the fp16 GradScaler, if any.
-        bad_evals: evaluations since the last improvement (for early stopping).
-        elapsed_s: training time so far (for a time budget).
-        extra: more checkpoint-safe entries, stored under "extra".
+        model: the model, with its `.config` (DDP / LossModule wrappers are removed).
+        src_vocab, tgt_vocab: its vocabularies.
+        optimizer, scaler: stored when given (for resuming).
+        train_config: the run's `TrainConfig`, or None.
+        train_state: the loop's `TrainState`, or None (e.g. weights to translate with).
+        extra: more checkpoint-safe entries of the caller's, stored under "extra".
     Returns:
         A dict that `save_checkpoint` accepts.
+    Raises:
+        ValueError: the model has no `.config`, or its vocabulary sizes or special ids differ
+            from the vocabularies'.
     """
     model = _unwrap(model)
-    if model_config is None:
-        model_config = getattr(model, "config", None)
-    if model_config is None:
-        raise ValueError("model_config is None and the model has no .config")
+    config = _config_of(model)
+    config.check_vocabs(src_vocab, tgt_vocab)
     return {
         "format": FORMAT_VERSION,
         "model": model.state_dict(),
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "model_config": model_config.to_dict(),
-        "train_config": train_config.to_dict() if train_config is not None else None,
+        "model_config": config.to_dict(),
         "src_vocab": src_vocab.to_dict(),
         "tgt_vocab": tgt_vocab.to_dict(),
-        "step": int(step),
-        "epoch": int(epoch),
-        "sampler": dict(sampler_state) if sampler_state is not None else None,
-        "best_metric": None if best_metric is None else float(best_metric),
-        "bad_evals": int(bad_evals),
-        "elapsed_s": float(elapsed_s),
+        "train_config": train_config.to_dict() if train_config is not None else None,
+        "train_state": train_state.to_dict() if train_state is not None else None,
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "scaler": scaler.state_dict() if scaler is not None else None,
         "rng": rng_state(),
-        "extra": extra or {},
+        "extra": dict(extra or {}),
     }
+
+
+def upgrade_payload(payload: Any) -> dict[str, Any]:
+    """`payload` in the layout of the current format; a format-1 payload is converted.
+
+    Keys that the current format does not define (optional sections of a later version) are
+    kept as they are. `restore` and `model_from_checkpoint` call this; a loop that reads a
+    payload itself should too.
+
+    Args:
+        payload: a checkpoint dict, e.g. from `load_checkpoint`.
+    Returns:
+        A dict with every key of the current format.
+    Raises:
+        ValueError: not a bahdanau checkpoint, a format newer than this code reads, or a
+            required key missing (named); one line each.
+    """
+    if not isinstance(payload, dict):
+        raise ValueError(f"a checkpoint is a dict, got {type(payload).__name__}")
+    version = payload.get("format")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ValueError(f"not a bahdanau checkpoint: its 'format' is {version!r}, not a "
+                         "format number")
+    if version > FORMAT_VERSION:
+        raise ValueError(f"checkpoint format {version} is newer than this bahdanau reads "
+                         f"(formats 1 to {FORMAT_VERSION}); upgrade bahdanau to load it")
+    if version == 1:
+        payload = _from_format_1(payload)
+    missing = [key for key in _SECTIONS if key not in payload]
+    if missing:
+        raise ValueError(f"checkpoint of format {version} lacks {missing}")
+    return payload
+
+
+def _from_format_1(old: dict[str, Any]) -> dict[str, Any]:
+    """The format-2 payload holding what a format-1 payload holds."""
+    missing = [k for k in ("model", "model_config", "src_vocab", "tgt_vocab", "step", "epoch")
+               if k not in old]
+    if missing:
+        raise ValueError(f"checkpoint of format 1 lacks {missing}")
+    sampler = old.get("sampler") or {"epoch": old["epoch"], "position": 0}
+    state = TrainState(step=int(old["step"]), epoch=int(sampler["epoch"]),
+                       position=int(sampler["position"]), best_metric=old.get("best_metric"),
+                       bad_evals=int(old.get("bad_evals", 0)),
+                       elapsed_s=float(old.get("elapsed_s", 0.0)))
+    moved = {"format", "step", "epoch", "sampler", "best_metric", "bad_evals", "elapsed_s"}
+    return {
+        **{k: v for k, v in old.items() if k not in moved},
+        "format": FORMAT_VERSION,
+        "train_config": old.get("train_config"),
+        "train_state": state.to_dict(),
+        **{k: old.get(k) for k in ("optimizer", "scaler", "rng")},
+        "extra": old.get("extra") or {},
+    }
+
+
+def _config_of(model: nn.Module) -> ModelConfig:
+    """`model.config` (wrappers removed); ValueError if there is none."""
+    model = _unwrap(model)
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig):
+        raise ValueError(f"{type(model).__name__} has no .config (a ModelConfig), which "
+                         "checkpoints store to rebuild the model")
+    return config
 
 
 def _vocab_difference(name: str, stored: Vocab, given: Vocab) -> str:
@@ -306,55 +434,62 @@ def _config_difference(stored: dict[str, Any], given: dict[str, Any]) -> str:
     return "; ".join(diffs)
 
 
-def restore(payload: dict[str, Any], model: nn.Module,
-            optimizer: torch.optim.Optimizer | None = None, *, sampler: Any = None,
-            scaler: torch.amp.GradScaler | None = None, model_config: ModelConfig | None = None,
-            src_vocab: Vocab | None = None, tgt_vocab: Vocab | None = None,
-            restore_rng: bool = True) -> dict[str, Any]:
-    """Load a payload from `checkpoint_payload` into live objects.
+def _stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig, Vocab, Vocab]:
+    """The payload's model config and vocabularies, checked against each other."""
+    config = ModelConfig.from_dict(payload["model_config"])
+    src_vocab = Vocab.from_dict(payload["src_vocab"])
+    tgt_vocab = Vocab.from_dict(payload["tgt_vocab"])
+    try:
+        config.check_vocabs(src_vocab, tgt_vocab)
+    except ValueError as err:
+        raise ValueError(f"checkpoint is inconsistent: {err}") from None
+    return config, src_vocab, tgt_vocab
 
-    The model config and vocabularies are checked first, and nothing is changed if they differ.
+
+def restore(payload: dict[str, Any], model: nn.Module,
+            optimizer: torch.optim.Optimizer | None = None, *,
+            scaler: torch.amp.GradScaler | None = None, src_vocab: Vocab | None = None,
+            tgt_vocab: Vocab | None = None, restore_rng: bool = True) -> TrainState | None:
+    """Load a checkpoint payload (format 1 or 2) into live objects.
+
+    Everything is checked before anything changes: the stored model config against
+    `model.config` and against the stored vocabularies, and the stored vocabularies against the
+    given ones.
 
     Args:
-        payload: the checkpoint dict.
-        model: receives the weights (wrappers are removed).
-        optimizer, sampler, scaler: receive their states when given (and stored).
-        model_config: expected config; None uses `model.config` (skipped if that is None too).
+        payload: the checkpoint dict, e.g. from `load_checkpoint`.
+        model: receives the weights (wrappers are removed); needs `.config`.
+        optimizer, scaler: receive their states when given (and stored).
         src_vocab, tgt_vocab: expected vocabularies; None skips the check.
         restore_rng: also restore the global torch/CUDA/Python/NumPy RNG states.
     Returns:
-        The training position: {"step", "epoch", "best_metric", "bad_evals", "elapsed_s",
-        "extra"}.
+        The stored `TrainState`, whole; None if the checkpoint has none.
     Raises:
-        ValueError: the model config or a vocabulary differs (what differs is named), or the
-            payload is not a checkpoint of this format.
+        ValueError: the model config or a vocabulary differs (what differs is named), the stored
+            config and vocabularies disagree, or the payload is not a checkpoint this code reads.
     """
-    if not isinstance(payload, dict) or payload.get("format") != FORMAT_VERSION:
-        got = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise ValueError(f"not a bahdanau checkpoint of format {FORMAT_VERSION} (format {got!r})")
+    payload = upgrade_payload(payload)
     model = _unwrap(model)
-    if model_config is None:
-        model_config = getattr(model, "config", None)
-    if model_config is not None and payload["model_config"] != model_config.to_dict():
+    config = _config_of(model)
+    stored_config, stored_src, stored_tgt = _stored_parts(payload)
+    if stored_config != config:
         raise ValueError("checkpoint model config differs: "
-                         + _config_difference(payload["model_config"], model_config.to_dict()))
-    for name, given in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
-        if given is not None:
-            stored = Vocab.from_dict(payload[name])
-            if stored != given:
-                raise ValueError("checkpoint vocabulary differs: "
-                                 + _vocab_difference(name, stored, given))
+                         + _config_difference(stored_config.to_dict(), config.to_dict()))
+    for name, stored, given in (("src_vocab", stored_src, src_vocab),
+                                ("tgt_vocab", stored_tgt, tgt_vocab)):
+        if given is not None and stored != given:
+            raise ValueError("checkpoint vocabulary differs: "
+                             + _vocab_difference(name, stored, given))
+    state = payload["train_state"]
+    state = TrainState.from_dict(state) if state is not None else None
     model.load_state_dict(payload["model"])
-    if optimizer is not None and payload.get("optimizer") is not None:
+    if optimizer is not None and payload["optimizer"] is not None:
         optimizer.load_state_dict(payload["optimizer"])
-    if scaler is not None and payload.get("scaler") is not None:
+    if scaler is not None and payload["scaler"] is not None:
         scaler.load_state_dict(payload["scaler"])
-    if sampler is not None and payload.get("sampler") is not None:
-        sampler.load_state_dict(payload["sampler"])
-    if restore_rng and "rng" in payload:
+    if restore_rng and payload["rng"] is not None:
         set_rng_state(payload["rng"])
-    return {k: payload.get(k) for k in ("step", "epoch", "best_metric", "bad_evals",
-                                        "elapsed_s", "extra")}
+    return state
 
 
 def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *,
@@ -362,11 +497,21 @@ def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *
                           ) -> tuple[nn.Module, Vocab, Vocab]:
     """Rebuild the model (eval mode) and its vocabularies from a checkpoint file or payload.
 
+    Reads formats 1 and 2 (see the module docstring).
+
+    Args:
+        checkpoint: a checkpoint file, or a payload from `load_checkpoint`.
+        device: where the model goes.
     Returns:
         (model, src_vocab, tgt_vocab).
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: not a checkpoint this code reads, or its model config and vocabularies
+            disagree (sizes or special ids; both values are named).
     """
     payload = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
-    model = build_model(ModelConfig.from_dict(payload["model_config"]))
+    payload = upgrade_payload(payload)
+    config, src_vocab, tgt_vocab = _stored_parts(payload)
+    model = build_model(config)
     model.load_state_dict(payload["model"])
-    return (model.to(device).eval(), Vocab.from_dict(payload["src_vocab"]),
-            Vocab.from_dict(payload["tgt_vocab"]))
+    return model.to(device).eval(), src_vocab, tgt_vocab

@@ -22,7 +22,12 @@ from typing import Any, NoReturn
 import torch
 
 from bahdanau import presets
-from bahdanau.checkpoint import CheckpointManager, load_checkpoint, model_from_checkpoint
+from bahdanau.checkpoint import (
+    CheckpointManager,
+    load_checkpoint,
+    model_from_checkpoint,
+    upgrade_payload,
+)
 from bahdanau.data import DefaultTokenizer, Vocab, encode_pairs, read_parallel
 from bahdanau.datasets import multi30k_files, read_lines
 from bahdanau.evaluate import corpus_bleu, score_test_set, translate_corpus
@@ -98,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--save-every", type=int, default=500, help="checkpoint every N updates")
     t.add_argument("--out", default="runs/multi30k-en-fr", help="output folder")
     t.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                   help="continue from the latest checkpoint in OUT (default: yes)")
+                   help="continue from the latest checkpoint in OUT (default: yes); "
+                        "--no-resume needs an OUT without checkpoints")
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
     t.add_argument("--device", default="cpu")
@@ -176,9 +182,9 @@ def _checkpoint_file(path: str) -> Path:
 
 
 def _load(args: argparse.Namespace) -> tuple[torch.nn.Module, Vocab, Vocab, DefaultTokenizer]:
-    payload = load_checkpoint(_checkpoint_file(args.checkpoint))
+    payload = upgrade_payload(load_checkpoint(_checkpoint_file(args.checkpoint)))
     model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=args.device)
-    settings = (payload.get("extra") or {}).get("tokenizer", {})
+    settings = payload["extra"].get("tokenizer", {})
     return model, src_vocab, tgt_vocab, DefaultTokenizer(lowercase=settings.get("lowercase",
                                                                                 False))
 
@@ -250,8 +256,7 @@ def _train(args: argparse.Namespace) -> None:
     if all(x is None for x in limits):
         raise UsageError("set --max-steps, --max-epochs or a non-zero --time-budget")
     tcfg = TrainConfig(optimizer=args.optimizer, lr=args.lr, batch_size=args.train_batch_size,
-                       max_len=args.max_train_len, max_steps=args.max_steps,
-                       max_epochs=args.max_epochs,
+                       max_steps=args.max_steps, max_epochs=args.max_epochs,
                        max_time_s=args.time_budget * 60 if args.time_budget else None,
                        eval_every=args.eval_every or 10**12, save_every=args.save_every,
                        patience=args.patience, amp=args.amp, log_every=args.log_every,

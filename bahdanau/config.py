@@ -3,7 +3,13 @@
 `ModelConfig` holds every size and option needed to build `RNNSearch` or `RNNEncDec`; the
 defaults are the paper's RNNsearch-50 (Bahdanau et al. 2015, appendix A.2 and B). Variants are
 made with `dataclasses.replace`; presets live in `bahdanau.presets`; checkpoints store
-`dataclasses.asdict(cfg)` and rebuild it with `ModelConfig.from_dict`.
+`dataclasses.asdict(cfg)` and rebuild it with `ModelConfig.from_dict`. `TrainConfig` holds the
+settings of `bahdanau.train.train`, with the paper's values (appendix B.2) as defaults.
+
+Special token ids belong to the vocabularies (`bahdanau.Vocab`: pad 0, bos 1, eos 2, unk 3):
+`ModelConfig`'s id fields default to them, and `ModelConfig.check_vocabs` refuses a config and
+vocabularies that disagree; training, loading a checkpoint and translating call it before any
+work.
 
 Shape legend used across the package: B batch, S source length, T target length, E embedding,
 H encoder hidden per direction (annotations are 2H), D decoder hidden, A alignment size,
@@ -13,26 +19,37 @@ L maxout units, V vocabulary, K beam, N decoder rows (B, or B*K with K beams per
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from typing_extensions import Self
+
+from bahdanau.data import Vocab
 
 Arch = Literal["rnnsearch", "rnnencdec"]
 AttentionKind = Literal["additive", "luong_general", "luong_dot"]
 AttentionImpl = Literal["auto", "reference", "sigmoid", "triton"]
 Engine = Literal["fast", "reference"]
 GRUForm = Literal["torch", "paper"]
+Amp = Literal["none", "bf16", "fp16"]
 
 ARCHS: tuple[str, ...] = ("rnnsearch", "rnnencdec")
 ATTENTIONS: tuple[str, ...] = ("additive", "luong_general", "luong_dot")
 ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference", "sigmoid", "triton")
 ENGINES: tuple[str, ...] = ("fast", "reference")
 GRU_FORMS: tuple[str, ...] = ("torch", "paper")
+AMP_MODES: tuple[str, ...] = ("none", "bf16", "fp16")
+SPECIAL_IDS: tuple[str, ...] = ("pad_id", "bos_id", "eos_id", "unk_id")
 
 
 class DictConfig:
-    """Mixin for frozen dataclass configs: a plain-dict round trip for checkpoints and JSON."""
+    """Mixin for the dataclasses that checkpoints store (the configs, `TrainState`): a plain-dict
+    round trip for checkpoints and JSON."""
+
+    # Fields that older versions had and that were removed: `from_dict` drops them (so that old
+    # checkpoints still load) and refuses every other unknown key.
+    _removed_fields: ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (JSON- and checkpoint-friendly) that `from_dict` turns back."""
@@ -40,8 +57,13 @@ class DictConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        """Rebuild a config from `to_dict()` output; unknown keys raise `ValueError`."""
+        """Rebuild a config from `to_dict()` output.
+
+        Keys of `_removed_fields` (fields that older versions wrote) are dropped; any other
+        unknown key raises `ValueError`.
+        """
         known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        data = {k: v for k, v in data.items() if k not in cls._removed_fields}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown {cls.__name__} fields {unknown}; "
@@ -71,10 +93,10 @@ class ModelConfig(DictConfig):
     engine: Engine = "fast"           # "reference": the paper-shaped decoder alone (see engine)
     gru_form: GRUForm = "torch"       # "paper": reset gate applied before U (eq. of appendix A)
     dropout: float = 0.0              # on embeddings and the maxout output; the paper uses none
-    pad_id: int = 0                   # special ids, shared with the vocabularies (Vocab)
-    bos_id: int = 1                   # y_0, the decoder's first input
-    eos_id: int = 2                   # ends every target sentence
-    unk_id: int = 3                   # [UNK], words outside the vocabulary
+    pad_id: int = Vocab.pad_id        # special ids: the vocabularies' (see check_vocabs)
+    bos_id: int = Vocab.bos_id        # y_0, the decoder's first input
+    eos_id: int = Vocab.eos_id        # ends every target sentence
+    unk_id: int = Vocab.unk_id        # [UNK], words outside the vocabulary
 
     def __post_init__(self) -> None:
         for name in ("src_vocab_size", "tgt_vocab_size"):
@@ -102,8 +124,7 @@ class ModelConfig(DictConfig):
             raise ValueError(f"gru_form must be one of {GRU_FORMS}, got {self.gru_form!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
-        specials = {"pad_id": self.pad_id, "bos_id": self.bos_id,
-                    "eos_id": self.eos_id, "unk_id": self.unk_id}
+        specials = {name: getattr(self, name) for name in SPECIAL_IDS}
         if len(set(specials.values())) != len(specials):
             raise ValueError(f"special token ids must be distinct, got {specials}")
         smallest = min(self.src_vocab_size, self.tgt_vocab_size)
@@ -113,3 +134,94 @@ class ModelConfig(DictConfig):
                     f"{name}={value} is outside the vocabularies (sizes {self.src_vocab_size}, "
                     f"{self.tgt_vocab_size})"
                 )
+
+    def check_vocabs(self, src_vocab: Vocab, tgt_vocab: Vocab) -> None:
+        """Refuse vocabularies whose sizes or special ids differ from this config's.
+
+        Args:
+            src_vocab, tgt_vocab: the source and target vocabularies.
+        Raises:
+            ValueError: one line naming the field and both values, e.g.
+                "model config pad_id=5 but src_vocab.pad_id=0: ...".
+        """
+        for side, vocab in (("src", src_vocab), ("tgt", tgt_vocab)):
+            size = getattr(self, f"{side}_vocab_size")
+            if size != len(vocab):
+                raise ValueError(f"model config {side}_vocab_size={size} but len({side}_vocab)="
+                                 f"{len(vocab)}")
+            for name in SPECIAL_IDS:
+                ours, theirs = getattr(self, name), getattr(vocab, name)
+                if ours != theirs:
+                    raise ValueError(f"model config {name}={ours} but {side}_vocab.{name}="
+                                     f"{theirs}: the special ids are the vocabularies' (leave "
+                                     "the ModelConfig id fields at their defaults)")
+
+
+@dataclass(frozen=True)
+class TrainConfig(DictConfig):
+    """Training settings; defaults follow the paper (appendix B.2) where it has one.
+
+    The longest training sentence (50 words for RNNsearch-50) is a data setting:
+    `encode_pairs(..., max_len=50)`.
+    """
+
+    optimizer: Literal["adadelta", "adam"] = "adadelta"
+    lr: float | None = None           # None: 1.0 for Adadelta (the paper), 1e-3 for Adam
+    rho: float = 0.95                 # Adadelta decay (the paper)
+    eps: float = 1e-6                 # Adadelta / Adam epsilon (the paper's Adadelta value)
+    clip_norm: float | None = 1.0     # max L2 norm of the whole gradient; None: no clipping
+    batch_size: int = 80              # sentences per batch (the paper); ignored with max_tokens
+    max_tokens: int | None = None     # padded tokens per batch instead of batch_size
+    bucket: int = 20                  # minibatches sorted by length together (the paper)
+    max_steps: int | None = None      # stop after this many updates in total
+    max_epochs: int | None = None     # stop after this many passes over the data
+    max_time_s: float | None = None   # stop after this much training time (across resumes)
+    eval_every: int = 1000            # call validate() every this many steps
+    save_every: int = 1000            # checkpoint every this many steps (and at the end)
+    keep_last: int = 3                # numbered checkpoints kept (plus best.pt)
+    patience: int | None = None       # stop after this many evaluations without improvement
+    label_smoothing: float = 0.0      # 0 in the paper
+    amp: Amp = "none"                 # autocast dtype (fp16 adds a GradScaler)
+    log_every: int = 100              # steps between log lines
+    seed: int = 1234                  # torch RNG at a fresh start, and the batch order
+
+    # Removed fields that older checkpoints still hold: max_len was never read (the length
+    # filter is encode_pairs').
+    _removed_fields: ClassVar[tuple[str, ...]] = ("max_len",)
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ("adadelta", "adam"):
+            raise ValueError(f"optimizer must be 'adadelta' or 'adam', got {self.optimizer!r}")
+        if self.amp not in AMP_MODES:
+            raise ValueError(f"amp must be one of {AMP_MODES}, got {self.amp!r}")
+        positive_floats = {"lr": self.lr, "eps": self.eps, "clip_norm": self.clip_norm,
+                           "max_time_s": self.max_time_s}
+        for name, value in positive_floats.items():
+            if value is not None and (not isinstance(value, (int, float)) or not value > 0
+                                      or math.isinf(value)):
+                raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
+        if not isinstance(self.rho, (int, float)) or not 0.0 < self.rho < 1.0:
+            raise ValueError(f"rho must be in (0, 1), got {self.rho!r}")
+        if not isinstance(self.label_smoothing, (int, float)) or not (
+                0.0 <= self.label_smoothing < 1.0):
+            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+        positive_ints = {"batch_size": self.batch_size, "bucket": self.bucket,
+                         "eval_every": self.eval_every, "save_every": self.save_every,
+                         "keep_last": self.keep_last, "log_every": self.log_every}
+        optional_ints = {"max_tokens": self.max_tokens, "max_steps": self.max_steps,
+                         "max_epochs": self.max_epochs, "patience": self.patience}
+        for name, value in {**positive_ints, **optional_ints}.items():
+            if value is None and name in optional_ints:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int"
+                                 f"{' or None' if name in optional_ints else ''}, got {value!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+            raise ValueError(f"seed must be an int, got {self.seed!r}")
+
+    @property
+    def learning_rate(self) -> float:
+        """`lr`, or the optimizer's default: 1.0 for Adadelta, 1e-3 for Adam."""
+        if self.lr is not None:
+            return float(self.lr)
+        return 1.0 if self.optimizer == "adadelta" else 1e-3

@@ -11,7 +11,9 @@ The pieces compose; none owns a loop::
     for positions in sampler:
         batch = collate([examples[i] for i in positions])              # Batch of (B, S), (B, T)
 
-Special ids follow `ModelConfig`'s defaults: pad 0, bos 1, eos 2, unk 3.
+The special ids belong to `Vocab` (pad 0, bos 1, eos 2, unk 3): `collate` pads and frames with
+them, `ModelConfig`'s defaults are them, and `ModelConfig.check_vocabs` refuses a config that
+disagrees (training, loading a checkpoint and translating call it).
 Shape legend: B batch, S source length, T target length (tgt_in and tgt_out, eos/bos included).
 """
 
@@ -25,7 +27,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -57,6 +59,10 @@ SPECIALS: tuple[str, ...] = ("<pad>", "<s>", "</s>", "<unk>")  # ids 0..3 = pad,
 
 class Vocab:
     """A token <-> id table: the four `SPECIALS` first (ids 0..3), then words.
+
+    The special ids are defined here and nowhere else: `pad_id`, `bos_id`, `eos_id` and `unk_id`
+    are the positions of the specials, the same for every vocabulary (so also readable on the
+    class, `Vocab.pad_id`). `collate`, `ModelConfig` and `BeamSearch` take them from here.
 
     Args:
         tokens: the words, in id order (ids start after the specials); no duplicates, no specials.
@@ -116,26 +122,11 @@ class Vocab:
             ranked = ranked[:max_size]
         return cls(ranked, specials=specials)
 
-    # ids of the specials -----------------------------------------------------------------------
-    @property
-    def pad_id(self) -> int:
-        """The padding id (0)."""
-        return 0
-
-    @property
-    def bos_id(self) -> int:
-        """The begin-of-sentence id (1), the decoder's first input y_0."""
-        return 1
-
-    @property
-    def eos_id(self) -> int:
-        """The end-of-sentence id (2), the last target token of every sentence."""
-        return 2
-
-    @property
-    def unk_id(self) -> int:
-        """The id of [UNK] (3), which every word outside the vocabulary maps to."""
-        return 3
+    # ids of the specials: their positions in SPECIALS ------------------------------------------
+    pad_id: ClassVar[int] = 0   # padding
+    bos_id: ClassVar[int] = 1   # begin of sentence, the decoder's first input y_0
+    eos_id: ClassVar[int] = 2   # end of sentence, the last target token of every sentence
+    unk_id: ClassVar[int] = 3   # [UNK], which every word outside the vocabulary maps to
 
     @property
     def specials(self) -> tuple[str, ...]:
@@ -427,7 +418,7 @@ class Batch:
         tgt_in: (B, T) long decoder inputs: bos y_1 .. y_n, then padding.
         tgt_out: (B, T) long targets: y_1 .. y_n eos, then padding.
         indices: (B,) long `Example.index` of each row.
-        pad_id: the padding id.
+        pad_id: the padding id (`Vocab.pad_id`).
     """
 
     src: Tensor
@@ -435,7 +426,7 @@ class Batch:
     tgt_in: Tensor
     tgt_out: Tensor
     indices: Tensor
-    pad_id: int = 0
+    pad_id: int = Vocab.pad_id
 
     def __len__(self) -> int:
         return self.src.shape[0]
@@ -458,7 +449,8 @@ class Batch:
                      move(self.tgt_out), move(self.indices), self.pad_id)
 
 
-def pad_sources(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
+def pad_sources(sequences: Sequence[Sequence[int]], pad_id: int = Vocab.pad_id
+                ) -> tuple[Tensor, Tensor]:
     """Right-pad id sequences into a (B, S) long tensor; also return the (B,) lengths."""
     longest = max(len(seq) for seq in sequences)
     src = torch.tensor([[*seq] + [pad_id] * (longest - len(seq)) for seq in sequences],
@@ -466,10 +458,16 @@ def pad_sources(sequences: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Te
     return src, torch.tensor([len(seq) for seq in sequences], dtype=torch.long)      # (B,)
 
 
-def collate(examples: Sequence[Example], *, pad_id: int = 0, bos_id: int = 1,
-            eos_id: int = 2) -> Batch:
+def collate(examples: Sequence[Example]) -> Batch:
     """Pad examples into a `Batch`: S = longest source, T = longest target + 1.
 
+    The special ids are `Vocab`'s: sources are padded with `Vocab.pad_id`, targets become
+    tgt_in = bos y_1 .. y_n and tgt_out = y_1 .. y_n eos.
+
+    Args:
+        examples: encoded sentence pairs, e.g. from `encode_pairs`.
+    Returns:
+        The `Batch`.
     Raises:
         ValueError: no examples, or an example with an empty source.
     """
@@ -478,6 +476,7 @@ def collate(examples: Sequence[Example], *, pad_id: int = 0, bos_id: int = 1,
     for ex in examples:
         if not ex.src:
             raise ValueError(f"example {ex.index} has an empty source")
+    pad_id, bos_id, eos_id = Vocab.pad_id, Vocab.bos_id, Vocab.eos_id
     src, lengths = pad_sources([ex.src for ex in examples], pad_id)                # (B, S)
     t = max(len(ex.tgt) for ex in examples) + 1
     tgt_in = torch.tensor([[bos_id, *ex.tgt] + [pad_id] * (t - 1 - len(ex.tgt))
@@ -574,7 +573,7 @@ class BucketBatchSampler:
         self.shuffle, self.seed = shuffle, int(seed)
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch, self.position = 0, 0
-        self._cache: tuple[int, list[list[int]]] | None = None
+        self._cache: tuple[int, tuple[tuple[int, ...], ...]] | None = None
 
     # epoch and resumption ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -596,7 +595,7 @@ class BucketBatchSampler:
     # batches ----------------------------------------------------------------------------------
     def __len__(self) -> int:
         """Batches this rank gets in the current epoch."""
-        return len(self._batches())
+        return len(self.epoch_batches(self.epoch))
 
     def __iter__(self) -> Iterator[list[int]]:
         """Yield this rank's remaining batches of the current epoch as lists of positions.
@@ -604,22 +603,30 @@ class BucketBatchSampler:
         `position` advances as each batch is handed out; when the epoch is exhausted it goes
         back to 0, so iterating again repeats the epoch (call `set_epoch` between epochs).
         """
-        batches = self._batches()
+        batches = self.epoch_batches(self.epoch)
         while self.position < len(batches):
             self.position += 1
             yield list(batches[self.position - 1])
         self.position = 0
 
-    def epoch_batches(self, epoch: int) -> list[list[int]]:
-        """All of this rank's batches of `epoch` (does not change the sampler's state)."""
-        return [list(b) for b in self._make(epoch)]
+    def epoch_batches(self, epoch: int) -> tuple[tuple[int, ...], ...]:
+        """All of this rank's batches of `epoch`, in order: what iterating that epoch yields.
 
-    def _batches(self) -> list[list[int]]:
-        if self._cache is None or self._cache[0] != self.epoch:
-            self._cache = (self.epoch, self._make(self.epoch))
+        Does not change the sampler's `epoch` or `position`: `bahdanau.train` keeps its place
+        in its own `TrainState` and reads batch `position` of epoch `epoch` here. The batches of
+        the last epoch asked for are kept, so reading one batch at a time costs nothing extra.
+
+        Args:
+            epoch: the epoch (0-based).
+        Returns:
+            The batches, each a tuple of positions into `lengths`.
+        """
+        epoch = int(epoch)
+        if self._cache is None or self._cache[0] != epoch:
+            self._cache = (epoch, self._make(epoch))
         return self._cache[1]
 
-    def _make(self, epoch: int) -> list[list[int]]:
+    def _make(self, epoch: int) -> tuple[tuple[int, ...], ...]:
         rng = np.random.default_rng([self.seed % 2**64, int(epoch) % 2**64])
         lengths = self._lengths
         n = len(lengths)
@@ -633,7 +640,7 @@ class BucketBatchSampler:
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         batches = self._divisible(batches)
-        return batches[self.rank::self.num_replicas]
+        return tuple(tuple(b) for b in batches[self.rank::self.num_replicas])
 
     def _chunks(self, order: np.ndarray, longest: np.ndarray) -> Iterator[np.ndarray]:
         if self.batch_size is not None:

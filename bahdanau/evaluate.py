@@ -171,7 +171,15 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
         unk_replace: replace generated [UNK]s by the most attended source word (an extension
             beyond the paper; needs attention).
         device: where the model lives.
+    Returns:
+        One `Translation` per sentence, in input order.
+    Raises:
+        ValueError: an empty sentence, or vocabularies whose sizes or special ids differ from
+            `model.config` (see `ModelConfig.check_vocabs`).
     """
+    config = getattr(model, "config", None)
+    if config is not None:  # a model built without a config uses the Vocab ids
+        config.check_vocabs(src_vocab, tgt_vocab)
     search = search or BeamSearch(beam_size=5)
     tokenized = [tokenizer.tokenize(s) for s in sentences]
     for i, toks in enumerate(tokenized):

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from bahdanau._checks import check_lengths, check_tensor
+from bahdanau.data import Vocab
 
 LengthPenalty = Literal["none", "average", "gnmt"]
 LENGTH_PENALTIES = ("none", "average", "gnmt")
@@ -133,7 +134,10 @@ class BeamSearch:
         alpha: exponent of the "gnmt" penalty.
         early_stopping: stop a sentence as soon as no live hypothesis can beat its n-best (exact);
             False runs every sentence to its cap.
-        bos_id, eos_id: special ids; None takes them from the model's config (default 1, 2).
+
+    The special ids (bos, eos, pad) are `model.config`'s, which training, loading and
+    `translate_corpus` check against the vocabularies; a model built without a config uses the
+    `Vocab` ids.
     """
 
     beam_size: int = 5
@@ -144,8 +148,6 @@ class BeamSearch:
     length_penalty: LengthPenalty = "none"
     alpha: float = 0.6
     early_stopping: bool = True
-    bos_id: int | None = None
-    eos_id: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.beam_size, int) or self.beam_size < 1:
@@ -165,10 +167,9 @@ class BeamSearch:
                              f"got {self.length_penalty!r}")
 
     def _ids(self, model: torch.nn.Module) -> tuple[int, int, int]:
-        cfg = getattr(model, "config", None)
-        bos = self.bos_id if self.bos_id is not None else (cfg.bos_id if cfg else 1)
-        eos = self.eos_id if self.eos_id is not None else (cfg.eos_id if cfg else 2)
-        return bos, eos, model.decoder.pad_id
+        """(bos, eos, pad) of `model.config`, or `Vocab`'s when the model has no config."""
+        ids = getattr(model, "config", None) or Vocab
+        return ids.bos_id, ids.eos_id, ids.pad_id
 
     def caps(self, src_lengths: Tensor) -> Tensor:
         """(B,) most tokens each sentence may get before eos."""

@@ -1,10 +1,22 @@
 """Training: the paper's Adadelta step with gradient-norm clipping, evaluation, a resumable loop.
 
-The pieces are public so that users can write their own loops: `make_optimizer`, `train_step`
-(one update), `evaluate_loss` (per-token loss and perplexity), and the checkpoint utilities of
-`bahdanau.checkpoint` (re-exported here). `train` is one such loop: length-bucketed batches,
-a periodic log line, validation with early stopping, atomic checkpoints, exact resumption, and
-`torch.distributed` data parallelism when a process group is initialised (e.g. under `torchrun`).
+The loop is made of named pieces over explicit state, so that users can write their own loop
+with the same parts (as torchtune's recipes do):
+
+    run = setup_run(model, examples, cfg, src_vocab=..., tgt_vocab=..., checkpoint_dir=...)
+    while not stop_reason(run):                 # step, epoch, time or patience limit
+        stats = run_step(run)                   # one update on the next batch
+        if run.state.step % 500 == 0:
+            metric, improved = validate_run(run, validate)
+            save_run(run, metric=metric if improved else None)
+
+`setup_run` builds a `TrainRun` (the model, optimizer, sampler, checkpoint manager, ...) and
+resumes its `TrainState` (step, place in the data, best metric, time) from the latest checkpoint.
+Lower still, `make_optimizer`, `train_step` (one update of any model on any batch) and
+`evaluate_loss` work without a run, and `bahdanau.checkpoint`'s utilities are re-exported here.
+`train` is the loop above with a periodic log line, early stopping and a final evaluation and
+checkpoint; an interrupted run resumes exactly, and under `torch.distributed` (e.g. `torchrun`)
+it trains with data parallelism.
 
 Paper settings (Bahdanau et al. 2015, appendix B.2): Adadelta with rho 0.95 and eps 1e-6,
 minibatches of 80 sentences, the gradient's L2 norm clipped to 1, training sentences up to 50
@@ -19,7 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -27,14 +39,17 @@ from torch import Tensor, nn
 from bahdanau import functional
 from bahdanau.checkpoint import (
     CheckpointManager,
+    TrainState,
+    _config_of,
     _unwrap,
     checkpoint_payload,
     load_checkpoint,
     model_from_checkpoint,
     restore,
     save_checkpoint,
+    upgrade_payload,
 )
-from bahdanau.config import DictConfig
+from bahdanau.config import TrainConfig
 from bahdanau.data import Batch, BucketBatchSampler, Example, Vocab, collate
 
 __all__ = [
@@ -43,83 +58,26 @@ __all__ = [
     "StepStats",
     "TrainConfig",
     "TrainResult",
+    "TrainRun",
+    "TrainState",
     "checkpoint_payload",
     "evaluate_loss",
     "load_checkpoint",
     "make_optimizer",
     "model_from_checkpoint",
+    "next_batch",
     "restore",
+    "run_step",
     "save_checkpoint",
+    "save_run",
+    "setup_run",
+    "stop_reason",
     "train",
     "train_step",
+    "validate_run",
 ]
 
 _AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-@dataclass(frozen=True)
-class TrainConfig(DictConfig):
-    """Training settings; defaults follow the paper (appendix B.2) where it has one."""
-
-    optimizer: Literal["adadelta", "adam"] = "adadelta"
-    lr: float | None = None           # None: 1.0 for Adadelta (the paper), 1e-3 for Adam
-    rho: float = 0.95                 # Adadelta decay (the paper)
-    eps: float = 1e-6                 # Adadelta / Adam epsilon (the paper's Adadelta value)
-    clip_norm: float | None = 1.0     # max L2 norm of the whole gradient; None: no clipping
-    batch_size: int = 80              # sentences per batch (the paper); ignored with max_tokens
-    max_tokens: int | None = None     # padded tokens per batch instead of batch_size
-    bucket: int = 20                  # minibatches sorted by length together (the paper)
-    max_len: int | None = 50          # encode_pairs filter (RNNsearch-50); train() does not filter
-    max_steps: int | None = None      # stop after this many updates in total
-    max_epochs: int | None = None     # stop after this many passes over the data
-    max_time_s: float | None = None   # stop after this much training time (across resumes)
-    eval_every: int = 1000            # call validate() every this many steps
-    save_every: int = 1000            # checkpoint every this many steps (and at the end)
-    keep_last: int = 3                # numbered checkpoints kept (plus best.pt)
-    patience: int | None = None       # stop after this many evaluations without improvement
-    label_smoothing: float = 0.0      # 0 in the paper
-    amp: Literal["none", "bf16", "fp16"] = "none"  # autocast dtype (fp16 adds a GradScaler)
-    log_every: int = 100              # steps between log lines
-    seed: int = 1234                  # torch RNG at a fresh start, and the batch order
-
-    def __post_init__(self) -> None:
-        if self.optimizer not in ("adadelta", "adam"):
-            raise ValueError(f"optimizer must be 'adadelta' or 'adam', got {self.optimizer!r}")
-        if self.amp not in _AMP_DTYPES:
-            raise ValueError(f"amp must be one of {tuple(_AMP_DTYPES)}, got {self.amp!r}")
-        positive_floats = {"lr": self.lr, "eps": self.eps, "clip_norm": self.clip_norm,
-                           "max_time_s": self.max_time_s}
-        for name, value in positive_floats.items():
-            if value is not None and (not isinstance(value, (int, float)) or not value > 0
-                                      or math.isinf(value)):
-                raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
-        if not isinstance(self.rho, (int, float)) or not 0.0 < self.rho < 1.0:
-            raise ValueError(f"rho must be in (0, 1), got {self.rho!r}")
-        if not isinstance(self.label_smoothing, (int, float)) or not (
-                0.0 <= self.label_smoothing < 1.0):
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
-        positive_ints = {"batch_size": self.batch_size, "bucket": self.bucket,
-                         "eval_every": self.eval_every, "save_every": self.save_every,
-                         "keep_last": self.keep_last, "log_every": self.log_every}
-        optional_ints = {"max_tokens": self.max_tokens, "max_len": self.max_len,
-                         "max_steps": self.max_steps, "max_epochs": self.max_epochs,
-                         "patience": self.patience}
-        for name, value in {**positive_ints, **optional_ints}.items():
-            if value is None and name in optional_ints:
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int"
-                                 f"{' or None' if name in optional_ints else ''}, got {value!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
-
-    @property
-    def learning_rate(self) -> float:
-        """`lr`, or the optimizer's default: 1.0 for Adadelta, 1e-3 for Adam."""
-        if self.lr is not None:
-            return float(self.lr)
-        return 1.0 if self.optimizer == "adadelta" else 1e-3
-
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -248,11 +206,245 @@ def evaluate_loss(model: nn.Module, batches: Iterable[Batch]) -> tuple[float, fl
 
 
 @dataclass
+class TrainRun:
+    """One training run: the live objects and the `TrainState` that the loop's pieces share.
+
+    Built by `setup_run`; `next_batch`, `run_step`, `validate_run`, `save_run` and `stop_reason`
+    read it and update `state`. Only `state` (with the model, optimizer, scaler and RNG states)
+    goes into checkpoints; the rest is rebuilt by `setup_run`.
+    """
+
+    model: nn.Module                        # the model being trained (no wrappers)
+    step_model: nn.Module                   # what train_step calls: model or DDP(LossModule)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None     # fp16 only
+    sampler: BucketBatchSampler             # the batches of each epoch
+    examples: Sequence[Example]
+    cfg: TrainConfig
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    state: TrainState
+    device: torch.device
+    manager: CheckpointManager | None = None   # None: no checkpoints
+    extra: dict[str, Any] = field(default_factory=dict)  # stored in every checkpoint
+    distributed: bool = False               # torch.distributed is initialised
+    is_main: bool = True                    # rank 0: validates, logs and saves
+    resumed_from: Path | None = None        # the checkpoint the state came from
+    clock: float = field(default_factory=time.monotonic)  # when state.elapsed_s was updated
+
+
+def _broadcast(value: Any, distributed: bool) -> Any:
+    """Rank 0's `value` on every rank."""
+    if not distributed:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _tick(run: TrainRun) -> None:
+    """Add the time since the last tick to `run.state.elapsed_s`."""
+    now = time.monotonic()
+    run.state.elapsed_s += now - run.clock
+    run.clock = now
+
+
+def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *,
+              src_vocab: Vocab, tgt_vocab: Vocab, checkpoint_dir: str | Path | None = None,
+              resume: bool = True, device: str | torch.device = "cpu",
+              extra: dict[str, Any] | None = None) -> TrainRun:
+    """Check the arguments, build the optimizer and sampler, and resume the latest checkpoint.
+
+    With `checkpoint_dir` and `resume`, the latest checkpoint there is restored (weights,
+    optimizer, GradScaler, RNG states and the `TrainState`); otherwise torch's RNG is seeded
+    with `cfg.seed` and the state starts at step 0. Under `torch.distributed` the model is
+    wrapped in `DistributedDataParallel` (as `run.step_model`) and the sampler gives each rank
+    its shard of every epoch.
+
+    Args:
+        model: an `RNNSearch` / `RNNEncDec`, moved to `device`; it needs its `.config` (as
+            `build_model` makes it) to be checkpointed.
+        examples: training examples, encoded with `src_vocab` and `tgt_vocab`.
+        cfg: training settings; at least one of max_steps, max_epochs, max_time_s must be set.
+        src_vocab, tgt_vocab: must match `model.config` (sizes and special ids); stored in
+            checkpoints and checked on resume.
+        checkpoint_dir: where checkpoints go; None: no checkpoints.
+        resume: continue from the latest checkpoint in `checkpoint_dir`, if any. False needs a
+            directory without checkpoints: an earlier run's files are never overwritten.
+        device: where to train.
+        extra: checkpoint-safe entries stored in every checkpoint under "extra".
+    Returns:
+        The `TrainRun`.
+    Raises:
+        ValueError: no stopping limit, no examples, vocabularies whose sizes or special ids
+            differ from `model.config`'s, a checkpoint directory with a model that has no
+            `.config`, `resume=False` with a directory holding checkpoints, or a checkpoint
+            that does not match (what differs is named). Nothing is trained then.
+    """
+    if cfg.max_steps is None and cfg.max_epochs is None and cfg.max_time_s is None:
+        raise ValueError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
+    if len(examples) == 0:
+        raise ValueError("examples is empty")
+    config = (_config_of(model) if checkpoint_dir is not None
+              else getattr(_unwrap(model), "config", None))
+    if config is not None:  # a model built without a config uses the Vocab ids
+        config.check_vocabs(src_vocab, tgt_vocab)
+    manager = None
+    if checkpoint_dir is not None:
+        manager = CheckpointManager(checkpoint_dir, keep_last=cfg.keep_last)
+        if not resume and (manager.latest() or manager.best()):
+            raise ValueError(f"{checkpoint_dir} holds checkpoints of an earlier run: resume it, "
+                             "or start over in another directory (nothing is deleted)")
+    latest = manager.latest() if manager is not None else None
+    payload = upgrade_payload(load_checkpoint(latest)) if latest is not None else None
+    if payload is not None and payload["train_state"] is None:
+        raise ValueError(f"{latest} has no train_state to resume from")
+    device = torch.device(device)
+    dist = torch.distributed
+    distributed = dist.is_available() and dist.is_initialized()
+    model.to(device)
+    optimizer = make_optimizer(model, cfg)
+    scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
+    sampler = BucketBatchSampler(examples, batch_size=None if cfg.max_tokens else cfg.batch_size,
+                                 max_tokens=cfg.max_tokens, bucket=cfg.bucket, seed=cfg.seed)
+    if payload is not None:
+        state = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
+                        tgt_vocab=tgt_vocab)
+        if state.best_step is None and state.best_metric is not None:  # format 1: in best.json
+            state.best_step = manager.best_step
+        if state.position >= len(sampler.epoch_batches(state.epoch)):  # format 1: epoch's end
+            state.epoch, state.position = state.epoch + 1, 0
+    else:
+        state = TrainState()
+        torch.manual_seed(cfg.seed)
+    step_model: nn.Module = model
+    if distributed:
+        device_ids = None
+        if device.type == "cuda":
+            device_ids = [device.index if device.index is not None else torch.cuda.current_device()]
+        step_model = nn.parallel.DistributedDataParallel(LossModule(model), device_ids=device_ids)
+    return TrainRun(model=model, step_model=step_model, optimizer=optimizer, scaler=scaler,
+                    sampler=sampler, examples=examples, cfg=cfg, src_vocab=src_vocab,
+                    tgt_vocab=tgt_vocab, state=state, device=device, manager=manager,
+                    extra=dict(extra or {}), distributed=distributed,
+                    is_main=not distributed or dist.get_rank() == 0, resumed_from=latest)
+
+
+def next_batch(run: TrainRun) -> Batch:
+    """The batch at the run's place in the data (`state.epoch`, `state.position`).
+
+    Does not advance the state; `run_step` does.
+
+    Args:
+        run: the run.
+    Returns:
+        The `Batch`, on `run.device`.
+    """
+    positions = run.sampler.epoch_batches(run.state.epoch)[run.state.position]
+    batch = collate([run.examples[i] for i in positions])
+    return batch.to(run.device, non_blocking=True)
+
+
+def run_step(run: TrainRun) -> StepStats:
+    """One update (`train_step`) on `next_batch(run)`; the state moves on by a step and a batch.
+
+    After an epoch's last batch, `state.epoch` is the next epoch and `state.position` 0.
+
+    Args:
+        run: the run.
+    Returns:
+        The step's `StepStats`.
+    """
+    cfg, state = run.cfg, run.state
+    stats = train_step(run.step_model, next_batch(run), run.optimizer, clip_norm=cfg.clip_norm,
+                       label_smoothing=cfg.label_smoothing, amp_dtype=_AMP_DTYPES[cfg.amp],
+                       scaler=run.scaler)
+    state.step += 1
+    state.position += 1
+    if state.position == len(run.sampler.epoch_batches(state.epoch)):
+        state.epoch, state.position = state.epoch + 1, 0
+    _tick(run)
+    return stats
+
+
+def validate_run(run: TrainRun, validate: Callable[[nn.Module], float]) -> tuple[float, bool]:
+    """Score the model with `validate(model)` (higher is better) and update the best metric.
+
+    `validate` runs on rank 0 only, in eval mode (the model is back in train mode afterwards),
+    and its result is broadcast to every rank. An improvement records the metric and step as
+    the best and resets `state.bad_evals`; otherwise `bad_evals` grows by one.
+
+    Args:
+        run: the run.
+        validate: called as `validate(model)`; returns a float, higher is better (e.g. BLEU).
+    Returns:
+        (metric, whether it improved on the best so far).
+    """
+    metric = None
+    if run.is_main:
+        run.model.eval()
+        try:
+            metric = float(validate(run.model))
+        finally:
+            run.model.train()
+    metric = _broadcast(metric, run.distributed)
+    state = run.state
+    improved = state.best_metric is None or metric > state.best_metric
+    if improved:
+        state.best_metric, state.best_step, state.bad_evals = metric, state.step, 0
+    else:
+        state.bad_evals += 1
+    _tick(run)
+    return metric, improved
+
+
+def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:
+    """Checkpoint the run at its current step (rank 0 only) through its `CheckpointManager`.
+
+    Args:
+        run: the run.
+        metric: this step's validation metric if it should be considered for ``best.pt``.
+    Returns:
+        The numbered checkpoint's path; None without a checkpoint directory or off rank 0.
+    """
+    _tick(run)
+    if run.manager is None or not run.is_main:
+        return None
+    payload = checkpoint_payload(run.model, src_vocab=run.src_vocab, tgt_vocab=run.tgt_vocab,
+                                 optimizer=run.optimizer, scaler=run.scaler, train_config=run.cfg,
+                                 train_state=run.state, extra=run.extra)
+    return run.manager.save(run.state.step, payload, metric=metric)
+
+
+def stop_reason(run: TrainRun) -> str:
+    """Why the run must stop now, if it must.
+
+    Args:
+        run: the run.
+    Returns:
+        "patience", "max_steps", "max_time" or "max_epochs" (the first limit reached, in that
+        order), or "" if none is. Every rank gets the same answer. The time limit compares
+        `state.elapsed_s`, which the other pieces bring up to date.
+    """
+    cfg, state = run.cfg, run.state
+    if cfg.patience is not None and state.bad_evals >= cfg.patience:
+        return "patience"
+    if cfg.max_steps is not None and state.step >= cfg.max_steps:
+        return "max_steps"
+    if cfg.max_time_s is not None and _broadcast(state.elapsed_s >= cfg.max_time_s,
+                                                 run.distributed):
+        return "max_time"
+    if cfg.max_epochs is not None and state.epoch >= cfg.max_epochs:
+        return "max_epochs"
+    return ""
+
+
+@dataclass
 class TrainResult:
     """Summary of a `train` call."""
 
     step: int                          # optimizer steps taken in total (resumed ones included)
-    epoch: int                         # epoch the run stopped in
+    epoch: int                         # epoch of the next batch (TrainState.epoch)
     stopped: str                       # "max_steps", "max_epochs", "max_time" or "patience"
     elapsed_s: float                   # training time, resumed runs included
     best_metric: float | None = None   # best validate() value
@@ -269,13 +461,31 @@ def _format_eta(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-def _broadcast(value: Any, distributed: bool) -> Any:
-    """Rank 0's `value` on every rank."""
-    if not distributed:
-        return value
-    box = [value]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
+def _eta(run: TrainRun, seconds_per_step: float) -> str:
+    """Time left until the nearest limit, as h:mm:ss."""
+    cfg, state = run.cfg, run.state
+    left = []
+    if cfg.max_steps is not None:
+        left.append((cfg.max_steps - state.step) * seconds_per_step)
+    if cfg.max_time_s is not None:
+        left.append(cfg.max_time_s - state.elapsed_s)
+    if cfg.max_epochs is not None:
+        per_epoch = len(run.sampler.epoch_batches(state.epoch))
+        left.append(((cfg.max_epochs - state.epoch) * per_epoch - state.position)
+                    * seconds_per_step)
+    return _format_eta(min(left)) if left else "?"
+
+
+def _evaluate(run: TrainRun, validate: Callable[[nn.Module], float], result: TrainResult,
+              log: Callable[[str], None]) -> tuple[float, bool]:
+    """`validate_run`, recorded in `result` and logged."""
+    metric, improved = validate_run(run, validate)
+    state = run.state
+    result.evals.append((state.step, metric))
+    if run.is_main:
+        log(f"step {state.step} | eval {metric:.4f} | best {state.best_metric:.4f} at step "
+            f"{state.best_step}")
+    return metric, improved
 
 
 def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, src_vocab: Vocab,
@@ -285,194 +495,77 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
           extra: dict[str, Any] | None = None) -> TrainResult:
     """Train `model` on `examples` until a step, epoch, time or patience limit is reached.
 
-    At least one of `cfg.max_steps`, `cfg.max_epochs`, `cfg.max_time_s` must be set. `examples`
-    are used as given (`cfg.max_len` is applied by the caller through `encode_pairs`).
+    The loop of the module docstring: `setup_run`, then `run_step` until `stop_reason`, with a
+    log line every `cfg.log_every` steps, `validate_run` every `cfg.eval_every` steps and
+    `save_run` every `cfg.save_every` steps and on every improvement; at the end a last
+    evaluation and checkpoint unless this step already had them. `examples` are used as given
+    (the longest sentence is a data setting: `encode_pairs(..., max_len=50)`).
 
-    Resumption: with `checkpoint_dir` and `resume`, the latest checkpoint there is restored
-    (model, optimizer, GradScaler, RNG states, sampler epoch and position, step, best metric),
-    so an interrupted run ends with the same weights as an uninterrupted one. A fresh start seeds
-    torch's RNG with `cfg.seed`.
-
-    Distributed: if `torch.distributed` is initialised, the model is wrapped in
-    `DistributedDataParallel`, each rank trains on its shard of every epoch's batches, `validate`
-    runs on rank 0 only (its result is broadcast), and only rank 0 logs and saves. Every rank
+    Resumption: with `checkpoint_dir` and `resume`, the latest checkpoint there is restored, so
+    an interrupted run ends with the same weights as an uninterrupted one. Distributed: see
+    `setup_run`; `validate` runs on rank 0 only, and only rank 0 logs and saves. Every rank
     resumes from the same checkpoint directory.
 
     Args:
-        model: an `RNNSearch` / `RNNEncDec` (with `.config`), moved to `device`.
-        examples: training examples.
-        cfg: training settings.
-        src_vocab, tgt_vocab: stored in checkpoints and checked on resume.
-        checkpoint_dir: where checkpoints go; None: no checkpoints.
-        resume: continue from the latest checkpoint in `checkpoint_dir`, if any.
+        model, examples, cfg, src_vocab, tgt_vocab, checkpoint_dir, resume, device, extra:
+            as for `setup_run`.
         validate: called as `validate(model)` (in eval mode) every `cfg.eval_every` steps and at
             the end; higher is better (e.g. dev BLEU). Drives best.pt and early stopping.
         log: receives one line every `cfg.log_every` steps and at evaluations.
-        device: where to train.
-        extra: checkpoint-safe entries stored in every checkpoint under "extra" (e.g. the
-            tokenizer settings a translation command needs).
     Returns:
         A `TrainResult`.
     Raises:
-        ValueError: no stopping limit, no examples, vocabulary sizes that differ from the
-            model's, or a checkpoint that does not match.
+        ValueError: as `setup_run`, before any training.
     """
-    if cfg.max_steps is None and cfg.max_epochs is None and cfg.max_time_s is None:
-        raise ValueError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
-    if len(examples) == 0:
-        raise ValueError("examples is empty")
-    device = torch.device(device)
-    dist = torch.distributed
-    distributed = dist.is_available() and dist.is_initialized()
-    is_main = not distributed or dist.get_rank() == 0
-    model.to(device)
-    optimizer = make_optimizer(model, cfg)
-    amp_dtype = _AMP_DTYPES[cfg.amp]
-    scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
-    sampler = BucketBatchSampler(examples, batch_size=None if cfg.max_tokens else cfg.batch_size,
-                                 max_tokens=cfg.max_tokens, bucket=cfg.bucket, seed=cfg.seed)
-    manager = CheckpointManager(checkpoint_dir, keep_last=cfg.keep_last) if checkpoint_dir else None
-    config = getattr(_unwrap(model), "config", None)
-    if config is not None:
-        for side, vocab in (("src", src_vocab), ("tgt", tgt_vocab)):
-            size = getattr(config, f"{side}_vocab_size")
-            if size != len(vocab):
-                raise ValueError(f"model config {side}_vocab_size={size} but len({side}_vocab)="
-                                 f"{len(vocab)}")
-    pad_id, bos_id, eos_id = src_vocab.pad_id, tgt_vocab.bos_id, tgt_vocab.eos_id
-
-    step, best_metric, best_step, bad_evals, elapsed_before = 0, None, None, 0, 0.0
-    latest = manager.latest() if manager is not None and resume else None
-    if latest is not None:
-        state = restore(load_checkpoint(latest), model, optimizer, sampler=sampler, scaler=scaler,
-                        src_vocab=src_vocab, tgt_vocab=tgt_vocab)
-        step, best_metric, bad_evals = state["step"], state["best_metric"], state["bad_evals"]
-        elapsed_before = state["elapsed_s"]
-        best_step = manager.best_step
-        if is_main:
-            log(f"resumed from {latest} at step {step}, epoch {sampler.epoch}")
-    else:
-        torch.manual_seed(cfg.seed)
-    train_model: nn.Module = model
-    if distributed:
-        device_ids = None
-        if device.type == "cuda":
-            device_ids = [device.index if device.index is not None else torch.cuda.current_device()]
-        train_model = nn.parallel.DistributedDataParallel(LossModule(model), device_ids=device_ids)
-
-    result = TrainResult(step=step, epoch=sampler.epoch, stopped="", elapsed_s=elapsed_before,
-                         best_metric=best_metric, best_step=best_step)
-    start = time.monotonic()
+    run = setup_run(model, examples, cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
+                    checkpoint_dir=checkpoint_dir, resume=resume, device=device, extra=extra)
+    state = run.state
+    if run.resumed_from is not None and run.is_main:
+        log(f"resumed from {run.resumed_from} at step {state.step}, epoch {state.epoch}")
+    result = TrainResult(step=state.step, epoch=state.epoch, stopped="",
+                         elapsed_s=state.elapsed_s)
+    first_step, start = state.step, time.monotonic()
     window_start, window_loss, window_tokens = start, 0.0, 0
-    last_saved, last_eval = step, step
-
-    def elapsed() -> float:
-        return elapsed_before + time.monotonic() - start
-
-    def save(metric: float | None = None) -> None:
-        nonlocal last_saved
-        last_saved = step
-        if manager is None or not is_main:
-            return
-        payload = checkpoint_payload(
-            model, optimizer, model_config=config, train_config=cfg, src_vocab=src_vocab,
-            tgt_vocab=tgt_vocab, step=step, epoch=sampler.epoch,
-            sampler_state=sampler.state_dict(), best_metric=best_metric, scaler=scaler,
-            bad_evals=bad_evals, elapsed_s=elapsed(), extra=extra)
-        result.last_checkpoint = manager.save(step, payload, metric=metric)
-        result.best_checkpoint = manager.best()
-
-    def evaluate() -> bool:
-        """Run validate(); True if it improved on the best."""
-        nonlocal best_metric, best_step, bad_evals, last_eval
-        last_eval = step
-        metric = None
-        if is_main:
-            model.eval()
-            try:
-                metric = float(validate(model))
-            finally:
-                model.train()
-        metric = _broadcast(metric, distributed)
-        result.evals.append((step, metric))
-        improved = best_metric is None or metric > best_metric
-        if improved:
-            best_metric, best_step, bad_evals = metric, step, 0
-        else:
-            bad_evals += 1
-        if is_main:
-            log(f"step {step} | eval {metric:.4f} | best {best_metric:.4f} at step {best_step}")
-        return improved
-
-    def eta() -> str:
-        rate = (time.monotonic() - start) / max(step - result.step, 1)  # seconds per step
-        left = []
-        if cfg.max_steps is not None:
-            left.append((cfg.max_steps - step) * rate)
-        if cfg.max_time_s is not None:
-            left.append(cfg.max_time_s - elapsed())
-        if cfg.max_epochs is not None:
-            batches_left = (cfg.max_epochs - sampler.epoch) * len(sampler) - sampler.position
-            left.append(batches_left * rate)
-        return _format_eta(min(left)) if left else "?"
-
-    stopped = ""
+    last_saved = last_eval = state.step
+    stopped = stop_reason(run)
     while not stopped:
-        if cfg.max_epochs is not None and sampler.epoch >= cfg.max_epochs:
-            stopped = "max_epochs"
-            break
-        if cfg.max_steps is not None and step >= cfg.max_steps:
-            stopped = "max_steps"
-            break
-        for positions in sampler:
-            batch = collate([examples[i] for i in positions], pad_id=pad_id, bos_id=bos_id,
-                            eos_id=eos_id).to(device, non_blocking=True)
-            stats = train_step(train_model, batch, optimizer, clip_norm=cfg.clip_norm,
-                               label_smoothing=cfg.label_smoothing, amp_dtype=amp_dtype,
-                               scaler=scaler)
-            step += 1
-            window_loss += stats.loss_sum
-            window_tokens += stats.n_tokens
-            if step % cfg.log_every == 0:
-                now = time.monotonic()
-                loss = window_loss / max(window_tokens, 1)
-                entry = {"step": step, "epoch": sampler.epoch, "loss": loss,
-                         "ppl": math.exp(min(loss, 700.0)), "grad_norm": stats.grad_norm,
-                         "tokens_per_s": window_tokens / max(now - window_start, 1e-9)}
-                result.history.append(entry)
-                result.train_loss = loss
-                if is_main:
-                    log(f"step {step} | epoch {sampler.epoch} | loss {loss:.4f} | "
-                        f"ppl {entry['ppl']:.2f} | {entry['tokens_per_s']:.0f} tgt tok/s | "
-                        f"grad {stats.grad_norm:.3f} | eta {eta()}")
-                window_start, window_loss, window_tokens = now, 0.0, 0
-            improved = False
-            if validate is not None and step % cfg.eval_every == 0:
-                improved = evaluate()
-                if cfg.patience is not None and bad_evals >= cfg.patience:
-                    stopped = "patience"
-            if cfg.max_steps is not None and step >= cfg.max_steps:
-                stopped = stopped or "max_steps"
-            if cfg.max_time_s is not None and _broadcast(elapsed() >= cfg.max_time_s,
-                                                         distributed):
-                stopped = stopped or "max_time"
-            if step % cfg.save_every == 0 or improved:
-                save(result.evals[-1][1] if improved else None)
-            if stopped:
-                break
-        else:
-            sampler.set_epoch(sampler.epoch + 1)
+        stats = run_step(run)
+        window_loss += stats.loss_sum
+        window_tokens += stats.n_tokens
+        if state.step % cfg.log_every == 0:
+            now = time.monotonic()
+            loss = window_loss / max(window_tokens, 1)
+            entry = {"step": state.step, "epoch": state.epoch, "loss": loss,
+                     "ppl": math.exp(min(loss, 700.0)), "grad_norm": stats.grad_norm,
+                     "tokens_per_s": window_tokens / max(now - window_start, 1e-9)}
+            result.history.append(entry)
+            result.train_loss = loss
+            if run.is_main:
+                eta = _eta(run, (now - start) / (state.step - first_step))
+                log(f"step {state.step} | epoch {state.epoch} | loss {loss:.4f} | "
+                    f"ppl {entry['ppl']:.2f} | {entry['tokens_per_s']:.0f} tgt tok/s | "
+                    f"grad {stats.grad_norm:.3f} | eta {eta}")
+            window_start, window_loss, window_tokens = now, 0.0, 0
+        metric, improved = None, False
+        if validate is not None and state.step % cfg.eval_every == 0:
+            metric, improved = _evaluate(run, validate, result, log)
+            last_eval = state.step
+        stopped = stop_reason(run)
+        if state.step % cfg.save_every == 0 or improved:
+            save_run(run, metric=metric if improved else None)
+            last_saved = state.step
 
     if window_tokens:
         result.train_loss = window_loss / window_tokens
     final_metric = None
-    if validate is not None and last_eval != step and stopped != "patience":
-        final_metric = result.evals[-1][1] if evaluate() else None
-    if last_saved != step or final_metric is not None:
-        save(final_metric)
-    result.step, result.epoch, result.stopped = step, sampler.epoch, stopped
-    result.elapsed_s = elapsed()
-    result.best_metric, result.best_step = best_metric, best_step
-    if manager is not None and is_main:
-        result.last_checkpoint, result.best_checkpoint = manager.latest(), manager.best()
+    if validate is not None and last_eval != state.step and stopped != "patience":
+        metric, improved = _evaluate(run, validate, result, log)
+        final_metric = metric if improved else None
+    if last_saved != state.step or final_metric is not None:
+        save_run(run, metric=final_metric)
+    result.step, result.epoch, result.stopped = state.step, state.epoch, stopped
+    result.elapsed_s = state.elapsed_s
+    result.best_metric, result.best_step = state.best_metric, state.best_step
+    if run.manager is not None and run.is_main:
+        result.last_checkpoint, result.best_checkpoint = run.manager.latest(), run.manager.best()
     return result

@@ -164,7 +164,7 @@ def train_one(name: str, arch: str, max_len: int, cfg: ModelConfig, settings: Se
     _log(f"{name}: {arch}, {n_params:,} parameters, {len(examples):,} training pairs of at "
          f"most {max_len} tokens")
     tcfg = TrainConfig(optimizer="adam", lr=settings.lr, batch_size=settings.batch_size,
-                       max_len=max_len, max_steps=settings.max_steps,
+                       max_steps=settings.max_steps,
                        save_every=max(settings.max_steps // 4, 1), log_every=log_every,
                        seed=settings.seed)
     start = time.perf_counter()

@@ -211,9 +211,13 @@ def test_collate_pads_and_adds_bos_eos() -> None:
     assert isinstance(moved, Batch) and torch.equal(moved.tgt_out, batch.tgt_out)
 
 
-def test_collate_custom_ids_and_errors() -> None:
-    batch = collate([Example(0, [4], [])], pad_id=3, bos_id=0, eos_id=1)
-    assert batch.tgt_in.tolist() == [[0]] and batch.tgt_out.tolist() == [[1]]
+def test_collate_takes_the_special_ids_from_vocab_and_errors() -> None:
+    batch = collate([Example(0, [4, 5], []), Example(1, [6], [7])])
+    assert batch.src[1, 1] == Vocab.pad_id == batch.pad_id == 0
+    assert batch.tgt_in[:, 0].tolist() == [Vocab.bos_id] * 2 == [1, 1]
+    assert batch.tgt_out.tolist() == [[Vocab.eos_id, Vocab.pad_id], [7, Vocab.eos_id]]
+    with pytest.raises(TypeError):
+        collate([Example(0, [4], [])], pad_id=3)  # no second source of special ids
     with pytest.raises(ValueError, match="at least one example"):
         collate([])
     with pytest.raises(ValueError, match="example 4 has an empty source"):
@@ -277,6 +281,15 @@ def test_sampler_resume_mid_epoch() -> None:
     b.set_epoch(2)  # same epoch: keeps the position
     assert head + list(b) == full
     assert b.state_dict() == {"epoch": 2, "position": 0}  # exhausted: the epoch starts over
+
+
+def test_sampler_epoch_batches_are_the_iteration_and_keep_the_state() -> None:
+    sampler = BucketBatchSampler(list(range(1, 41)), batch_size=3, bucket=2, seed=5)
+    next(iter(sampler))                                   # epoch 0, one batch handed out
+    other = BucketBatchSampler(list(range(1, 41)), batch_size=3, bucket=2, seed=5)
+    other.set_epoch(3)
+    assert [list(b) for b in sampler.epoch_batches(3)] == list(other)
+    assert sampler.state_dict() == {"epoch": 0, "position": 1}
 
 
 def test_sampler_set_epoch_changes_order_and_resets_position() -> None:

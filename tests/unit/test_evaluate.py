@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import sacrebleu
 import torch
@@ -100,3 +102,11 @@ def test_translate_corpus_keeps_input_order() -> None:
         assert result.text == tok.detokenize(vocab.decode(alone.hypothesis.tokens))
     with pytest.raises(ValueError, match="sentence 2 is empty"):
         translate_corpus(model, ["a man", "   "], vocab, vocab, tok, search=search)
+
+
+def test_translate_corpus_refuses_config_ids_that_differ_from_vocabularies() -> None:
+    tok = DefaultTokenizer()
+    vocab = Vocab.build([tok.tokenize("a man and two dogs .")])
+    model = RNNSearch.from_config(replace(presets.tiny(len(vocab), len(vocab)), eos_id=5))
+    with pytest.raises(ValueError, match=r"^model config eos_id=5 but src_vocab.eos_id=2: "):
+        translate_corpus(model, ["a man ."], vocab, vocab, tok)

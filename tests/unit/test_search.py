@@ -146,6 +146,21 @@ def test_early_stopping_does_not_change_the_result() -> None:
         assert [[h.tokens for h in hs] for hs in fast] == [[h.tokens for h in hs] for hs in full]
 
 
+def test_special_ids_come_from_the_config_or_vocab() -> None:
+    model = random_model(seed=2)
+    by_hand = RNNSearch(model.encoder, model.decoder)  # no config: Vocab's ids
+    assert by_hand.config is None
+    with_config = [[h.tokens for h in hs] for hs in model.translate(SRC, LENGTHS, beam_size=3)]
+    assert [[h.tokens for h in hs] for hs in by_hand.translate(SRC, LENGTHS, beam_size=3)] == \
+        with_config
+    # The config's ids are the ones used: with eos_id=4, token 4 ends sentences and 2 is a word.
+    other = RNNSearch(model.encoder, model.decoder, config=replace(model.config, eos_id=4))
+    for hyps in other.translate(SRC, LENGTHS, beam_size=3, n_best=3, max_len=6):
+        assert all(4 not in h.tokens for h in hyps)
+    with pytest.raises(TypeError):
+        BeamSearch(bos_id=1)  # no second source of special ids
+
+
 def test_training_mode_restored() -> None:
     model = random_model().train()
     model.translate(SRC, LENGTHS, beam_size=2, max_len=3)

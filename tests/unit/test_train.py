@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import replace
 
 import pytest
@@ -11,17 +12,33 @@ import torch
 
 from bahdanau import checkpoint as checkpoint_module
 from bahdanau.checkpoint import (
+    FORMAT_VERSION,
     CheckpointManager,
+    TrainState,
     checkpoint_payload,
     load_checkpoint,
     model_from_checkpoint,
     restore,
     save_checkpoint,
+    upgrade_payload,
 )
-from bahdanau.data import Example, Vocab, collate
+from bahdanau.cli import main
+from bahdanau.data import DefaultTokenizer, Example, Vocab, collate
+from bahdanau.evaluate import translate_corpus
 from bahdanau.models import build_model
 from bahdanau.presets import tiny
-from bahdanau.train import TrainConfig, evaluate_loss, make_optimizer, train, train_step
+from bahdanau.search import BeamSearch
+from bahdanau.train import (
+    TrainConfig,
+    evaluate_loss,
+    make_optimizer,
+    run_step,
+    save_run,
+    setup_run,
+    stop_reason,
+    train,
+    train_step,
+)
 
 VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
 
@@ -62,8 +79,9 @@ def _equal_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
 def test_train_config_defaults_follow_paper() -> None:
     cfg = TrainConfig()
     assert (cfg.optimizer, cfg.learning_rate, cfg.rho, cfg.eps) == ("adadelta", 1.0, 0.95, 1e-6)
-    assert (cfg.clip_norm, cfg.batch_size, cfg.bucket, cfg.max_len) == (1.0, 80, 20, 50)
+    assert (cfg.clip_norm, cfg.batch_size, cfg.bucket) == (1.0, 80, 20)
     assert TrainConfig(optimizer="adam").learning_rate == 1e-3
+    assert not hasattr(cfg, "max_len")  # the sentence length is encode_pairs(..., max_len=50)
 
 
 def test_train_config_dict_round_trip() -> None:
@@ -76,7 +94,7 @@ def test_train_config_dict_round_trip() -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [("optimizer", "sgd"), ("lr", 0.0), ("rho", 1.0), ("eps", -1e-6), ("clip_norm", 0),
-     ("batch_size", 0), ("max_tokens", 0), ("bucket", 0), ("max_len", -5), ("max_steps", 0),
+     ("batch_size", 0), ("max_tokens", 0), ("bucket", 0), ("max_steps", 0),
      ("max_epochs", 1.5), ("max_time_s", -1.0), ("eval_every", 0), ("save_every", 0),
      ("keep_last", 0), ("patience", 0), ("label_smoothing", 1.0), ("amp", "fp8"),
      ("log_every", 0), ("seed", "1")],
@@ -243,6 +261,16 @@ def test_manager_keeps_last_and_best(tmp_path) -> None:
     assert load_checkpoint(again.best())["step"] == 7
 
 
+def test_manager_removes_only_its_own_temporary_files(tmp_path) -> None:
+    own = [".step_00000003.pt.x1.tmp", ".best.pt.x2.tmp", ".best.json.x3.tmp"]
+    foreign = [".notes.tmp", ".model.pt.x.tmp", "step_00000001.pt.bak"]
+    for name in own + foreign:
+        (tmp_path / name).write_bytes(b"partial")
+    CheckpointManager(tmp_path).save(4, {"step": 4}, metric=1.0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*foreign, "best.json", "best.pt", "step_00000004.pt"])
+
+
 def test_manager_empty_directory(tmp_path) -> None:
     manager = CheckpointManager(tmp_path / "new")
     assert manager.latest() is None and manager.best() is None
@@ -254,11 +282,13 @@ def test_manager_empty_directory(tmp_path) -> None:
 # Payloads and restore
 
 
+STATE = TrainState(step=7, epoch=1, position=3, best_metric=0.25, best_step=6, bad_evals=1,
+                   elapsed_s=12.5)
+
+
 def _payload(model, optimizer=None, vocab=VOCAB):
-    return checkpoint_payload(model, optimizer, model_config=model.config,
-                              train_config=TrainConfig(), src_vocab=vocab, tgt_vocab=vocab,
-                              step=7, epoch=1, sampler_state={"epoch": 1, "position": 3},
-                              best_metric=0.25)
+    return checkpoint_payload(model, src_vocab=vocab, tgt_vocab=vocab, optimizer=optimizer,
+                              train_config=TrainConfig(), train_state=STATE)
 
 
 def test_payload_round_trip_rebuilds_model(tmp_path) -> None:
@@ -274,7 +304,7 @@ def test_payload_round_trip_rebuilds_model(tmp_path) -> None:
     other_opt = make_optimizer(other, TrainConfig())
     state = restore(payload, other, other_opt, src_vocab=VOCAB, tgt_vocab=VOCAB)
     assert _equal_weights(other, model)
-    assert (state["step"], state["epoch"], state["best_metric"]) == (7, 1, 0.25)
+    assert state == STATE and state is not STATE  # the whole TrainState, as a new object
     assert str(other_opt.state_dict()) == str(opt.state_dict())
 
 
@@ -294,6 +324,159 @@ def test_restore_refuses_other_model_config() -> None:
     with pytest.raises(ValueError, match="hidden_size: checkpoint 8 vs given 10"):
         restore(payload, target)
     assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoint format: version 1 (commit 3647b7e) still loads, later versions are refused
+
+# TrainConfig(batch_size=8, bucket=2, max_steps=5, log_every=100, save_every=100) as format 1
+# stored it, with the since removed field max_len.
+FORMAT_1_TRAIN_CONFIG = {
+    "optimizer": "adadelta", "lr": None, "rho": 0.95, "eps": 1e-06, "clip_norm": 1.0,
+    "batch_size": 8, "max_tokens": None, "bucket": 2, "max_len": 50, "max_steps": 5,
+    "max_epochs": None, "max_time_s": None, "eval_every": 1000, "save_every": 100,
+    "keep_last": 3, "patience": None, "label_smoothing": 0.0, "amp": "none", "log_every": 100,
+    "seed": 1234}
+
+
+def _format_1(payload: dict, *, epoch: int, position: int) -> dict:
+    """The dict that `checkpoint_payload` of format 1 wrote for the same run, key for key.
+
+    Model, optimizer, scaler, configs, vocabularies, RNG states and extra are stored alike in
+    both formats; format 1 kept the training position at the top level and the sampler state
+    apart, and after an epoch's last batch it stored that epoch with position = its length.
+    """
+    state = payload["train_state"]
+    return {
+        "format": 1,
+        "model": payload["model"],
+        "optimizer": payload["optimizer"],
+        "scaler": payload["scaler"],
+        "model_config": payload["model_config"],
+        "train_config": FORMAT_1_TRAIN_CONFIG,
+        "src_vocab": payload["src_vocab"],
+        "tgt_vocab": payload["tgt_vocab"],
+        "step": state["step"],
+        "epoch": epoch,
+        "sampler": {"epoch": epoch, "position": position},
+        "best_metric": state["best_metric"],
+        "bad_evals": state["bad_evals"],
+        "elapsed_s": state["elapsed_s"],
+        "rng": payload["rng"],
+        "extra": payload["extra"],
+    }
+
+
+def test_format_1_checkpoint_loads_for_translate_and_evaluate(tmp_path, capsys) -> None:
+    model = _model(3)
+    opt = make_optimizer(model, TrainConfig())
+    train_step(model, collate(_examples(4)), opt)
+    payload = checkpoint_payload(model, src_vocab=VOCAB, tgt_vocab=VOCAB, optimizer=opt,
+                                 train_state=TrainState(step=1, position=1),
+                                 extra={"tokenizer": {"name": "default", "lowercase": False}})
+    old = _format_1(payload, epoch=0, position=1)
+    save_checkpoint(tmp_path / "old.pt", old)
+
+    rebuilt, src_vocab, tgt_vocab = model_from_checkpoint(tmp_path / "old.pt")
+    assert _equal_weights(rebuilt, model) and src_vocab == VOCAB == tgt_vocab
+    upgraded = upgrade_payload(load_checkpoint(tmp_path / "old.pt"))
+    assert upgraded["format"] == FORMAT_VERSION
+    assert TrainState.from_dict(upgraded["train_state"]) == TrainState(
+        step=1, epoch=0, position=1, elapsed_s=0.0)
+    assert TrainConfig.from_dict(upgraded["train_config"]) == TrainConfig(
+        batch_size=8, bucket=2, max_steps=5, log_every=100, save_every=100)  # max_len dropped
+    state = restore(load_checkpoint(tmp_path / "old.pt"), _model(4), src_vocab=VOCAB,
+                    tgt_vocab=VOCAB)
+    assert state == TrainState(step=1, position=1)
+
+    sentences = ["w1 w2 w3", "w4 w5"]
+    (tmp_path / "src.txt").write_text("\n".join(sentences) + "\n", encoding="utf-8")
+    (tmp_path / "ref.txt").write_text("w1 w2\nw3\n", encoding="utf-8")
+    expected = translate_corpus(rebuilt, sentences, VOCAB, VOCAB, DefaultTokenizer(),
+                                search=BeamSearch(beam_size=2, max_len=5))
+    capsys.readouterr()
+    search = ["--beam-size", "2", "--max-len", "5", "--threads", "1"]
+    assert main(["translate", "--checkpoint", str(tmp_path / "old.pt"),
+                 "--input", str(tmp_path / "src.txt"), *search]) == 0
+    assert capsys.readouterr().out.splitlines() == [t.text for t in expected]
+    assert main(["evaluate", "--checkpoint", str(tmp_path / "old.pt"), "--src",
+                 str(tmp_path / "src.txt"), "--ref", str(tmp_path / "ref.txt"), *search]) == 0
+    assert "BLEU" in capsys.readouterr().out
+
+
+def test_format_1_checkpoint_resumes_exactly(tmp_path) -> None:
+    """A run checkpointed by the format-1 code at an epoch's end continues bit for bit."""
+    examples = _examples(40)  # 5 batches per epoch: step 5 ends epoch 0
+    cfg = TrainConfig(batch_size=8, bucket=2, max_steps=14, log_every=100, save_every=100)
+    quiet = {"src_vocab": VOCAB, "tgt_vocab": VOCAB, "log": lambda s: None}
+    straight = _model(0, dropout=0.2)
+    train(straight, examples, cfg, **quiet)
+
+    train(_model(0, dropout=0.2), examples, replace(cfg, max_steps=5), checkpoint_dir=tmp_path,
+          **quiet)
+    path = tmp_path / "step_00000005.pt"
+    payload = load_checkpoint(path)
+    assert payload["train_state"]["epoch"] == 1 and payload["train_state"]["position"] == 0
+    save_checkpoint(path, _format_1(payload, epoch=0, position=5))
+    lines: list[str] = []
+    resumed = _model(99, dropout=0.2)
+    result = train(resumed, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                   checkpoint_dir=tmp_path, log=lines.append)
+    assert lines[0].endswith("at step 5, epoch 1") and result.step == 14
+    assert _equal_weights(resumed, straight)
+    assert load_checkpoint(result.last_checkpoint)["format"] == FORMAT_VERSION
+
+
+def test_newer_format_is_refused_in_one_line(tmp_path, capsys) -> None:
+    newer = {**_payload(_model()), "format": FORMAT_VERSION + 1}
+    message = (f"checkpoint format {FORMAT_VERSION + 1} is newer than this bahdanau reads "
+               f"(formats 1 to {FORMAT_VERSION}); upgrade bahdanau to load it")
+    for load in (model_from_checkpoint, lambda p: restore(p, _model())):
+        with pytest.raises(ValueError, match=re.escape(message)) as err:
+            load(newer)
+        assert "\n" not in str(err.value)
+    save_checkpoint(tmp_path / "new.pt", newer)
+    assert main(["translate", "--checkpoint", str(tmp_path / "new.pt")]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"bahdanau: error: {message}"]
+    for bad, match in (({"model": {}}, "not a bahdanau checkpoint: its 'format' is None"),
+                       ({"format": "2"}, "its 'format' is '2'"),
+                       ({"format": FORMAT_VERSION}, r"lacks \['model', ")):
+        with pytest.raises(ValueError, match=match):
+            upgrade_payload(bad)
+
+
+def test_optional_sections_of_a_later_version_are_ignored() -> None:
+    model = _model(1)
+    payload = {**_payload(model), "ema": model.state_dict(), "weights_digest": "sha256:0"}
+    rebuilt, _, _ = model_from_checkpoint(payload)
+    assert _equal_weights(rebuilt, model)
+    assert restore(payload, _model(2)) == STATE
+
+
+# ----------------------------------------------------------------------------------------------
+# Special ids: the vocabularies' everywhere
+
+
+def test_train_refuses_config_ids_that_differ_from_vocabularies(tmp_path) -> None:
+    """Regression: pad_id=5 used to train while collate padded with 0 and the loss masked 5."""
+    model = _model(pad_id=5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(ValueError, match=r"^model config pad_id=5 but src_vocab.pad_id=0: ") as err:
+        train(model, _examples(16), TrainConfig(max_steps=2), src_vocab=VOCAB, tgt_vocab=VOCAB,
+              checkpoint_dir=tmp_path / "run", log=lambda s: None)
+    assert "\n" not in str(err.value)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(ValueError, match="model config bos_id=5 but src_vocab.bos_id=1"):
+        checkpoint_payload(_model(bos_id=5), src_vocab=VOCAB, tgt_vocab=VOCAB)
+
+
+def test_load_refuses_checkpoint_whose_ids_differ_from_its_vocabularies() -> None:
+    payload = _payload(_model())
+    payload["model_config"] = {**payload["model_config"], "eos_id": 7}
+    with pytest.raises(ValueError, match="checkpoint is inconsistent: model config eos_id=7 but "
+                                         "src_vocab.eos_id=2"):
+        model_from_checkpoint(payload)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -329,9 +512,12 @@ def test_train_early_stopping_and_best(tmp_path) -> None:
     assert (result.step, result.stopped) == (8, "patience")
     assert result.evals == [(2, 1.0), (4, 2.0), (6, 1.5), (8, 1.9)]
     assert (result.best_metric, result.best_step) == (2.0, 4)
-    assert load_checkpoint(result.best_checkpoint)["step"] == 4
+    assert load_checkpoint(result.best_checkpoint)["train_state"]["step"] == 4
     last = load_checkpoint(result.last_checkpoint)
-    assert last["step"] == 8 and last["extra"] == {"tokenizer": {"lowercase": True}}
+    assert last["train_state"]["step"] == 8 and last["extra"] == {"tokenizer": {"lowercase": True}}
+    assert TrainState.from_dict(last["train_state"]) == TrainState(
+        step=8, epoch=1, position=3, best_metric=2.0, best_step=4, bad_evals=2,
+        elapsed_s=last["train_state"]["elapsed_s"])
 
 
 def test_train_time_budget_and_token_batches() -> None:
@@ -392,6 +578,39 @@ def test_resume_after_crash_from_periodic_checkpoint(tmp_path) -> None:
     assert _equal_weights(resumed, straight)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "step_00000008.pt", "step_00000012.pt", "step_00000014.pt"]
+
+
+def test_pieces_make_the_same_run_as_train(tmp_path) -> None:
+    """The loop of bahdanau.train's docstring, written out, trains exactly as train()."""
+    examples = _examples(40)
+    cfg = TrainConfig(batch_size=8, bucket=2, max_steps=9, log_every=100, save_every=4)
+    whole = _model(0, dropout=0.2)
+    train(whole, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB, log=lambda s: None)
+
+    mine = _model(0, dropout=0.2)
+    run = setup_run(mine, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                    checkpoint_dir=tmp_path)
+    while not stop_reason(run):
+        stats = run_step(run)
+        assert stats.n_tokens > 0
+        if run.state.step % cfg.save_every == 0:
+            save_run(run)
+    assert stop_reason(run) == "max_steps"
+    assert (run.state.step, run.state.epoch, run.state.position) == (9, 1, 4)
+    assert _equal_weights(mine, whole)
+    assert [p.name for p in CheckpointManager(tmp_path).checkpoints()] == [
+        "step_00000004.pt", "step_00000008.pt"]
+
+
+def test_no_resume_refuses_a_directory_with_checkpoints(tmp_path) -> None:
+    cfg = TrainConfig(batch_size=8, max_steps=2, log_every=100)
+    train(_model(), _examples(16), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+          checkpoint_dir=tmp_path, log=lambda s: None)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(ValueError, match="holds checkpoints of an earlier run"):
+        train(_model(), _examples(16), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+              checkpoint_dir=tmp_path, resume=False, log=lambda s: None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_resume_refuses_other_vocabulary(tmp_path) -> None:
