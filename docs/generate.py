@@ -237,14 +237,17 @@ PAPER_MAP: list[tuple[str, list[Row]]] = [
         Row("A.2.1", "fwd h_i = (1 - fwd z_i) * fwd h_{i-1} + fwd z_i * fwd h~_i, fwd h_0 = 0; "
             "gates fwd z_i, fwd r_i and candidate fwd h~_i from fwd W, fwd U",
             (C("bahdanau.encoder:BiRNNEncoder.__init__", "self.rnn = nn.GRU", "BiRNNEncoder.rnn"),
-             C("bahdanau.encoder:BiRNNEncoder.forward", "packed = pack_padded_sequence"),
+             C("bahdanau.encoder:BiRNNEncoder._packed_gru", "packed = pack_padded_sequence"),
              C("bahdanau.encoder:BiRNNEncoder._paper_gru")),
             "fwd W, fwd U -> `rnn.weight_ih_l0`, `rnn.weight_hh_l0` (torch names); padded "
-            "positions are skipped (packed sequences, or kept states in `_paper_gru`)"),
+            "positions are skipped (packed sequences, or kept states in `_paper_gru`; traced "
+            "code: `_padded_gru` drops them)"),
         Row("A.2.1", "bwd h_i: the same recursion from x_{T_x} down to x_1",
-            (C("bahdanau.encoder:BiRNNEncoder._paper_gru", "for d, x in"),),
+            (C("bahdanau.encoder:BiRNNEncoder._paper_gru", "for d, x in"),
+             C("bahdanau.encoder:BiRNNEncoder._padded_gru", "flip = torch.where")),
             "bwd W, bwd U -> `rnn.weight_ih_l0_reverse`, `rnn.weight_hh_l0_reverse`; the "
-            "backward GRU starts at each sentence's last real token"),
+            "backward GRU starts at each sentence's last real token (traced code: it runs over "
+            "each sentence reversed in place)"),
         Row("A.2.1", "h_i = [fwd h_i ; bwd h_i]",
             (C("bahdanau.encoder:BiRNNEncoder.forward"),),
             "returns `annotations` (B, S, 2H) and the `mask` (B, S)"),
