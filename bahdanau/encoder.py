@@ -3,17 +3,106 @@
 Bahdanau et al. (2015), section 3.2 and appendix A.2.1. Padding is handled exactly: the forward
 GRU stops at each sentence's last real token and the backward GRU starts there, so a sentence's
 annotations do not depend on how much padding its batch adds. Annotations at padding are 0.
+
+Two paths compute the same annotations:
+
+* eager: `torch.nn.GRU` over a `PackedSequence` (torch form), or one loop over positions that
+  keeps each direction's state at padding (paper form);
+* traced (`torch.compile`, `torch.export`): no `PackedSequence`. Each direction is one call of
+  the registered op `torch.ops.bahdanau.gru_layer` over the padded batch; the backward direction
+  reads each sentence reversed in place by a gather (position j reads len-1-j, padding stays)
+  and is gathered back. The op is one node in the graph, so B and S stay dynamic.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from bahdanau import functional
-from bahdanau._checks import check_lengths, check_tensor, check_token_ids
+from bahdanau._checks import check_dims, check_lengths, check_tensor, check_token_ids
 from bahdanau.config import GRU_FORMS
+
+
+def _gru_layer(x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor,
+               bias_hh: Tensor, paper: bool, *, train: bool = False) -> Tensor:
+    """One GRU direction over every position, left to right from h_0 = 0.
+
+    The torch form runs `torch.nn.GRU`'s kernel; the paper form loops over S with
+    `functional.gru_update` (reset gate before U_n).
+
+    Args:
+        x: (B, S, E) inputs.
+        weight_ih, weight_hh, bias_ih, bias_hh: (3H, E), (3H, H), (3H,), (3H,), one direction of
+            `nn.GRU` (gates r, z, n).
+        paper: the paper form.
+        train: passed to the torch form's kernel (cuDNN keeps what backward needs).
+    Returns:
+        (B, S, H) the states h_1 .. h_S.
+    """
+    if not paper:
+        h0 = x.new_zeros(1, x.shape[0], weight_hh.shape[1])
+        out, _ = torch.ops.aten.gru.input(x, h0, [weight_ih, weight_hh, bias_ih, bias_hh],
+                                          True, 1, 0.0, train, False, True)
+        return out.contiguous()
+    hidden = weight_hh.shape[1]
+    x_gates = F.linear(x, weight_ih, bias_ih)                     # (B, S, 3H)
+    w_rz, w_n = weight_hh.split([2 * hidden, hidden])
+    b_rz, b_n = bias_hh.split([2 * hidden, hidden])
+    h = x.new_zeros(x.shape[0], hidden)
+    states = []
+    for t in range(x.shape[1]):
+        h = functional.gru_update(x_gates[:, t], F.linear(h, w_rz, b_rz), h, weight_hn=w_n,
+                                  bias_hn=b_n)
+        states.append(h)
+    return torch.stack(states, dim=1)
+
+
+@torch.library.custom_op("bahdanau::gru_layer", mutates_args=())
+def _gru_layer_op(x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor,
+                  bias_hh: Tensor, paper: bool) -> Tensor:
+    """`_gru_layer` as one registered op, which tracing keeps whole, so S stays dynamic.
+
+    Tracing `nn.GRU` or the Python loop would unroll the S steps and fix S. Differentiable once:
+    the backward recomputes the forward and takes its vector-Jacobian product.
+    """
+    return _gru_layer(x, weight_ih, weight_hh, bias_ih, bias_hh, paper)
+
+
+@_gru_layer_op.register_fake
+def _(x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor, bias_hh: Tensor,
+      paper: bool) -> Tensor:
+    return x.new_empty(x.shape[0], x.shape[1], weight_hh.shape[1])
+
+
+@torch.library.custom_op("bahdanau::gru_layer_backward", mutates_args=())
+def _gru_layer_backward_op(grad: Tensor, x: Tensor, weight_ih: Tensor, weight_hh: Tensor,
+                           bias_ih: Tensor, bias_hh: Tensor, paper: bool) -> list[Tensor]:
+    """Gradients of `bahdanau::gru_layer` for x and the four weights."""
+    _, vjp = torch.func.vjp(lambda *args: _gru_layer(*args, paper, train=True),
+                            x, weight_ih, weight_hh, bias_ih, bias_hh)
+    return list(vjp(grad))
+
+
+@_gru_layer_backward_op.register_fake
+def _(grad: Tensor, x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor,
+      bias_hh: Tensor, paper: bool) -> list[Tensor]:
+    return [torch.empty_like(t) for t in (x, weight_ih, weight_hh, bias_ih, bias_hh)]
+
+
+def _gru_layer_setup(ctx, inputs: tuple, output: Tensor) -> None:
+    ctx.save_for_backward(*inputs[:5])
+    ctx.paper = inputs[5]
+
+
+def _gru_layer_grad(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+    grads = _gru_layer_backward_op(grad.contiguous(), *ctx.saved_tensors, ctx.paper)
+    return (*grads, None)
+
+
+_gru_layer_op.register_autograd(_gru_layer_grad, setup_context=_gru_layer_setup)
 
 
 def init_recurrent_(weight: Tensor, hidden_size: int) -> None:
@@ -35,6 +124,19 @@ class BiRNNEncoder(nn.Module):
         gru_form: "torch" uses `torch.nn.GRU` (reset gate applied after U: r * (U h + b)), the
             fast path; "paper" runs the paper's GRU (U (r * h)) in a Python loop over positions,
             both directions at once. See `bahdanau.functional.gru_update`.
+
+    Paths: eager calls take the packed path (torch form) or `_paper_gru` (paper form); under
+    `torch.compile` and `torch.export` both forms take `_padded_gru`, whose graph has no loop
+    over S, so B and S can be dynamic. They agree (tested in float64, gradients included). Packed
+    stays the eager default, being faster: forward + backward at B=80, S=30, E=H=256 on two CPU
+    threads, about 80 ms packed and 125 ms padded (`examples/benchmarks/bench_encoder.py`).
+    `torch.compile` needs `torch._dynamo.config.patch(allow_rnn=True)` around its calls (dynamo
+    refuses to read an `nn.GRU` otherwise; it is only read, never traced). An exported program
+    needs `bahdanau.encoder` imported to run (it registers the op).
+
+    Value checks (lengths in [1, S], ids in [0, V)) read tensors back to the host, so traced code
+    skips them and keeps the rank, dtype and batch-size checks; call `check_inputs` on a batch
+    before a compiled or exported encoder to check it.
     """
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, *, pad_id: int = 0,
@@ -79,23 +181,71 @@ class BiRNNEncoder(nn.Module):
         Raises:
             ValueError: wrong ranks or dtypes, empty sentences, lengths beyond S, ids outside V.
         """
-        check_tensor("src", src, 2, integer=True)
-        batch, src_len = src.shape
-        check_lengths("src_lengths", src_lengths, batch, src_len)
-        mask = functional.lengths_to_mask(src_lengths.to(src.device), src_len)
-        check_token_ids("src", src, self.vocab_size)              # padding is embedded too
+        if torch.compiler.is_compiling():        # no host reads in a graph: shapes only
+            check_tensor("src", src, 2, integer=True)
+            check_tensor("src_lengths", src_lengths, 1, integer=True)
+            check_dims("BiRNNEncoder", [("src_lengths", src_lengths, 0, src.shape[0])])
+        else:
+            self.check_inputs(src, src_lengths)
+        lengths = src_lengths.to(src.device)
+        mask = functional.lengths_to_mask(lengths, src.shape[1])
         embedded = self.dropout(self.embedding(src))              # (B, S, E)
+        if torch.compiler.is_compiling():
+            return self._padded_gru(embedded, lengths, mask), mask
         if self.gru_form == "paper":
             return self._paper_gru(embedded, mask), mask
+        return self._packed_gru(embedded, src_lengths), mask
+
+    def check_inputs(self, src: Tensor, src_lengths: Tensor) -> None:
+        """The checks of `forward` in eager mode, value checks included (they read the device).
+
+        Args:
+            src: (B, S) source token ids.
+            src_lengths: (B,) number of real tokens per sentence.
+        Raises:
+            ValueError: wrong ranks or dtypes, empty sentences, lengths beyond S, ids outside V.
+        """
+        check_tensor("src", src, 2, integer=True)
+        check_lengths("src_lengths", src_lengths, src.shape[0], src.shape[1])
+        check_token_ids("src", src, self.vocab_size)              # padding is embedded too
+
+    def _packed_gru(self, embedded: Tensor, src_lengths: Tensor) -> Tensor:
+        """Torch form over a `PackedSequence`, which skips padding: (B, S, E) -> (B, S, 2H)."""
+        src_len = embedded.shape[1]
         lengths = src_lengths.cpu()
         if bool((lengths == src_len).all()):
-            annotations, _ = self.rnn(embedded)                   # (B, S, 2H) no padding at all
-        else:
-            packed = pack_padded_sequence(embedded, lengths, batch_first=True,
-                                          enforce_sorted=False)
-            out, _ = self.rnn(packed)
-            annotations, _ = pad_packed_sequence(out, batch_first=True, total_length=src_len)
-        return annotations, mask
+            annotations, _ = self.rnn(embedded)                   # no padding at all
+            return annotations
+        packed = pack_padded_sequence(embedded, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = self.rnn(packed)
+        annotations, _ = pad_packed_sequence(out, batch_first=True, total_length=src_len)
+        return annotations
+
+    def _padded_gru(self, embedded: Tensor, lengths: Tensor, mask: Tensor) -> Tensor:
+        """Either form without a `PackedSequence`, traceable with dynamic B and S.
+
+        Each direction runs every position of the padded batch; the forward direction's states
+        past a sentence's end are dropped, and the backward direction runs left to right over
+        each sentence reversed in place (position j < len reads len-1-j, padding stays), the same
+        gather putting its states back.
+
+        Args:
+            embedded: (B, S, E) embedded source.
+            lengths: (B,) lengths, on the device of `embedded`.
+            mask: (B, S) True at real tokens.
+        Returns:
+            (B, S, 2H) annotations, 0 at padding.
+        """
+        rnn, paper = self.rnn, self.gru_form == "paper"
+        positions = torch.arange(embedded.shape[1], device=embedded.device)
+        flip = torch.where(mask, lengths[:, None] - 1 - positions, positions)[..., None]
+        fwd = _gru_layer_op(embedded, rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0,
+                            rnn.bias_hh_l0, paper)                              # (B, S, H)
+        flipped = embedded.gather(1, flip.expand_as(embedded))                  # (B, S, E)
+        bwd = _gru_layer_op(flipped, rnn.weight_ih_l0_reverse, rnn.weight_hh_l0_reverse,
+                            rnn.bias_ih_l0_reverse, rnn.bias_hh_l0_reverse, paper)
+        bwd = bwd.gather(1, flip.expand_as(bwd))                                # (B, S, H)
+        return torch.cat([fwd, bwd], dim=-1).masked_fill(~mask[..., None], 0.0)
 
     def _paper_gru(self, embedded: Tensor, mask: Tensor) -> Tensor:
         """Both directions of the paper's GRU in one loop (fwd at position t, bwd at S-1-t)."""

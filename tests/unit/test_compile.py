@@ -70,7 +70,7 @@ def test_compiled_loss_is_one_graph_equal_to_eager(engine, attention) -> None:
     torch._dynamo.reset()
     with torch._dynamo.config.patch(allow_rnn=True):
         compiled = torch.compile(model.loss, fullgraph=True, backend="aot_eager", dynamic=True)
-        for sizes, seed in (((5, 2, 4), 1), ((3, 7, 1, 6), 2)):  # a second shape: no retrace
+        for sizes, seed in (((5, 2, 4), 1), ((3, 7, 1, 6), 2)):  # and a second shape
             assert_grads_equal(model, (compiled, model.loss), *batch(sizes, seed))
 
 

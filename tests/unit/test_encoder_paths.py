@@ -1,0 +1,148 @@
+"""BiRNNEncoder's traced path (no PackedSequence) against its eager paths, compiled and exported."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._dynamo.testing import CompileCounterWithBackend
+from torch.export import Dim
+
+from bahdanau import BiRNNEncoder, ModelConfig, RNNSearch, functional
+
+V, E, H = 13, 6, 5
+FORMS = ["torch", "paper"]
+
+
+def random_encoder(gru_form: str, seed: int = 0) -> BiRNNEncoder:
+    """A float64 encoder with weights large enough that any mistake shows in the output."""
+    encoder = BiRNNEncoder(V, E, H, gru_form=gru_form).double()
+    gen = torch.Generator().manual_seed(seed)
+    for p in encoder.parameters():
+        p.data = 0.5 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
+    return encoder
+
+
+def padded_batch(lengths: list[int], src_len: int, seed: int = 1,
+                 vocab: int = V) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    src_lengths = torch.tensor(lengths)
+    src = torch.randint(1, vocab, (len(lengths), src_len), generator=gen)
+    src[~functional.lengths_to_mask(src_lengths, src_len)] = 0
+    return src, src_lengths
+
+
+def padded_path(encoder: BiRNNEncoder, src: torch.Tensor, src_lengths: torch.Tensor):
+    """The path `forward` takes under tracing, called directly in eager mode."""
+    mask = functional.lengths_to_mask(src_lengths, src.shape[1])
+    return encoder._padded_gru(encoder.embedding(src), src_lengths, mask), mask
+
+
+def grads(encoder: BiRNNEncoder, out: torch.Tensor, weights: torch.Tensor) -> dict:
+    encoder.zero_grad()
+    (out * weights).sum().backward()
+    return {name: p.grad.clone() for name, p in encoder.named_parameters()}
+
+
+def no_padded_path(*args, **kwargs):
+    raise AssertionError("eager forward took the padded path")
+
+
+@pytest.mark.parametrize("gru_form", FORMS)
+def test_padded_path_equals_eager_path(gru_form: str, monkeypatch) -> None:
+    """float64: annotations and every parameter's gradient, mixed lengths (1 and full incl.)."""
+    encoder = random_encoder(gru_form)
+    src, src_lengths = padded_batch([6, 1, 4, 6, 2], 6)
+    with monkeypatch.context() as patch:                     # packed (torch) or loop (paper)
+        patch.setattr(encoder, "_padded_gru", no_padded_path)
+        eager, mask = encoder(src, src_lengths)
+    padded, padded_mask = padded_path(encoder, src, src_lengths)
+    assert torch.equal(mask, padded_mask)
+    assert (padded[~mask] == 0).all() and (eager[~mask] == 0).all()
+    assert (padded[mask].abs() > 1e-3).any(dim=-1).all()
+    torch.testing.assert_close(padded, eager, rtol=1e-12, atol=1e-12)
+    # a sentence alone, without padding, gives the same annotations (the reversal is per row)
+    alone, _ = encoder(src[2:3, :4], src_lengths[2:3])
+    torch.testing.assert_close(padded[2, :4], alone[0], rtol=1e-12, atol=1e-12)
+
+    weights = torch.randn(eager.shape, generator=torch.Generator().manual_seed(2),
+                          dtype=torch.float64)
+    want, got = grads(encoder, eager, weights), grads(encoder, padded, weights)
+    assert set(got) == {name for name, _ in encoder.named_parameters()}
+    for name in want:
+        assert want[name].abs().max() > 1e-3, name
+        torch.testing.assert_close(got[name], want[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("gru_form", FORMS)
+def test_gru_layer_op(gru_form: str) -> None:
+    """The registered op: schema, fake implementation, autograd (finite differences)."""
+    gen = torch.Generator().manual_seed(3)
+    args = [torch.randn(shape, generator=gen, dtype=torch.float64, requires_grad=True)
+            for shape in [(2, 3, 4), (9, 4), (9, 3), (9,), (9,)]]
+    op = torch.ops.bahdanau.gru_layer.default
+    torch.library.opcheck(op, (*args, gru_form == "paper"))
+    assert torch.autograd.gradcheck(lambda *a: op(*a, gru_form == "paper"), args)
+
+
+@pytest.mark.parametrize("gru_form", FORMS)
+def test_compile_fullgraph_equals_eager(gru_form: str) -> None:
+    """No graph break (fullgraph), value checks skipped in the graph, same outputs and grads."""
+    torch._dynamo.reset()
+    encoder = random_encoder(gru_form)
+    backend = CompileCounterWithBackend("aot_eager")      # aot_eager, recording the graphs
+    compiled = torch.compile(encoder, fullgraph=True, backend=backend)
+    for lengths, src_len in [([5, 1, 3], 5), ([7, 2, 7, 4], 7)]:
+        src, src_lengths = padded_batch(lengths, src_len)
+        want, want_mask = encoder(src, src_lengths)
+        with torch._dynamo.config.patch(allow_rnn=True):   # lets dynamo read encoder.rnn
+            got, got_mask = compiled(src, src_lengths)
+        assert torch.equal(got_mask, want_mask) and (got[~got_mask] == 0).all()
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        weights = torch.randn(want.shape, generator=torch.Generator().manual_seed(4),
+                              dtype=torch.float64)
+        expected, actual = grads(encoder, want, weights), grads(encoder, got, weights)
+        for name in expected:
+            torch.testing.assert_close(actual[name], expected[name], rtol=1e-10, atol=1e-12,
+                                       msg=name)
+    assert backend.graphs
+    for graph in backend.graphs:                            # the padded path, both directions
+        assert graph.code.count("bahdanau.gru_layer") == 2 and "pack" not in graph.code
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("gru_form", FORMS)
+def test_export_dynamic_batch_and_length(gru_form: str) -> None:
+    """Exported with dynamic B and S at one shape, the program matches eager at another."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(src_vocab_size=20, tgt_vocab_size=20, embed_size=8, hidden_size=6,
+                      decoder_size=10, align_size=7, maxout_size=4, gru_form=gru_form)
+    encoder = RNNSearch.from_config(cfg).eval().encoder
+    src, src_lengths = padded_batch([6, 1, 4], 6, vocab=20)
+    batch, length = Dim("batch"), Dim("length")
+    program = torch.export.export(encoder, (src, src_lengths),
+                                  dynamic_shapes=({0: batch, 1: length}, {0: batch}))
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert "bahdanau.gru_layer.default" in targets
+    assert not any("gru.input" in t or "pack" in t for t in targets), targets
+
+    src2, src_lengths2 = padded_batch([9, 3, 1, 9, 5], 9, seed=5, vocab=20)
+    want, want_mask = encoder(src2, src_lengths2)
+    got, got_mask = program.module()(src2, src_lengths2)
+    assert got.shape == (5, 9, 12) and torch.equal(got_mask, want_mask)
+    assert (got[~got_mask] == 0).all()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("gru_form", FORMS)
+def test_eager_checks_values(gru_form: str) -> None:
+    encoder = random_encoder(gru_form)
+    src, src_lengths = padded_batch([3, 1], 3)
+    big = src.clone()
+    big[0, 1] = V
+    for bad_src, bad_lengths, match in [(src, torch.tensor([3, 0]), "at least one token"),
+                                        (src, torch.tensor([4, 1]), "longer than the padded"),
+                                        (big, src_lengths, "outside the vocabulary")]:
+        with pytest.raises(ValueError, match=match):
+            encoder(bad_src, bad_lengths)
+        with pytest.raises(ValueError, match=match):
+            encoder.check_inputs(bad_src, bad_lengths)
