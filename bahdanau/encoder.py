@@ -83,13 +83,13 @@ def _gru_layer_backward_op(grad: Tensor, x: Tensor, weight_ih: Tensor, weight_hh
     """Gradients of `bahdanau::gru_layer` for x and the four weights."""
     _, vjp = torch.func.vjp(lambda *args: _gru_layer(*args, paper, train=True),
                             x, weight_ih, weight_hh, bias_ih, bias_hh)
-    return list(vjp(grad))
+    return [g.contiguous() for g in vjp(grad)]
 
 
 @_gru_layer_backward_op.register_fake
 def _(grad: Tensor, x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor,
       bias_hh: Tensor, paper: bool) -> list[Tensor]:
-    return [torch.empty_like(t) for t in (x, weight_ih, weight_hh, bias_ih, bias_hh)]
+    return [t.new_empty(t.shape) for t in (x, weight_ih, weight_hh, bias_ih, bias_hh)]
 
 
 def _gru_layer_setup(ctx, inputs: tuple, output: Tensor) -> None:

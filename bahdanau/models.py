@@ -9,10 +9,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from bahdanau import functional
-from bahdanau._checks import check_dims, check_tensor
+from bahdanau._checks import check_dims, check_tensor, check_token_ids
 from bahdanau.attention import AdditiveAttention, LuongAttention
 from bahdanau.config import ENGINES, ModelConfig
 from bahdanau.decoder import AttentiveDecoder, DecoderState, StepOutput
@@ -74,6 +75,29 @@ class RNNSearch(nn.Module):
             return self.decoder.step(prev_tokens, state, memory)
         return self.engine.step(prev_tokens, state, memory)
 
+    def check_batch(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor | None = None,
+                    tgt_out: Tensor | None = None) -> None:
+        """Every check of `forward` and `loss` on a batch, the value checks included.
+
+        In eager mode the model runs these itself. Under `torch.compile` and `torch.export` the
+        value checks (lengths against padding, ids in the vocabularies), which read the tensors'
+        contents, stay out of the graph: code that calls a compiled or exported model calls this
+        first, once per batch, in eager code.
+
+        Raises:
+            ValueError: naming the tensor and the problem.
+        """
+        self.encoder.check_inputs(src, src_lengths)
+        for name, ids in (("tgt_in", tgt_in), ("tgt_out", tgt_out)):
+            if ids is not None:
+                check_tensor(name, ids, 2, integer=True)
+                check_dims("check_batch", [(name, ids, 0, src.shape[0])])
+                check_token_ids(name, ids, self.decoder.vocab_size)
+        if tgt_in is not None and tgt_out is not None and tgt_out.shape != tgt_in.shape:
+            raise ValueError(
+                f"tgt_out {tuple(tgt_out.shape)} and tgt_in {tuple(tgt_in.shape)} differ in shape"
+            )
+
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, *,
                 return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
         """Teacher-forced scores.
@@ -121,6 +145,8 @@ class RNNSearch(nn.Module):
                 f"tgt_out {tuple(tgt_out.shape)} and tgt_in {tuple(tgt_in.shape)} differ in shape"
             )
         check_dims("loss", [("tgt_in", tgt_in, 0, src.shape[0])])
+        if not torch.compiler.is_compiling():                     # see check_batch
+            check_token_ids("tgt_out", tgt_out, self.decoder.vocab_size)
         state, memory = self.encode(src, src_lengths)
         if self.engine is not None:
             return self.engine.loss(tgt_in, tgt_out, state, memory,

@@ -55,6 +55,27 @@ def test_loss_shape_mismatch(model) -> None:
         model.loss(SRC, LENGTHS, TGT, TGT[:, :1])
 
 
+def test_loss_target_ids_are_checked(model) -> None:
+    with pytest.raises(ValueError, match="tgt_out holds token id 99"):
+        model.loss(SRC, LENGTHS, TGT, torch.tensor([[5, 99], [6, 2]]))
+
+
+@pytest.mark.parametrize(("args", "match"), [
+    ((SRC, torch.tensor([4, 2])), "longer than the padded length 3"),
+    ((SRC, torch.tensor([3, 0])), "at least one token"),
+    ((torch.tensor([[5, 6, 16], [8, 9, 0]]), LENGTHS), "src holds token id 16"),
+    ((SRC, LENGTHS, torch.tensor([[1, 99], [1, 6]])), "tgt_in holds token id 99"),
+    ((SRC, LENGTHS, TGT, torch.tensor([[5, -1], [6, 2]])), "tgt_out holds token id -1"),
+    ((SRC, LENGTHS, TGT, TGT[:, :1]), "differ in shape"),
+    ((SRC, LENGTHS, TGT[:1]), "tgt_in has shape"),
+])
+def test_check_batch_has_every_value_check(model, args, match) -> None:
+    """What code calling a compiled model runs first, in eager code."""
+    with pytest.raises(ValueError, match=match):
+        model.check_batch(*args)
+    model.check_batch(SRC, LENGTHS, TGT, TGT)
+
+
 def _attention_inputs():
     attn = AdditiveAttention(query_size=4, key_size=6, align_size=5, impl="reference")
     return attn, torch.randn(2, 4), torch.randn(2, 3, 6), \
