@@ -190,9 +190,10 @@ def _load(args: argparse.Namespace) -> tuple[torch.nn.Module, Vocab, Vocab, Defa
 
 
 def _report(model, sources: list[str], references: list[str], src_vocab: Vocab, tgt_vocab: Vocab,
-            tokenizer: DefaultTokenizer, args: argparse.Namespace) -> tuple[dict[str, Any], list]:
+            tokenizer: DefaultTokenizer, args: argparse.Namespace, search: BeamSearch
+            ) -> tuple[dict[str, Any], list]:
     start = time.perf_counter()
-    out = translate_corpus(model, sources, src_vocab, tgt_vocab, tokenizer, search=_search(args),
+    out = translate_corpus(model, sources, src_vocab, tgt_vocab, tokenizer, search=search,
                            batch_size=args.batch_size, unk_replace=args.unk_replace,
                            device=args.device)
     seconds = time.perf_counter() - start
@@ -236,6 +237,7 @@ def _train(args: argparse.Namespace) -> None:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise UsageError("the train command runs one process; for several GPUs call "
                          "bahdanau.train.train under torchrun (docs/guides/multi-gpu.md)")
+    search = _search(args)                                        # checked before any work
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     out = Path(args.out)
@@ -283,7 +285,7 @@ def _train(args: argparse.Namespace) -> None:
     model.eval()
     sources, references = [s for s, _ in test_pairs], [t for _, t in test_pairs]
     metrics, translations = _report(model, sources, references, src_vocab, tgt_vocab, tokenizer,
-                                    args)
+                                    args, search)
     (out / "test.hyp.txt").write_text("".join(t.text + "\n" for t in translations),
                                       encoding="utf-8")
     pick = min(range(len(sources)), key=lambda i: abs(len(tokenizer.tokenize(sources[i])) - 12))
@@ -332,7 +334,8 @@ def _evaluate(args: argparse.Namespace) -> None:
     references = read_lines(_existing(args.ref, "--ref"))
     if len(sources) != len(references):
         raise UsageError(f"--src has {len(sources)} lines but --ref has {len(references)}")
-    metrics, out = _report(model, sources, references, src_vocab, tgt_vocab, tokenizer, args)
+    metrics, out = _report(model, sources, references, src_vocab, tgt_vocab, tokenizer, args,
+                           _search(args))
     _print_metrics(metrics)
     if args.output:
         Path(args.output).write_text("".join(t.text + "\n" for t in out), encoding="utf-8")

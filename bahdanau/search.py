@@ -23,6 +23,7 @@ added, so a live hypothesis with log-probability l can at best score l (none), l
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -150,7 +151,16 @@ class BeamSearch:
     early_stopping: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.beam_size, int) or self.beam_size < 1:
+        for name in ("beam_size", "n_best", "max_len", "min_len"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{name} must be an int, got {value!r}")
+        for name in ("max_len_ratio", "alpha"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number, got {value!r}")
+        if self.beam_size < 1:
             raise ValueError(f"beam_size must be an int >= 1, got {self.beam_size!r}")
         if not 1 <= self.n_best <= self.beam_size:
             raise ValueError(f"n_best must be in [1, beam_size={self.beam_size}], "
@@ -162,6 +172,8 @@ class BeamSearch:
                              f"and >= 1")
         if self.max_len_ratio is not None and self.max_len_ratio <= 0:
             raise ValueError(f"max_len_ratio must be > 0, got {self.max_len_ratio}")
+        if self.alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
         if self.length_penalty not in LENGTH_PENALTIES:
             raise ValueError(f"length_penalty must be one of {LENGTH_PENALTIES}, "
                              f"got {self.length_penalty!r}")

@@ -112,6 +112,18 @@ def test_help_and_bad_option() -> None:
     assert "unrecognized arguments: --bogus" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.parametrize(("option", "match"), [
+    (["--max-len-ratio", "inf"], "max_len_ratio must be a finite number"),
+    (["--max-len-ratio", "nan"], "max_len_ratio must be a finite number"),
+    (["--beam-size", "0"], "beam_size must be an int >= 1"),
+])
+def test_train_checks_decoding_options_before_any_work(tmp_path, capsys, option, match) -> None:
+    """The test set is decoded after training: its options are refused before training starts."""
+    assert main(["train", "--out", str(tmp_path / "run"), "--max-steps", "1", *option]) == 2
+    assert match in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
 def test_train_refuses_several_processes(monkeypatch, tmp_path, capsys) -> None:
     """Under torchrun (WORLD_SIZE > 1) the command would start independent runs sharing one
     output folder; it refuses and points to the Python API instead."""

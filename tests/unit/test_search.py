@@ -185,6 +185,12 @@ def test_replace_unk() -> None:
     (dict(min_len=5, max_len=4), "max_len"),
     (dict(length_penalty="wu"), "length_penalty"),
     (dict(max_len_ratio=0.0), "max_len_ratio"),
+    (dict(max_len_ratio=float("inf")), "max_len_ratio must be a finite number"),
+    (dict(max_len_ratio=float("nan")), "max_len_ratio must be a finite number"),
+    (dict(alpha=float("nan")), "alpha must be a finite number"),
+    (dict(alpha=-1.0), "alpha must be >= 0"),
+    (dict(max_len=2.5), "max_len must be an int"),
+    (dict(beam_size=True), "beam_size must be an int"),
 ])
 def test_config_errors(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
