@@ -71,3 +71,15 @@ def check_lengths(name: str, lengths: Tensor, batch: int, max_len: int) -> None:
         raise ValueError(f"{name} holds length {low}: every sequence needs at least one token")
     if high > max_len:
         raise ValueError(f"{name} holds length {high}, longer than the padded length {max_len}")
+
+
+def check_padding(name: str, ids: Tensor, lengths: Tensor, pad_id: int) -> None:
+    """(B, S) ids hold pad_id exactly at the positions past each row's length."""
+    real = torch.arange(ids.shape[1], device=ids.device)[None, :] < lengths.to(ids.device)[:, None]
+    wrong = (ids == pad_id) == real                              # pad inside, or a token after
+    if bool(wrong.any()):
+        row, pos = (int(i) for i in torch.nonzero(wrong)[0])
+        where = "inside" if pos < int(lengths[row]) else "after"
+        raise ValueError(f"{name} row {row} has {'pad_id' if where == 'inside' else 'a token'} "
+                         f"at position {pos}, {where} its length {int(lengths[row])}: lengths "
+                         f"and padding (pad_id={pad_id}) disagree")

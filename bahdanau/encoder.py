@@ -22,7 +22,13 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from bahdanau import functional
-from bahdanau._checks import check_dims, check_lengths, check_tensor, check_token_ids
+from bahdanau._checks import (
+    check_dims,
+    check_lengths,
+    check_padding,
+    check_tensor,
+    check_token_ids,
+)
 from bahdanau.config import GRU_FORMS
 
 
@@ -208,6 +214,7 @@ class BiRNNEncoder(nn.Module):
         check_tensor("src", src, 2, integer=True)
         check_lengths("src_lengths", src_lengths, src.shape[0], src.shape[1])
         check_token_ids("src", src, self.vocab_size)              # padding is embedded too
+        check_padding("src", src, src_lengths, self.pad_id)
 
     def _packed_gru(self, embedded: Tensor, src_lengths: Tensor) -> Tensor:
         """Torch form over a `PackedSequence`, which skips padding: (B, S, E) -> (B, S, 2H)."""

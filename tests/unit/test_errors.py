@@ -50,6 +50,18 @@ def test_padding_ids_are_checked_too(model) -> None:
         model(torch.tensor([[5, 6, 7], [8, 9, 999]]), LENGTHS, TGT)
 
 
+@pytest.mark.parametrize(("src", "match"), [
+    (torch.tensor([[5, 0, 7], [8, 9, 0]]), "row 0 has pad_id at position 1, inside its length 3"),
+    (torch.tensor([[5, 6, 7], [8, 9, 4]]), "row 1 has a token at position 2, after its length 2"),
+])
+def test_lengths_must_agree_with_the_padding(model, src, match) -> None:
+    """A length that disagrees with the padding would silently cut or pad a sentence."""
+    with pytest.raises(ValueError, match=match):
+        model(src, LENGTHS, TGT)
+    with pytest.raises(ValueError, match=match):
+        model.translate(src, LENGTHS, beam_size=2, max_len=3)
+
+
 def test_loss_shape_mismatch(model) -> None:
     with pytest.raises(ValueError, match="tgt_out"):
         model.loss(SRC, LENGTHS, TGT, TGT[:, :1])

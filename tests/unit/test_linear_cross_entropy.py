@@ -105,8 +105,9 @@ def test_model_loss_equals_sequence_nll_of_forward() -> None:
     model = RNNSearch.from_config(presets.tiny()).double()
     for p in model.parameters():
         torch.nn.init.normal_(p, std=0.5)
-    src = torch.randint(4, 16, (3, 6))
     src_lengths = torch.tensor([6, 2, 4])
+    src = torch.randint(4, 16, (3, 6))
+    src[~functional.lengths_to_mask(src_lengths, 6)] = 0
     tgt_in = torch.randint(4, 16, (3, 5))
     tgt_out = torch.randint(4, 16, (3, 5))
     tgt_out[1, 3:] = 0
