@@ -39,6 +39,7 @@ states a decoder passes are built from them.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, NamedTuple
 
 import torch
@@ -57,16 +58,18 @@ class AttentionStep(NamedTuple):
     state: Tensor | None          # the next per-row attention state, or None
 
 
-class Attention(nn.Module):
+class Attention(nn.Module, ABC):
     """Base class of the decoder-attention seam; see the module docstring for the protocol.
 
     Subclasses set `query_size` (D, the decoder state) and `key_size` (2H, an annotation) and
-    implement `prepare`, `project_query` and `weights`; the other methods have defaults.
+    implement the abstract `prepare`, `project_query` and `weights` (a subclass that misses one
+    cannot be instantiated); the other methods have defaults.
     """
 
     query_size: int
     key_size: int
 
+    @abstractmethod
     def prepare(self, annotations: Tensor, mask: Tensor) -> Any:
         """Per-batch memory: a NamedTuple whose tensors all have B rows along dim 0.
 
@@ -74,23 +77,22 @@ class Attention(nn.Module):
             annotations: (B, S, 2H) encoder annotations h_j.
             mask: (B, S) bool, True at real tokens; every row needs one True.
         """
-        raise NotImplementedError
 
     def initial_state(self, memory: Any) -> Tensor | None:
         """The per-row attention state before the first step, (B, ...), or None (stateless)."""
         return None
 
+    @abstractmethod
     def project_query(self, query: Tensor) -> Tensor:
         """The query as `weights` takes it: (N, D) decoder states -> (N, P)."""
-        raise NotImplementedError
 
     def query_weight(self) -> Tensor | None:
         """The (P, D) matrix W with `project_query(s) == s @ W.T`, or None if there is none."""
         return None
 
+    @abstractmethod
     def weights(self, query: Tensor, memory: Any, state: Tensor | None) -> Tensor:
         """The alignment weights a_ij: (N, P) projected queries -> (N, S), 0 at padding."""
-        raise NotImplementedError
 
     def attend(self, query: Tensor, memory: Any, values: Tensor, state: Tensor | None
                ) -> tuple[Tensor, Tensor]:

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from bahdanau import AdditiveAttention, AttentiveDecoder, RNNSearch, presets
+from bahdanau import AdditiveAttention, Attention, AttentiveDecoder, RNNSearch, presets
 
 V = 16
 
@@ -121,6 +121,19 @@ def test_attention_step_errors(change, match) -> None:
     query, values = change(query, annotations)
     with pytest.raises(ValueError, match=match):
         attn(query, memory, values)
+
+
+def test_attention_without_weights_cannot_be_built() -> None:
+    """A subclass that misses part of the seam fails when built, not at the first decoder step."""
+    class NoWeights(Attention):
+        def prepare(self, annotations, mask):
+            return mask
+
+        def project_query(self, query):
+            return query
+
+    with pytest.raises(TypeError, match="abstract method '?weights"):
+        NoWeights()
 
 
 def test_decoder_errors() -> None:
