@@ -93,10 +93,8 @@ class RNNSearch(nn.Module):
                 check_tensor(name, ids, 2, integer=True)
                 check_dims("check_batch", [(name, ids, 0, src.shape[0])])
                 check_token_ids(name, ids, self.decoder.vocab_size)
-        if tgt_in is not None and tgt_out is not None and tgt_out.shape != tgt_in.shape:
-            raise ValueError(
-                f"tgt_out {tuple(tgt_out.shape)} and tgt_in {tuple(tgt_in.shape)} differ in shape"
-            )
+        if tgt_in is not None and tgt_out is not None:
+            _check_same_shape(tgt_in, tgt_out)
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, *,
                 return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
@@ -140,10 +138,7 @@ class RNNSearch(nn.Module):
         """
         check_tensor("tgt_out", tgt_out, 2, integer=True)
         check_tensor("tgt_in", tgt_in, 2, integer=True)
-        if tgt_out.shape != tgt_in.shape:
-            raise ValueError(
-                f"tgt_out {tuple(tgt_out.shape)} and tgt_in {tuple(tgt_in.shape)} differ in shape"
-            )
+        _check_same_shape(tgt_in, tgt_out)
         check_dims("loss", [("tgt_in", tgt_in, 0, src.shape[0])])
         if not torch.compiler.is_compiling():                     # see check_batch
             check_token_ids("tgt_out", tgt_out, self.decoder.vocab_size)
@@ -183,6 +178,14 @@ class RNNEncDec(RNNSearch):
     """
 
     arch = "rnnencdec"
+
+
+def _check_same_shape(tgt_in: Tensor, tgt_out: Tensor) -> None:
+    """tgt_out is tgt_in shifted by one: the two must have the same (B, T) shape."""
+    if tgt_out.shape != tgt_in.shape:
+        raise ValueError(
+            f"tgt_out {tuple(tgt_out.shape)} and tgt_in {tuple(tgt_in.shape)} differ in shape"
+        )
 
 
 def _attention(cfg: ModelConfig) -> AdditiveAttention | LuongAttention:
