@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+
+def is_int(value: object) -> bool:
+    """True for an int that is not a bool (True is an int to Python, not a count)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_finite_number(value: object) -> bool:
+    """True for a finite int or float that is not a bool (nan and inf are not)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
 
 
 def shape_str(t: Tensor) -> str:

@@ -19,12 +19,12 @@ L maxout units, V vocabulary, K beam, N decoder rows (B, or B*K with K beams per
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 from typing_extensions import Self
 
+from bahdanau._checks import is_finite_number, is_int
 from bahdanau.data import Vocab
 
 Arch = Literal["rnnsearch", "rnnencdec"]
@@ -197,8 +197,7 @@ class TrainConfig(DictConfig):
         positive_floats = {"lr": self.lr, "eps": self.eps, "clip_norm": self.clip_norm,
                            "max_time_s": self.max_time_s}
         for name, value in positive_floats.items():
-            if value is not None and (not isinstance(value, (int, float)) or not value > 0
-                                      or math.isinf(value)):
+            if value is not None and not (is_finite_number(value) and value > 0):
                 raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
         if not isinstance(self.rho, (int, float)) or not 0.0 < self.rho < 1.0:
             raise ValueError(f"rho must be in (0, 1), got {self.rho!r}")
@@ -213,10 +212,10 @@ class TrainConfig(DictConfig):
         for name, value in {**positive_ints, **optional_ints}.items():
             if value is None and name in optional_ints:
                 continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise ValueError(f"{name} must be a positive int"
                                  f"{' or None' if name in optional_ints else ''}, got {value!r}")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
+        if not is_int(self.seed):
             raise ValueError(f"seed must be an int, got {self.seed!r}")
 
     @property

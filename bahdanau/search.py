@@ -23,7 +23,6 @@ added, so a live hypothesis with log-probability l can at best score l (none), l
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -31,7 +30,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from bahdanau._checks import check_lengths, check_tensor
+from bahdanau._checks import check_lengths, check_tensor, is_finite_number, is_int
 from bahdanau.data import Vocab
 
 LengthPenalty = Literal["none", "average", "gnmt"]
@@ -152,13 +151,11 @@ class BeamSearch:
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "n_best", "max_len", "min_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{name} must be an int, got {value!r}")
+            if not is_int(getattr(self, name)):
+                raise ValueError(f"{name} must be an int, got {getattr(self, name)!r}")
         for name in ("max_len_ratio", "alpha"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value)):
+            if value is not None and not is_finite_number(value):
                 raise ValueError(f"{name} must be a finite number, got {value!r}")
         if self.beam_size < 1:
             raise ValueError(f"beam_size must be an int >= 1, got {self.beam_size!r}")

@@ -97,7 +97,8 @@ def test_train_config_dict_round_trip() -> None:
      ("batch_size", 0), ("max_tokens", 0), ("bucket", 0), ("max_steps", 0),
      ("max_epochs", 1.5), ("max_time_s", -1.0), ("eval_every", 0), ("save_every", 0),
      ("keep_last", 0), ("patience", 0), ("label_smoothing", 1.0), ("amp", "fp8"),
-     ("log_every", 0), ("seed", "1")],
+     ("log_every", 0), ("seed", "1"), ("lr", float("nan")), ("lr", float("inf")),
+     ("clip_norm", True), ("max_steps", True), ("seed", True)],
 )
 def test_train_config_rejects_bad_values(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=f"^{field} "):
