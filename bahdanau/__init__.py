@@ -27,6 +27,7 @@ from bahdanau.data import (
 )
 from bahdanau.decoder import AttentiveDecoder, DecoderMemory, DecoderState, StepOutput
 from bahdanau.encoder import BiRNNEncoder
+from bahdanau.errors import InputError
 from bahdanau.evaluate import (
     CorpusScores,
     LengthBucket,
@@ -68,6 +69,7 @@ __all__ = [
     "translate_corpus",
     "BeamSearch",
     "Hypothesis",
+    "InputError",
     "greedy_search",
     "replace_unk",
     "BiRNNEncoder",

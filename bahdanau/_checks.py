@@ -1,4 +1,4 @@
-"""Input validation shared by the modules: every failure is a ValueError naming the argument."""
+"""Input validation shared by the modules: every failure is an `InputError` naming the argument."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+
+from bahdanau.errors import InputError
 
 
 def is_int(value: object) -> bool:
@@ -28,15 +30,15 @@ def check_tensor(name: str, t: object, ndim: int, *, integer: bool = False,
                  floating: bool = False, boolean: bool = False) -> Tensor:
     """Check type, rank and dtype family of an argument; return it typed as a Tensor."""
     if not isinstance(t, Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
-        raise ValueError(f"{name} must have {ndim} dims, got shape {shape_str(t)}")
+        raise InputError(f"{name} must have {ndim} dims, got shape {shape_str(t)}")
     if integer and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
-        raise ValueError(f"{name} must hold integer token ids, got dtype {t.dtype}")
+        raise InputError(f"{name} must hold integer token ids, got dtype {t.dtype}")
     if floating and not t.dtype.is_floating_point:
-        raise ValueError(f"{name} must be floating point, got dtype {t.dtype}")
+        raise InputError(f"{name} must be floating point, got dtype {t.dtype}")
     if boolean and t.dtype != torch.bool:
-        raise ValueError(f"{name} must be a bool mask (True at real tokens), got dtype {t.dtype}")
+        raise InputError(f"{name} must be a bool mask (True at real tokens), got dtype {t.dtype}")
     return t
 
 
@@ -44,7 +46,7 @@ def check_dims(what: str, pairs: Sequence[tuple[str, Tensor, int, int]]) -> None
     """All (name, tensor, dim, expected) must agree: tensor.shape[dim] == expected."""
     for name, t, dim, expected in pairs:
         if t.shape[dim] != expected:
-            raise ValueError(
+            raise InputError(
                 f"{what}: {name} has shape {shape_str(t)}, expected size {expected} at dim {dim}"
             )
 
@@ -56,7 +58,7 @@ def check_token_ids(name: str, ids: Tensor, vocab_size: int) -> None:
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
-        raise ValueError(
+        raise InputError(
             f"{name} holds token id {bad}, outside the vocabulary of size {vocab_size}"
         )
 
@@ -66,23 +68,23 @@ def check_mask_rows(name: str, mask: Tensor) -> None:
     empty = ~mask.any(dim=-1)
     if bool(empty.any()):
         rows = torch.nonzero(empty).flatten().tolist()[:8]
-        raise ValueError(f"{name} {shape_str(mask)} has rows with no real token: rows {rows}")
+        raise InputError(f"{name} {shape_str(mask)} has rows with no real token: rows {rows}")
 
 
 def check_lengths(name: str, lengths: Tensor, batch: int, max_len: int) -> None:
     """(B,) lengths with 1 <= length <= max_len."""
     check_tensor(name, lengths, 1, integer=True)
     if lengths.shape[0] != batch:
-        raise ValueError(
+        raise InputError(
             f"{name} has shape {shape_str(lengths)}, expected ({batch},) for the batch"
         )
     if batch == 0:
-        raise ValueError(f"{name}: empty batch")
+        raise InputError(f"{name}: empty batch")
     low, high = int(lengths.min()), int(lengths.max())
     if low < 1:
-        raise ValueError(f"{name} holds length {low}: every sequence needs at least one token")
+        raise InputError(f"{name} holds length {low}: every sequence needs at least one token")
     if high > max_len:
-        raise ValueError(f"{name} holds length {high}, longer than the padded length {max_len}")
+        raise InputError(f"{name} holds length {high}, longer than the padded length {max_len}")
 
 
 def check_padding(name: str, ids: Tensor, lengths: Tensor, pad_id: int) -> None:
@@ -92,6 +94,6 @@ def check_padding(name: str, ids: Tensor, lengths: Tensor, pad_id: int) -> None:
     if bool(wrong.any()):
         row, pos = (int(i) for i in torch.nonzero(wrong)[0])
         where = "inside" if pos < int(lengths[row]) else "after"
-        raise ValueError(f"{name} row {row} has {'pad_id' if where == 'inside' else 'a token'} "
+        raise InputError(f"{name} row {row} has {'pad_id' if where == 'inside' else 'a token'} "
                          f"at position {pos}, {where} its length {int(lengths[row])}: lengths "
                          f"and padding (pad_id={pad_id}) disagree")

@@ -47,6 +47,7 @@ from torch import Tensor, nn
 
 from bahdanau import functional
 from bahdanau._checks import check_dims, check_mask_rows, check_tensor
+from bahdanau.errors import InputError
 from bahdanau.kernels import IMPLS, resolve_impl
 
 
@@ -120,14 +121,14 @@ class Attention(nn.Module, ABC):
         Returns:
             `AttentionStep`: (N, M) context, (N, S) weights and the next state.
         Raises:
-            ValueError: the query's shape does not fit the attention or the memory.
+            InputError: the query's shape does not fit the attention or the memory.
         """
         check_tensor("query", query, 2, floating=True)
         check_dims(type(self).__name__, [("query", query, 1, self.query_size)])
         check_tensor("values", values, 3, floating=True)
         batch = values.shape[0]
         if batch == 0 or query.shape[0] % batch != 0:
-            raise ValueError(f"query rows ({query.shape[0]}) must be a positive multiple of "
+            raise InputError(f"query rows ({query.shape[0]}) must be a positive multiple of "
                              f"the batch size ({batch}): K beams per sentence, sentence-major")
         context, weights = self.attend(self.project_query(query), memory, values, state)
         return AttentionStep(context, weights, self.next_state(state, weights))
@@ -141,7 +142,7 @@ class Attention(nn.Module, ABC):
             ("mask", mask, 1, annotations.shape[1]),
         ])
         if annotations.shape[0] == 0 or annotations.shape[1] == 0:
-            raise ValueError(f"annotations {tuple(annotations.shape)}: empty batch or source")
+            raise InputError(f"annotations {tuple(annotations.shape)}: empty batch or source")
         check_mask_rows("mask", mask)
 
 
@@ -177,7 +178,7 @@ class AdditiveAttention(Attention):
                  impl: str = "auto") -> None:
         super().__init__()
         if impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+            raise InputError(f"impl must be one of {IMPLS}, got {impl!r}")
         self.query_size, self.key_size, self.align_size = query_size, key_size, align_size
         self.impl = impl
         self.W_a = nn.Linear(query_size, align_size, bias=False)
@@ -272,9 +273,9 @@ class LuongAttention(Attention):
     def __init__(self, query_size: int, key_size: int, *, score: str = "general") -> None:
         super().__init__()
         if score not in self.SCORES:
-            raise ValueError(f"score must be one of {self.SCORES}, got {score!r}")
+            raise InputError(f"score must be one of {self.SCORES}, got {score!r}")
         if score == "dot" and query_size != key_size:
-            raise ValueError(f"score='dot' needs query_size == key_size, got {query_size} and "
+            raise InputError(f"score='dot' needs query_size == key_size, got {query_size} and "
                              f"{key_size}")
         self.query_size, self.key_size, self.score = query_size, key_size, score
         self.W_a = nn.Linear(query_size, key_size, bias=False) if score == "general" else None

@@ -58,6 +58,7 @@ from torch import Tensor, nn
 
 from bahdanau.config import DictConfig, ModelConfig, TrainConfig
 from bahdanau.data import Vocab
+from bahdanau.errors import InputError
 from bahdanau.models import build_model
 
 __all__ = [
@@ -79,20 +80,20 @@ _PRIMITIVES = (bool, int, float, str, type(None))
 
 
 def _check_payload(obj: Any, where: str) -> None:
-    """Raise ValueError naming the first entry that `torch.load(weights_only=True)` would refuse."""
+    """Raise InputError naming the first entry that `torch.load(weights_only=True)` would refuse."""
     if isinstance(obj, (Tensor, torch.Size, torch.dtype, torch.device, *_PRIMITIVES)):
         return
     if isinstance(obj, dict):
         for key, value in obj.items():
             if not isinstance(key, _PRIMITIVES):
-                raise ValueError(f"checkpoint key {where}[{key!r}] must be a str or number")
+                raise InputError(f"checkpoint key {where}[{key!r}] must be a str or number")
             _check_payload(value, f"{where}[{key!r}]")
         return
     if isinstance(obj, (list, tuple)):
         for i, value in enumerate(obj):
             _check_payload(value, f"{where}[{i}]")
         return
-    raise ValueError(
+    raise InputError(
         f"checkpoint entry {where} is a {type(obj).__name__}; only tensors, numbers, strings, "
         "None and dicts/lists of them can be stored (use to_dict() for configs and vocabularies)"
     )
@@ -131,11 +132,11 @@ def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> No
     """Save `payload` atomically: a crash leaves either the old file or the new one, whole.
 
     Raises:
-        ValueError: the payload holds something `load_checkpoint` could not read back (the entry
+        InputError: the payload holds something `load_checkpoint` could not read back (the entry
             is named); nothing is written then.
     """
     if not isinstance(payload, dict):
-        raise ValueError(f"payload must be a dict, got {type(payload).__name__}")
+        raise InputError(f"payload must be a dict, got {type(payload).__name__}")
     _check_payload(payload, "payload")
     _atomic_write(Path(path), lambda f: torch.save(payload, f))
 
@@ -146,7 +147,7 @@ def load_checkpoint(path: str | os.PathLike[str], *,
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: the file is truncated, corrupt or not a checkpoint dict (the file is named).
+        InputError: the file is truncated, corrupt or not a checkpoint dict (the file is named).
     """
     path = Path(path)
     if not path.is_file():
@@ -155,10 +156,10 @@ def load_checkpoint(path: str | os.PathLike[str], *,
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError, ...
         detail = str(err).split(". ")[0].splitlines()[0] if str(err) else ""
-        raise ValueError(f"{path}: not a readable checkpoint, corrupt or truncated "
+        raise InputError(f"{path}: not a readable checkpoint, corrupt or truncated "
                          f"({type(err).__name__}: {detail})") from None
     if not isinstance(payload, dict):
-        raise ValueError(f"{path}: checkpoint holds a {type(payload).__name__}, not a dict")
+        raise InputError(f"{path}: checkpoint holds a {type(payload).__name__}, not a dict")
     return payload
 
 
@@ -181,7 +182,7 @@ class CheckpointManager:
 
     def __init__(self, directory: str | os.PathLike[str], *, keep_last: int = 3) -> None:
         if not isinstance(keep_last, int) or keep_last < 1:
-            raise ValueError(f"keep_last must be a positive int, got {keep_last!r}")
+            raise InputError(f"keep_last must be a positive int, got {keep_last!r}")
         self.directory = Path(directory)
         self.keep_last = keep_last
         self.best_metric: float | None = None
@@ -228,10 +229,10 @@ class CheckpointManager:
         Returns:
             The path of the numbered checkpoint.
         Raises:
-            ValueError: a negative step, or a payload `save_checkpoint` refuses.
+            InputError: a negative step, or a payload `save_checkpoint` refuses.
         """
         if not isinstance(step, int) or step < 0:
-            raise ValueError(f"step must be a non-negative int, got {step!r}")
+            raise InputError(f"step must be a non-negative int, got {step!r}")
         if self.directory.is_dir():  # temporary files left by a run killed mid-write
             for stale in self.directory.iterdir():
                 if self._TEMP_FILE.match(stale.name):
@@ -311,7 +312,7 @@ class TrainState(DictConfig):
         for name in ("step", "epoch", "position", "bad_evals"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"TrainState.{name} must be an int >= 0, got {value!r}")
+                raise InputError(f"TrainState.{name} must be an int >= 0, got {value!r}")
 
 
 def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
@@ -332,7 +333,7 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
     Returns:
         A dict that `save_checkpoint` accepts.
     Raises:
-        ValueError: the model has no `.config`, or its vocabulary sizes or special ids differ
+        InputError: the model has no `.config`, or its vocabulary sizes or special ids differ
             from the vocabularies'.
     """
     model = _unwrap(model)
@@ -365,23 +366,23 @@ def upgrade_payload(payload: Any) -> dict[str, Any]:
     Returns:
         A dict with every key of the current format.
     Raises:
-        ValueError: not a bahdanau checkpoint, a format newer than this code reads, or a
+        InputError: not a bahdanau checkpoint, a format newer than this code reads, or a
             required key missing (named); one line each.
     """
     if not isinstance(payload, dict):
-        raise ValueError(f"a checkpoint is a dict, got {type(payload).__name__}")
+        raise InputError(f"a checkpoint is a dict, got {type(payload).__name__}")
     version = payload.get("format")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ValueError(f"not a bahdanau checkpoint: its 'format' is {version!r}, not a "
+        raise InputError(f"not a bahdanau checkpoint: its 'format' is {version!r}, not a "
                          "format number")
     if version > FORMAT_VERSION:
-        raise ValueError(f"checkpoint format {version} is newer than this bahdanau reads "
+        raise InputError(f"checkpoint format {version} is newer than this bahdanau reads "
                          f"(formats 1 to {FORMAT_VERSION}); upgrade bahdanau to load it")
     if version == 1:
         payload = _from_format_1(payload)
     missing = [key for key in _SECTIONS if key not in payload]
     if missing:
-        raise ValueError(f"checkpoint of format {version} lacks {missing}")
+        raise InputError(f"checkpoint of format {version} lacks {missing}")
     return payload
 
 
@@ -390,7 +391,7 @@ def _from_format_1(old: dict[str, Any]) -> dict[str, Any]:
     missing = [k for k in ("model", "model_config", "src_vocab", "tgt_vocab", "step", "epoch")
                if k not in old]
     if missing:
-        raise ValueError(f"checkpoint of format 1 lacks {missing}")
+        raise InputError(f"checkpoint of format 1 lacks {missing}")
     sampler = old.get("sampler") or {"epoch": old["epoch"], "position": 0}
     state = TrainState(step=int(old["step"]), epoch=int(sampler["epoch"]),
                        position=int(sampler["position"]), best_metric=old.get("best_metric"),
@@ -408,11 +409,11 @@ def _from_format_1(old: dict[str, Any]) -> dict[str, Any]:
 
 
 def _config_of(model: nn.Module) -> ModelConfig:
-    """`model.config` (wrappers removed); ValueError if there is none."""
+    """`model.config` (wrappers removed); InputError if there is none."""
     model = _unwrap(model)
     config = getattr(model, "config", None)
     if not isinstance(config, ModelConfig):
-        raise ValueError(f"{type(model).__name__} has no .config (a ModelConfig), which "
+        raise InputError(f"{type(model).__name__} has no .config (a ModelConfig), which "
                          "checkpoints store to rebuild the model")
     return config
 
@@ -442,7 +443,7 @@ def _stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig, Vocab, Vocab]:
     try:
         config.check_vocabs(src_vocab, tgt_vocab)
     except ValueError as err:
-        raise ValueError(f"checkpoint is inconsistent: {err}") from None
+        raise InputError(f"checkpoint is inconsistent: {err}") from None
     return config, src_vocab, tgt_vocab
 
 
@@ -465,7 +466,7 @@ def restore(payload: dict[str, Any], model: nn.Module,
     Returns:
         The stored `TrainState`, whole; None if the checkpoint has none.
     Raises:
-        ValueError: the model config or a vocabulary differs (what differs is named), the stored
+        InputError: the model config or a vocabulary differs (what differs is named), the stored
             config and vocabularies disagree, or the payload is not a checkpoint this code reads.
     """
     payload = upgrade_payload(payload)
@@ -473,12 +474,12 @@ def restore(payload: dict[str, Any], model: nn.Module,
     config = _config_of(model)
     stored_config, stored_src, stored_tgt = _stored_parts(payload)
     if stored_config != config:
-        raise ValueError("checkpoint model config differs: "
+        raise InputError("checkpoint model config differs: "
                          + _config_difference(stored_config.to_dict(), config.to_dict()))
     for name, stored, given in (("src_vocab", stored_src, src_vocab),
                                 ("tgt_vocab", stored_tgt, tgt_vocab)):
         if given is not None and stored != given:
-            raise ValueError("checkpoint vocabulary differs: "
+            raise InputError("checkpoint vocabulary differs: "
                              + _vocab_difference(name, stored, given))
     state = payload["train_state"]
     state = TrainState.from_dict(state) if state is not None else None
@@ -506,7 +507,7 @@ def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *
         (model, src_vocab, tgt_vocab).
     Raises:
         FileNotFoundError: no such file.
-        ValueError: not a checkpoint this code reads, or its model config and vocabularies
+        InputError: not a checkpoint this code reads, or its model config and vocabularies
             disagree (sizes or special ids; both values are named).
     """
     payload = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)

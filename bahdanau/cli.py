@@ -30,8 +30,10 @@ from bahdanau.checkpoint import (
 )
 from bahdanau.data import DefaultTokenizer, Vocab, encode_pairs, read_parallel
 from bahdanau.datasets import multi30k_files, read_lines
+from bahdanau.errors import InputError
 from bahdanau.evaluate import corpus_bleu, score_test_set, translate_corpus
 from bahdanau.models import build_model
+from bahdanau.plot import PlotDependencyError
 from bahdanau.search import BeamSearch
 from bahdanau.train import TrainConfig, train
 
@@ -43,7 +45,7 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"bahdanau: error: {message} (see '{self.prog} --help')\n")
 
 
-class UsageError(ValueError):
+class UsageError(InputError):
     """A problem with the command line or its files, reported as one line."""
 
 
@@ -370,7 +372,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = {"train": _train, "translate": _translate, "evaluate": _evaluate, "plot": _plot}
     try:
         command[args.command](args)
-    except (ValueError, OSError, ImportError) as exc:
+    except (InputError, OSError, PlotDependencyError) as exc:
         print(f"bahdanau: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

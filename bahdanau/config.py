@@ -26,6 +26,7 @@ from typing_extensions import Self
 
 from bahdanau._checks import is_finite_number, is_int
 from bahdanau.data import Vocab
+from bahdanau.errors import InputError
 
 Arch = Literal["rnnsearch", "rnnencdec"]
 AttentionKind = Literal["additive", "luong_general", "luong_dot"]
@@ -60,13 +61,13 @@ class DictConfig:
         """Rebuild a config from `to_dict()` output.
 
         Keys of `_removed_fields` (fields that older versions wrote) are dropped; any other
-        unknown key raises `ValueError`.
+        unknown key raises `InputError`.
         """
         known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         data = {k: v for k, v in data.items() if k not in cls._removed_fields}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise ValueError(f"unknown {cls.__name__} fields {unknown}; "
+            raise InputError(f"unknown {cls.__name__} fields {unknown}; "
                              f"known fields: {sorted(known)}")
         return cls(**data)
 
@@ -102,35 +103,35 @@ class ModelConfig(DictConfig):
         for name in ("src_vocab_size", "tgt_vocab_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 5:
-                raise ValueError(f"{name} must be an int >= 5 (4 specials + 1 word), got {value!r}")
+                raise InputError(f"{name} must be an int >= 5 (4 specials + 1 word), got {value!r}")
         for name in ("embed_size", "hidden_size", "decoder_size", "align_size", "maxout_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
+                raise InputError(f"{name} must be a positive int, got {value!r}")
         if self.arch not in ARCHS:
-            raise ValueError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+            raise InputError(f"arch must be one of {ARCHS}, got {self.arch!r}")
         if self.attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
+            raise InputError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
         if self.attention == "luong_dot" and self.decoder_size != 2 * self.hidden_size:
-            raise ValueError(f"attention='luong_dot' needs decoder_size == 2 * hidden_size, got "
+            raise InputError(f"attention='luong_dot' needs decoder_size == 2 * hidden_size, got "
                              f"{self.decoder_size} and {2 * self.hidden_size}")
         if self.engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {self.engine!r}")
+            raise InputError(f"engine must be one of {ENGINES}, got {self.engine!r}")
         if self.attention_impl not in ATTENTION_IMPLS:
-            raise ValueError(
+            raise InputError(
                 f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"
             )
         if self.gru_form not in GRU_FORMS:
-            raise ValueError(f"gru_form must be one of {GRU_FORMS}, got {self.gru_form!r}")
+            raise InputError(f"gru_form must be one of {GRU_FORMS}, got {self.gru_form!r}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout!r}")
+            raise InputError(f"dropout must be in [0, 1), got {self.dropout!r}")
         specials = {name: getattr(self, name) for name in SPECIAL_IDS}
         if len(set(specials.values())) != len(specials):
-            raise ValueError(f"special token ids must be distinct, got {specials}")
+            raise InputError(f"special token ids must be distinct, got {specials}")
         smallest = min(self.src_vocab_size, self.tgt_vocab_size)
         for name, value in specials.items():
             if not 0 <= value < smallest:
-                raise ValueError(
+                raise InputError(
                     f"{name}={value} is outside the vocabularies (sizes {self.src_vocab_size}, "
                     f"{self.tgt_vocab_size})"
                 )
@@ -141,18 +142,18 @@ class ModelConfig(DictConfig):
         Args:
             src_vocab, tgt_vocab: the source and target vocabularies.
         Raises:
-            ValueError: one line naming the field and both values, e.g.
+            InputError: one line naming the field and both values, e.g.
                 "model config pad_id=5 but src_vocab.pad_id=0: ...".
         """
         for side, vocab in (("src", src_vocab), ("tgt", tgt_vocab)):
             size = getattr(self, f"{side}_vocab_size")
             if size != len(vocab):
-                raise ValueError(f"model config {side}_vocab_size={size} but len({side}_vocab)="
+                raise InputError(f"model config {side}_vocab_size={size} but len({side}_vocab)="
                                  f"{len(vocab)}")
             for name in SPECIAL_IDS:
                 ours, theirs = getattr(self, name), getattr(vocab, name)
                 if ours != theirs:
-                    raise ValueError(f"model config {name}={ours} but {side}_vocab.{name}="
+                    raise InputError(f"model config {name}={ours} but {side}_vocab.{name}="
                                      f"{theirs}: the special ids are the vocabularies' (leave "
                                      "the ModelConfig id fields at their defaults)")
 
@@ -191,19 +192,19 @@ class TrainConfig(DictConfig):
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("adadelta", "adam"):
-            raise ValueError(f"optimizer must be 'adadelta' or 'adam', got {self.optimizer!r}")
+            raise InputError(f"optimizer must be 'adadelta' or 'adam', got {self.optimizer!r}")
         if self.amp not in AMP_MODES:
-            raise ValueError(f"amp must be one of {AMP_MODES}, got {self.amp!r}")
+            raise InputError(f"amp must be one of {AMP_MODES}, got {self.amp!r}")
         positive_floats = {"lr": self.lr, "eps": self.eps, "clip_norm": self.clip_norm,
                            "max_time_s": self.max_time_s}
         for name, value in positive_floats.items():
             if value is not None and not (is_finite_number(value) and value > 0):
-                raise ValueError(f"{name} must be a positive finite number or None, got {value!r}")
+                raise InputError(f"{name} must be a positive finite number or None, got {value!r}")
         if not isinstance(self.rho, (int, float)) or not 0.0 < self.rho < 1.0:
-            raise ValueError(f"rho must be in (0, 1), got {self.rho!r}")
+            raise InputError(f"rho must be in (0, 1), got {self.rho!r}")
         if not isinstance(self.label_smoothing, (int, float)) or not (
                 0.0 <= self.label_smoothing < 1.0):
-            raise ValueError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+            raise InputError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
         positive_ints = {"batch_size": self.batch_size, "bucket": self.bucket,
                          "eval_every": self.eval_every, "save_every": self.save_every,
                          "keep_last": self.keep_last, "log_every": self.log_every}
@@ -213,10 +214,10 @@ class TrainConfig(DictConfig):
             if value is None and name in optional_ints:
                 continue
             if not is_int(value) or value < 1:
-                raise ValueError(f"{name} must be a positive int"
+                raise InputError(f"{name} must be a positive int"
                                  f"{' or None' if name in optional_ints else ''}, got {value!r}")
         if not is_int(self.seed):
-            raise ValueError(f"seed must be an int, got {self.seed!r}")
+            raise InputError(f"seed must be an int, got {self.seed!r}")
 
     @property
     def learning_rate(self) -> float:

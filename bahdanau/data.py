@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from bahdanau.datasets import read_lines
+from bahdanau.errors import InputError
 
 __all__ = [
     "SPECIALS",
@@ -68,20 +69,20 @@ class Vocab:
         tokens: the words, in id order (ids start after the specials); no duplicates, no specials.
         specials: the special tokens, in the order pad, bos, eos, unk.
     Raises:
-        ValueError: fewer or more than 4 specials, a duplicate token, or a word that is a special.
+        InputError: fewer or more than 4 specials, a duplicate token, or a word that is a special.
     """
 
     def __init__(self, tokens: Iterable[str], *, specials: Sequence[str] = SPECIALS) -> None:
         specials = tuple(specials)
         if len(specials) != 4:
-            raise ValueError(f"specials must be (pad, bos, eos, unk), got {specials!r}")
+            raise InputError(f"specials must be (pad, bos, eos, unk), got {specials!r}")
         self._itos: list[str] = [*specials, *tokens]
         self._stoi: dict[str, int] = {}
         for i, token in enumerate(self._itos):
             if not isinstance(token, str) or not token:
-                raise ValueError(f"vocabulary entry {i} must be a non-empty str, got {token!r}")
+                raise InputError(f"vocabulary entry {i} must be a non-empty str, got {token!r}")
             if token in self._stoi:
-                raise ValueError(
+                raise InputError(
                     f"duplicate vocabulary token {token!r} at ids {self._stoi[token]} and {i}"
                 )
             self._stoi[token] = i
@@ -104,12 +105,12 @@ class Vocab:
         Returns:
             The vocabulary.
         Raises:
-            ValueError: `max_size` < 1 or `min_freq` < 1.
+            InputError: `max_size` < 1 or `min_freq` < 1.
         """
         if max_size is not None and (not isinstance(max_size, int) or max_size < 1):
-            raise ValueError(f"max_size must be a positive int or None, got {max_size!r}")
+            raise InputError(f"max_size must be a positive int or None, got {max_size!r}")
         if not isinstance(min_freq, int) or min_freq < 1:
-            raise ValueError(f"min_freq must be a positive int, got {min_freq!r}")
+            raise InputError(f"min_freq must be a positive int, got {min_freq!r}")
         counts: Counter[str] = Counter()
         for tokens in token_lists:
             counts.update(tokens)
@@ -160,10 +161,10 @@ class Vocab:
         return self._stoi.get(token, self.unk_id)
 
     def id_to_token(self, index: int) -> str:
-        """The token of id `index`; ValueError outside [0, len)."""
+        """The token of id `index`; InputError outside [0, len)."""
         index = int(index)
         if not 0 <= index < len(self._itos):
-            raise ValueError(f"token id {index} is outside the vocabulary of size {len(self)}")
+            raise InputError(f"token id {index} is outside the vocabulary of size {len(self)}")
         return self._itos[index]
 
     def encode(self, tokens: Iterable[str]) -> list[int]:
@@ -181,7 +182,7 @@ class Vocab:
         Returns:
             The tokens.
         Raises:
-            ValueError: an id outside [0, len(self)).
+            InputError: an id outside [0, len(self)).
         """
         if isinstance(ids, Tensor):
             ids = ids.tolist()
@@ -206,7 +207,7 @@ class Vocab:
         """Rebuild from `to_dict()` output."""
         if not isinstance(data, dict) or set(data) != {"specials", "tokens"}:
             keys = sorted(data) if isinstance(data, dict) else type(data).__name__
-            raise ValueError(f"a Vocab dict needs exactly the keys 'specials' and 'tokens', "
+            raise InputError(f"a Vocab dict needs exactly the keys 'specials' and 'tokens', "
                              f"got {keys}")
         return cls(data["tokens"], specials=data["specials"])
 
@@ -220,12 +221,12 @@ class Vocab:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Vocab:
-        """Read a file written by `save`; ValueError naming the file if it is not one."""
+        """Read a file written by `save`; InputError naming the file if it is not one."""
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
             return cls.from_dict(data)
         except (ValueError, UnicodeDecodeError) as err:
-            raise ValueError(f"{path}: not a vocabulary file ({err})") from None
+            raise InputError(f"{path}: not a vocabulary file ({err})") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -346,20 +347,20 @@ def read_parallel(src_path: str | os.PathLike[str],
     Returns:
         The pairs, in file order, lines as read (line endings removed).
     Raises:
-        ValueError: the files have different line counts (both files named), a line is empty
+        InputError: the files have different line counts (both files named), a line is empty
             or only whitespace (file and 1-based line named), or a file is not valid UTF-8
             (file and line named).
     """
     src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
     if len(src_lines) != len(tgt_lines):
-        raise ValueError(
+        raise InputError(
             f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}: "
             "the files are not line-aligned"
         )
     for path, lines in ((src_path, src_lines), (tgt_path, tgt_lines)):
         for i, line in enumerate(lines):
             if not line.strip():
-                raise ValueError(f"{path}: line {i + 1} is empty")
+                raise InputError(f"{path}: line {i + 1} is empty")
     return list(zip(src_lines, tgt_lines, strict=True))
 
 
@@ -386,10 +387,10 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: 
     Returns:
         The kept examples, in input order, each with its index in `pairs`.
     Raises:
-        ValueError: `max_len` < 1, or a side tokenises to nothing (the pair index is named).
+        InputError: `max_len` < 1, or a side tokenises to nothing (the pair index is named).
     """
     if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
-        raise ValueError(f"max_len must be a positive int or None, got {max_len!r}")
+        raise InputError(f"max_len must be a positive int or None, got {max_len!r}")
     src_tok, tgt_tok = tokenizer if isinstance(tokenizer, tuple) else (tokenizer, tokenizer)
     examples = []
     for index, (src_text, tgt_text) in enumerate(pairs):
@@ -397,7 +398,7 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: 
         for side, tokens, text in (("source", src_tokens, src_text),
                                    ("target", tgt_tokens, tgt_text)):
             if not tokens:
-                raise ValueError(f"pair {index}: the {side} {text!r} has no tokens")
+                raise InputError(f"pair {index}: the {side} {text!r} has no tokens")
         if max_len is not None and max(len(src_tokens), len(tgt_tokens)) > max_len:
             continue
         examples.append(Example(index, src_vocab.encode(src_tokens), tgt_vocab.encode(tgt_tokens)))
@@ -469,13 +470,13 @@ def collate(examples: Sequence[Example]) -> Batch:
     Returns:
         The `Batch`.
     Raises:
-        ValueError: no examples, or an example with an empty source.
+        InputError: no examples, or an example with an empty source.
     """
     if len(examples) == 0:
-        raise ValueError("collate needs at least one example")
+        raise InputError("collate needs at least one example")
     for ex in examples:
         if not ex.src:
-            raise ValueError(f"example {ex.index} has an empty source")
+            raise InputError(f"example {ex.index} has an empty source")
     pad_id, bos_id, eos_id = Vocab.pad_id, Vocab.bos_id, Vocab.eos_id
     src, lengths = pad_sources([ex.src for ex in examples], pad_id)                # (B, S)
     t = max(len(ex.tgt) for ex in examples) + 1
@@ -502,7 +503,7 @@ def _lengths(items: Sequence[Any]) -> np.ndarray:
         else:
             out[i] = tuple(item)
     if len(out) and out.min() < 1:
-        raise ValueError(f"lengths must be >= 1, got {int(out.min())} at position "
+        raise InputError(f"lengths must be >= 1, got {int(out.min())} at position "
                          f"{int(np.argwhere(out < 1)[0][0])}")
     return out
 
@@ -539,7 +540,7 @@ class BucketBatchSampler:
         num_replicas: number of processes; default: the torch.distributed world size, or 1.
         rank: this process's rank; default: the torch.distributed rank, or 0.
     Raises:
-        ValueError: neither cap is set, a cap or `bucket` < 1, rank outside [0, num_replicas),
+        InputError: neither cap is set, a cap or `bucket` < 1, rank outside [0, num_replicas),
             or fewer examples than replicas.
     """
 
@@ -547,12 +548,12 @@ class BucketBatchSampler:
                  max_tokens: int | None = None, bucket: int = 20, shuffle: bool = True,
                  seed: int = 0, num_replicas: int | None = None, rank: int | None = None) -> None:
         if batch_size is None and max_tokens is None:
-            raise ValueError("set batch_size, max_tokens, or both")
+            raise InputError("set batch_size, max_tokens, or both")
         for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
+                raise InputError(f"{name} must be a positive int or None, got {value!r}")
         if not isinstance(bucket, int) or bucket < 1:
-            raise ValueError(f"bucket must be a positive int, got {bucket!r}")
+            raise InputError(f"bucket must be a positive int, got {bucket!r}")
         if num_replicas is None or rank is None:
             dist = torch.distributed
             initialised = dist.is_available() and dist.is_initialized()
@@ -561,12 +562,12 @@ class BucketBatchSampler:
             if rank is None:
                 rank = dist.get_rank() if initialised else 0
         if num_replicas < 1:
-            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+            raise InputError(f"num_replicas must be >= 1, got {num_replicas}")
         if not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, {num_replicas}), got {rank}")
+            raise InputError(f"rank must be in [0, {num_replicas}), got {rank}")
         self._lengths = _lengths(lengths)
         if len(self._lengths) < num_replicas:
-            raise ValueError(
+            raise InputError(
                 f"{len(self._lengths)} examples cannot be shared among {num_replicas} replicas"
             )
         self.batch_size, self.max_tokens, self.bucket = batch_size, max_tokens, bucket
@@ -589,7 +590,7 @@ class BucketBatchSampler:
         """Continue from `state_dict()` output: the next batch is the one after `position`."""
         epoch, position = int(state["epoch"]), int(state["position"])
         if position < 0:
-            raise ValueError(f"sampler position must be >= 0, got {position}")
+            raise InputError(f"sampler position must be >= 0, got {position}")
         self.epoch, self.position = epoch, position
 
     # batches ----------------------------------------------------------------------------------

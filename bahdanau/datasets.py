@@ -14,6 +14,8 @@ import os
 from importlib import resources
 from pathlib import Path
 
+from bahdanau.errors import InputError
+
 __all__ = ["MULTI30K_LANGS", "MULTI30K_SPLITS", "multi30k_files", "read_lines"]
 
 MULTI30K_SPLITS: tuple[str, ...] = ("train", "val", "test_2016_flickr")
@@ -35,12 +37,12 @@ def multi30k_files(split: str, lang: str) -> Path:
     Returns:
         Path to the gzipped file ``{split}.{lang}.gz``; pass it to :func:`read_lines`.
     Raises:
-        ValueError: ``split`` or ``lang`` is not one of the values above.
+        InputError: ``split`` or ``lang`` is not one of the values above.
     """
     if split not in MULTI30K_SPLITS:
-        raise ValueError(f"split must be one of {MULTI30K_SPLITS}, got {split!r}")
+        raise InputError(f"split must be one of {MULTI30K_SPLITS}, got {split!r}")
     if lang not in MULTI30K_LANGS:
-        raise ValueError(f"lang must be one of {MULTI30K_LANGS}, got {lang!r}")
+        raise InputError(f"lang must be one of {MULTI30K_LANGS}, got {lang!r}")
     resource = resources.files("bahdanau") / "_data" / "multi30k" / f"{split}.{lang}.gz"
     if isinstance(resource, Path):
         return resource
@@ -62,7 +64,7 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
     Returns:
         The lines, without their line endings; ``[]`` for an empty file.
     Raises:
-        ValueError: the text is not valid UTF-8; the message names the file and the 1-based line.
+        InputError: the text is not valid UTF-8; the message names the file and the 1-based line.
         OSError: the file cannot be opened, or its gzip header is damaged.
         EOFError: the gzip stream is truncated.
     """
@@ -78,7 +80,7 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        raise ValueError(f"{path}: line {line} is not valid UTF-8 ({err.reason})") from None
+        raise InputError(f"{path}: line {line} is not valid UTF-8 ({err.reason})") from None
     if not text:
         return []
     lines = text.split("\n")

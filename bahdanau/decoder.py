@@ -27,6 +27,7 @@ from bahdanau._checks import check_dims, check_mask_rows, check_tensor, check_to
 from bahdanau.attention import Attention
 from bahdanau.config import GRU_FORMS
 from bahdanau.encoder import init_recurrent_
+from bahdanau.errors import InputError
 
 
 class DecoderState(NamedTuple):
@@ -93,12 +94,12 @@ class AttentiveDecoder(nn.Module):
                  dropout: float = 0.0, gru_form: str = "torch") -> None:
         super().__init__()
         if gru_form not in GRU_FORMS:
-            raise ValueError(f"gru_form must be one of {GRU_FORMS}, got {gru_form!r}")
+            raise InputError(f"gru_form must be one of {GRU_FORMS}, got {gru_form!r}")
         if context_size % 2:
-            raise ValueError(f"context_size must be 2H (even), got {context_size}")
+            raise InputError(f"context_size must be 2H (even), got {context_size}")
         if attention is not None and (attention.query_size, attention.key_size) != (
                 hidden_size, context_size):
-            raise ValueError(
+            raise InputError(
                 f"attention expects query_size={attention.query_size}, "
                 f"key_size={attention.key_size}; the decoder has hidden_size={hidden_size}, "
                 f"context_size={context_size}"
@@ -161,7 +162,7 @@ class AttentiveDecoder(nn.Module):
             ("mask", mask, 1, annotations.shape[1]),
         ])
         if annotations.shape[0] == 0 or annotations.shape[1] == 0:
-            raise ValueError(f"annotations {tuple(annotations.shape)}: empty batch or source")
+            raise InputError(f"annotations {tuple(annotations.shape)}: empty batch or source")
         half = self.context_size // 2
         backward_first = annotations[:, 0, half:]                 # (B, H) bwd h_1
         s0 = torch.tanh(self.init_proj(backward_first))           # (B, D)
@@ -267,6 +268,6 @@ class AttentiveDecoder(nn.Module):
         check_tensor("tgt_in", tgt_in, 2, integer=True)
         check_dims("AttentiveDecoder.forward", [("tgt_in", tgt_in, 0, batch)])
         if tgt_in.shape[1] == 0:
-            raise ValueError(f"tgt_in has shape {tuple(tgt_in.shape)}: no target positions")
+            raise InputError(f"tgt_in has shape {tuple(tgt_in.shape)}: no target positions")
         if not torch.compiler.is_compiling():
             check_token_ids("tgt_in", tgt_in, self.vocab_size)

@@ -30,6 +30,7 @@ from bahdanau._checks import (
     check_token_ids,
 )
 from bahdanau.config import GRU_FORMS
+from bahdanau.errors import InputError
 
 
 def _gru_layer(x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor,
@@ -149,7 +150,7 @@ class BiRNNEncoder(nn.Module):
                  dropout: float = 0.0, gru_form: str = "torch") -> None:
         super().__init__()
         if gru_form not in GRU_FORMS:
-            raise ValueError(f"gru_form must be one of {GRU_FORMS}, got {gru_form!r}")
+            raise InputError(f"gru_form must be one of {GRU_FORMS}, got {gru_form!r}")
         self.vocab_size, self.embed_size, self.hidden_size = vocab_size, embed_size, hidden_size
         self.pad_id, self.gru_form = pad_id, gru_form
         self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=pad_id)
@@ -185,7 +186,7 @@ class BiRNNEncoder(nn.Module):
         Returns:
             (B, S, 2H) annotations h_j (0 at padding) and the (B, S) bool mask, True at real tokens.
         Raises:
-            ValueError: wrong ranks or dtypes, empty sentences, lengths beyond S, ids outside V.
+            InputError: wrong ranks or dtypes, empty sentences, lengths beyond S, ids outside V.
         """
         if torch.compiler.is_compiling():        # no host reads in a graph: shapes only
             check_tensor("src", src, 2, integer=True)
@@ -209,7 +210,7 @@ class BiRNNEncoder(nn.Module):
             src: (B, S) source token ids.
             src_lengths: (B,) number of real tokens per sentence.
         Raises:
-            ValueError: wrong ranks or dtypes, empty sentences, lengths beyond S, ids outside V.
+            InputError: wrong ranks or dtypes, empty sentences, lengths beyond S, ids outside V.
         """
         check_tensor("src", src, 2, integer=True)
         check_lengths("src_lengths", src_lengths, src.shape[0], src.shape[1])

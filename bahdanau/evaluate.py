@@ -17,6 +17,7 @@ import sacrebleu
 import torch
 
 from bahdanau.data import Tokenizer, Vocab, pad_sources
+from bahdanau.errors import InputError
 from bahdanau.search import BeamSearch, Hypothesis, replace_unk
 
 
@@ -43,9 +44,9 @@ class LengthBucket:
 
 def _check_parallel(hypotheses: Sequence[str], references: Sequence[str]) -> None:
     if len(hypotheses) != len(references):
-        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+        raise InputError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     if not hypotheses:
-        raise ValueError("no sentences to score")
+        raise InputError("no sentences to score")
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
@@ -81,7 +82,7 @@ def bleu_without_unk(hypotheses: Sequence[str], references: Sequence[str],
     """
     _check_parallel(hypotheses, references)
     if len(unk_flags) != len(hypotheses):
-        raise ValueError(f"{len(unk_flags)} unk flags for {len(hypotheses)} sentences")
+        raise InputError(f"{len(unk_flags)} unk flags for {len(hypotheses)} sentences")
     keep = [i for i, flag in enumerate(unk_flags) if not flag]
     if not keep:
         return None, 0
@@ -94,9 +95,9 @@ def bleu_by_length(source_lengths: Sequence[int], hypotheses: Sequence[str],
     """BLEU per source-length bucket: [0, e1), [e1, e2), ..., [e_last, inf) (paper Figure 2)."""
     _check_parallel(hypotheses, references)
     if len(source_lengths) != len(hypotheses):
-        raise ValueError(f"{len(source_lengths)} source lengths for {len(hypotheses)} sentences")
+        raise InputError(f"{len(source_lengths)} source lengths for {len(hypotheses)} sentences")
     if list(edges) != sorted(set(edges)) or (edges and edges[0] <= 0):
-        raise ValueError(f"edges must be increasing positive ints, got {list(edges)}")
+        raise InputError(f"edges must be increasing positive ints, got {list(edges)}")
     bounds = [0, *edges]
     buckets = []
     for i, low in enumerate(bounds):
@@ -163,7 +164,7 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
 
     Args:
         model: an `RNNSearch` / `RNNEncDec` on `device`.
-        sentences: raw source sentences (empty ones raise ValueError naming the line).
+        sentences: raw source sentences (empty ones raise InputError naming the line).
         src_vocab, tgt_vocab: the model's vocabularies.
         tokenizer: the tokenizer used in training (for both sides).
         search: a `BeamSearch` (default: beam 5, at most 100 tokens).
@@ -174,7 +175,7 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
     Returns:
         One `Translation` per sentence, in input order.
     Raises:
-        ValueError: an empty sentence, or vocabularies whose sizes or special ids differ from
+        InputError: an empty sentence, or vocabularies whose sizes or special ids differ from
             `model.config` (see `ModelConfig.check_vocabs`).
     """
     config = getattr(model, "config", None)
@@ -184,7 +185,7 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
     tokenized = [tokenizer.tokenize(s) for s in sentences]
     for i, toks in enumerate(tokenized):
         if not toks:
-            raise ValueError(f"sentence {i + 1} is empty")
+            raise InputError(f"sentence {i + 1} is empty")
     ids = [src_vocab.encode(toks) for toks in tokenized]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     results: list[Translation | None] = [None] * len(ids)

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from bahdanau.errors import InputError
+
 
 def lengths_to_mask(lengths: Tensor, max_len: int | None = None) -> Tensor:
     """(B,) lengths -> (B, max_len) bool mask, True at the first `lengths[b]` positions."""
@@ -118,7 +120,7 @@ def sequence_nll(logits: Tensor, target: Tensor, pad_id: int, *,
         The summed loss (a scalar) and the number of non-pad target tokens (a scalar tensor).
     """
     if logits.shape[:2] != target.shape:
-        raise ValueError(
+        raise InputError(
             f"logits {tuple(logits.shape)} and target {tuple(target.shape)} disagree on (B, T)"
         )
     logits = _upcast(logits)

@@ -19,6 +19,7 @@ from bahdanau.config import ENGINES, ModelConfig
 from bahdanau.decoder import AttentiveDecoder, DecoderState, StepOutput
 from bahdanau.encoder import BiRNNEncoder
 from bahdanau.engine import DecoderEngine
+from bahdanau.errors import InputError
 from bahdanau.search import BeamSearch, Hypothesis
 
 
@@ -39,12 +40,12 @@ class RNNSearch(nn.Module):
                  engine: str = "fast", config: ModelConfig | None = None) -> None:
         super().__init__()
         if encoder.output_size != decoder.context_size:
-            raise ValueError(
+            raise InputError(
                 f"encoder output size {encoder.output_size} != decoder context_size "
                 f"{decoder.context_size}"
             )
         if engine not in ENGINES:
-            raise ValueError(f"engine must be one of {ENGINES}, got {engine!r}")
+            raise InputError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.encoder, self.decoder, self.config = encoder, decoder, config
         self.engine = DecoderEngine(decoder) if engine == "fast" else None
 
@@ -85,7 +86,7 @@ class RNNSearch(nn.Module):
         first, once per batch, in eager code.
 
         Raises:
-            ValueError: naming the tensor and the problem.
+            InputError: naming the tensor and the problem.
         """
         self.encoder.check_inputs(src, src_lengths)
         for name, ids in (("tgt_in", tgt_in), ("tgt_out", tgt_out)):
@@ -183,7 +184,7 @@ class RNNEncDec(RNNSearch):
 def _check_same_shape(tgt_in: Tensor, tgt_out: Tensor) -> None:
     """tgt_out is tgt_in shifted by one: the two must have the same (B, T) shape."""
     if tgt_out.shape != tgt_in.shape:
-        raise ValueError(
+        raise InputError(
             f"tgt_out {tuple(tgt_out.shape)} and tgt_in {tuple(tgt_in.shape)} differ in shape"
         )
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from bahdanau.errors import InputError
 from bahdanau.evaluate import LengthBucket
 
 
@@ -47,12 +48,12 @@ def plot_alignment(weights: torch.Tensor | Sequence[Sequence[float]], src_tokens
     Returns:
         The matplotlib Figure.
     Raises:
-        ValueError: the weights' shape does not match the token lists.
+        InputError: the weights' shape does not match the token lists.
         PlotDependencyError: matplotlib is not installed.
     """
     matrix = torch.as_tensor(weights, dtype=torch.float64).cpu()
     if matrix.dim() != 2 or tuple(matrix.shape) != (len(tgt_tokens), len(src_tokens)):
-        raise ValueError(f"weights have shape {tuple(matrix.shape)}, expected "
+        raise InputError(f"weights have shape {tuple(matrix.shape)}, expected "
                          f"({len(tgt_tokens)}, {len(src_tokens)}) for the target x source tokens")
     plt = _pyplot()
     rows, cols = matrix.shape
@@ -82,7 +83,7 @@ def plot_bleu_by_length(systems: Mapping[str, Sequence[LengthBucket]],
         The matplotlib Figure.
     """
     if not systems:
-        raise ValueError("systems is empty: nothing to plot")
+        raise InputError("systems is empty: nothing to plot")
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.0, 4.0))
     for name, buckets in systems.items():

@@ -32,6 +32,7 @@ from torch import Tensor
 
 from bahdanau._checks import check_lengths, check_tensor, is_finite_number, is_int
 from bahdanau.data import Vocab
+from bahdanau.errors import InputError
 
 LengthPenalty = Literal["none", "average", "gnmt"]
 LENGTH_PENALTIES = ("none", "average", "gnmt")
@@ -152,27 +153,27 @@ class BeamSearch:
     def __post_init__(self) -> None:
         for name in ("beam_size", "n_best", "max_len", "min_len"):
             if not is_int(getattr(self, name)):
-                raise ValueError(f"{name} must be an int, got {getattr(self, name)!r}")
+                raise InputError(f"{name} must be an int, got {getattr(self, name)!r}")
         for name in ("max_len_ratio", "alpha"):
             value = getattr(self, name)
             if value is not None and not is_finite_number(value):
-                raise ValueError(f"{name} must be a finite number, got {value!r}")
+                raise InputError(f"{name} must be a finite number, got {value!r}")
         if self.beam_size < 1:
-            raise ValueError(f"beam_size must be an int >= 1, got {self.beam_size!r}")
+            raise InputError(f"beam_size must be an int >= 1, got {self.beam_size!r}")
         if not 1 <= self.n_best <= self.beam_size:
-            raise ValueError(f"n_best must be in [1, beam_size={self.beam_size}], "
+            raise InputError(f"n_best must be in [1, beam_size={self.beam_size}], "
                              f"got {self.n_best!r}")
         if self.min_len < 0:
-            raise ValueError(f"min_len must be >= 0, got {self.min_len}")
+            raise InputError(f"min_len must be >= 0, got {self.min_len}")
         if self.max_len < max(self.min_len, 1):
-            raise ValueError(f"max_len ({self.max_len}) must be >= min_len ({self.min_len}) "
+            raise InputError(f"max_len ({self.max_len}) must be >= min_len ({self.min_len}) "
                              f"and >= 1")
         if self.max_len_ratio is not None and self.max_len_ratio <= 0:
-            raise ValueError(f"max_len_ratio must be > 0, got {self.max_len_ratio}")
+            raise InputError(f"max_len_ratio must be > 0, got {self.max_len_ratio}")
         if self.alpha < 0:
-            raise ValueError(f"alpha must be >= 0, got {self.alpha}")
+            raise InputError(f"alpha must be >= 0, got {self.alpha}")
         if self.length_penalty not in LENGTH_PENALTIES:
-            raise ValueError(f"length_penalty must be one of {LENGTH_PENALTIES}, "
+            raise InputError(f"length_penalty must be one of {LENGTH_PENALTIES}, "
                              f"got {self.length_penalty!r}")
 
     def _ids(self, model: torch.nn.Module) -> tuple[int, int, int]:
@@ -201,11 +202,11 @@ class BeamSearch:
         Returns:
             For each sentence, its `n_best` hypotheses, best first.
         Raises:
-            ValueError: empty batch, empty sentences, or bad shapes.
+            InputError: empty batch, empty sentences, or bad shapes.
         """
         check_tensor("src", src, 2, integer=True)
         if src.shape[0] == 0 or src.shape[1] == 0:
-            raise ValueError(f"src has shape {tuple(src.shape)}: nothing to translate")
+            raise InputError(f"src has shape {tuple(src.shape)}: nothing to translate")
         check_lengths("src_lengths", src_lengths, src.shape[0], src.shape[1])
         was_training = model.training
         model.eval()
@@ -341,13 +342,13 @@ def replace_unk(hypothesis: Hypothesis, src_tokens: Sequence[str], tgt_tokens: S
     Returns:
         The target tokens with [UNK]s replaced.
     Raises:
-        ValueError: no attention (RNNencdec), or lengths that do not match the attention.
+        InputError: no attention (RNNencdec), or lengths that do not match the attention.
     """
     if hypothesis.attention is None:
-        raise ValueError("replace_unk needs attention weights; RNNencdec has none")
+        raise InputError("replace_unk needs attention weights; RNNencdec has none")
     rows, cols = hypothesis.attention.shape
     if len(tgt_tokens) != rows - 1 or len(src_tokens) != cols:
-        raise ValueError(f"attention is {tuple(hypothesis.attention.shape)} but there are "
+        raise InputError(f"attention is {tuple(hypothesis.attention.shape)} but there are "
                          f"{len(tgt_tokens)} target and {len(src_tokens)} source tokens")
     out = list(tgt_tokens)
     for i, token in enumerate(tgt_tokens):

@@ -51,6 +51,7 @@ from bahdanau.checkpoint import (
 )
 from bahdanau.config import TrainConfig
 from bahdanau.data import Batch, BucketBatchSampler, Example, Vocab, collate
+from bahdanau.errors import InputError
 
 __all__ = [
     "CheckpointManager",
@@ -276,15 +277,15 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     Returns:
         The `TrainRun`.
     Raises:
-        ValueError: no stopping limit, no examples, vocabularies whose sizes or special ids
+        InputError: no stopping limit, no examples, vocabularies whose sizes or special ids
             differ from `model.config`'s, a checkpoint directory with a model that has no
             `.config`, `resume=False` with a directory holding checkpoints, or a checkpoint
             that does not match (what differs is named). Nothing is trained then.
     """
     if cfg.max_steps is None and cfg.max_epochs is None and cfg.max_time_s is None:
-        raise ValueError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
+        raise InputError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
     if len(examples) == 0:
-        raise ValueError("examples is empty")
+        raise InputError("examples is empty")
     config = (_config_of(model) if checkpoint_dir is not None
               else getattr(_unwrap(model), "config", None))
     if config is not None:  # a model built without a config uses the Vocab ids
@@ -293,12 +294,12 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     if checkpoint_dir is not None:
         manager = CheckpointManager(checkpoint_dir, keep_last=cfg.keep_last)
         if not resume and (manager.latest() or manager.best()):
-            raise ValueError(f"{checkpoint_dir} holds checkpoints of an earlier run: resume it, "
+            raise InputError(f"{checkpoint_dir} holds checkpoints of an earlier run: resume it, "
                              "or start over in another directory (nothing is deleted)")
     latest = manager.latest() if manager is not None else None
     payload = upgrade_payload(load_checkpoint(latest)) if latest is not None else None
     if payload is not None and payload["train_state"] is None:
-        raise ValueError(f"{latest} has no train_state to resume from")
+        raise InputError(f"{latest} has no train_state to resume from")
     device = torch.device(device)
     dist = torch.distributed
     distributed = dist.is_available() and dist.is_initialized()
@@ -515,7 +516,7 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
     Returns:
         A `TrainResult`.
     Raises:
-        ValueError: as `setup_run`, before any training.
+        InputError: as `setup_run`, before any training.
     """
     run = setup_run(model, examples, cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                     checkpoint_dir=checkpoint_dir, resume=resume, device=device, extra=extra)

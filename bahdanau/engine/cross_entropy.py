@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from bahdanau.errors import InputError
 from bahdanau.functional import _upcast
 
 
@@ -155,12 +156,12 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor | None, ta
         The summed loss, a scalar (float32 for half-precision inputs).
     """
     if hidden.dim() != 2 or target.shape != hidden.shape[:1]:
-        raise ValueError(
+        raise InputError(
             f"hidden {tuple(hidden.shape)} must be (M, L) and target {tuple(target.shape)} (M,)"
         )
     if not 0.0 <= label_smoothing < 1.0:
-        raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        raise InputError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
     if chunk_rows is not None and chunk_rows < 1:
-        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+        raise InputError(f"chunk_rows must be >= 1, got {chunk_rows}")
     chunk = chunk_rows or max(16, (8 << 20) // (4 * weight.shape[0]))  # ~8 MB of logits
     return _LinearCrossEntropy.apply(hidden, weight, bias, target, label_smoothing, chunk)

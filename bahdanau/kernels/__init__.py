@@ -14,6 +14,7 @@ import torch
 from torch import Tensor
 
 from bahdanau.config import ATTENTION_IMPLS as IMPLS
+from bahdanau.errors import InputError
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # what the Triton kernel takes
 
@@ -46,11 +47,11 @@ def resolve_impl(impl: str, tensor: Tensor) -> str:
 
     "reference", "sigmoid" and "triton" name themselves; "auto" picks "triton" for CUDA tensors
     of a dtype the kernel takes (`FUSED_DTYPES`) when Triton is importable, "sigmoid" for CPU
-    tensors, and "reference" otherwise. An explicit "triton" that cannot run raises `ValueError`
+    tensors, and "reference" otherwise. An explicit "triton" that cannot run raises `InputError`
     (nothing falls back silently).
     """
     if impl not in IMPLS:
-        raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+        raise InputError(f"impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
         if tensor.device.type == "cuda" and tensor.dtype in FUSED_DTYPES and has_triton():
             return "triton"
@@ -58,5 +59,5 @@ def resolve_impl(impl: str, tensor: Tensor) -> str:
     if impl == "triton":
         reason = triton_unavailable_reason(tensor)
         if reason is not None:
-            raise ValueError(f"impl='triton' cannot run: {reason}")
+            raise InputError(f"impl='triton' cannot run: {reason}")
     return impl

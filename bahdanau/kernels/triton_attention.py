@@ -56,6 +56,7 @@ from torch import Tensor
 from triton.language.extra import libdevice
 
 from bahdanau._checks import check_mask_rows, check_tensor
+from bahdanau.errors import InputError
 from bahdanau.kernels import FUSED_DTYPES, _interpreting
 
 # tanh implementations, chosen per launch (constexpr): the interpreter has no tanh
@@ -330,7 +331,7 @@ def additive_attention(query_proj: Tensor, keys: Tensor, annotations: Tensor, ma
     Returns:
         (N, M) context and (N, S) weights, both in the input dtype (weights exactly 0 at padding).
     Raises:
-        ValueError: tensors not on CUDA (without TRITON_INTERPRET=1), unsupported or mixed
+        InputError: tensors not on CUDA (without TRITON_INTERPRET=1), unsupported or mixed
             dtypes, shapes that disagree, an empty source, or a mask row with no real token.
     """
     _check(query_proj, keys, annotations, mask, v)
@@ -351,24 +352,24 @@ def _check(query_proj: Tensor, keys: Tensor, annotations: Tensor, mask: Tensor, 
                "v": v}
     devices = {name: t.device for name, t in tensors.items()}
     if len(set(devices.values())) != 1:
-        raise ValueError(f"tensors are on different devices: {devices}")
+        raise InputError(f"tensors are on different devices: {devices}")
     if keys.device.type != "cuda" and not _interpreting():
-        raise ValueError(f"the fused kernel needs CUDA tensors, got {keys.device} "
+        raise InputError(f"the fused kernel needs CUDA tensors, got {keys.device} "
                          "(or set TRITON_INTERPRET=1 before importing triton)")
     dtypes = {name: t.dtype for name, t in tensors.items() if name != "mask"}
     if len(set(dtypes.values())) != 1 or keys.dtype not in FUSED_DTYPES:
-        raise ValueError(f"the fused kernel takes one dtype among {FUSED_DTYPES}, got "
+        raise InputError(f"the fused kernel takes one dtype among {FUSED_DTYPES}, got "
                          f"{dtypes}; use impl='reference' for other dtypes")
     batch, src_len, align = keys.shape
     expected = {"query_proj": (query_proj.shape[0], align), "v": (align,),
                 "annotations": (batch, src_len, annotations.shape[2]), "mask": (batch, src_len)}
     for name, shape in expected.items():
         if tuple(tensors[name].shape) != shape:
-            raise ValueError(f"{name} has shape {tuple(tensors[name].shape)}, expected {shape} "
+            raise InputError(f"{name} has shape {tuple(tensors[name].shape)}, expected {shape} "
                              f"for keys {tuple(keys.shape)}")
     if batch == 0 or src_len == 0 or annotations.shape[2] == 0 or align == 0:
-        raise ValueError(f"keys {tuple(keys.shape)}, annotations "
+        raise InputError(f"keys {tuple(keys.shape)}, annotations "
                          f"{tuple(annotations.shape)}: empty batch, source or feature size")
     if query_proj.shape[0] % batch != 0 or query_proj.shape[0] == 0:
-        raise ValueError(f"query_proj rows ({query_proj.shape[0]}) must be a positive multiple "
+        raise InputError(f"query_proj rows ({query_proj.shape[0]}) must be a positive multiple "
                          f"of the batch size ({batch}): K beams per sentence, sentence-major")
