@@ -97,3 +97,13 @@ def check_padding(name: str, ids: Tensor, lengths: Tensor, pad_id: int) -> None:
         raise InputError(f"{name} row {row} has {'pad_id' if where == 'inside' else 'a token'} "
                          f"at position {pos}, {where} its length {int(lengths[row])}: lengths "
                          f"and padding (pad_id={pad_id}) disagree")
+
+
+def resolve_device(device: object) -> torch.device:  # TEMPORARY until the inputs branch lands
+    try:
+        dev = torch.device(device)  # type: ignore[arg-type]
+    except (RuntimeError, TypeError):
+        raise InputError(f"device {device!r} is not a device torch knows") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"device {device!r}: CUDA is not available on this machine")
+    return dev

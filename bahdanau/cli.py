@@ -3,8 +3,19 @@
 `bahdanau train` with no options is the default job: a small RNNsearch trained on the shipped
 Multi30k English->French data within a time budget, then evaluated on test_2016_flickr (BLEU with
 sacrebleu's signature, BLEU without [UNK], BLEU by length), with translations and an alignment
-plot written to the output folder. Every failure a user can cause (bad option, missing file,
-corrupt checkpoint) ends with one `bahdanau: error: ...` line and exit status 2, not a traceback.
+plot written to the output folder.
+
+Every option is declared once, in `bahdanau.options`, and checked with the files, devices and
+run folder before any work. A user's mistake (`bahdanau.InputError`, a usage error, a file that
+cannot be read or written) ends with one ``bahdanau: error: ...`` line and exit status 2; any
+other exception is a bug and keeps its traceback.
+
+A run folder (``--out``) holds one run: its options (``config.yaml``), its checkpoints and its
+results. Running the same command again resumes it; options that define the model, the data or
+the batches cannot change on resume, the others (learning rate, limits, cadence, decoding,
+threads, device) are applied and logged. ``--overwrite`` starts a new run there, deleting the
+old one first. SIGINT (Ctrl-C) or SIGTERM saves a checkpoint at the end of the current step and
+exits; a finished run is not trained further.
 """
 
 from __future__ import annotations
@@ -12,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
+import signal
 import sys
 import time
 from collections.abc import Sequence
@@ -22,22 +35,35 @@ from typing import Any, NoReturn
 import torch
 
 from bahdanau import presets
+from bahdanau._checks import resolve_device
 from bahdanau.checkpoint import (
     CheckpointManager,
+    _atomic_write,
     load_checkpoint,
     model_from_checkpoint,
     upgrade_payload,
 )
 from bahdanau.data import DefaultTokenizer, Vocab, encode_pairs, read_parallel
-from bahdanau.datasets import multi30k_files, read_lines
+from bahdanau.datasets import decode_lines, multi30k_files, read_lines
 from bahdanau.errors import InputError
 from bahdanau.evaluate import corpus_bleu, score_test_set, translate_corpus
 from bahdanau.models import build_model
+from bahdanau.options import (
+    DecodeOptions,
+    EvaluateOptions,
+    PlotOptions,
+    SearchOptions,
+    TrainOptions,
+    TranslateOptions,
+    add_arguments,
+    resume_changes,
+)
 from bahdanau.plot import PlotDependencyError
 from bahdanau.search import BeamSearch
-from bahdanau.train import TrainConfig, train
+from bahdanau.train import TrainConfig, setup_run, stop_reason, train_run
 
-PRESETS = ("tiny", "small", "rnnsearch_50")
+RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML readers also read)
+RUN_FILES = ("checkpoints", RUN_CONFIG, "metrics.json", "test.hyp.txt", "alignment.png")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,129 +71,116 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"bahdanau: error: {message} (see '{self.prog} --help')\n")
 
 
-class UsageError(InputError):
-    """A problem with the command line or its files, reported as one line."""
-
-
-def _search_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--beam-size", type=int, default=5, help="beam width; 1 is greedy (default 5)")
-    p.add_argument("--max-len", type=int, default=100, help="most target tokens (default 100)")
-    p.add_argument("--max-len-ratio", type=float, default=None,
-                   help="also cap target length at RATIO x source length")
-    p.add_argument("--min-len", type=int, default=1, help="fewest target tokens (default 1)")
-    p.add_argument("--length-penalty", choices=["none", "average", "gnmt"], default="none",
-                   help="length normalisation of scores (default none, as in the paper)")
-    p.add_argument("--alpha", type=float, default=0.6, help="exponent of the gnmt penalty")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default 64)")
-    p.add_argument("--unk-replace", action="store_true",
-                   help="replace generated <unk> by the most attended source word "
-                        "(an extension beyond the paper)")
+_COMMANDS: dict[str, tuple[type[SearchOptions], str, str]] = {
+    "train": (TrainOptions, "train a model, then evaluate it on the test set",
+              "Train RNNsearch/RNNencdec and evaluate it. Without options: the default job on "
+              "the shipped Multi30k en->fr data."),
+    "translate": (TranslateOptions, "translate stdin or a file to stdout",
+                  "Translate stdin or a file to stdout, one line per line."),
+    "evaluate": (EvaluateOptions, "BLEU/chrF of a checkpoint on a test set",
+                 "BLEU/chrF of a checkpoint on a test set."),
+    "plot": (PlotOptions, "alignment heat map of one sentence",
+             "Alignment heat map of one sentence."),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the `bahdanau` command."""
+    """The argument parser of the `bahdanau` command (options from `bahdanau.options`)."""
     parser = _Parser(prog="bahdanau", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    t = sub.add_parser("train", help="train a model, then evaluate it on the test set",
-                       description="Train RNNsearch/RNNencdec and evaluate it. Without options: "
-                       "the default job on the shipped Multi30k en->fr data.")
-    t.add_argument("--src-lang", default="en", help="source language of the shipped data")
-    t.add_argument("--tgt-lang", default="fr", help="target language of the shipped data")
-    for split in ("train", "dev", "test"):
-        t.add_argument(f"--{split}-src", help=f"{split} source file (default: shipped Multi30k)")
-        t.add_argument(f"--{split}-tgt", help=f"{split} target file (default: shipped Multi30k)")
-    t.add_argument("--preset", choices=PRESETS, default="small",
-                   help="model sizes (default small: E=256, H=256, D=512, A=512, maxout 256)")
-    t.add_argument("--arch", choices=["rnnsearch", "rnnencdec"], default="rnnsearch")
-    t.add_argument("--gru-form", choices=["torch", "paper"], default="torch")
-    t.add_argument("--dropout", type=float, default=0.0)
-    t.add_argument("--vocab-size", type=int, default=10000,
-                   help="most frequent words kept per side (the paper: 30000; default 10000)")
-    t.add_argument("--lowercase", action="store_true", help="lowercase both sides")
-    t.add_argument("--max-train-len", type=int, default=50,
-                   help="drop training pairs longer than this many tokens (default 50)")
-    t.add_argument("--optimizer", choices=["adadelta", "adam"], default="adam",
-                   help="adam (default: it converges within a short budget) or adadelta "
-                        "(the paper: rho 0.95, eps 1e-6)")
-    t.add_argument("--lr", type=float, default=None,
-                   help="learning rate (default 1e-3 for adam, 1.0 for adadelta)")
-    t.add_argument("--train-batch-size", type=int, default=64, help="sentences per update")
-    t.add_argument("--max-steps", type=int, default=None, help="stop after this many updates")
-    t.add_argument("--max-epochs", type=int, default=None, help="stop after this many epochs")
-    t.add_argument("--time-budget", type=float, default=12.0,
-                   help="minutes of training (default 12; 0: no limit)")
-    t.add_argument("--eval-every", type=int, default=0,
-                   help="dev BLEU (greedy, --dev-size sentences) every N updates (0: never)")
-    t.add_argument("--dev-size", type=int, default=500)
-    t.add_argument("--patience", type=int, default=None,
-                   help="stop after N dev evaluations without improvement")
-    t.add_argument("--save-every", type=int, default=500, help="checkpoint every N updates")
-    t.add_argument("--out", default="runs/multi30k-en-fr", help="output folder")
-    t.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True,
-                   help="continue from the latest checkpoint in OUT (default: yes); "
-                        "--no-resume needs an OUT without checkpoints")
-    t.add_argument("--seed", type=int, default=1234)
-    t.add_argument("--threads", type=int, default=2, help="torch CPU threads (default 2)")
-    t.add_argument("--device", default="cpu")
-    t.add_argument("--amp", choices=["none", "bf16", "fp16"], default="none",
-                   help="mixed precision (GPU)")
-    t.add_argument("--log-every", type=int, default=100)
-    _search_options(t)
-
-    for name, helptext in (("translate", "translate stdin or a file to stdout"),
-                           ("evaluate", "BLEU/chrF of a checkpoint on a test set"),
-                           ("plot", "alignment heat map of one sentence")):
-        p = sub.add_parser(name, help=helptext, description=helptext)
-        p.add_argument("--checkpoint", required=True,
-                       help="a checkpoint file, or a training output folder (its best, else "
-                            "latest checkpoint)")
-        p.add_argument("--device", default="cpu")
-        p.add_argument("--threads", type=int, default=2)
-        _search_options(p)
-        if name == "translate":
-            p.add_argument("--input", help="source file (default: stdin)")
-            p.add_argument("--n-best", type=int, default=1,
-                           help="hypotheses per sentence; >1 prints 'i ||| text ||| score'")
-            p.add_argument("--alignments", help="write JSON lines with tokens and weights here")
-        elif name == "evaluate":
-            p.add_argument("--src", required=True, help="source file")
-            p.add_argument("--ref", required=True, help="reference file")
-            p.add_argument("--output", help="write the translations here")
-            p.add_argument("--json", help="write the scores here")
-        else:
-            p.add_argument("--sentence", help="the source sentence")
-            p.add_argument("--input", help="a source file (with --line)")
-            p.add_argument("--line", type=int, default=1, help="1-based line of --input")
-            p.add_argument("--output", default="alignment.png", help="image file to write")
+    for name, (options, helptext, description) in _COMMANDS.items():
+        add_arguments(sub.add_parser(name, help=helptext, description=description), options)
     return parser
 
 
 # --------------------------------------------------------------------------------- helpers
 def _existing(path: str | None, what: str) -> Path | None:
+    """`path` as a readable file, checked before any work."""
     if path is None:
         return None
     p = Path(path)
+    if not p.exists():
+        raise InputError(f"{what} {path}: no such file")
     if not p.is_file():
-        raise UsageError(f"{what} not found: {path}")
+        raise InputError(f"{what} {path} is not a file")
+    if not os.access(p, os.R_OK):
+        raise InputError(f"{what} {path}: not readable")
     return p
 
 
-def _pairs(args: argparse.Namespace, split: str) -> list[tuple[str, str]]:
-    src, tgt = getattr(args, f"{split}_src"), getattr(args, f"{split}_tgt")
-    if (src is None) != (tgt is None):
-        raise UsageError(f"give both --{split}-src and --{split}-tgt, or neither")
-    if src is not None:
-        return read_parallel(_existing(src, f"--{split}-src"), _existing(tgt, f"--{split}-tgt"))
-    shipped = {"train": "train", "dev": "val", "test": "test_2016_flickr"}[split]
-    return read_parallel(multi30k_files(shipped, args.src_lang),
-                         multi30k_files(shipped, args.tgt_lang))
+def _writable(path: str | None, what: str) -> None:
+    """Refuse, before any work, an output file that cannot be created."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise InputError(f"{what} {path} is a folder, not a file")
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"{what} {path}: folder {parent} does not exist")
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise InputError(f"{what} {path}: not writable")
 
 
-def _search(args: argparse.Namespace, n_best: int = 1) -> BeamSearch:
-    return BeamSearch(beam_size=args.beam_size, n_best=n_best, max_len=args.max_len,
-                      max_len_ratio=args.max_len_ratio, min_len=args.min_len,
-                      length_penalty=args.length_penalty, alpha=args.alpha)
+def _write_text(path: Path, text: str) -> None:
+    """Write a result file atomically: a crash leaves the old file or the new one."""
+    data = text.encode("utf-8")
+    _atomic_write(path, lambda f: f.write(data))
+
+
+def _pairs(src: str, tgt: str, split: str) -> list[tuple[str, str]]:
+    pairs = read_parallel(_existing(src, f"--{split}-src"), _existing(tgt, f"--{split}-tgt"))
+    if not pairs:
+        raise InputError(f"--{split}-src {src} and --{split}-tgt {tgt} are empty")
+    return pairs
+
+
+def _shipped(split: str, src_lang: str, tgt_lang: str) -> list[tuple[str, str]]:
+    name = {"train": "train", "dev": "val", "test": "test_2016_flickr"}[split]
+    return read_parallel(multi30k_files(name, src_lang), multi30k_files(name, tgt_lang))
+
+
+def _data(o: TrainOptions) -> tuple[list, list, list]:
+    """(train, dev, test) pairs. The shipped Multi30k is used only when no --train-src is
+    given; with the user's own files, dev and test come only from --dev-*/--test-* (or are
+    empty)."""
+    src_lang, tgt_lang = o.src_lang or "en", o.tgt_lang or "fr"
+    sets = []
+    for split in ("train", "dev", "test"):
+        src, tgt = getattr(o, f"{split}_src"), getattr(o, f"{split}_tgt")
+        if src is not None:
+            sets.append(_pairs(src, tgt, split))
+        elif not o.own_data:
+            sets.append(_shipped(split, src_lang, tgt_lang))
+        else:
+            sets.append([])
+    if o.eval_every and not sets[1]:
+        raise InputError("--eval-every needs a dev set: give --dev-src and --dev-tgt")
+    return sets[0], sets[1], sets[2]
+
+
+def _sentences(path: Path | None) -> list[str]:
+    """The source sentences of `path` (None: stdin, read as bytes and decoded exactly like a
+    file); an empty line is refused, naming the line."""
+    lines = read_lines(path) if path else decode_lines(sys.stdin.buffer.read(), "<stdin>")
+    for i, line in enumerate(lines):
+        if not line.strip():
+            raise InputError(f"{path or '<stdin>'}: line {i + 1} is empty; every line needs a "
+                             "sentence to translate")
+    return lines
+
+
+def _search(o: SearchOptions, n_best: int = 1) -> BeamSearch:
+    return BeamSearch(beam_size=o.beam_size, n_best=n_best, max_len=o.max_len,
+                      max_len_ratio=o.max_len_ratio, min_len=o.min_len,
+                      length_penalty=o.length_penalty, alpha=o.alpha)
+
+
+def _machine(o: TrainOptions | DecodeOptions) -> torch.device:
+    """Check --device and set --threads; returns the device."""
+    device = resolve_device(o.device)
+    torch.set_num_threads(o.threads)
+    return device
 
 
 def _checkpoint_file(path: str) -> Path:
@@ -176,32 +189,33 @@ def _checkpoint_file(path: str) -> Path:
         manager = CheckpointManager(p / "checkpoints" if (p / "checkpoints").is_dir() else p)
         found = manager.best() or manager.latest()
         if found is None:
-            raise UsageError(f"no checkpoint in {path}")
+            raise InputError(f"--checkpoint {path}: no checkpoint in this folder")
         return found
-    if not p.is_file():
-        raise UsageError(f"checkpoint not found: {path}")
-    return p
+    return _existing(path, "--checkpoint")
 
 
-def _load(args: argparse.Namespace) -> tuple[torch.nn.Module, Vocab, Vocab, DefaultTokenizer]:
-    payload = upgrade_payload(load_checkpoint(_checkpoint_file(args.checkpoint)))
-    model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=args.device)
+def _load(o: DecodeOptions, device: torch.device
+          ) -> tuple[torch.nn.Module, Vocab, Vocab, DefaultTokenizer]:
+    path = _checkpoint_file(o.checkpoint)
+    payload = upgrade_payload(load_checkpoint(path))
+    model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=device)
+    if o.unk_replace and model.arch == "rnnencdec":
+        raise InputError(f"--unk-replace needs attention weights; {path} is an RNNencdec model")
     settings = payload["extra"].get("tokenizer", {})
     return model, src_vocab, tgt_vocab, DefaultTokenizer(lowercase=settings.get("lowercase",
                                                                                 False))
 
 
 def _report(model, sources: list[str], references: list[str], src_vocab: Vocab, tgt_vocab: Vocab,
-            tokenizer: DefaultTokenizer, args: argparse.Namespace, search: BeamSearch
-            ) -> tuple[dict[str, Any], list]:
+            tokenizer: DefaultTokenizer, o: SearchOptions, search: BeamSearch,
+            device: torch.device) -> tuple[dict[str, Any], list]:
     start = time.perf_counter()
     out = translate_corpus(model, sources, src_vocab, tgt_vocab, tokenizer, search=search,
-                           batch_size=args.batch_size, unk_replace=args.unk_replace,
-                           device=args.device)
+                           batch_size=o.batch_size, unk_replace=o.unk_replace, device=device)
     seconds = time.perf_counter() - start
     metrics = score_test_set([t.text for t in out], sources, references, src_vocab, tgt_vocab,
                              tokenizer)
-    metrics.update(beam_size=args.beam_size, decode_seconds=round(seconds, 2))
+    metrics.update(beam_size=o.beam_size, decode_seconds=round(seconds, 2))
     return metrics, out
 
 
@@ -221,7 +235,7 @@ def _print_metrics(metrics: dict[str, Any]) -> None:
 
 
 def _plot_one(out_path: Path, translation, src_tokens: list[str]) -> str:
-    from bahdanau.plot import PlotDependencyError, plot_alignment
+    from bahdanau.plot import plot_alignment
 
     if translation.hypothesis.attention is None:
         return "no alignment plot: the model has no attention"
@@ -234,151 +248,232 @@ def _plot_one(out_path: Path, translation, src_tokens: list[str]) -> str:
     return f"alignment plot: {out_path}"
 
 
+# --------------------------------------------------------------------------------- run folder
+def _stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
+    """The options of the run `out` holds, to resume it; None when a new run starts there.
+
+    Raises:
+        InputError: `out` is a file, its config.yaml is damaged, or it holds a run and neither
+            resuming (the default) nor --overwrite was asked for.
+    """
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file, not a folder")
+    config = out / RUN_CONFIG
+    manager = CheckpointManager(out / "checkpoints")
+    holds_run = config.is_file() or manager.latest() is not None or manager.best() is not None
+    if not holds_run or o.overwrite:
+        return None
+    if not o.resume:
+        raise InputError(f"--out {out} holds a run: resume it (without --no-resume), start "
+                         "over with --overwrite (deleting it), or choose another --out")
+    if not config.is_file():
+        return None                  # checkpoints of an earlier version: train() checks them
+    try:
+        stored = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{config} is damaged ({err}); it records the run's options") from None
+    if not isinstance(stored, dict):
+        raise InputError(f"{config} is damaged: it holds a {type(stored).__name__}, not options")
+    return stored
+
+
+def _remove_run(out: Path) -> None:
+    """Delete the run in `out` (--overwrite): its files are first moved out of the way, so the
+    folder never mixes two runs; files of the user's own are kept."""
+    trash = out / ".overwritten"
+    if trash.exists():
+        shutil.rmtree(trash)                       # left by an earlier --overwrite that died
+    trash.mkdir()
+    for name in RUN_FILES:                         # checkpoints first: a crash in between
+        if (out / name).exists():                  # leaves no checkpoint of the old run
+            os.replace(out / name, trash / name)
+    shutil.rmtree(trash)
+
+
 # --------------------------------------------------------------------------------- commands
-def _train(args: argparse.Namespace) -> None:
+def _train(o: TrainOptions) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise UsageError("the train command runs one process; for several GPUs call "
+        raise InputError("the train command runs one process; for several GPUs call "
                          "bahdanau.train.train under torchrun (docs/guides/multi-gpu.md)")
-    search = _search(args)                                        # checked before any work
-    torch.set_num_threads(args.threads)
-    start = time.perf_counter()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = DefaultTokenizer(lowercase=args.lowercase)
-    train_pairs, dev_pairs, test_pairs = (_pairs(args, s) for s in ("train", "dev", "test"))
+    device = _machine(o)
+    search = _search(o)
+    out = Path(o.out)
+    stored = _stored_options(out, o)
+    changes = resume_changes(stored, o) if stored is not None else []
+    if o.unk_replace and o.arch == "rnnencdec":
+        raise InputError("--unk-replace needs attention weights, which --arch rnnencdec lacks")
+    train_pairs, dev_pairs, test_pairs = _data(o)
+    tokenizer = DefaultTokenizer(lowercase=o.lowercase)
     src_vocab = Vocab.build((tokenizer.tokenize(s) for s, _ in train_pairs),
-                            max_size=args.vocab_size)
+                            max_size=o.vocab_size)
     tgt_vocab = Vocab.build((tokenizer.tokenize(t) for _, t in train_pairs),
-                            max_size=args.vocab_size)
+                            max_size=o.vocab_size)
     examples = encode_pairs(train_pairs, src_vocab, tgt_vocab, tokenizer,
-                            max_len=args.max_train_len)
-    cfg = getattr(presets, args.preset)(len(src_vocab), len(tgt_vocab))
-    cfg = replace(cfg, arch=args.arch, gru_form=args.gru_form, dropout=args.dropout)
-    torch.manual_seed(args.seed)
-    model = build_model(cfg).to(args.device)
-    limits = [args.max_steps, args.max_epochs, args.time_budget or None]
-    if all(x is None for x in limits):
-        raise UsageError("set --max-steps, --max-epochs or a non-zero --time-budget")
-    tcfg = TrainConfig(optimizer=args.optimizer, lr=args.lr, batch_size=args.train_batch_size,
-                       max_steps=args.max_steps, max_epochs=args.max_epochs,
-                       max_time_s=args.time_budget * 60 if args.time_budget else None,
-                       eval_every=args.eval_every or 10**12, save_every=args.save_every,
-                       patience=args.patience, amp=args.amp, log_every=args.log_every,
-                       seed=args.seed)
+                            max_len=o.max_train_len)
+    if not examples:
+        raise InputError(f"no training pair has at most --max-train-len {o.max_train_len} "
+                         "tokens on both sides")
+    cfg = getattr(presets, o.preset)(len(src_vocab), len(tgt_vocab))
+    cfg = replace(cfg, arch=o.arch, gru_form=o.gru_form, dropout=o.dropout)
+    torch.manual_seed(o.seed)
+    model = build_model(cfg)
+    tcfg = TrainConfig(optimizer=o.optimizer, lr=o.lr, batch_size=o.train_batch_size,
+                       max_steps=o.max_steps, max_epochs=o.max_epochs,
+                       max_time_s=o.time_budget * 60 if o.time_budget else None,
+                       eval_every=o.eval_every or 10**12, save_every=o.save_every,
+                       patience=o.patience, amp=o.amp, log_every=o.log_every, seed=o.seed)
+    if not test_pairs:
+        print("no test set: the model is trained and saved but not scored (give --test-src "
+              "and --test-tgt to score it)", flush=True)
+    if o.overwrite and out.is_dir():
+        _remove_run(out)
+    run = setup_run(model, examples, tcfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
+                    checkpoint_dir=out / "checkpoints", resume=o.resume and not o.overwrite,
+                    device=device, extra={"tokenizer": {"name": "default",
+                                                        "lowercase": o.lowercase},
+                                          "options": o.to_dict()})
+    finished = stop_reason(run)
+    if finished and (out / "metrics.json").is_file():
+        print(f"nothing to do: the run in {out} finished at step {run.state.step} "
+              f"({finished}); its results are in {out / 'metrics.json'}")
+        return 0
+    if stored is not None:
+        run.resume_changes = changes                 # in the command line's terms
+    out.mkdir(parents=True, exist_ok=True)
+    _write_text(out / RUN_CONFIG, json.dumps(o.to_dict(), indent=2) + "\n")
     print(f"data: {len(examples)} training pairs (of {len(train_pairs)}), vocabularies "
-          f"{len(src_vocab)} / {len(tgt_vocab)}; model {args.arch} ({args.preset}), "
+          f"{len(src_vocab)} / {len(tgt_vocab)}; model {o.arch} ({o.preset}), "
           f"{sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
-    dev_sources = [s for s, _ in dev_pairs[: args.dev_size]]
-    dev_refs = [t for _, t in dev_pairs[: args.dev_size]]
+    dev_sources = [s for s, _ in dev_pairs[: o.dev_size]]
+    dev_refs = [t for _, t in dev_pairs[: o.dev_size]]
 
     def validate(m: torch.nn.Module) -> float:
         hyps = translate_corpus(m, dev_sources, src_vocab, tgt_vocab, tokenizer,
-                                search=BeamSearch(beam_size=1, max_len=args.max_len),
-                                batch_size=args.batch_size, device=args.device)
+                                search=BeamSearch(beam_size=1, max_len=o.max_len),
+                                batch_size=o.batch_size, device=device)
         return corpus_bleu([h.text for h in hyps], dev_refs)
 
-    result = train(model, examples, tcfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
-                   checkpoint_dir=out / "checkpoints", resume=args.resume,
-                   validate=validate if args.eval_every else None,
-                   log=lambda line: print(line, flush=True), device=args.device,
-                   extra={"tokenizer": {"name": "default", "lowercase": args.lowercase}})
+    start = time.perf_counter()
+    result = train_run(run, validate=validate if o.eval_every else None,
+                       log=lambda line: print(line, flush=True))
+    if result.stopped in ("sigint", "sigterm"):
+        print(f"stopped by {result.stopped.upper()} at step {result.step}; checkpoint "
+              f"{result.last_checkpoint}; run the same command to continue", flush=True)
+        return 128 + int(getattr(signal, result.stopped.upper()))
     print(f"trained {result.step} updates, stopped by {result.stopped}, "
           f"{result.elapsed_s / 60:.1f} min", flush=True)
+    if not test_pairs:
+        print(f"checkpoints: {out / 'checkpoints'}")
+        return 0
     model.eval()
     sources, references = [s for s, _ in test_pairs], [t for _, t in test_pairs]
     metrics, translations = _report(model, sources, references, src_vocab, tgt_vocab, tokenizer,
-                                    args, search)
-    (out / "test.hyp.txt").write_text("".join(t.text + "\n" for t in translations),
-                                      encoding="utf-8")
+                                    o, search, device)
+    _write_text(out / "test.hyp.txt", "".join(t.text + "\n" for t in translations))
     pick = min(range(len(sources)), key=lambda i: abs(len(tokenizer.tokenize(sources[i])) - 12))
     plot_note = _plot_one(out / "alignment.png", translations[pick],
                           tokenizer.tokenize(sources[pick]))
     metrics.update(updates=result.step, train_minutes=round(result.elapsed_s / 60, 2),
                    wall_minutes=round((time.perf_counter() - start) / 60, 2),
-                   arch=args.arch, preset=args.preset)
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+                   arch=o.arch, preset=o.preset)
+    _write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     _print_metrics(metrics)
     print(f"translations: {out / 'test.hyp.txt'}; {plot_note}; metrics: {out / 'metrics.json'}")
     print(f"total wall time {metrics['wall_minutes']:.1f} min")
+    return 0
 
 
-def _translate(args: argparse.Namespace) -> None:
-    torch.set_num_threads(args.threads)
-    model, src_vocab, tgt_vocab, tokenizer = _load(args)
-    if args.n_best > args.beam_size:
-        raise UsageError(f"--n-best ({args.n_best}) cannot exceed --beam-size ({args.beam_size})")
-    path = _existing(args.input, "--input")
-    lines = read_lines(path) if path else sys.stdin.read().splitlines()
-    out = translate_corpus(model, lines, src_vocab, tgt_vocab, tokenizer,
-                           search=_search(args, args.n_best), batch_size=args.batch_size,
-                           unk_replace=args.unk_replace, device=args.device)
+def _translate(o: TranslateOptions) -> int:
+    device = _machine(o)
+    search = _search(o, o.n_best)
+    path = _existing(o.input, "--input")
+    _writable(o.alignments, "--alignments")
+    model, src_vocab, tgt_vocab, tokenizer = _load(o, device)
+    lines = _sentences(path)
+    out = translate_corpus(model, lines, src_vocab, tgt_vocab, tokenizer, search=search,
+                           batch_size=o.batch_size, unk_replace=o.unk_replace, device=device)
     for i, t in enumerate(out):
-        if args.n_best == 1:
+        if o.n_best == 1:
             print(t.text)
         else:
             for hyp in t.nbest:
                 text = tokenizer.detokenize(tgt_vocab.decode(hyp.tokens))
                 print(f"{i} ||| {text} ||| {hyp.score:.4f}")
-    if args.alignments:
-        with open(args.alignments, "w", encoding="utf-8") as f:
-            for line, t in zip(lines, out, strict=True):
-                att = t.hypothesis.attention
-                f.write(json.dumps({"source": tokenizer.tokenize(line),
+    if o.alignments:
+        rows = []
+        for line, t in zip(lines, out, strict=True):
+            att = t.hypothesis.attention
+            rows.append(json.dumps({"source": tokenizer.tokenize(line),
                                     "target": [*t.tokens, "</s>"],
                                     "weights": None if att is None else
                                     [[round(float(x), 5) for x in row] for row in att]}) + "\n")
+        _write_text(Path(o.alignments), "".join(rows))
+    return 0
 
 
-def _evaluate(args: argparse.Namespace) -> None:
-    torch.set_num_threads(args.threads)
-    model, src_vocab, tgt_vocab, tokenizer = _load(args)
-    sources = read_lines(_existing(args.src, "--src"))
-    references = read_lines(_existing(args.ref, "--ref"))
+def _evaluate(o: EvaluateOptions) -> int:
+    device = _machine(o)
+    search = _search(o)
+    src, ref = _existing(o.src, "--src"), _existing(o.ref, "--ref")
+    _writable(o.output, "--output")
+    _writable(o.json, "--json")
+    sources, references = _sentences(src), read_lines(ref)
     if len(sources) != len(references):
-        raise UsageError(f"--src has {len(sources)} lines but --ref has {len(references)}")
-    metrics, out = _report(model, sources, references, src_vocab, tgt_vocab, tokenizer, args,
-                           _search(args))
+        raise InputError(f"--src has {len(sources)} lines but --ref has {len(references)}")
+    if not sources:
+        raise InputError(f"--src {o.src} is empty: nothing to evaluate")
+    model, src_vocab, tgt_vocab, tokenizer = _load(o, device)
+    metrics, out = _report(model, sources, references, src_vocab, tgt_vocab, tokenizer, o,
+                           search, device)
     _print_metrics(metrics)
-    if args.output:
-        Path(args.output).write_text("".join(t.text + "\n" for t in out), encoding="utf-8")
-    if args.json:
-        Path(args.json).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    if o.output:
+        _write_text(Path(o.output), "".join(t.text + "\n" for t in out))
+    if o.json:
+        _write_text(Path(o.json), json.dumps(metrics, indent=2) + "\n")
+    return 0
 
 
-def _plot(args: argparse.Namespace) -> None:
-    torch.set_num_threads(args.threads)
-    if (args.sentence is None) == (args.input is None):
-        raise UsageError("give --sentence or --input (with --line), not both")
-    sentence = args.sentence
+def _plot(o: PlotOptions) -> int:
+    from bahdanau.plot import check_image_path
+
+    device = _machine(o)
+    search = _search(o)
+    _writable(o.output, "--output")
+    check_image_path(o.output)
+    sentence = o.sentence
     if sentence is None:
-        lines = read_lines(_existing(args.input, "--input"))
-        if not 1 <= args.line <= len(lines):
-            raise UsageError(f"--line {args.line} is outside {args.input} (1..{len(lines)})")
-        sentence = lines[args.line - 1]
-    model, src_vocab, tgt_vocab, tokenizer = _load(args)
+        lines = read_lines(_existing(o.input, "--input"))
+        if not 1 <= o.line <= len(lines):
+            raise InputError(f"--line {o.line} is outside {o.input} (1..{len(lines)})")
+        sentence = lines[o.line - 1]
+    model, src_vocab, tgt_vocab, tokenizer = _load(o, device)
+    if model.arch == "rnnencdec":
+        raise InputError(f"{o.checkpoint} is an RNNencdec model: it has no alignment to plot")
     [translation] = translate_corpus(model, [sentence], src_vocab, tgt_vocab, tokenizer,
-                                     search=_search(args), unk_replace=args.unk_replace,
-                                     device=args.device)
-    note = _plot_one(Path(args.output), translation, tokenizer.tokenize(sentence))
+                                     search=search, unk_replace=o.unk_replace, device=device)
+    note = _plot_one(Path(o.output), translation, tokenizer.tokenize(sentence))
     print(translation.text)
-    if not note.startswith("alignment plot"):
-        raise UsageError(note)
     print(note)
+    return 0
+
+
+_RUN = {"train": _train, "translate": _translate, "evaluate": _evaluate, "plot": _plot}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `bahdanau` console script and `python -m bahdanau`."""
-    args = build_parser().parse_args(argv)
-    command = {"train": _train, "translate": _translate, "evaluate": _evaluate, "plot": _plot}
+    args = vars(build_parser().parse_args(argv))
+    command = args.pop("command")
     try:
-        command[args.command](args)
+        options = _COMMANDS[command][0].from_mapping(args, text=True)
+        return _RUN[command](options)
     except (InputError, OSError, PlotDependencyError) as exc:
-        print(f"bahdanau: error: {exc}", file=sys.stderr)
+        message = " ".join(str(exc).split("\n"))
+        print(f"bahdanau: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("bahdanau: interrupted", file=sys.stderr)
         return 130
-    return 0
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+import torch
 from typing_extensions import Self
 
 from bahdanau._checks import is_finite_number, is_int
@@ -189,6 +190,11 @@ class TrainConfig(DictConfig):
     # Removed fields that older checkpoints still hold: max_len was never read (the length
     # filter is encode_pairs').
     _removed_fields: ClassVar[tuple[str, ...]] = ("max_len",)
+    # What a resumed run may not change: the optimizer type (its state is of that type) and
+    # what defines the batches (their order is a function of the seed and the epoch). The
+    # other fields (learning rate, limits, cadence, ...) are applied from the resumed call on.
+    FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = ("optimizer", "batch_size", "max_tokens",
+                                                  "bucket", "seed")
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("adadelta", "adam"):
@@ -218,6 +224,36 @@ class TrainConfig(DictConfig):
                                  f"{' or None' if name in optional_ints else ''}, got {value!r}")
         if not is_int(self.seed):
             raise InputError(f"seed must be an int, got {self.seed!r}")
+
+    def resume_changes(self, stored: TrainConfig) -> list[str]:
+        """What resuming a run saved with `stored` under this config changes.
+
+        Args:
+            stored: the config the checkpoint was written with.
+        Returns:
+            One "name: old -> new" line per changed field, to log; they all take effect.
+        Raises:
+            InputError: a field of `FIXED_ON_RESUME` differs (named, with both values).
+        """
+        changes = []
+        for field in dataclasses.fields(self):
+            old, new = getattr(stored, field.name), getattr(self, field.name)
+            if old == new:
+                continue
+            if field.name in self.FIXED_ON_RESUME:
+                raise InputError(f"the checkpoint was trained with {field.name}={old!r}, not "
+                                 f"{new!r}: a resumed run keeps its {field.name} (start a new "
+                                 "run in another directory to change it)")
+            changes.append(f"{field.name}: {old!r} -> {new!r}")
+        return changes
+
+    def set_hyperparameters(self, optimizer: torch.optim.Optimizer) -> None:
+        """Write this config's learning rate, eps (and Adadelta's rho) into `optimizer`'s
+        parameter groups: a resumed run uses the values it was called with, not the stored."""
+        for group in optimizer.param_groups:
+            group["lr"], group["eps"] = self.learning_rate, self.eps
+            if self.optimizer == "adadelta":
+                group["rho"] = self.rho
 
     @property
     def learning_rate(self) -> float:

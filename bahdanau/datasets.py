@@ -76,6 +76,11 @@ def read_lines(path: str | os.PathLike[str]) -> list[str]:
             data = f.read()
     else:
         data = path.read_bytes()
+    return decode_lines(data, str(path))
+
+
+def decode_lines(data: bytes, source: str) -> list[str]:  # TEMPORARY until inputs lands
+    path = source
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -175,12 +175,15 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
     Returns:
         One `Translation` per sentence, in input order.
     Raises:
-        InputError: an empty sentence, or vocabularies whose sizes or special ids differ from
-            `model.config` (see `ModelConfig.check_vocabs`).
+        InputError: an empty sentence, `unk_replace` with RNNencdec, or vocabularies whose
+            sizes or special ids differ from `model.config` (see `ModelConfig.check_vocabs`);
+            all before any decoding.
     """
     config = getattr(model, "config", None)
     if config is not None:  # a model built without a config uses the Vocab ids
         config.check_vocabs(src_vocab, tgt_vocab)
+    if unk_replace and getattr(model, "arch", None) == "rnnencdec":
+        raise InputError("unk_replace needs attention weights, which RNNencdec does not have")
     search = search or BeamSearch(beam_size=5)
     tokenized = [tokenizer.tokenize(s) for s in sentences]
     for i, toks in enumerate(tokenized):

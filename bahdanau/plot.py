@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,6 +34,23 @@ def _pyplot() -> Any:
     return plt
 
 
+def check_image_path(path: str | os.PathLike[str]) -> None:
+    """Refuse a file name whose suffix matplotlib cannot write (png, pdf, svg, jpg, ...).
+
+    Raises:
+        InputError: the suffix is not an image format matplotlib knows (the formats are listed).
+        PlotDependencyError: matplotlib is not installed.
+    """
+    _pyplot()
+    from matplotlib.figure import Figure
+
+    suffix = Path(path).suffix.lstrip(".").lower()
+    formats = Figure().canvas.get_supported_filetypes()
+    if suffix not in formats:
+        raise InputError(f"{path}: cannot write an image of type {suffix!r}; use one of "
+                         f"{', '.join(sorted(formats))}")
+
+
 def plot_alignment(weights: torch.Tensor | Sequence[Sequence[float]], src_tokens: Sequence[str],
                    tgt_tokens: Sequence[str], path: str | os.PathLike[str] | None = None, *,
                    title: str | None = None) -> Any:
@@ -55,6 +73,8 @@ def plot_alignment(weights: torch.Tensor | Sequence[Sequence[float]], src_tokens
     if matrix.dim() != 2 or tuple(matrix.shape) != (len(tgt_tokens), len(src_tokens)):
         raise InputError(f"weights have shape {tuple(matrix.shape)}, expected "
                          f"({len(tgt_tokens)}, {len(src_tokens)}) for the target x source tokens")
+    if path is not None:
+        check_image_path(path)
     plt = _pyplot()
     rows, cols = matrix.shape
     fig, ax = plt.subplots(figsize=(max(3.0, 0.45 * cols + 1.5), max(3.0, 0.45 * rows + 1.2)))

@@ -14,8 +14,9 @@ with the same parts (as torchtune's recipes do):
 resumes its `TrainState` (step, place in the data, best metric, time) from the latest checkpoint.
 Lower still, `make_optimizer`, `train_step` (one update of any model on any batch) and
 `evaluate_loss` work without a run, and `bahdanau.checkpoint`'s utilities are re-exported here.
-`train` is the loop above with a periodic log line, early stopping and a final evaluation and
-checkpoint; an interrupted run resumes exactly, and under `torch.distributed` (e.g. `torchrun`)
+`train` is `setup_run` then `train_run`: the loop above with a periodic log line, early
+stopping, a final evaluation and checkpoint, and SIGINT/SIGTERM turned into a checkpoint and a
+clean stop; an interrupted run resumes exactly, and under `torch.distributed` (e.g. `torchrun`)
 it trains with data parallelism.
 
 Paper settings (Bahdanau et al. 2015, appendix B.2): Adadelta with rho 0.95 and eps 1e-6,
@@ -26,9 +27,11 @@ words for RNNsearch-50.
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -74,10 +77,12 @@ __all__ = [
     "setup_run",
     "stop_reason",
     "train",
+    "train_run",
     "train_step",
     "validate_run",
 ]
 
+_LIMITS = ("max_steps", "max_time", "max_epochs")   # stops after which a last evaluation runs
 _AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -231,6 +236,8 @@ class TrainRun:
     distributed: bool = False               # torch.distributed is initialised
     is_main: bool = True                    # rank 0: validates, logs and saves
     resumed_from: Path | None = None        # the checkpoint the state came from
+    resume_changes: list[str] = field(default_factory=list)  # logged by train_run
+    signal: str = ""                        # "sigint"/"sigterm" once one asked the run to stop
     clock: float = field(default_factory=time.monotonic)  # when state.elapsed_s was updated
 
 
@@ -271,7 +278,11 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
             checkpoints and checked on resume.
         checkpoint_dir: where checkpoints go; None: no checkpoints.
         resume: continue from the latest checkpoint in `checkpoint_dir`, if any. False needs a
-            directory without checkpoints: an earlier run's files are never overwritten.
+            directory without checkpoints: an earlier run's files are never overwritten. A
+            resumed run keeps the stored optimizer type, batch definition and seed
+            (`TrainConfig.FIXED_ON_RESUME`; a change is refused) and applies every other
+            changed field of `cfg`, listed in `run.resume_changes`; the learning rate is set
+            from `cfg` (`TrainConfig.set_hyperparameters`).
         device: where to train.
         extra: checkpoint-safe entries stored in every checkpoint under "extra".
     Returns:
@@ -280,7 +291,8 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         InputError: no stopping limit, no examples, vocabularies whose sizes or special ids
             differ from `model.config`'s, a checkpoint directory with a model that has no
             `.config`, `resume=False` with a directory holding checkpoints, or a checkpoint
-            that does not match (what differs is named). Nothing is trained then.
+            that does not match, model config, vocabularies or a fixed `cfg` field (what
+            differs is named). Nothing is trained and no file is written then.
     """
     if cfg.max_steps is None and cfg.max_epochs is None and cfg.max_time_s is None:
         raise InputError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
@@ -300,6 +312,9 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     payload = upgrade_payload(load_checkpoint(latest)) if latest is not None else None
     if payload is not None and payload["train_state"] is None:
         raise InputError(f"{latest} has no train_state to resume from")
+    changes = []
+    if payload is not None and payload["train_config"] is not None:
+        changes = cfg.resume_changes(TrainConfig.from_dict(payload["train_config"]))
     device = torch.device(device)
     dist = torch.distributed
     distributed = dist.is_available() and dist.is_initialized()
@@ -311,6 +326,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     if payload is not None:
         state = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
                         tgt_vocab=tgt_vocab)
+        cfg.set_hyperparameters(optimizer)
         if state.best_step is None and state.best_metric is not None:  # format 1: in best.json
             state.best_step = manager.best_step
         if state.position >= len(sampler.epoch_batches(state.epoch)):  # format 1: epoch's end
@@ -328,7 +344,8 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
                     sampler=sampler, examples=examples, cfg=cfg, src_vocab=src_vocab,
                     tgt_vocab=tgt_vocab, state=state, device=device, manager=manager,
                     extra=dict(extra or {}), distributed=distributed,
-                    is_main=not distributed or dist.get_rank() == 0, resumed_from=latest)
+                    is_main=not distributed or dist.get_rank() == 0, resumed_from=latest,
+                    resume_changes=changes)
 
 
 def next_batch(run: TrainRun) -> Batch:
@@ -423,31 +440,60 @@ def stop_reason(run: TrainRun) -> str:
     Args:
         run: the run.
     Returns:
-        "patience", "max_steps", "max_time" or "max_epochs" (the first limit reached, in that
-        order), or "" if none is. Every rank gets the same answer. The time limit compares
-        `state.elapsed_s`, which the other pieces bring up to date.
+        "sigint" or "sigterm" (`train_run` received that signal), "patience", "max_steps",
+        "max_time" or "max_epochs" (the first limit reached, in that order), or "" if none is.
+        Every rank gets rank 0's answer. The time limit compares `state.elapsed_s`, which the
+        other pieces bring up to date.
     """
     cfg, state = run.cfg, run.state
+    out_of_time = cfg.max_time_s is not None and state.elapsed_s >= cfg.max_time_s
+    signal_name, out_of_time = _broadcast((run.signal, out_of_time), run.distributed)
+    if signal_name:
+        return signal_name
     if cfg.patience is not None and state.bad_evals >= cfg.patience:
         return "patience"
     if cfg.max_steps is not None and state.step >= cfg.max_steps:
         return "max_steps"
-    if cfg.max_time_s is not None and _broadcast(state.elapsed_s >= cfg.max_time_s,
-                                                 run.distributed):
+    if out_of_time:
         return "max_time"
     if cfg.max_epochs is not None and state.epoch >= cfg.max_epochs:
         return "max_epochs"
     return ""
 
 
+@contextmanager
+def _stop_on_signals(run: TrainRun, log: Callable[[str], None]) -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM set `run.signal` (so the loop saves and stops at the
+    end of its step) instead of killing the process; a second one acts as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield                                  # handlers can only be set in the main thread
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def request_stop(signum: int, frame: Any) -> None:
+        run.signal = signal.Signals(signum).name.lower()
+        signal.signal(signum, previous[signal.Signals(signum)])
+        if run.is_main:
+            log(f"{run.signal.upper()}: stopping after this step, with a checkpoint")
+
+    for sig in previous:
+        signal.signal(sig, request_stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 @dataclass
 class TrainResult:
-    """Summary of a `train` call."""
+    """Summary of a `train` / `train_run` call."""
 
     step: int                          # optimizer steps taken in total (resumed ones included)
     epoch: int                         # epoch of the next batch (TrainState.epoch)
-    stopped: str                       # "max_steps", "max_epochs", "max_time" or "patience"
+    stopped: str                       # why it stopped: a `stop_reason`
     elapsed_s: float                   # training time, resumed runs included
+    start_step: int = 0                # the step this call started from (resumed: > 0)
     best_metric: float | None = None   # best validate() value
     best_step: int | None = None
     train_loss: float = math.nan       # per-token loss, last log window (nan: no step taken)
@@ -520,11 +566,46 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
     """
     run = setup_run(model, examples, cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                     checkpoint_dir=checkpoint_dir, resume=resume, device=device, extra=extra)
+    return train_run(run, validate=validate, log=log)
+
+
+def train_run(run: TrainRun, *, validate: Callable[[nn.Module], float] | None = None,
+              log: Callable[[str], None] = print) -> TrainResult:
+    """The loop of `train` over a run from `setup_run`.
+
+    It first logs where a resumed run starts and what the resume changed
+    (`run.resume_changes`, which a caller may reword). SIGINT and SIGTERM
+    (in the main thread) do not kill it: the step under way finishes, a checkpoint is saved and
+    the result's `stopped` is "sigint" or "sigterm"; a second signal acts as usual. A run that
+    has already reached a limit trains nothing and writes nothing.
+
+    Args:
+        run: the run.
+        validate, log: as for `train`.
+    Returns:
+        A `TrainResult`.
+    """
     state = run.state
     if run.resumed_from is not None and run.is_main:
         log(f"resumed from {run.resumed_from} at step {state.step}, epoch {state.epoch}")
+        for change in run.resume_changes:
+            log(f"changed on resume: {change}")
     result = TrainResult(step=state.step, epoch=state.epoch, stopped="",
-                         elapsed_s=state.elapsed_s)
+                         elapsed_s=state.elapsed_s, start_step=state.step)
+    with _stop_on_signals(run, log):
+        stopped = _loop(run, validate, log, result)
+    result.step, result.epoch, result.stopped = state.step, state.epoch, stopped
+    result.elapsed_s = state.elapsed_s
+    result.best_metric, result.best_step = state.best_metric, state.best_step
+    if run.manager is not None and run.is_main:
+        result.last_checkpoint, result.best_checkpoint = run.manager.latest(), run.manager.best()
+    return result
+
+
+def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
+          log: Callable[[str], None], result: TrainResult) -> str:
+    """`train_run`'s steps, evaluations and checkpoints; returns the stop reason."""
+    cfg, state = run.cfg, run.state
     first_step, start = state.step, time.monotonic()
     window_start, window_loss, window_tokens = start, 0.0, 0
     last_saved = last_eval = state.step
@@ -559,14 +640,9 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
     if window_tokens:
         result.train_loss = window_loss / window_tokens
     final_metric = None
-    if validate is not None and last_eval != state.step and stopped != "patience":
+    if validate is not None and last_eval != state.step and stopped in _LIMITS:
         metric, improved = _evaluate(run, validate, result, log)
         final_metric = metric if improved else None
     if last_saved != state.step or final_metric is not None:
         save_run(run, metric=final_metric)
-    result.step, result.epoch, result.stopped = state.step, state.epoch, stopped
-    result.elapsed_s = state.elapsed_s
-    result.best_metric, result.best_step = state.best_metric, state.best_step
-    if run.manager is not None and run.is_main:
-        result.last_checkpoint, result.best_checkpoint = run.manager.latest(), run.manager.best()
-    return result
+    return stopped

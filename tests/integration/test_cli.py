@@ -1,4 +1,5 @@
-"""The command line on a tiny model: train, translate, evaluate, plot, and its errors."""
+"""The command line on a tiny model: train, translate, evaluate, plot (bad inputs: in
+test_bad_inputs.py; run folders, resumes and signals: in test_runs.py)."""
 
 from __future__ import annotations
 
@@ -79,28 +80,6 @@ def test_translate_evaluate_plot(trained, files, capsys, tmp_path) -> None:
     assert image.read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("argv", [
-    ["translate", "--checkpoint", "does-not-exist.pt"],
-    ["evaluate", "--checkpoint", "{run}", "--src", "missing.en", "--ref", "missing.fr"],
-    ["train", "--train-src", "only-one-side.en"],
-    ["plot", "--checkpoint", "{run}"],
-    ["translate", "--checkpoint", "{run}", "--n-best", "3", "--beam-size", "2"],
-])
-def test_errors_are_one_line(argv, trained, capsys) -> None:
-    argv = [a.replace("{run}", str(trained)) for a in argv]
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("bahdanau: error: ") and err.count("\n") == 1
-    assert "Traceback" not in err
-
-
-def test_corrupt_checkpoint(tmp_path, capsys) -> None:
-    bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"not a checkpoint at all")
-    assert main(["translate", "--checkpoint", str(bad)]) == 2
-    assert "not a readable checkpoint" in capsys.readouterr().err
-
-
 def test_help_and_bad_option() -> None:
     for sub in ([], ["train"], ["translate"], ["evaluate"], ["plot"]):
         out = subprocess.run([sys.executable, "-m", "bahdanau", *sub, "--help"],
@@ -110,25 +89,3 @@ def test_help_and_bad_option() -> None:
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert "unrecognized arguments: --bogus" in bad.stderr and "Traceback" not in bad.stderr
-
-
-@pytest.mark.parametrize(("option", "match"), [
-    (["--max-len-ratio", "inf"], "max_len_ratio must be a finite number"),
-    (["--max-len-ratio", "nan"], "max_len_ratio must be a finite number"),
-    (["--beam-size", "0"], "beam_size must be an int >= 1"),
-])
-def test_train_checks_decoding_options_before_any_work(tmp_path, capsys, option, match) -> None:
-    """The test set is decoded after training: its options are refused before training starts."""
-    assert main(["train", "--out", str(tmp_path / "run"), "--max-steps", "1", *option]) == 2
-    assert match in capsys.readouterr().err
-    assert not (tmp_path / "run").exists()
-
-
-def test_train_refuses_several_processes(monkeypatch, tmp_path, capsys) -> None:
-    """Under torchrun (WORLD_SIZE > 1) the command would start independent runs sharing one
-    output folder; it refuses and points to the Python API instead."""
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    assert main(["train", "--out", str(tmp_path / "run"), "--max-steps", "1"]) == 2
-    err = capsys.readouterr().err
-    assert "runs one process" in err and "multi-gpu.md" in err
-    assert not (tmp_path / "run").exists()

@@ -1,0 +1,374 @@
+"""The options of the `bahdanau` command, declared once.
+
+Each command's options are a frozen dataclass (`TrainOptions`, `TranslateOptions`,
+`EvaluateOptions`, `PlotOptions`); each field is one option, with its type, default, help text
+and bounds in `option(...)`. From this one declaration:
+
+- `add_arguments` builds the argparse options (``train_batch_size`` is ``--train-batch-size``);
+- `from_mapping` turns what argparse parsed (strings) or what a file holds (JSON / YAML values)
+  into the dataclass, and construction validates every field, so an option is checked the same
+  way whatever it came from, with one `InputError` naming it;
+- a run folder stores `TrainOptions.to_dict()` as its ``config.yaml``, and `resume_changes`
+  sorts the options a resumed run changes into those it must refuse (`Option.on_resume` is
+  "fixed": the model, the data and its tokenisation, the batches, the seed, the optimizer type)
+  and those it applies and records ("applied": learning rate, limits, cadence, threads, device,
+  evaluation and decoding settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from typing_extensions import Self
+
+from bahdanau._checks import is_finite_number, is_int
+from bahdanau.datasets import MULTI30K_LANGS
+from bahdanau.errors import InputError
+
+__all__ = [
+    "EvaluateOptions",
+    "Option",
+    "PlotOptions",
+    "TrainOptions",
+    "TranslateOptions",
+    "add_arguments",
+    "option",
+    "resume_changes",
+]
+
+OnResume = Literal["fixed", "applied", "not_recorded"]
+
+
+@dataclass(frozen=True)
+class Option:
+    """What the declaration says about one option besides its type and default."""
+
+    help: str
+    low: float | None = None      # smallest allowed value (numbers)
+    above: bool = False           # the value must be strictly greater than `low`
+    required: bool = False        # must be given (its default None means "missing")
+    on_resume: OnResume = "applied"   # see the module docstring; train options only
+    metavar: str | None = None
+
+
+def option(default: Any, help: str, **kwargs: Any) -> Any:
+    """A dataclass field declaring an option (see `Option` for the keywords)."""
+    return dataclasses.field(default=default, metadata={"option": Option(help, **kwargs)})
+
+
+def flag(name: str) -> str:
+    """The command-line flag of the field `name`: ``--train-batch-size``."""
+    return "--" + name.replace("_", "-")
+
+
+def _base_type(annotation: Any) -> tuple[Any, bool]:
+    """(the type without None, whether None is allowed)."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return args[0], True
+    return annotation, False
+
+
+def _describe(base: Any) -> str:
+    if typing.get_origin(base) is Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(base)))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[base]
+
+
+class _Options:
+    """Construction, validation and conversion shared by the option dataclasses."""
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for field in dataclasses.fields(self):  # type: ignore[arg-type]
+            _check_value(field, hints[field.name], getattr(self, field.name))
+        self.check()
+
+    def check(self) -> None:
+        """Checks that involve several options; raise `InputError`."""
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], *, text: bool = False) -> Self:
+        """The options from `values` (field name -> value); absent or None means the default.
+
+        Args:
+            values: e.g. `vars(argparse_namespace)` or a parsed config file.
+            text: the values are command-line strings to convert (numbers are parsed);
+                otherwise they must already have the declared type (a config file).
+        Raises:
+            InputError: an unknown name, or a value of the wrong type or out of range (named).
+        """
+        hints = typing.get_type_hints(cls)
+        fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(values) - set(fields))
+        if unknown:
+            raise InputError(f"unknown option {unknown[0]!r} (known: {', '.join(sorted(fields))})")
+        kwargs = {}
+        for name, value in values.items():
+            if value is None:
+                continue
+            kwargs[name] = _from_text(name, hints[name], value) if text else value
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Field name -> value (JSON types), what `from_mapping` reads back."""
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+
+def _from_text(name: str, annotation: Any, value: Any) -> Any:
+    """A command-line string converted to the declared type (booleans come parsed)."""
+    base, _ = _base_type(annotation)
+    if not isinstance(value, str) or base in (str, bool) or typing.get_origin(base) is Literal:
+        return value
+    try:
+        return int(value) if base is int else float(value)
+    except ValueError:
+        raise InputError(f"{flag(name)} must be {_describe(base)}, got {value!r}") from None
+
+
+def _check_value(field: dataclasses.Field, annotation: Any, value: Any) -> None:
+    spec: Option = field.metadata["option"]
+    name = flag(field.name)
+    base, optional = _base_type(annotation)
+    if value is None:
+        if spec.required:
+            raise InputError(f"{name} is required")
+        if optional:
+            return
+        raise InputError(f"{name} must be {_describe(base)}, got None")
+    if typing.get_origin(base) is Literal:
+        if value not in typing.get_args(base):
+            raise InputError(f"{name} must be {_describe(base)}, got {value!r}")
+        return
+    kind_ok = {int: is_int, float: is_finite_number, bool: lambda v: isinstance(v, bool),
+               str: lambda v: isinstance(v, str)}[base](value)
+    if not kind_ok:
+        what = "a finite number" if base is float else _describe(base)
+        raise InputError(f"{name} must be {what}, got {value!r}")
+    if base is str and not value.strip():
+        raise InputError(f"{name} must not be empty")
+    if spec.low is not None:
+        if value < spec.low or (spec.above and value == spec.low):
+            bound = f"> {spec.low:g}" if spec.above else f">= {spec.low:g}"
+            raise InputError(f"{name} must be {bound}, got {value!r}")
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls: type[_Options]) -> None:
+    """Add one argparse option per field of `cls`.
+
+    Every option's argparse default is None ("not given"), so that `from_mapping` fills in the
+    declared default and a config file can be overridden only by what was given.
+    """
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        spec: Option = field.metadata["option"]
+        base, _ = _base_type(hints[field.name])
+        shown = "" if field.default is None else f" (default {field.default})"
+        kwargs: dict[str, Any] = {"default": None, "help": spec.help + shown}
+        if base is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+            kwargs["help"] = spec.help + f" (default {'yes' if field.default else 'no'})"
+        elif typing.get_origin(base) is Literal:
+            kwargs["choices"] = typing.get_args(base)
+        else:
+            kwargs["metavar"] = spec.metavar or field.name.split("_")[-1].upper()
+        parser.add_argument(flag(field.name), dest=field.name, **kwargs)
+
+
+def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
+    """What a resumed run changes, as "--flag old -> new" lines; refuses fixed options.
+
+    Args:
+        stored: the options the run was last started with (its ``config.yaml``).
+        given: the options of this start.
+    Returns:
+        One line per changed "applied" option, to log.
+    Raises:
+        InputError: a "fixed" option differs (named, with both values).
+    """
+    changes = []
+    for field in dataclasses.fields(given):
+        spec: Option = field.metadata["option"]
+        if spec.on_resume == "not_recorded" or field.name not in stored:
+            continue
+        old, new = stored[field.name], getattr(given, field.name)
+        if old == new:
+            continue
+        if spec.on_resume == "fixed":
+            raise InputError(f"{flag(field.name)} was {old!r} when this run began and is {new!r} "
+                             "now; a resumed run keeps it (start a new run with another --out, "
+                             "or --overwrite this one)")
+        changes.append(f"{flag(field.name)} {old!r} -> {new!r}")
+    return changes
+
+
+# ----------------------------------------------------------------------------------------------
+# The commands' options
+
+LengthPenalty = Literal["none", "average", "gnmt"]
+
+
+@dataclass(frozen=True)
+class SearchOptions(_Options):
+    """Beam search settings, shared by every command that decodes."""
+
+    beam_size: int = option(5, "beam width; 1 is greedy", low=1)
+    max_len: int = option(100, "most target tokens", low=1)
+    max_len_ratio: float | None = option(
+        None, "also cap target length at RATIO x source length", low=0, above=True)
+    min_len: int = option(1, "fewest target tokens", low=0)
+    length_penalty: LengthPenalty = option(
+        "none", "length normalisation of scores (none: as in the paper)")
+    alpha: float = option(0.6, "exponent of the gnmt length penalty", low=0)
+    batch_size: int = option(64, "sentences decoded together", low=1)
+    unk_replace: bool = option(False, "replace generated <unk> by the most attended source "
+                                      "word (an extension beyond the paper)")
+
+    def check(self) -> None:
+        if self.min_len > self.max_len:
+            raise InputError(f"--min-len ({self.min_len}) exceeds --max-len ({self.max_len})")
+
+
+@dataclass(frozen=True)
+class TrainOptions(SearchOptions):
+    """`bahdanau train`: the data, model, optimisation, limits and run folder."""
+
+    src_lang: str | None = option(None, "source language of the shipped Multi30k data "
+                                        "(en when no --train-src)", on_resume="fixed")
+    tgt_lang: str | None = option(None, "target language of the shipped Multi30k data "
+                                        "(fr when no --train-src)", on_resume="fixed")
+    train_src: str | None = option(None, "training source file (default: shipped Multi30k)",
+                                   on_resume="fixed", metavar="FILE")
+    train_tgt: str | None = option(None, "training target file", on_resume="fixed",
+                                   metavar="FILE")
+    dev_src: str | None = option(None, "dev source file (default: shipped Multi30k val when "
+                                       "training on it)", metavar="FILE")
+    dev_tgt: str | None = option(None, "dev target file", metavar="FILE")
+    test_src: str | None = option(None, "test source file (default: shipped Multi30k "
+                                        "test_2016_flickr when training on it)", metavar="FILE")
+    test_tgt: str | None = option(None, "test target file", metavar="FILE")
+    preset: Literal["tiny", "small", "rnnsearch_50"] = option(
+        "small", "model sizes (small: E=256, H=256, D=512, A=512, maxout 256)",
+        on_resume="fixed")
+    arch: Literal["rnnsearch", "rnnencdec"] = option("rnnsearch", "model", on_resume="fixed")
+    gru_form: Literal["torch", "paper"] = option(
+        "torch", "GRU form (paper: reset gate before U)", on_resume="fixed")
+    dropout: float = option(0.0, "dropout on embeddings and the maxout output", low=0,
+                            on_resume="fixed")
+    vocab_size: int = option(10000, "most frequent words kept per side (the paper: 30000)",
+                             low=1, on_resume="fixed")
+    lowercase: bool = option(False, "lowercase both sides", on_resume="fixed")
+    max_train_len: int = option(50, "drop training pairs longer than this many tokens", low=1,
+                                on_resume="fixed")
+    optimizer: Literal["adadelta", "adam"] = option(
+        "adam", "adam (converges within a short budget) or adadelta (the paper: rho 0.95, "
+        "eps 1e-6)", on_resume="fixed")
+    lr: float | None = option(None, "learning rate (default 1e-3 for adam, 1.0 for adadelta)",
+                              low=0, above=True)
+    train_batch_size: int = option(64, "sentences per update", low=1, on_resume="fixed")
+    seed: int = option(1234, "seed of the weights and the batch order", on_resume="fixed")
+    max_steps: int | None = option(None, "stop after this many updates", low=1)
+    max_epochs: int | None = option(None, "stop after this many epochs", low=1)
+    time_budget: float = option(12.0, "minutes of training (0: no limit)", low=0)
+    eval_every: int = option(0, "dev BLEU (greedy, --dev-size sentences) every N updates "
+                                "(0: never)", low=0)
+    dev_size: int = option(500, "dev sentences scored at each evaluation", low=1)
+    patience: int | None = option(None, "stop after N dev evaluations without improvement",
+                                  low=1)
+    save_every: int = option(500, "checkpoint every N updates", low=1)
+    log_every: int = option(100, "a log line every N updates", low=1)
+    threads: int = option(2, "torch CPU threads", low=1)
+    device: str = option("cpu", "cpu, cuda or cuda:N")
+    amp: Literal["none", "bf16", "fp16"] = option("none", "mixed precision (GPU)")
+    out: str = option("runs/multi30k-en-fr", "output folder", on_resume="not_recorded",
+                      metavar="DIR")
+    resume: bool = option(True, "continue the run in OUT from its latest checkpoint; "
+                                "--no-resume refuses an OUT that holds a run",
+                          on_resume="not_recorded")
+    overwrite: bool = option(False, "start a new run in OUT, deleting the run it holds "
+                                    "(checkpoints, config.yaml, results)",
+                             on_resume="not_recorded")
+
+    def check(self) -> None:
+        super().check()
+        own = self.train_src is not None or self.train_tgt is not None
+        for split in ("train", "dev", "test"):
+            if (getattr(self, f"{split}_src") is None) != (getattr(self, f"{split}_tgt") is None):
+                raise InputError(f"give both --{split}-src and --{split}-tgt, or neither")
+        for name in ("src_lang", "tgt_lang"):
+            if getattr(self, name) not in (None, *MULTI30K_LANGS):
+                raise InputError(f"{flag(name)} must be one of {', '.join(MULTI30K_LANGS)} "
+                                 f"(the shipped Multi30k), got {getattr(self, name)!r}")
+        if own and (self.src_lang is not None or self.tgt_lang is not None):
+            raise InputError("--src-lang/--tgt-lang choose the shipped Multi30k languages; "
+                             "they do nothing with --train-src/--train-tgt")
+        if self.max_steps is None and self.max_epochs is None and not self.time_budget:
+            raise InputError("set --max-steps, --max-epochs or a non-zero --time-budget")
+        if not 0 <= self.dropout < 1:
+            raise InputError(f"--dropout must be in [0, 1), got {self.dropout!r}")
+        if self.eval_every == 0 and self.patience is not None:
+            raise InputError("--patience counts dev evaluations: it needs --eval-every")
+
+    @property
+    def own_data(self) -> bool:
+        """Trains on the user's files, not the shipped Multi30k."""
+        return self.train_src is not None
+
+
+@dataclass(frozen=True)
+class DecodeOptions(SearchOptions):
+    """What every command that loads a checkpoint takes."""
+
+    checkpoint: str | None = option(None, "a checkpoint file, or a training output folder "
+                                          "(its best, else latest checkpoint)", required=True,
+                                    metavar="PATH")
+    device: str = option("cpu", "cpu, cuda or cuda:N")
+    threads: int = option(2, "torch CPU threads", low=1)
+
+
+@dataclass(frozen=True)
+class TranslateOptions(DecodeOptions):
+    """`bahdanau translate`."""
+
+    input: str | None = option(None, "source file (default: stdin)", metavar="FILE")
+    n_best: int = option(1, "hypotheses per sentence; >1 prints 'i ||| text ||| score'", low=1)
+    alignments: str | None = option(None, "write JSON lines with tokens and weights here",
+                                    metavar="FILE")
+
+    def check(self) -> None:
+        super().check()
+        if self.n_best > self.beam_size:
+            raise InputError(f"--n-best ({self.n_best}) cannot exceed --beam-size "
+                             f"({self.beam_size})")
+
+
+@dataclass(frozen=True)
+class EvaluateOptions(DecodeOptions):
+    """`bahdanau evaluate`."""
+
+    src: str | None = option(None, "source file", required=True, metavar="FILE")
+    ref: str | None = option(None, "reference file", required=True, metavar="FILE")
+    output: str | None = option(None, "write the translations here", metavar="FILE")
+    json: str | None = option(None, "write the scores here", metavar="FILE")
+
+
+@dataclass(frozen=True)
+class PlotOptions(DecodeOptions):
+    """`bahdanau plot`."""
+
+    sentence: str | None = option(None, "the source sentence", metavar="TEXT")
+    input: str | None = option(None, "a source file (with --line)", metavar="FILE")
+    line: int = option(1, "1-based line of --input", low=1)
+    output: str = option("alignment.png", "image file to write", metavar="FILE")
+
+    def check(self) -> None:
+        super().check()
+        if (self.sentence is None) == (self.input is None):
+            raise InputError("give --sentence or --input (with --line), not both")
+

@@ -1,0 +1,352 @@
+"""Bad inputs, table-driven: every one is refused before any work with one error line.
+
+Each command-line case runs `bahdanau.cli.main` in-process and asserts exit status 2, exactly one
+``bahdanau: error:`` line on stderr naming the problem, no traceback (an exception other than the
+user errors would escape `main` and fail the test), and that no file of the trained run, of the
+input files or of a new output folder was created or changed. The numeric cases come from every
+numeric option of every command with values outside its range or of the wrong kind; the others
+are listed by hand, by class: files, devices, checkpoints, run folders, resumes and options that
+contradict each other. The API cases assert an `InputError` naming the argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import hashlib
+import shlex
+import typing
+from pathlib import Path
+
+import pytest
+import torch
+
+from bahdanau.cli import main
+from bahdanau.datasets import multi30k_files, read_lines
+from bahdanau.options import (
+    EvaluateOptions,
+    PlotOptions,
+    TrainOptions,
+    TranslateOptions,
+    _base_type,
+    flag,
+)
+
+# ----------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> Path:
+    """Small parallel files, and bad ones of every kind."""
+    root = tmp_path_factory.mktemp("bad-inputs")
+    en = read_lines(multi30k_files("train", "en"))[:60]
+    fr = read_lines(multi30k_files("train", "fr"))[:60]
+    text = {"tr.en": en[:50], "tr.fr": fr[:50], "te.en": en[50:], "te.fr": fr[50:]}
+    for name, lines in text.items():
+        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (root / "empty.txt").write_bytes(b"")
+    (root / "latin1.txt").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    (root / "short.fr").write_text("\n".join(fr[50:55]) + "\n", encoding="utf-8")
+    (root / "blank-line.en").write_text("\n".join(en[50:55] + ["  "] + en[56:60]) + "\n",
+                                        encoding="utf-8")
+    whole = gzip.compress(("\n".join(en[50:]) + "\n").encode())
+    (root / "truncated.gz").write_bytes(whole[: len(whole) // 2])
+    (root / "bad-crc.gz").write_bytes(whole[:-8] + bytes(8))
+    (root / "bad-header.gz").write_bytes(whole[:2] + b"\x99" + whole[3:])
+    (root / "a-folder").mkdir()
+    (root / "notes.txt").write_text("not a checkpoint\n")
+    return root
+
+
+TRAIN = ["--preset", "tiny", "--max-steps", "4", "--time-budget", "0", "--eval-every", "2",
+         "--save-every", "2", "--beam-size", "2", "--max-len", "6", "--threads", "1",
+         "--log-every", "2"]
+
+
+def _train_argv(files: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--train-src", str(files / "tr.en"), "--train-tgt", str(files / "tr.fr"),
+            "--dev-src", str(files / "te.en"), "--dev-tgt", str(files / "te.fr"),
+            "--test-src", str(files / "te.en"), "--test-tgt", str(files / "te.fr"),
+            *TRAIN, "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def run(files) -> Path:
+    """A finished tiny run (its checkpoints, config.yaml and results)."""
+    out = files / "run"
+    assert main(_train_argv(files, out)) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def bad_checkpoints(run, files) -> Path:
+    """Checkpoint files damaged in every way a user can meet."""
+    root = files / "checkpoints"
+    root.mkdir()
+    good = run / "checkpoints" / "best.pt"
+    payload = torch.load(good, weights_only=True)
+    torch.save(payload["model"], root / "state_dict.pt")
+    torch.save({"weights": payload["model"]}, root / "foreign.pt")
+    torch.save([1, 2, 3], root / "list.pt")
+    data = good.read_bytes()
+    (root / "truncated.pt").write_bytes(data[: len(data) // 2])
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x10                        # a byte inside the weights
+    (root / "flipped.pt").write_bytes(bytes(flipped))
+    (root / "empty.pt").write_bytes(b"")
+
+    def variant(name: str, change) -> None:
+        copy = {k: v for k, v in payload.items() if k != "digest"}
+        change(copy)
+        torch.save(copy, root / name)
+
+    def nan_weight(p):
+        p["model"] = {k: v.clone() for k, v in p["model"].items()}
+        next(v for v in p["model"].values() if v.is_floating_point()).view(-1)[0] = float("nan")
+
+    variant("nan.pt", nan_weight)
+    variant("config-mismatch.pt",
+            lambda p: p.update(model_config={**p["model_config"], "hidden_size": 9}))
+    variant("missing-weights.pt",
+            lambda p: p.update(model={k: v for i, (k, v) in enumerate(p["model"].items())
+                                      if i > 0}))
+    variant("no-vocab.pt", lambda p: p.pop("src_vocab"))
+    variant("future.pt", lambda p: p.update(format=99))
+    variant("bad-config.pt", lambda p: p.update(model_config={**p["model_config"],
+                                                              "embed_size": -3}))
+    damaged = files / "damaged-best-json"
+    damaged.mkdir()
+    (damaged / "checkpoints").mkdir()
+    for f in (run / "checkpoints").iterdir():
+        (damaged / "checkpoints" / f.name).write_bytes(f.read_bytes())
+    (damaged / "checkpoints" / "best.json").write_text("{not json")
+    return root
+
+
+def _snapshot(*roots: Path) -> dict[str, str]:
+    found = {}
+    for root in roots:
+        for p in sorted(root.rglob("*")):
+            found[str(p)] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir"
+    return found
+
+
+def _main(argv: list[str]) -> int:
+    """`main`'s exit status; argparse's usage errors exit through SystemExit."""
+    try:
+        return main(argv)
+    except SystemExit as exit_:
+        return int(exit_.code)
+
+
+def _assert_one_error(capsys, code: int, match: str) -> str:
+    captured = capsys.readouterr()
+    assert code == 2, f"exit {code}, expected 2 (stdout: {captured.out[-300:]!r})"
+    err = captured.err
+    assert err.startswith("bahdanau: error: ") and err.count("\n") == 1, err
+    assert "Traceback" not in err
+    assert match.lower() in err.lower(), f"{match!r} not in {err!r}"
+    return err
+
+
+# ----------------------------------------------------------------------------- numeric options
+
+_COMMAND_OPTIONS = {"train": TrainOptions, "translate": TranslateOptions,
+                    "evaluate": EvaluateOptions, "plot": PlotOptions}
+
+
+def _numeric_cases() -> list:
+    """(command, flag, bad value) for every numeric option: below its range, not finite, not a
+    number, and a fraction for integers."""
+    cases = []
+    for command, cls in _COMMAND_OPTIONS.items():
+        hints = typing.get_type_hints(cls)
+        for field in dataclasses.fields(cls):
+            base, _ = _base_type(hints[field.name])
+            if base not in (int, float):
+                continue
+            spec = field.metadata["option"]
+            bad = ["x", "nan"]
+            bad += ["1.5"] if base is int else ["inf", "-inf"]
+            if spec.low is not None:
+                below = spec.low if spec.above else spec.low - 1
+                bad.append(str(int(below)) if base is int else str(float(below)))
+            for value in bad:
+                cases.append(pytest.param(command, flag(field.name), value,
+                                          id=f"{command}{flag(field.name)}={value}"))
+    return cases
+
+
+_BASE = {
+    "train": ["--out", "{new}", "--max-steps", "1"],
+    "translate": ["--checkpoint", "{run}", "--input", "{files}/te.en"],
+    "evaluate": ["--checkpoint", "{run}", "--src", "{files}/te.en", "--ref", "{files}/te.fr"],
+    "plot": ["--checkpoint", "{run}", "--sentence", "a dog", "--output", "{new}.png"],
+}
+
+
+def _fill(argv: list[str], run: Path, files: Path, new: Path) -> list[str]:
+    return [a.replace("{run}", str(run)).replace("{files}", str(files))
+            .replace("{new}", str(new)) for a in argv]
+
+
+@pytest.mark.parametrize(("command", "option", "value"), _numeric_cases())
+def test_numeric_option_refused(command, option, value, run, files, tmp_path, capsys) -> None:
+    new = tmp_path / "new"
+    before = _snapshot(run, files)
+    argv = _fill([command, *_BASE[command], f"{option}={value}"], run, files, new)
+    code = _main(argv)
+    _assert_one_error(capsys, code, option)
+    assert _snapshot(run, files) == before
+    assert not new.exists() and not Path(f"{new}.png").exists()
+
+
+def test_numeric_cases_cover_every_numeric_option() -> None:
+    """The generated table has at least three bad values for each numeric option."""
+    per_option: dict[tuple[str, str], int] = {}
+    for case in _numeric_cases():
+        command, option, _ = case.values
+        per_option[command, option] = per_option.get((command, option), 0) + 1
+    assert ("train", "--threads") in per_option and ("translate", "--n-best") in per_option
+    assert min(per_option.values()) >= 3 and len(per_option) >= 40
+
+
+# ----------------------------------------------------------------------------- listed cases
+
+CASES = [
+    # choices and flags (argparse usage errors)
+    ("train --arch transformer", "invalid choice"),
+    ("train --optimizer sgd", "invalid choice"),
+    ("train --preset huge", "invalid choice"),
+    ("train --amp fp8", "invalid choice"),
+    ("train --length-penalty wu", "invalid choice"),
+    ("translate --checkpoint {run} --length-penalty x", "invalid choice"),
+    ("train --bogus", "unrecognized arguments"),
+    ("translate", "--checkpoint is required"),
+    ("evaluate --checkpoint {run}", "--src is required"),
+    ("evaluate --checkpoint {run} --src {files}/te.en", "--ref is required"),
+    ("train --max-steps", "expected one argument"),
+    # values that contradict each other
+    ("train --out {new} --max-steps 1 --min-len 9 --max-len 5", "--min-len"),
+    ("translate --checkpoint {run} --n-best 3 --beam-size 2", "--n-best"),
+    ("train --out {new} --time-budget 0", "--max-steps"),
+    ("train --out {new} --max-steps 1 --dropout 1", "--dropout"),
+    ("train --out {new} --max-steps 1 --dropout 1.5", "--dropout"),
+    ("train --out {new} --max-steps 1 --patience 2", "--patience"),
+    ("train --out {new} --max-steps 1 --arch rnnencdec --unk-replace", "--unk-replace"),
+    ("plot --output {new}.png --checkpoint {run}", "--sentence"),
+    ("plot --output {new}.png --checkpoint {run} --sentence a --input {files}/te.en", "--sentence"),
+    ("plot --output {new}.png --checkpoint {run} --input {files}/te.en --line 99", "--line 99"),
+    ("plot --output {new}.png --checkpoint {run} --sentence '' ", "--sentence"),
+    ("train --out {new} --max-steps 1 --src-lang de", "--src-lang"),
+    ("train --out {new} --max-steps 1 --train-src {files}/tr.en --train-tgt {files}/tr.fr "
+     "--src-lang en", "--src-lang"),
+    ("train --out {new} --max-steps 1 --train-src {files}/tr.en", "--train-tgt"),
+    ("train --out {new} --max-steps 1 --dev-tgt {files}/te.fr", "--dev-src"),
+    ("train --out {new} --max-steps 1 --test-src {files}/te.en", "--test-tgt"),
+    # the user's own data: dev and test sets only from their files
+    ("train --out {new} --max-steps 1 --train-src {files}/tr.en --train-tgt {files}/tr.fr "
+     "--eval-every 1", "needs a dev set"),
+    # files
+    ("train --out {new} --max-steps 1 --train-src {files}/nope.en --train-tgt {files}/tr.fr",
+     "no such file"),
+    ("train --out {new} --max-steps 1 --train-src {files}/a-folder --train-tgt {files}/tr.fr",
+     "not a file"),
+    ("train --out {new} --max-steps 1 --train-src {files}/empty.txt --train-tgt "
+     "{files}/empty.txt", "empty"),
+    ("train --out {new} --max-steps 1 --test-src {files}/empty.txt --test-tgt "
+     "{files}/empty.txt", "empty"),
+    ("train --out {new} --max-steps 1 --dev-src {files}/empty.txt --dev-tgt {files}/empty.txt",
+     "empty"),
+    ("train --out {new} --max-steps 1 --train-src {files}/latin1.txt --train-tgt "
+     "{files}/latin1.txt", "utf-8"),
+    ("train --out {new} --max-steps 1 --train-src {files}/te.en --train-tgt {files}/short.fr",
+     "line-aligned"),
+    ("train --out {new} --max-steps 1 --train-src {files}/blank-line.en --train-tgt "
+     "{files}/te.fr", "line 6 is empty"),
+    ("train --out {new} --max-steps 1 --train-src {files}/truncated.gz --train-tgt "
+     "{files}/te.fr", "truncated.gz"),
+    ("train --out {new} --max-steps 1 --train-src {files}/bad-crc.gz --train-tgt "
+     "{files}/te.fr", "bad-crc.gz"),
+    ("train --out {new} --max-steps 1 --train-src {files}/bad-header.gz --train-tgt "
+     "{files}/te.fr", "bad-header.gz"),
+    ("train --out {new} --max-steps 1 --max-train-len 1", "--max-train-len"),
+    ("train --out {files}/notes.txt --max-steps 1", "is a file"),
+    ("translate --checkpoint {run} --input {files}/nope.en", "no such file"),
+    ("translate --checkpoint {run} --input {files}/latin1.txt", "utf-8"),
+    ("translate --checkpoint {run} --input {files}/truncated.gz", "truncated.gz"),
+    ("translate --checkpoint {run} --input {files}/blank-line.en", "empty"),
+    ("translate --checkpoint {run} --input {files}/te.en --alignments {files}/no/dir/a.json",
+     "does not exist"),
+    ("translate --checkpoint {run} --input {files}/te.en --alignments {files}/a-folder",
+     "is a folder"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/short.fr", "lines"),
+    ("evaluate --checkpoint {run} --src {files}/empty.txt --ref {files}/empty.txt", "empty"),
+    ("evaluate --checkpoint {run} --src {files}/nope --ref {files}/te.fr", "no such file"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --json "
+     "{files}/no/x.json", "does not exist"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --output "
+     "{files}/a-folder", "is a folder"),
+    ("plot --checkpoint {run} --sentence 'a dog' --output {new}.xyz", "xyz"),
+    ("plot --checkpoint {run} --sentence 'a dog' --output {files}/no/dir/a.png",
+     "does not exist"),
+    ("plot --output {new}.png --checkpoint {run} --input {files}/empty.txt", "--line 1"),
+    # devices and threads
+    ("train --out {new} --max-steps 1 --device foo", "foo"),
+    ("train --out {new} --max-steps 1 --device cuda:99", "cuda"),
+    ("train --out {new} --max-steps 1 --device ''", "--device"),
+    ("translate --checkpoint {run} --device tpu", "tpu"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --device gpu0",
+     "gpu0"),
+    ("plot --output {new}.png --checkpoint {run} --sentence a --device cuda", "cuda"),
+    # checkpoints
+    ("translate --checkpoint {files}/nope.pt", "no such file"),
+    ("translate --checkpoint {files}/a-folder", "no checkpoint"),
+    ("translate --checkpoint {files}/notes.txt", "notes.txt"),
+    ("translate --checkpoint {ckpt}/state_dict.pt", "state_dict.pt"),
+    ("translate --checkpoint {ckpt}/foreign.pt", "foreign.pt"),
+    ("translate --checkpoint {ckpt}/list.pt", "list.pt"),
+    ("translate --checkpoint {ckpt}/truncated.pt", "truncated.pt"),
+    ("translate --checkpoint {ckpt}/flipped.pt", "flipped.pt"),
+    ("translate --checkpoint {ckpt}/empty.pt", "empty.pt"),
+    ("translate --checkpoint {ckpt}/nan.pt", "nan.pt"),
+    ("translate --checkpoint {ckpt}/config-mismatch.pt", "config-mismatch.pt"),
+    ("translate --checkpoint {ckpt}/missing-weights.pt", "missing-weights.pt"),
+    ("translate --checkpoint {ckpt}/no-vocab.pt", "no-vocab.pt"),
+    ("translate --checkpoint {ckpt}/future.pt", "future.pt"),
+    ("translate --checkpoint {ckpt}/bad-config.pt", "bad-config.pt"),
+    ("evaluate --checkpoint {ckpt}/nan.pt --src {files}/te.en --ref {files}/te.fr", "nan.pt"),
+    ("plot --output {new}.png --checkpoint {ckpt}/flipped.pt --sentence a", "flipped.pt"),
+    # run folders and resumes: the trained run is never touched
+    ("resume --no-resume", "holds a run"),
+    ("resume --optimizer adadelta", "--optimizer"),
+    ("resume --preset small", "--preset"),
+    ("resume --arch rnnencdec", "--arch"),
+    ("resume --seed 7", "--seed"),
+    ("resume --train-batch-size 8", "--train-batch-size"),
+    ("resume --vocab-size 50", "--vocab-size"),
+    ("resume --lowercase", "--lowercase"),
+    ("resume --max-train-len 20", "--max-train-len"),
+    ("resume --dropout 0.2", "--dropout"),
+    ("resume --gru-form paper", "--gru-form"),
+    ("train --out {run} " + " ".join(TRAIN), "--train-src"),  # the shipped data now
+]
+
+
+@pytest.mark.parametrize(("command", "match"), CASES, ids=[c for c, _ in CASES])
+def test_listed_case_refused(command, match, run, files, bad_checkpoints, tmp_path,
+                             capsys) -> None:
+    new = tmp_path / "new"
+    before = _snapshot(run, files)
+    if command.startswith("resume"):                # the trained run's command, changed
+        command = " ".join(_train_argv(files, run)) + command[len("resume"):]
+    argv = _fill(_split(command), run, files, new)
+    argv = [a.replace("{ckpt}", str(bad_checkpoints)) for a in argv]
+    code = _main(argv)
+    _assert_one_error(capsys, code, match)
+    assert _snapshot(run, files) == before
+    assert not new.exists() and not Path(f"{new}.png").exists()
+
+
+def _split(command: str) -> list[str]:
+    return shlex.split(command)

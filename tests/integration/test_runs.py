@@ -1,0 +1,179 @@
+"""Run folders never lose work: resume rules, --overwrite, finished runs, signals, test sets.
+
+The command line on a tiny model trained on 50 Multi30k pairs; each test checks what the run
+folder holds afterwards against what the user asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bahdanau import InputError, TrainConfig, Vocab, build_model, presets
+from bahdanau.cli import main
+from bahdanau.data import DefaultTokenizer, encode_pairs
+from bahdanau.datasets import multi30k_files, read_lines
+from bahdanau.train import setup_run, train
+
+BASE = ["--preset", "tiny", "--time-budget", "0", "--beam-size", "1", "--max-len", "5",
+        "--threads", "1", "--log-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("runs")
+    en = read_lines(multi30k_files("train", "en"))[:60]
+    fr = read_lines(multi30k_files("train", "fr"))[:60]
+    for name, lines in (("tr.en", en[:50]), ("tr.fr", fr[:50]), ("te.en", en[50:]),
+                        ("te.fr", fr[50:])):
+        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def _argv(data: Path, out: Path, *extra: str, test: bool = True) -> list[str]:
+    files = ["--train-src", str(data / "tr.en"), "--train-tgt", str(data / "tr.fr")]
+    if test:
+        files += ["--test-src", str(data / "te.en"), "--test-tgt", str(data / "te.fr")]
+    return ["train", *files, *BASE, "--out", str(out), *extra]
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def _stored_step(path: Path) -> int:
+    return torch.load(path, weights_only=True)["train_state"]["step"]
+
+
+def test_rerunning_a_finished_run_does_nothing(data, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(_argv(data, out, "--max-steps", "2", "--save-every", "1")) == 0
+    before = _files(out)
+    capsys.readouterr()
+    assert main(_argv(data, out, "--max-steps", "2", "--save-every", "1")) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("nothing to do") and "step 2" in said
+    assert _files(out) == before
+
+
+def test_resume_applies_and_records_changed_options(data, tmp_path, capsys) -> None:
+    """A new learning rate and step limit take effect on resume, are logged, and are what the
+    next checkpoint and config.yaml record; the optimizer really uses the new rate."""
+    out = tmp_path / "run"
+    assert main(_argv(data, out, "--max-steps", "2", "--lr", "0.001")) == 0
+    capsys.readouterr()
+    assert main(_argv(data, out, "--max-steps", "4", "--lr", "0.0005")) == 0
+    said = capsys.readouterr().out
+    assert "changed on resume: --lr 0.001 -> 0.0005" in said
+    assert "changed on resume: --max-steps 2 -> 4" in said and "trained 4 updates" in said
+    payload = torch.load(out / "checkpoints" / "step_00000004.pt", weights_only=True)
+    assert payload["train_config"]["lr"] == 0.0005
+    assert {g["lr"] for g in payload["optimizer"]["param_groups"]} == {0.0005}
+    assert json.loads((out / "config.yaml").read_text())["lr"] == 0.0005
+
+
+def test_no_resume_refuses_and_overwrite_replaces_the_run(data, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(_argv(data, out, "--max-steps", "3", "--save-every", "1")) == 0
+    (out / "my-notes.txt").write_text("kept")
+    before = _files(out)
+    assert main(_argv(data, out, "--max-steps", "1", "--no-resume")) == 2
+    assert "holds a run" in capsys.readouterr().err and _files(out) == before
+    assert main(_argv(data, out, "--max-steps", "1", "--overwrite", "--seed", "5")) == 0
+    names = sorted(p.name for p in (out / "checkpoints").glob("step_*.pt"))
+    assert names == ["step_00000001.pt"]                    # nothing of the old run is left
+    assert json.loads((out / "config.yaml").read_text())["seed"] == 5
+    assert (out / "my-notes.txt").read_text() == "kept"
+    assert not (out / ".overwritten").exists()
+
+
+def test_own_corpus_without_test_set_is_not_scored(data, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(_argv(data, out, "--max-steps", "1", test=False)) == 0
+    said = capsys.readouterr().out
+    assert said.splitlines()[0].startswith("no test set")
+    assert not (out / "metrics.json").exists() and (out / "checkpoints").is_dir()
+
+
+def test_refuses_several_processes(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert main(["train", "--out", str(tmp_path / "run"), "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "runs one process" in err and err.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_saves_a_checkpoint_and_the_run_resumes(data, tmp_path, sig) -> None:
+    """SIGTERM / SIGINT during training: the step finishes, a checkpoint is saved, the exit
+    status is 128 + the signal, and the same command continues from that step."""
+    out = tmp_path / "run"
+    argv = _argv(data, out, "--max-steps", "100000", "--save-every", "100000")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "bahdanau", *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:                                 # wait until a few steps ran
+        if line.startswith("step 3 "):
+            break
+        assert time.monotonic() < deadline, "training did not start"
+    proc.send_signal(sig)
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, (proc.returncode, err)
+    assert f"stopped by {signal.Signals(sig).name}" in rest and "Traceback" not in err
+    [saved] = sorted((out / "checkpoints").glob("step_*.pt"))
+    step = _stored_step(saved)
+    assert step >= 3
+    resumed = subprocess.run([sys.executable, "-m", "bahdanau",
+                              *_argv(data, out, "--max-steps", str(step + 2))],
+                             capture_output=True, text=True, env=env, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed from {saved} at step {step}" in resumed.stdout
+    assert f"trained {step + 2} updates" in resumed.stdout
+
+
+# ----------------------------------------------------------------------------- the API
+
+
+@pytest.fixture(scope="module")
+def examples(data):
+    pairs = list(zip(read_lines(data / "tr.en"), read_lines(data / "tr.fr"), strict=True))
+    tok = DefaultTokenizer()
+    src = Vocab.build(tok.tokenize(s) for s, _ in pairs)
+    tgt = Vocab.build(tok.tokenize(t) for _, t in pairs)
+    return encode_pairs(pairs, src, tgt, tok), src, tgt
+
+
+def _model(src: Vocab, tgt: Vocab):
+    torch.manual_seed(0)
+    return build_model(presets.tiny(len(src), len(tgt)))
+
+
+def test_api_resume_applies_lr_and_refuses_fixed_fields(examples, tmp_path) -> None:
+    exs, src, tgt = examples
+    cfg = TrainConfig(optimizer="adam", lr=1e-3, batch_size=10, max_steps=2, log_every=1)
+    train(_model(src, tgt), exs, cfg, src_vocab=src, tgt_vocab=tgt, checkpoint_dir=tmp_path,
+          log=lambda _: None)
+    before = _files(tmp_path)
+    for change in ({"optimizer": "adadelta"}, {"batch_size": 12}, {"seed": 9},
+                   {"max_tokens": 300}, {"bucket": 3}):
+        changed = TrainConfig(**{**cfg.to_dict(), **change})
+        with pytest.raises(InputError, match=next(iter(change))):
+            setup_run(_model(src, tgt), exs, changed, src_vocab=src, tgt_vocab=tgt,
+                      checkpoint_dir=tmp_path)
+        assert _files(tmp_path) == before
+    faster = TrainConfig(**{**cfg.to_dict(), "lr": 5e-4, "max_steps": 3, "clip_norm": 2.0})
+    run = setup_run(_model(src, tgt), exs, faster, src_vocab=src, tgt_vocab=tgt,
+                    checkpoint_dir=tmp_path)
+    assert run.resume_changes == ["lr: 0.001 -> 0.0005", "clip_norm: 1.0 -> 2.0",
+                                  "max_steps: 2 -> 3"]
+    assert [g["lr"] for g in run.optimizer.param_groups] == [5e-4]
