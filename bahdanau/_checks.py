@@ -1,4 +1,8 @@
-"""Input validation shared by the modules: every failure is an `InputError` naming the argument."""
+"""Input validation shared by the modules: every failure is an `InputError` naming the argument.
+
+Besides the tensor checks the models use, two checks for the settings of a run live here:
+`resolve_device` (a device string that this machine can use) and `check_threads`.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,60 @@ def is_finite_number(value: object) -> bool:
     """True for a finite int or float that is not a bool (nan and inf are not)."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value))
+
+
+# Accelerators whose torch module (torch.cuda, torch.mps, torch.xpu) says what is usable here.
+_ACCELERATORS = {"cuda": "CUDA", "mps": "MPS", "xpu": "XPU"}
+
+
+def resolve_device(device: str | torch.device, name: str = "device") -> torch.device:
+    """The `torch.device` that `device` names, once it is known to be usable on this machine.
+
+    Args:
+        device: a device string ("cpu", "cuda", "cuda:1", "mps") or a `torch.device`.
+        name: the argument or option to name in the error (e.g. "--device").
+    Returns:
+        `torch.device(device)`; "cuda" stays without an index (the current CUDA device).
+    Raises:
+        InputError: `device` is neither a str nor a torch.device, torch cannot parse it, or it
+            names CUDA, MPS or XPU while that backend is unavailable, or an index beyond the
+            devices present.
+    """
+    if not isinstance(device, (str, torch.device)):
+        raise InputError(f"{name} must be a device string such as 'cpu' or 'cuda:0', "
+                         f"got {type(device).__name__} {device!r}")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise InputError(f"{name} {str(device)!r} is not a device: expected 'cpu', 'cuda', "
+                         f"'cuda:N' or 'mps', for example") from None
+    backend = _ACCELERATORS.get(resolved.type)
+    if backend is not None:
+        module = getattr(torch, resolved.type)
+        if not module.is_available():
+            raise InputError(f"{name} {str(device)!r}: {backend} is not available here")
+        count = module.device_count()
+        if resolved.index is not None and resolved.index >= count:
+            raise InputError(f"{name} {str(device)!r}: there is no {backend} device "
+                             f"{resolved.index}, only {count} ({resolved.type}:0 to "
+                             f"{resolved.type}:{count - 1})")
+    return resolved
+
+
+def check_threads(threads: int, name: str = "threads") -> int:
+    """A thread count (for `torch.set_num_threads`): an int >= 1, not a bool.
+
+    Args:
+        threads: the value to check.
+        name: the argument or option to name in the error (e.g. "--threads").
+    Returns:
+        `threads`.
+    Raises:
+        InputError: `threads` is not an int, or is < 1.
+    """
+    if not (is_int(threads) and threads >= 1):
+        raise InputError(f"{name} must be an int >= 1, got {threads!r}")
+    return threads
 
 
 def shape_str(t: Tensor) -> str:
