@@ -129,8 +129,10 @@ def check_mask_rows(name: str, mask: Tensor) -> None:
         raise InputError(f"{name} {shape_str(mask)} has rows with no real token: rows {rows}")
 
 
-def check_lengths(name: str, lengths: Tensor, batch: int, max_len: int) -> None:
-    """(B,) lengths with 1 <= length <= max_len."""
+def check_lengths(name: str, lengths: Tensor, batch: int, max_len: int, *,
+                  values: bool = True) -> None:
+    """(B,) integer lengths for B rows padded to `max_len`, and with `values` (which reads the
+    tensor, a device sync) 1 <= length <= max_len."""
     check_tensor(name, lengths, 1, integer=True)
     if lengths.shape[0] != batch:
         raise InputError(
@@ -138,6 +140,10 @@ def check_lengths(name: str, lengths: Tensor, batch: int, max_len: int) -> None:
         )
     if batch == 0:
         raise InputError(f"{name}: empty batch")
+    if max_len == 0:
+        raise InputError(f"{name}: the batch is padded to length 0, so no sequence has a token")
+    if not values:
+        return
     low, high = int(lengths.min()), int(lengths.max())
     if low < 1:
         raise InputError(f"{name} holds length {low}: every sequence needs at least one token")
