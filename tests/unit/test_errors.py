@@ -9,7 +9,15 @@ import sys
 import pytest
 import torch
 
-from bahdanau import AdditiveAttention, Attention, AttentiveDecoder, RNNSearch, presets
+from bahdanau import (
+    AdditiveAttention,
+    Attention,
+    AttentiveDecoder,
+    InputError,
+    LuongAttention,
+    RNNSearch,
+    presets,
+)
 
 V = 16
 
@@ -95,8 +103,6 @@ def _attention_inputs():
 
 
 @pytest.mark.parametrize(("change", "match"), [
-    (lambda h, m: (h, torch.tensor([[True, True, False], [False] * 3])),
-     r"mask \(2, 3\) has rows with no real token: rows \[1\]"),
     (lambda h, m: (h, m.float()), "mask must be a bool mask"),
     (lambda h, m: (h, m[:, :2]), "mask has shape"),
     (lambda h, m: (h[:, :2], m), "mask has shape"),
@@ -148,6 +154,40 @@ def test_decoder_errors() -> None:
         decoder.init_state(torch.randn(2, 3, 15), torch.ones(2, 3, dtype=torch.bool))
 
 
+class UncheckedAttention(Attention):
+    """A seam implementation that checks nothing itself, like a user's own attention."""
+
+    def __init__(self, query_size: int, key_size: int) -> None:
+        super().__init__()
+        self.query_size, self.key_size = query_size, key_size
+
+    def prepare(self, annotations, mask):
+        return (annotations, mask)
+
+    def project_query(self, query):
+        return query[:, : self.key_size]
+
+    def weights(self, query, memory, state):
+        return torch.softmax(torch.zeros(memory[1].shape), -1)
+
+
+@pytest.mark.parametrize("attention", [
+    AdditiveAttention(12, 16, 10), LuongAttention(12, 16), UncheckedAttention(12, 16), None,
+], ids=["additive", "luong", "unchecked", "none"])
+def test_init_state_checks_the_mask_rows_for_any_attention(attention) -> None:
+    """The decoder, the caller of the seam, checks the mask once per batch; check=False skips
+    it (the mask then comes from checked lengths) and keeps the shape checks."""
+    decoder = AttentiveDecoder(V, 8, 12, 16, 6, attention=attention)
+    annotations, empty_row = torch.randn(2, 3, 16), torch.tensor([[True] * 3, [False] * 3])
+    with pytest.raises(InputError, match=r"^mask \(2, 3\) has rows with no real token: "
+                                         r"rows \[1\]$"):
+        decoder.init_state(annotations, empty_row)
+    if attention is not None:                     # RNNencdec indexes the last real token
+        decoder.init_state(annotations, empty_row, check=False)
+    with pytest.raises(InputError, match="mask must be a bool mask"):
+        decoder.init_state(annotations, empty_row.long(), check=False)
+
+
 def test_triton_on_cpu_without_interpreter_raises() -> None:
     """An explicit impl='triton' that cannot run raises; it never falls back to the reference."""
     code = (
@@ -164,3 +204,4 @@ def test_triton_on_cpu_without_interpreter_raises() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120, check=True)
     assert "ValueError: impl='triton' cannot run" in out.stdout
+
