@@ -1,4 +1,8 @@
-"""Input validation shared by the modules: every failure is an `InputError` naming the argument."""
+"""Input validation shared by the modules: every failure is an `InputError` naming the argument.
+
+Besides the tensor checks the models use, `resolve_device` checks a device string against what
+this machine has.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +24,45 @@ def is_finite_number(value: object) -> bool:
     """True for a finite int or float that is not a bool (nan and inf are not)."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value))
+
+
+# Accelerators whose torch module (torch.cuda, torch.mps, torch.xpu) says what is usable here.
+_ACCELERATORS = {"cuda": "CUDA", "mps": "MPS", "xpu": "XPU"}
+
+
+def resolve_device(device: str | torch.device, name: str = "device") -> torch.device:
+    """The `torch.device` that `device` names, once it is known to be usable on this machine.
+
+    Args:
+        device: a device string ("cpu", "cuda", "cuda:1", "mps") or a `torch.device`.
+        name: the argument or option to name in the error (e.g. "--device").
+    Returns:
+        `torch.device(device)`; "cuda" stays without an index (the current CUDA device).
+    Raises:
+        InputError: `device` is neither a str nor a torch.device, torch cannot parse it, or it
+            names CUDA, MPS or XPU while that backend is unavailable, or an index beyond the
+            devices present.
+    """
+    if not isinstance(device, (str, torch.device)):
+        raise InputError(f"{name} must be a device string such as 'cpu' or 'cuda:0', "
+                         f"got {type(device).__name__} {device!r}")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise InputError(f"{name} {str(device)!r} is not a device: expected 'cpu', 'cuda', "
+                         f"'cuda:N' or 'mps', for example") from None
+    backend = _ACCELERATORS.get(resolved.type)
+    if backend is not None:
+        module = getattr(torch, resolved.type)
+        if not module.is_available():
+            raise InputError(f"{name} {str(device)!r}: {backend} is not available here")
+        count = module.device_count()
+        if resolved.index is not None and resolved.index >= count:
+            raise InputError(f"{name} {str(device)!r}: there is no {backend} device "
+                             f"{resolved.index}, only {count} ({resolved.type}:0 to "
+                             f"{resolved.type}:{count - 1})")
+    return resolved
+
 
 
 def shape_str(t: Tensor) -> str:
@@ -71,8 +114,10 @@ def check_mask_rows(name: str, mask: Tensor) -> None:
         raise InputError(f"{name} {shape_str(mask)} has rows with no real token: rows {rows}")
 
 
-def check_lengths(name: str, lengths: Tensor, batch: int, max_len: int) -> None:
-    """(B,) lengths with 1 <= length <= max_len."""
+def check_lengths(name: str, lengths: Tensor, batch: int, max_len: int, *,
+                  values: bool = True) -> None:
+    """(B,) integer lengths for B rows padded to `max_len`, and with `values` (which reads the
+    tensor, a device sync) 1 <= length <= max_len."""
     check_tensor(name, lengths, 1, integer=True)
     if lengths.shape[0] != batch:
         raise InputError(
@@ -80,6 +125,10 @@ def check_lengths(name: str, lengths: Tensor, batch: int, max_len: int) -> None:
         )
     if batch == 0:
         raise InputError(f"{name}: empty batch")
+    if max_len == 0:
+        raise InputError(f"{name}: the batch is padded to length 0, so no sequence has a token")
+    if not values:
+        return
     low, high = int(lengths.min()), int(lengths.max())
     if low < 1:
         raise InputError(f"{name} holds length {low}: every sequence needs at least one token")
@@ -97,13 +146,3 @@ def check_padding(name: str, ids: Tensor, lengths: Tensor, pad_id: int) -> None:
         raise InputError(f"{name} row {row} has {'pad_id' if where == 'inside' else 'a token'} "
                          f"at position {pos}, {where} its length {int(lengths[row])}: lengths "
                          f"and padding (pad_id={pad_id}) disagree")
-
-
-def resolve_device(device: object) -> torch.device:  # TEMPORARY until the inputs branch lands
-    try:
-        dev = torch.device(device)  # type: ignore[arg-type]
-    except (RuntimeError, TypeError):
-        raise InputError(f"device {device!r} is not a device torch knows") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InputError(f"device {device!r}: CUDA is not available on this machine")
-    return dev

@@ -30,8 +30,10 @@ Two optional hooks let an attention offer more than calls:
 * `mixes_values(memory)`: True when `attend` mixes the values inside a fused kernel. Callers that
   sum the value gradients over a whole sequence themselves then leave mixing to `attend`.
 
-Per-step calls are not validated: `prepare` checks its inputs once per batch, and the values and
-states a decoder passes are built from them.
+Per-step calls are not validated: `prepare` checks its inputs' shapes once per batch, and the
+values and states a decoder passes are built from them. That every mask row holds a real token is
+a value check (it reads the mask), made once per batch by the caller: `AttentiveDecoder.init_state`
+makes it for any attention, so an implementation of the seam need not.
 
 `AdditiveAttention` is the paper's alignment model; `LuongAttention` (Luong et al. 2015, the
 "general" and "dot" scores) is the second implementation of the seam.
@@ -46,7 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from bahdanau import functional
-from bahdanau._checks import check_dims, check_mask_rows, check_tensor
+from bahdanau._checks import check_dims, check_tensor
 from bahdanau.errors import InputError
 from bahdanau.kernels import IMPLS, resolve_impl
 
@@ -76,7 +78,8 @@ class Attention(nn.Module, ABC):
 
         Args:
             annotations: (B, S, 2H) encoder annotations h_j.
-            mask: (B, S) bool, True at real tokens; every row needs one True.
+            mask: (B, S) bool, True at real tokens; every row needs one True (the caller's
+                promise: `AttentiveDecoder.init_state` checks it).
         """
 
     def initial_state(self, memory: Any) -> Tensor | None:
@@ -134,6 +137,7 @@ class Attention(nn.Module, ABC):
         return AttentionStep(context, weights, self.next_state(state, weights))
 
     def _check_prepare(self, annotations: Tensor, mask: Tensor) -> None:
+        """Ranks, dtypes and sizes of `prepare`'s inputs (no value check: see the module doc)."""
         check_tensor("annotations", annotations, 3, floating=True)
         check_tensor("mask", mask, 2, boolean=True)
         check_dims(type(self).__name__, [
@@ -143,7 +147,6 @@ class Attention(nn.Module, ABC):
         ])
         if annotations.shape[0] == 0 or annotations.shape[1] == 0:
             raise InputError(f"annotations {tuple(annotations.shape)}: empty batch or source")
-        check_mask_rows("mask", mask)
 
 
 class AdditiveMemory(NamedTuple):
@@ -205,9 +208,12 @@ class AdditiveAttention(Attention):
         return impl
 
     def prepare(self, annotations: Tensor, mask: Tensor) -> AdditiveMemory:
-        """U_a h_j for every source position, once per batch: (B, S, 2H) -> (B, S, A) keys."""
-        if not torch.compiler.is_compiling():
-            self._check_prepare(annotations, mask)
+        """U_a h_j for every source position, once per batch: (B, S, 2H) -> (B, S, A) keys.
+
+        Raises:
+            InputError: wrong ranks, dtypes or sizes.
+        """
+        self._check_prepare(annotations, mask)
         keys = self.U_a(annotations)
         self.implementation(keys)                                 # resolve before any step
         return AdditiveMemory(keys, mask)
@@ -287,9 +293,12 @@ class LuongAttention(Attention):
             nn.init.normal_(self.W_a.weight, std=0.01)
 
     def prepare(self, annotations: Tensor, mask: Tensor) -> LuongMemory:
-        """The annotations are the keys: nothing to precompute."""
-        if not torch.compiler.is_compiling():
-            self._check_prepare(annotations, mask)
+        """The annotations are the keys: nothing to precompute.
+
+        Raises:
+            InputError: wrong ranks, dtypes or sizes.
+        """
+        self._check_prepare(annotations, mask)
         return LuongMemory(annotations, mask)
 
     def project_query(self, query: Tensor) -> Tensor:

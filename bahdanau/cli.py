@@ -129,10 +129,8 @@ def _write_text(path: Path, text: str) -> None:
 
 
 def _pairs(src: str, tgt: str, split: str) -> list[tuple[str, str]]:
-    pairs = read_parallel(_existing(src, f"--{split}-src"), _existing(tgt, f"--{split}-tgt"))
-    if not pairs:
-        raise InputError(f"--{split}-src {src} and --{split}-tgt {tgt} are empty")
-    return pairs
+    return read_parallel(_existing(src, f"--{split}-src"), _existing(tgt, f"--{split}-tgt"),
+                         non_empty=True)
 
 
 def _shipped(split: str, src_lang: str, tgt_lang: str) -> list[tuple[str, str]]:
@@ -178,7 +176,7 @@ def _search(o: SearchOptions, n_best: int = 1) -> BeamSearch:
 
 def _machine(o: TrainOptions | DecodeOptions) -> torch.device:
     """Check --device and set --threads; returns the device."""
-    device = resolve_device(o.device)
+    device = resolve_device(o.device, "--device")
     torch.set_num_threads(o.threads)
     return device
 
@@ -417,11 +415,9 @@ def _evaluate(o: EvaluateOptions) -> int:
     src, ref = _existing(o.src, "--src"), _existing(o.ref, "--ref")
     _writable(o.output, "--output")
     _writable(o.json, "--json")
-    sources, references = _sentences(src), read_lines(ref)
+    sources, references = _sentences(src), read_lines(ref, non_empty=True)
     if len(sources) != len(references):
         raise InputError(f"--src has {len(sources)} lines but --ref has {len(references)}")
-    if not sources:
-        raise InputError(f"--src {o.src} is empty: nothing to evaluate")
     model, src_vocab, tgt_vocab, tokenizer = _load(o, device)
     metrics, out = _report(model, sources, references, src_vocab, tgt_vocab, tokenizer, o,
                            search, device)

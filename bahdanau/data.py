@@ -337,21 +337,28 @@ class DefaultTokenizer:
 # Parallel text and examples
 
 
-def read_parallel(src_path: str | os.PathLike[str],
-                  tgt_path: str | os.PathLike[str]) -> list[tuple[str, str]]:
+def read_parallel(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike[str], *,
+                  non_empty: bool = False) -> list[tuple[str, str]]:
     """Read two line-aligned UTF-8 files (plain or gzip) into (source, target) pairs.
+
+    Each file is read by `bahdanau.datasets.read_lines` (same rules as standard input: gzip
+    recognised by its first bytes, a leading BOM removed, lines split on ``\\n`` only).
 
     Args:
         src_path: source-language file; line i translates to line i of `tgt_path`.
         tgt_path: target-language file.
+        non_empty: refuse empty files (where sentences are needed, e.g. training data); by
+            default two empty files give ``[]``.
     Returns:
         The pairs, in file order, lines as read (line endings removed).
     Raises:
-        InputError: the files have different line counts (both files named), a line is empty
-            or only whitespace (file and 1-based line named), or a file is not valid UTF-8
-            (file and line named).
+        InputError: naming the file: different line counts (both files named), a line that is
+            empty or only whitespace (1-based line named), text that is not valid UTF-8 (line
+            named), truncated or damaged gzip data, or an empty file with `non_empty`.
+        OSError: a file cannot be opened or read.
     """
-    src_lines, tgt_lines = read_lines(src_path), read_lines(tgt_path)
+    src_lines = read_lines(src_path, non_empty=non_empty)
+    tgt_lines = read_lines(tgt_path, non_empty=non_empty)
     if len(src_lines) != len(tgt_lines):
         raise InputError(
             f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}: "

@@ -144,15 +144,25 @@ class AttentiveDecoder(nn.Module):
             self.attention.reset_parameters()
 
     # ------------------------------------------------------------------ per source batch
-    def init_state(self, annotations: Tensor, mask: Tensor) -> tuple[DecoderState, DecoderMemory]:
+    def init_state(self, annotations: Tensor, mask: Tensor, *, check: bool = True
+                   ) -> tuple[DecoderState, DecoderMemory]:
         """s_0 and the per-batch memory (the attention's, or RNNencdec's fixed context).
+
+        Every row of the mask needs a real token; this is where that is checked, once per batch,
+        for any attention (`Attention.prepare` checks shapes only).
 
         Args:
             annotations: (B, S, 2H) encoder annotations; the last H features of position 0 are
                 the backward GRU's final state bwd h_1.
             mask: (B, S) bool, True at real tokens; every row needs one True.
+            check: check the mask's rows, which reads the mask (a device sync). False when the
+                mask is known to be good, e.g. built by the encoder from checked lengths; shapes
+                and dtypes are checked either way. Traced code never runs the value check.
         Returns:
             The (B rows) `DecoderState` with s_0 = tanh(W_s bwd h_1), and the `DecoderMemory`.
+        Raises:
+            InputError: wrong ranks, dtypes or sizes; with `check`, a mask row without a real
+                token.
         """
         check_tensor("annotations", annotations, 3, floating=True)
         check_tensor("mask", mask, 2, boolean=True)
@@ -163,15 +173,15 @@ class AttentiveDecoder(nn.Module):
         ])
         if annotations.shape[0] == 0 or annotations.shape[1] == 0:
             raise InputError(f"annotations {tuple(annotations.shape)}: empty batch or source")
+        if check and not torch.compiler.is_compiling():
+            check_mask_rows("mask", mask)
         half = self.context_size // 2
         backward_first = annotations[:, 0, half:]                 # (B, H) bwd h_1
         s0 = torch.tanh(self.init_proj(backward_first))           # (B, D)
-        if self.attention is not None:                            # checks the mask once
+        if self.attention is not None:
             memory = self.attention.prepare(annotations, mask)
             state = DecoderState(s0, self.attention.initial_state(memory))
             return state, DecoderMemory(annotations, mask, memory, None)
-        if not torch.compiler.is_compiling():
-            check_mask_rows("mask", mask)
         last = mask.sum(dim=1) - 1                                # index of each last real token
         forward_last = annotations[torch.arange(annotations.shape[0]), last, :half]
         context = torch.tanh(self.context_proj(torch.cat([forward_last, backward_first], -1)))
@@ -240,7 +250,8 @@ class AttentiveDecoder(nn.Module):
 
     # ------------------------------------------------------------------ teacher forcing
     def forward(self, tgt_in: Tensor, state: DecoderState, memory: DecoderMemory, *,
-                return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
+                return_attention: bool = False, check: bool = True
+                ) -> tuple[Tensor, Tensor | None]:
         """Teacher-forced decoding of whole target prefixes: `step` at every position.
 
         Args:
@@ -248,10 +259,13 @@ class AttentiveDecoder(nn.Module):
             state: from `init_state`.
             memory: from `init_state`.
             return_attention: also return the (B, T, S) weights (else None).
+            check: check that the ids of `tgt_in` are in the vocabulary (see `check_targets`).
         Returns:
             (B, T, V) logits of y_1..y_T, and the weights or None.
+        Raises:
+            InputError: see `check_targets`.
         """
-        self.check_targets(tgt_in, state.hidden.shape[0])
+        self.check_targets(tgt_in, state.hidden.shape[0], check=check)
         logits, weights = [], []
         for prev_tokens in tgt_in.unbind(1):
             out = self.step(prev_tokens, state, memory)
@@ -263,11 +277,16 @@ class AttentiveDecoder(nn.Module):
             attention = torch.stack(weights, 1)                   # (B, T, S)
         return torch.stack(logits, 1), attention
 
-    def check_targets(self, tgt_in: Tensor, batch: int) -> None:
-        """(B, T) decoder inputs: integer ids in the vocabulary, T >= 1 (ids checked eagerly)."""
+    def check_targets(self, tgt_in: Tensor, batch: int, *, check: bool = True) -> None:
+        """(B, T) decoder inputs: integer ids, B rows, T >= 1, and with `check` every id in
+        [0, V) (a value check, which reads the tensor; never run in traced code).
+
+        Raises:
+            InputError: naming `tgt_in` and the problem.
+        """
         check_tensor("tgt_in", tgt_in, 2, integer=True)
         check_dims("AttentiveDecoder.forward", [("tgt_in", tgt_in, 0, batch)])
         if tgt_in.shape[1] == 0:
             raise InputError(f"tgt_in has shape {tuple(tgt_in.shape)}: no target positions")
-        if not torch.compiler.is_compiling():
+        if check and not torch.compiler.is_compiling():
             check_token_ids("tgt_in", tgt_in, self.vocab_size)

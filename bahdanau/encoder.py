@@ -23,7 +23,6 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from bahdanau import functional
 from bahdanau._checks import (
-    check_dims,
     check_lengths,
     check_padding,
     check_tensor,
@@ -141,9 +140,10 @@ class BiRNNEncoder(nn.Module):
     refuses to read an `nn.GRU` otherwise; it is only read, never traced). An exported program
     needs `bahdanau.encoder` imported to run (it registers the op).
 
-    Value checks (lengths in [1, S], ids in [0, V)) read tensors back to the host, so traced code
-    skips them and keeps the rank, dtype and batch-size checks; call `check_inputs` on a batch
-    before a compiled or exported encoder to check it.
+    Value checks (lengths in [1, S] and agreeing with the padding, ids in [0, V)) read tensors
+    back to the host, so traced code skips them and keeps the rank, dtype and size checks; call
+    `check_inputs` on a batch before a compiled or exported encoder to check it. A caller that
+    has checked a batch passes `check=False` to `forward` to skip them in eager code too.
     """
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, *, pad_id: int = 0,
@@ -177,23 +177,24 @@ class BiRNNEncoder(nn.Module):
             else:
                 nn.init.zeros_(param)
 
-    def forward(self, src: Tensor, src_lengths: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, src: Tensor, src_lengths: Tensor, *, check: bool = True
+                ) -> tuple[Tensor, Tensor]:
         """Encode a padded batch.
 
         Args:
             src: (B, S) source token ids, padded after each sentence's end.
             src_lengths: (B,) number of real tokens per sentence, each in [1, S].
+            check: run the value checks of `check_inputs` (lengths in [1, S] and agreeing with
+                the padding, ids in [0, V)), which read the tensors (a device sync). False for a
+                batch the caller has checked; ranks, dtypes and sizes are checked either way.
+                Traced code (`torch.compile`, `torch.export`) never runs the value checks.
         Returns:
             (B, S, 2H) annotations h_j (0 at padding) and the (B, S) bool mask, True at real tokens.
         Raises:
-            InputError: wrong ranks or dtypes, empty sentences, lengths beyond S, ids outside V.
+            InputError: wrong ranks, dtypes or sizes, an empty batch; with `check`, empty
+                sentences, lengths beyond S or disagreeing with the padding, ids outside V.
         """
-        if torch.compiler.is_compiling():        # no host reads in a graph: shapes only
-            check_tensor("src", src, 2, integer=True)
-            check_tensor("src_lengths", src_lengths, 1, integer=True)
-            check_dims("BiRNNEncoder", [("src_lengths", src_lengths, 0, src.shape[0])])
-        else:
-            self.check_inputs(src, src_lengths)
+        self._check(src, src_lengths, values=check and not torch.compiler.is_compiling())
         lengths = src_lengths.to(src.device)
         mask = functional.lengths_to_mask(lengths, src.shape[1])
         embedded = self.dropout(self.embedding(src))              # (B, S, E)
@@ -204,18 +205,25 @@ class BiRNNEncoder(nn.Module):
         return self._packed_gru(embedded, src_lengths), mask
 
     def check_inputs(self, src: Tensor, src_lengths: Tensor) -> None:
-        """The checks of `forward` in eager mode, value checks included (they read the device).
+        """Every check of `forward`, the value checks included (they read the tensors).
 
         Args:
             src: (B, S) source token ids.
             src_lengths: (B,) number of real tokens per sentence.
         Raises:
-            InputError: wrong ranks or dtypes, empty sentences, lengths beyond S, ids outside V.
+            InputError: wrong ranks or dtypes, an empty batch, empty sentences, lengths beyond
+                S or disagreeing with the padding, ids outside V.
         """
+        self._check(src, src_lengths, values=True)
+
+    def _check(self, src: Tensor, src_lengths: Tensor, *, values: bool) -> None:
+        """Ranks, dtypes and sizes; with `values` also the checks that read the tensors (no host
+        reads in a traced graph)."""
         check_tensor("src", src, 2, integer=True)
-        check_lengths("src_lengths", src_lengths, src.shape[0], src.shape[1])
-        check_token_ids("src", src, self.vocab_size)              # padding is embedded too
-        check_padding("src", src, src_lengths, self.pad_id)
+        check_lengths("src_lengths", src_lengths, src.shape[0], src.shape[1], values=values)
+        if values:
+            check_token_ids("src", src, self.vocab_size)          # padding is embedded too
+            check_padding("src", src, src_lengths, self.pad_id)
 
     def _packed_gru(self, embedded: Tensor, src_lengths: Tensor) -> Tensor:
         """Torch form over a `PackedSequence`, which skips padding: (B, S, E) -> (B, S, 2H)."""

@@ -63,11 +63,21 @@ class RNNSearch(nn.Module):
                                    pad_id=cfg.pad_id, dropout=cfg.dropout, gru_form=cfg.gru_form)
         return cls(encoder, decoder, engine=cfg.engine, config=cfg)
 
-    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[DecoderState, Any]:
+    def encode(self, src: Tensor, src_lengths: Tensor, *, check: bool = True
+               ) -> tuple[DecoderState, Any]:
         """Run the encoder and prepare decoding: the (B rows) state s_0 and the memory that
-        `step` takes (`DecoderMemory`, or the engine's `EngineMemory`)."""
-        annotations, mask = self.encoder(src, src_lengths)
-        state, memory = self.decoder.init_state(annotations, mask)
+        `step` takes (`DecoderMemory`, or the engine's `EngineMemory`).
+
+        Args:
+            src, src_lengths: as for `forward`.
+            check: run the value checks of the source (`BiRNNEncoder.check_inputs`), as for
+                `forward`.
+        Raises:
+            InputError: see `BiRNNEncoder.forward`.
+        """
+        annotations, mask = self.encoder(src, src_lengths, check=check)
+        # The mask comes from lengths that are checked (or vouched for): no second check.
+        state, memory = self.decoder.init_state(annotations, mask, check=False)
         return state, (memory if self.engine is None else self.engine.prepare(memory))
 
     def step(self, prev_tokens: Tensor, state: DecoderState, memory: Any) -> StepOutput:
@@ -80,10 +90,11 @@ class RNNSearch(nn.Module):
                     tgt_out: Tensor | None = None) -> None:
         """Every check of `forward` and `loss` on a batch, the value checks included.
 
-        In eager mode the model runs these itself. Under `torch.compile` and `torch.export` the
-        value checks (lengths against padding, ids in the vocabularies), which read the tensors'
-        contents, stay out of the graph: code that calls a compiled or exported model calls this
-        first, once per batch, in eager code.
+        The value checks (lengths in [1, S] and agreeing with the padding, so no row is all
+        padding; ids in the vocabularies) read the tensors' contents, a device sync. In eager
+        mode `forward`, `loss` and `translate` run this once per batch unless told `check=False`.
+        Under `torch.compile` and `torch.export` the value checks stay out of the graph: code that
+        calls a compiled or exported model calls this first, once per batch, in eager code.
 
         Raises:
             InputError: naming the tensor and the problem.
@@ -98,7 +109,8 @@ class RNNSearch(nn.Module):
             _check_same_shape(tgt_in, tgt_out)
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, *,
-                return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
+                return_attention: bool = False, check: bool = True
+                ) -> Tensor | tuple[Tensor, Tensor | None]:
         """Teacher-forced scores.
 
         Args:
@@ -106,24 +118,30 @@ class RNNSearch(nn.Module):
             src_lengths: (B,) real source lengths, each in [1, S].
             tgt_in: (B, T) decoder inputs (bos y_1 ... y_{T-1}), padded with pad_id.
             return_attention: also return the (B, T, S) alignment weights (None for RNNencdec).
+            check: run the value checks of `check_batch` first (in eager code). False for a
+                batch the caller has checked, e.g. with `check_batch`: no tensor is then read
+                back (no device sync) for checking; ranks, dtypes and sizes are checked either
+                way.
         Returns:
             (B, T, V) logits of the next target tokens; with `return_attention`, a pair.
+        Raises:
+            InputError: see `check_batch`.
         """
-        check_tensor("src", src, 2, integer=True)
-        check_tensor("tgt_in", tgt_in, 2, integer=True)
-        check_dims("forward", [("tgt_in", tgt_in, 0, src.shape[0])])
-        state, memory = self.encode(src, src_lengths)
+        if check and not torch.compiler.is_compiling():
+            self.check_batch(src, src_lengths, tgt_in)
+        state, memory = self.encode(src, src_lengths, check=False)
         if self.engine is None:
             logits, attention = self.decoder(tgt_in, state, memory,
-                                             return_attention=return_attention)
+                                             return_attention=return_attention, check=False)
         else:
             features, attention = self.engine.features(tgt_in, state, memory,
-                                                       return_attention=return_attention)
+                                                       return_attention=return_attention,
+                                                       check=False)
             logits = self.decoder.output(features)
         return (logits, attention) if return_attention else logits
 
     def loss(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor, *,
-             label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+             label_smoothing: float = 0.0, check: bool = True) -> tuple[Tensor, Tensor]:
         """Summed negative log-likelihood of `tgt_out` given `src`, padding ignored.
 
         Equal to `functional.sequence_nll(model(src, src_lengths, tgt_in), tgt_out, pad_id)`,
@@ -134,39 +152,49 @@ class RNNSearch(nn.Module):
             src, src_lengths, tgt_in: as for `forward`.
             tgt_out: (B, T) the targets y_1..y_T (tgt_in shifted by one, eos last), pad_id after.
             label_smoothing: 0 (the paper) by default.
+            check: run the value checks of `check_batch` first, as for `forward`.
         Returns:
             The summed loss (scalar) and the number of target tokens (scalar tensor).
+        Raises:
+            InputError: see `check_batch`.
         """
         check_tensor("tgt_out", tgt_out, 2, integer=True)
         check_tensor("tgt_in", tgt_in, 2, integer=True)
         _check_same_shape(tgt_in, tgt_out)
-        check_dims("loss", [("tgt_in", tgt_in, 0, src.shape[0])])
-        if not torch.compiler.is_compiling():                     # see check_batch
-            check_token_ids("tgt_out", tgt_out, self.decoder.vocab_size)
-        state, memory = self.encode(src, src_lengths)
+        if check and not torch.compiler.is_compiling():
+            self.check_batch(src, src_lengths, tgt_in, tgt_out)
+        state, memory = self.encode(src, src_lengths, check=False)
         if self.engine is not None:
             return self.engine.loss(tgt_in, tgt_out, state, memory,
-                                    label_smoothing=label_smoothing)
-        logits, _ = self.decoder(tgt_in, state, memory)
+                                    label_smoothing=label_smoothing, check=False)
+        logits, _ = self.decoder(tgt_in, state, memory, check=False)
         return functional.sequence_nll(logits, tgt_out, self.decoder.pad_id,
                                        label_smoothing=label_smoothing)
 
     def translate(self, src: Tensor, src_lengths: Tensor, *, beam_size: int = 5,
                   n_best: int = 1, max_len: int = 100, max_len_ratio: float | None = None,
                   min_len: int = 1, length_penalty: str = "none", alpha: float = 0.6,
-                  early_stopping: bool = True) -> list[list[Hypothesis]]:
+                  early_stopping: bool = True, check: bool = True) -> list[list[Hypothesis]]:
         """Beam search (`beam_size=1`: greedy) for a padded batch; see `bahdanau.BeamSearch`.
 
+        Args:
+            src, src_lengths: as for `forward`.
+            beam_size, n_best, max_len, max_len_ratio, min_len, length_penalty, alpha,
+                early_stopping: the settings of `bahdanau.BeamSearch`.
+            check: run the value checks of the source (`check_batch(src, src_lengths)`), as for
+                `forward`.
         Returns:
             For each sentence, its `n_best` hypotheses, best first, each with `tokens` (ids
             without bos/eos), `log_prob`, `score` and `attention` ((len(tokens)+1, S), or None
             for RNNencdec).
+        Raises:
+            InputError: a bad search setting, or see `check_batch`.
         """
         search = BeamSearch(beam_size=beam_size, n_best=n_best, max_len=max_len,
                             max_len_ratio=max_len_ratio, min_len=min_len,
                             length_penalty=length_penalty,  # type: ignore[arg-type]
                             alpha=alpha, early_stopping=early_stopping)
-        return search(self, src, src_lengths)
+        return search(self, src, src_lengths, check=check)
 
 
 class RNNEncDec(RNNSearch):

@@ -190,37 +190,43 @@ class BeamSearch:
         return caps
 
     @torch.inference_mode()
-    def __call__(self, model: torch.nn.Module, src: Tensor, src_lengths: Tensor
-                 ) -> list[list[Hypothesis]]:
+    def __call__(self, model: torch.nn.Module, src: Tensor, src_lengths: Tensor, *,
+                 check: bool = True) -> list[list[Hypothesis]]:
         """Translate a padded batch.
 
         Args:
-            model: an `RNNSearch` / `RNNEncDec`, or anything with the same `encode` and `step`
-                (a `DecoderState` of B rows and a memory with `select(keep)`).
+            model: an `RNNSearch` / `RNNEncDec`, or anything with the same `encode` (taking the
+                `check` keyword) and `step` (a `DecoderState` of B rows and a memory with
+                `select(keep)`).
             src: (B, S) source ids, padded.
             src_lengths: (B,) real lengths.
+            check: passed to `model.encode`, which runs the value checks of the source once
+                (lengths in [1, S] and agreeing with the padding, ids in the vocabulary). False
+                for a batch the caller has checked (`RNNSearch.check_batch`); ranks, dtypes and
+                sizes are checked either way.
         Returns:
             For each sentence, its `n_best` hypotheses, best first.
         Raises:
-            InputError: empty batch, empty sentences, or bad shapes.
+            InputError: empty batch or bad shapes; with `check`, what `model.encode` refuses
+                (empty sentences, lengths that disagree with the padding, ids out of range).
         """
         check_tensor("src", src, 2, integer=True)
         if src.shape[0] == 0 or src.shape[1] == 0:
             raise InputError(f"src has shape {tuple(src.shape)}: nothing to translate")
-        check_lengths("src_lengths", src_lengths, src.shape[0], src.shape[1])
+        check_lengths("src_lengths", src_lengths, src.shape[0], src.shape[1], values=False)
         was_training = model.training
         model.eval()
         try:
-            return self._search(model, src, src_lengths.to(src.device))
+            return self._search(model, src, src_lengths.to(src.device), check)
         finally:
             model.train(was_training)
 
-    def _search(self, model: torch.nn.Module, src: Tensor, src_lengths: Tensor
+    def _search(self, model: torch.nn.Module, src: Tensor, src_lengths: Tensor, check: bool
                 ) -> list[list[Hypothesis]]:
         bos, eos, pad = self._ids(model)
         never = [pad, bos]                                     # never generated
         K, n_best, penalty, alpha = self.beam_size, self.n_best, self.length_penalty, self.alpha
-        state, memory = model.encode(src, src_lengths)
+        state, memory = model.encode(src, src_lengths, check=check)
         n_sent, src_len = src.shape
         device = src.device
         caps = self.caps(src_lengths)                                          # (B,)
@@ -319,10 +325,11 @@ class BeamSearch:
 
 
 def greedy_search(model: torch.nn.Module, src: Tensor, src_lengths: Tensor, *,
-                  max_len: int = 100, min_len: int = 1) -> list[Hypothesis]:
-    """Greedy decoding: `BeamSearch(beam_size=1)`, one hypothesis per sentence."""
+                  max_len: int = 100, min_len: int = 1, check: bool = True) -> list[Hypothesis]:
+    """Greedy decoding: `BeamSearch(beam_size=1)`, one hypothesis per sentence (`check` as for
+    `BeamSearch.__call__`)."""
     search = BeamSearch(beam_size=1, max_len=max_len, min_len=min_len)
-    return [hyps[0] for hyps in search(model, src, src_lengths)]
+    return [hyps[0] for hyps in search(model, src, src_lengths, check=check)]
 
 
 def replace_unk(hypothesis: Hypothesis, src_tokens: Sequence[str], tgt_tokens: Sequence[str], *,

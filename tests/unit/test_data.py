@@ -20,6 +20,7 @@ from bahdanau.data import (
     encode_pairs,
     read_parallel,
 )
+from bahdanau.errors import InputError
 
 J = DefaultTokenizer.JOINER
 
@@ -161,6 +162,30 @@ def test_read_parallel_empty_line_names_file_and_line(tmp_path, empty: bytes) ->
     _write(tmp_path / "tgt.txt", [b"x", empty, b"z"])
     with pytest.raises(ValueError, match=r"tgt\.txt: line 2 is empty"):
         read_parallel(tmp_path / "src.txt", tmp_path / "tgt.txt")
+
+
+def test_read_parallel_damaged_gzip_names_the_file(tmp_path) -> None:
+    _write(tmp_path / "src.txt", [b"a", b"b"])
+    (tmp_path / "tgt.txt.gz").write_bytes(gzip.compress(b"x\ny\n")[:-3])
+    with pytest.raises(InputError, match=r"tgt\.txt\.gz: truncated gzip data"):
+        read_parallel(tmp_path / "src.txt", tmp_path / "tgt.txt.gz")
+
+
+@pytest.mark.parametrize("empty", ["src.txt", "tgt.txt"])
+def test_read_parallel_non_empty_names_the_empty_file(tmp_path, empty: str) -> None:
+    _write(tmp_path / "src.txt", [b"a"])
+    _write(tmp_path / "tgt.txt", [b"x"])
+    (tmp_path / empty).write_bytes(b"")
+    with pytest.raises(InputError, match=rf"{empty.replace('.', '[.]')} is empty"):
+        read_parallel(tmp_path / "src.txt", tmp_path / "tgt.txt", non_empty=True)
+
+
+def test_read_parallel_empty_files_give_no_pairs_unless_non_empty(tmp_path) -> None:
+    (tmp_path / "src.txt").write_bytes(b"")
+    (tmp_path / "tgt.txt").write_bytes("\ufeff".encode())          # a BOM alone is empty too
+    assert read_parallel(tmp_path / "src.txt", tmp_path / "tgt.txt") == []
+    with pytest.raises(InputError, match=r"src[.]txt is empty"):
+        read_parallel(tmp_path / "src.txt", tmp_path / "tgt.txt", non_empty=True)
 
 
 def test_read_parallel_bad_utf8_names_file_and_line(tmp_path) -> None:

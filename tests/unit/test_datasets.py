@@ -1,14 +1,23 @@
-"""Tests for bahdanau.datasets: the shipped Multi30k files and read_lines()."""
+"""Tests for bahdanau.datasets: the shipped Multi30k files, read_lines() and decode_lines()."""
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
 
-from bahdanau.datasets import MULTI30K_LANGS, MULTI30K_SPLITS, multi30k_files, read_lines
+from bahdanau.datasets import (
+    MULTI30K_LANGS,
+    MULTI30K_SPLITS,
+    decode_lines,
+    multi30k_files,
+    read_lines,
+)
+from bahdanau.errors import InputError
 
 # Line counts stated by the upstream Multi30k README for Task 1.
 EXPECTED_LINES = {"train": 29000, "val": 1014, "test_2016_flickr": 1000}
@@ -100,3 +109,138 @@ def test_read_lines_bad_utf8_names_file_and_line(tmp_path: Path, compress: bool)
 def test_read_lines_missing_file(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError):
         read_lines(tmp_path / "absent.txt")
+
+
+# ----------------------------------------------------------------------------------------------
+# Damaged gzip files, built by hand from RFC 1952: header, raw deflate data, CRC-32, length.
+
+TEXT = b"le chat\nla maison bleue\n" * 20
+
+
+def _member(data: bytes = TEXT) -> bytes:
+    """One gzip member: magic, method 8 (deflate), no flags, mtime 0, xfl 0, OS 255."""
+    deflate = zlib.compressobj(9, zlib.DEFLATED, -15)                  # raw deflate, no wrapper
+    body = deflate.compress(data) + deflate.flush()
+    trailer = struct.pack("<II", zlib.crc32(data), len(data) % 2**32)
+    return b"\x1f\x8b\x08\x00" + b"\0\0\0\0" + b"\x00\xff" + body + trailer
+
+
+def _changed(data: bytes, index: int, value: int) -> bytes:
+    return data[:index] + bytes([value]) + data[index + 1:]
+
+
+def _read_file(tmp_path: Path, data: bytes) -> list[str]:
+    path = tmp_path / "corpus.en.gz"
+    path.write_bytes(data)
+    return read_lines(path)
+
+
+def test_hand_built_gzip_reads() -> None:
+    """The builder is right: the stdlib reads it, and so do we (several members, zero padding)."""
+    assert gzip.decompress(_member()) == TEXT
+    expected = ["le chat", "la maison bleue"] * 20
+    assert decode_lines(_member(), "x") == expected
+    assert decode_lines(_member() + _member(b"fin\n"), "x") == expected + ["fin"]
+    assert decode_lines(_member() + b"\0" * 5, "x") == expected
+
+
+@pytest.mark.parametrize("cut", [2, 3, 9, 10, 11, 30, -9, -8, -4, -1])
+def test_truncated_gzip_names_the_file(tmp_path: Path, cut: int) -> None:
+    """Cut in the magic, the header, the deflate data, before or inside the trailer."""
+    data = _member()
+    assert len(data) > 40
+    with pytest.raises(InputError, match=r"corpus\.en\.gz: truncated gzip data"):
+        _read_file(tmp_path, data[:cut])
+
+
+def test_truncated_second_member_is_truncated_too(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="truncated gzip data"):
+        _read_file(tmp_path, _member() + _member()[:12])
+
+
+@pytest.mark.parametrize(("damage", "reason"), [
+    (lambda d: _changed(d, len(d) - 8, d[-8] ^ 0x01), "CRC-32 mismatch"),
+    (lambda d: d[:-4] + struct.pack("<I", len(TEXT) + 1), "length mismatch"),
+    (lambda d: _changed(d, 2, 0x07), "unknown compression method"),    # bad byte after magic
+    (lambda d: _changed(d, 3, 0xE0), "header flags"),                   # reserved flag bits
+    (lambda d: _changed(d, 10, 0xFF), "invalid block type"),            # deflate block type 3
+])
+def test_damaged_gzip_names_the_file_and_the_damage(tmp_path: Path, damage, reason: str) -> None:
+    with pytest.raises(InputError, match=rf"corpus\.en\.gz: damaged gzip data \(.*{reason}"):
+        _read_file(tmp_path, damage(_member()))
+
+
+def test_trailing_garbage_after_gzip(tmp_path: Path) -> None:
+    match = r"corpus\.en\.gz: trailing data after the gzip data \(7 bytes\)"
+    with pytest.raises(InputError, match=match):
+        _read_file(tmp_path, _member() + b"garbage")
+
+
+def test_gzip_errors_are_one_line_and_name_stdin() -> None:
+    for data in (_member()[:20], _changed(_member(), 2, 0x07), _member() + b"junk"):
+        with pytest.raises(InputError) as info:
+            decode_lines(data, "<stdin>")
+        assert str(info.value).startswith("<stdin>: ")
+        assert "\n" not in str(info.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# One set of rules for files and standard input
+
+BOM = "\ufeff".encode()
+
+
+@pytest.mark.parametrize(("data", "expected"), [
+    (BOM + b"a\nb\n", ["a", "b"]),
+    (BOM + b"a\r\nb", ["a", "b"]),
+    (BOM, []),
+    (BOM + b"\n", [""]),
+    (BOM + BOM + b"a\n", ["\ufeffa"]),                   # only the first mark is removed
+    (b"a\n" + BOM + b"b\n", ["a", "\ufeffb"]),          # a mark inside the text is kept
+    (_member(BOM + b"x\ny\n"), ["x", "y"]),               # compressed: removed after gunzip
+])
+def test_leading_bom_is_removed(tmp_path: Path, data: bytes, expected: list[str]) -> None:
+    path = tmp_path / "bom.txt"
+    path.write_bytes(data)
+    assert read_lines(path) == expected
+    assert decode_lines(data, "<stdin>") == expected
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"\n", b"a", b"a\r\n\r\nb\n", " é \x0b\u2028\n".encode(), BOM + b"z",
+    _member(), _member(b"") + _member(b"a\n"),
+])
+def test_file_and_stdin_read_the_same(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "in.txt"
+    path.write_bytes(data)
+    assert read_lines(path) == decode_lines(data, "<stdin>")
+
+
+@pytest.mark.parametrize(("data", "line"), [
+    (b"\xff", 1),
+    (BOM + b"ok\n\xc3\n", 2),                              # lone lead byte
+    (b"a\nb\nc\xe9t\xe9\n", 3),                            # Latin-1, not UTF-8
+    (b"ligne\n" * 4 + b"\xed\xa0\x80\n", 5),                # an encoded surrogate
+    (b"\xff\xfea\x00\n\x00", 1),                           # UTF-16 with its BOM
+    (_member(b"x\n\x80\n"), 2),                            # compressed
+])
+def test_invalid_utf8_on_stdin_names_it_and_the_line(data: bytes, line: int) -> None:
+    with pytest.raises(InputError, match=rf"^<stdin>: line {line} is not valid UTF-8 \("):
+        decode_lines(data, "<stdin>")
+
+
+def test_decode_lines_refuses_str() -> None:
+    with pytest.raises(TypeError, match="bytes"):
+        decode_lines("a\n", "<stdin>")                    # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("data", [b"", BOM, _member(b"")])
+def test_non_empty_refuses_no_lines(tmp_path: Path, data: bytes) -> None:
+    path = tmp_path / "empty.txt"
+    path.write_bytes(data)
+    assert read_lines(path) == []
+    with pytest.raises(InputError, match=r"empty\.txt is empty"):
+        read_lines(path, non_empty=True)
+    with pytest.raises(InputError, match=r"^<stdin> is empty"):
+        decode_lines(data, "<stdin>", non_empty=True)
+    assert decode_lines(b"\n", "<stdin>", non_empty=True) == [""]

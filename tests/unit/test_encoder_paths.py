@@ -146,3 +146,26 @@ def test_eager_checks_values(gru_form: str) -> None:
             encoder(bad_src, bad_lengths)
         with pytest.raises(ValueError, match=match):
             encoder.check_inputs(bad_src, bad_lengths)
+
+
+@pytest.mark.parametrize("gru_form", FORMS)
+def test_check_false_skips_only_the_value_checks(gru_form: str) -> None:
+    """A caller that vouches for its batch skips the value checks: ids in the padding then
+    change nothing (the encoder reads only each sentence's real tokens). Shapes are checked."""
+    encoder = random_encoder(gru_form)
+    src, src_lengths = padded_batch([4, 1, 3], 4)
+    junk = src.clone()
+    junk[1, 1:] = 7                                           # tokens after row 1's length
+    with pytest.raises(ValueError, match="row 1 has a token at position 1, after its length 1"):
+        encoder(junk, src_lengths)
+    want, want_mask = encoder(src, src_lengths)
+    got, got_mask = encoder(junk, src_lengths, check=False)
+    assert torch.equal(got_mask, want_mask)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for bad_src, bad_lengths, match in [(src.double(), src_lengths, "src must hold integer"),
+                                        (src, src_lengths[:2], "expected \\(3,\\)"),
+                                        (src, src_lengths[None], "src_lengths must have 1 dims"),
+                                        (src[:, :0], src_lengths, "padded to length 0"),
+                                        (src[:0], src_lengths[:0], "empty batch")]:
+        with pytest.raises(ValueError, match=match):
+            encoder(bad_src, bad_lengths, check=False)

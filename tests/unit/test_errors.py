@@ -5,11 +5,24 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
 
-from bahdanau import AdditiveAttention, Attention, AttentiveDecoder, RNNSearch, presets
+from bahdanau import (
+    AdditiveAttention,
+    Attention,
+    AttentiveDecoder,
+    BeamSearch,
+    InputError,
+    LuongAttention,
+    RNNEncDec,
+    RNNSearch,
+    _checks,
+    greedy_search,
+    presets,
+)
 
 V = 16
 
@@ -95,8 +108,6 @@ def _attention_inputs():
 
 
 @pytest.mark.parametrize(("change", "match"), [
-    (lambda h, m: (h, torch.tensor([[True, True, False], [False] * 3])),
-     r"mask \(2, 3\) has rows with no real token: rows \[1\]"),
     (lambda h, m: (h, m.float()), "mask must be a bool mask"),
     (lambda h, m: (h, m[:, :2]), "mask has shape"),
     (lambda h, m: (h[:, :2], m), "mask has shape"),
@@ -148,6 +159,40 @@ def test_decoder_errors() -> None:
         decoder.init_state(torch.randn(2, 3, 15), torch.ones(2, 3, dtype=torch.bool))
 
 
+class UncheckedAttention(Attention):
+    """A seam implementation that checks nothing itself, like a user's own attention."""
+
+    def __init__(self, query_size: int, key_size: int) -> None:
+        super().__init__()
+        self.query_size, self.key_size = query_size, key_size
+
+    def prepare(self, annotations, mask):
+        return (annotations, mask)
+
+    def project_query(self, query):
+        return query[:, : self.key_size]
+
+    def weights(self, query, memory, state):
+        return torch.softmax(torch.zeros(memory[1].shape), -1)
+
+
+@pytest.mark.parametrize("attention", [
+    AdditiveAttention(12, 16, 10), LuongAttention(12, 16), UncheckedAttention(12, 16), None,
+], ids=["additive", "luong", "unchecked", "none"])
+def test_init_state_checks_the_mask_rows_for_any_attention(attention) -> None:
+    """The decoder, the caller of the seam, checks the mask once per batch; check=False skips
+    it (the mask then comes from checked lengths) and keeps the shape checks."""
+    decoder = AttentiveDecoder(V, 8, 12, 16, 6, attention=attention)
+    annotations, empty_row = torch.randn(2, 3, 16), torch.tensor([[True] * 3, [False] * 3])
+    with pytest.raises(InputError, match=r"^mask \(2, 3\) has rows with no real token: "
+                                         r"rows \[1\]$"):
+        decoder.init_state(annotations, empty_row)
+    if attention is not None:                     # RNNencdec indexes the last real token
+        decoder.init_state(annotations, empty_row, check=False)
+    with pytest.raises(InputError, match="mask must be a bool mask"):
+        decoder.init_state(annotations, empty_row.long(), check=False)
+
+
 def test_triton_on_cpu_without_interpreter_raises() -> None:
     """An explicit impl='triton' that cannot run raises; it never falls back to the reference."""
     code = (
@@ -164,3 +209,168 @@ def test_triton_on_cpu_without_interpreter_raises() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=120, check=True)
     assert "ValueError: impl='triton' cannot run" in out.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# Every entry point refuses a bad batch, checks its values once, and `check=False` skips them.
+
+
+def _models() -> dict[str, RNNSearch]:
+    torch.manual_seed(0)
+    cfg = presets.tiny(V, V)
+    return {"fast": RNNSearch.from_config(cfg),
+            "reference": RNNSearch.from_config(replace(cfg, engine="reference")),
+            "rnnencdec": RNNEncDec.from_config(cfg)}
+
+
+MODELS = _models()
+TGT_OUT = torch.tensor([[5, 2], [6, 2]])
+
+
+def _forward(model, src, lengths, tgt_in=TGT, tgt_out=TGT_OUT, **kw):
+    return model(src, lengths, tgt_in, **kw)
+
+
+def _loss(model, src, lengths, tgt_in=TGT, tgt_out=TGT_OUT, **kw):
+    return model.loss(src, lengths, tgt_in, tgt_out, **kw)
+
+
+def _translate(model, src, lengths, tgt_in=None, tgt_out=None, **kw):
+    return model.translate(src, lengths, beam_size=2, max_len=3, **kw)
+
+
+ENTRY_POINTS = {"forward": _forward, "loss": _loss, "translate": _translate}
+
+# Bad sources, each with the one-line message every entry point must give.
+BAD_SOURCES = [
+    (torch.tensor([[5, 6, 7], [0, 0, 0]]), torch.tensor([3, 0]),
+     "src_lengths holds length 0: every sequence needs at least one token"),
+    (torch.tensor([[5, 6, 7], [0, 0, 0]]), torch.tensor([3, 2]),            # all padding
+     "src row 1 has pad_id at position 0, inside its length 2: lengths and padding "
+     r"\(pad_id=0\) disagree"),
+    (SRC, torch.tensor([2, 2]), "src row 0 has a token at position 2, after its length 2"),
+    (SRC, torch.tensor([3, 3]), "src row 1 has pad_id at position 2, inside its length 3"),
+    (torch.tensor([[5, 6, 16], [8, 9, 0]]), LENGTHS,
+     "src holds token id 16, outside the vocabulary of size 16"),
+    (torch.tensor([[5, 6, 7], [-3, 9, 0]]), LENGTHS, "src holds token id -3"),
+]
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize(("src", "lengths", "message"), BAD_SOURCES)
+def test_every_entry_point_refuses_a_bad_source(model_name, entry, src, lengths, message) -> None:
+    with pytest.raises(InputError, match=f"^{message}"):
+        ENTRY_POINTS[entry](MODELS[model_name], src, lengths)
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+@pytest.mark.parametrize(("entry", "tgt_in", "tgt_out", "message"), [
+    ("forward", torch.tensor([[1, 16], [1, 6]]), TGT_OUT, "tgt_in holds token id 16"),
+    ("forward", torch.tensor([[1, 5], [-1, 6]]), TGT_OUT, "tgt_in holds token id -1"),
+    ("loss", torch.tensor([[1, 16], [1, 6]]), TGT_OUT, "tgt_in holds token id 16"),
+    ("loss", torch.tensor([[1, 5], [-1, 6]]), TGT_OUT, "tgt_in holds token id -1"),
+    ("loss", TGT, torch.tensor([[5, 2], [6, 16]]), "tgt_out holds token id 16"),
+    ("loss", TGT, torch.tensor([[5, -2], [6, 2]]), "tgt_out holds token id -2"),
+])
+def test_target_ids_out_of_range(model_name, entry, tgt_in, tgt_out, message) -> None:
+    with pytest.raises(InputError, match=f"^{message}, outside the vocabulary of size 16$"):
+        ENTRY_POINTS[entry](MODELS[model_name], SRC, LENGTHS, tgt_in, tgt_out)
+
+
+@pytest.fixture
+def value_checks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Records (check, tensor name) for every value check any bahdanau module runs: those that
+    read a tensor's contents. `check_lengths` counts only when it reads the lengths."""
+    names = ("check_lengths", "check_mask_rows", "check_padding", "check_token_ids")
+    originals = {name: getattr(_checks, name) for name in names}
+    calls: list[tuple[str, str]] = []
+
+    def spy(check: str):
+        def run(name, *args, **kwargs):
+            if kwargs.get("values", True):
+                calls.append((check, name))
+            return originals[check](name, *args, **kwargs)
+        return run
+
+    modules = [m for n, m in list(sys.modules.items())
+               if n.startswith("bahdanau.") and n != "bahdanau._checks"]
+    for module in modules:
+        for name, original in originals.items():
+            if getattr(module, name, None) is original:
+                monkeypatch.setattr(module, name, spy(name))
+    return calls
+
+
+SOURCE_CHECKS = [("check_lengths", "src_lengths"), ("check_token_ids", "src"),
+                 ("check_padding", "src")]
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+@pytest.mark.parametrize(("entry", "expected"), [
+    ("forward", [*SOURCE_CHECKS, ("check_token_ids", "tgt_in")]),
+    ("loss", [*SOURCE_CHECKS, ("check_token_ids", "tgt_in"), ("check_token_ids", "tgt_out")]),
+    ("translate", SOURCE_CHECKS),
+])
+def test_value_checks_run_once_per_batch(value_checks, model_name, entry, expected) -> None:
+    """Each tensor's values are checked once; the mask, built from checked lengths, never."""
+    ENTRY_POINTS[entry](MODELS[model_name], SRC, LENGTHS)
+    assert value_checks == expected
+    value_checks.clear()
+    ENTRY_POINTS[entry](MODELS[model_name], SRC, LENGTHS, check=False)
+    assert value_checks == []
+
+
+def test_search_functions_take_check(value_checks) -> None:
+    model = MODELS["fast"]
+    BeamSearch(beam_size=2, max_len=3)(model, SRC, LENGTHS)
+    greedy_search(model, SRC, LENGTHS, max_len=3)
+    assert value_checks == SOURCE_CHECKS * 2
+    value_checks.clear()
+    BeamSearch(beam_size=2, max_len=3)(model, SRC, LENGTHS, check=False)
+    greedy_search(model, SRC, LENGTHS, max_len=3, check=False)
+    assert value_checks == []
+
+
+@pytest.mark.parametrize("model_name", MODELS)
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_check_false_skips_the_value_checks_and_changes_nothing(model_name, entry) -> None:
+    """Same result on a good batch; a batch whose padding disagrees with its lengths (which the
+    caller vouched for) runs instead of raising."""
+    model = MODELS[model_name].eval()
+    run = ENTRY_POINTS[entry]
+    torch.testing.assert_close(_as_tensor(run(model, SRC, LENGTHS)),
+                               _as_tensor(run(model, SRC, LENGTHS, check=False)))
+    run(model, torch.tensor([[5, 6, 7], [8, 9, 4]]), LENGTHS, check=False)
+
+
+def _as_tensor(result) -> torch.Tensor:
+    if isinstance(result, list):                                  # hypotheses
+        return torch.tensor([h.log_prob for hyps in result for h in hyps])
+    if isinstance(result, tuple):                                 # loss, n_tokens
+        return torch.stack([result[0], result[1].to(result[0].dtype)])
+    return result
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize(("src", "lengths", "match"), [
+    (SRC.float(), LENGTHS, "src must hold integer token ids"),
+    (SRC, LENGTHS[:1], r"src_lengths has shape \(1,\), expected \(2,\)"),
+    (SRC, LENGTHS.float(), "src_lengths must hold integer"),
+    (SRC[:, :0], LENGTHS, "padded to length 0|nothing to translate"),
+])
+def test_check_false_keeps_the_shape_checks(entry, src, lengths, match) -> None:
+    with pytest.raises(InputError, match=match):
+        ENTRY_POINTS[entry](MODELS["fast"], src, lengths, check=False)
+
+
+@pytest.mark.parametrize(("tgt_in", "tgt_out", "match"), [
+    (TGT.float(), TGT_OUT, "tgt_in must hold integer"),
+    (TGT[:1], TGT_OUT[:1], "tgt_in has shape"),
+    (TGT[:, :0], TGT_OUT[:, :0], "no target positions"),
+    (TGT, TGT_OUT[:, :1], "differ in shape"),
+])
+def test_check_false_keeps_the_target_shape_checks(tgt_in, tgt_out, match) -> None:
+    for model in MODELS.values():
+        with pytest.raises(InputError, match=match):
+            model.loss(SRC, LENGTHS, tgt_in, tgt_out, check=False)

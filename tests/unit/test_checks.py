@@ -1,0 +1,84 @@
+"""Tests for the run settings in bahdanau._checks: resolve_device.
+
+Which accelerators exist is simulated by monkeypatching torch.cuda / torch.mps, so every branch
+runs on any machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bahdanau._checks import resolve_device
+from bahdanau.errors import InputError
+
+
+@pytest.fixture
+def two_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+
+
+@pytest.fixture
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+
+
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), "meta"])
+def test_devices_that_always_exist(device, no_gpu) -> None:
+    assert resolve_device(device) == torch.device(device)
+
+
+@pytest.mark.parametrize("text", ["foo", "", "CUDA", " cuda", "cuda:x", "cuda:-1", "cuda:0:1",
+                                  "gpu"])
+def test_strings_torch_cannot_parse(text: str) -> None:
+    with pytest.raises(InputError, match=rf"^device {text!r} is not a device: expected 'cpu'"):
+        resolve_device(text)
+
+
+@pytest.mark.parametrize("value", [0, 1.5, None, ["cpu"]])
+def test_values_that_are_not_device_strings(value) -> None:
+    with pytest.raises(InputError, match=r"^device must be a device string"):
+        resolve_device(value)                                     # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", torch.device("cuda", 1)])
+def test_cuda_without_cuda(device, no_gpu) -> None:
+    with pytest.raises(InputError, match=r"^device 'cuda(:\d)?': CUDA is not available here$"):
+        resolve_device(device)
+
+
+@pytest.mark.parametrize(("device", "expected"), [
+    ("cuda", torch.device("cuda")),                               # no index: the current device
+    ("cuda:0", torch.device("cuda", 0)),
+    ("cuda:1", torch.device("cuda", 1)),
+    (torch.device("cuda", 1), torch.device("cuda", 1)),
+])
+def test_cuda_devices_present(device, expected, two_gpus) -> None:
+    assert resolve_device(device) == expected
+
+
+@pytest.mark.parametrize("index", [2, 7])
+def test_cuda_index_out_of_range(index: int, two_gpus) -> None:
+    with pytest.raises(InputError, match=rf"^device 'cuda:{index}': there is no CUDA device "
+                                         rf"{index}, only 2 \(cuda:0 to cuda:1\)$"):
+        resolve_device(f"cuda:{index}")
+
+
+def test_mps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.mps, "is_available", lambda: False)
+    with pytest.raises(InputError, match=r"^device 'mps': MPS is not available here$"):
+        resolve_device("mps")
+    monkeypatch.setattr(torch.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.mps, "device_count", lambda: 1)
+    assert resolve_device("mps") == torch.device("mps")
+    with pytest.raises(InputError, match=r"no MPS device 1, only 1"):
+        resolve_device("mps:1")
+
+
+def test_the_option_is_named(no_gpu) -> None:
+    with pytest.raises(InputError, match=r"^--device 'foo' is not a device"):
+        resolve_device("foo", "--device")
+    with pytest.raises(InputError, match=r"^--device 'cuda': CUDA"):
+        resolve_device("cuda", "--device")
