@@ -25,14 +25,31 @@ Format 2 (`FORMAT_VERSION`), the payload's keys:
     extra         the caller's own checkpoint-safe entries (the CLI keeps its tokenizer
                   settings in extra["tokenizer"])
 
+and an optional section (see "Room to grow"), absent from files of earlier versions:
+
+    digest        {"algorithm": "sha256", "value": hex digest} of every other section, added
+                  by `save_checkpoint` to the file it writes
+
+Damage. `load_checkpoint` recomputes the digest of what it read and refuses a file whose
+contents do not match it (a flipped bit in a tensor's bytes, which `torch.load` does not
+notice); it returns the payload without the `digest` entry. Files without a digest, written by
+earlier versions, load unchecked. The digest is SHA-256 over a walk of the payload, the
+`digest` entry left out, in which every value adds a header line (UTF-8, ending in a newline)
+and what follows it:
+
+    tensor           "tensor {dtype} {shape}" (e.g. "tensor torch.float32 (2, 3)"), then its
+                     elements' raw bytes in row-major order (any dtype, through a uint8 view)
+    dict             "dict {len}", then the key and the value of each entry, in insertion order
+    list, tuple      "list {len}" or "tuple {len}" (torch.Size too), then the items
+    anything else    "{type name} {repr}" (None, bool, int, float, str, torch.dtype, device)
+
 Room to grow. A later addition that a reader may ignore is a new top-level key (an optional
 section), absent from checkpoints that do not have it, and leaves `format` at 2: readers take
 the keys above and ignore any other. The names kept for the planned sections are `tokenizer`
-(what a translation needs to tokenise, replacing extra["tokenizer"]), `weights_digest` (a digest
-of the `model` tensors), `ema` (moving-average weights, a state_dict like `model`) and `best_n`
-(the N best evaluations, [{"step", "metric"}]). `format` goes up only for a change that a reader
-of the older format would misread; a reader refuses a format newer than its own with a one-line
-error.
+(what a translation needs to tokenise, replacing extra["tokenizer"]), `ema` (moving-average
+weights, a state_dict like `model`) and `best_n` (the N best evaluations, [{"step",
+"metric"}]). `format` goes up only for a change that a reader of the older format would
+misread; a reader refuses a format newer than its own with a one-line error.
 
 Format 1, written before the training state had a section of its own, is still read everywhere
 through `upgrade_payload`: its top-level step, epoch, sampler position, best metric, bad
@@ -42,6 +59,7 @@ removed field, which `TrainConfig.from_dict` drops.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -128,8 +146,37 @@ def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
     _fsync_dir(path.parent)
 
 
+def _feed(hasher: Any, obj: Any) -> None:
+    """Add `obj` to `hasher` as the module docstring's digest walk says."""
+    if isinstance(obj, Tensor):
+        hasher.update(f"tensor {obj.dtype} {tuple(obj.shape)}\n".encode())
+        data = obj.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        hasher.update(data.numpy())
+    elif isinstance(obj, dict):
+        hasher.update(f"dict {len(obj)}\n".encode())
+        for key, value in obj.items():
+            _feed(hasher, key)
+            _feed(hasher, value)
+    elif isinstance(obj, (list, tuple)):
+        hasher.update(f"{'list' if isinstance(obj, list) else 'tuple'} {len(obj)}\n".encode())
+        for value in obj:
+            _feed(hasher, value)
+    else:
+        hasher.update(f"{type(obj).__name__} {obj!r}\n".encode())
+
+
+def _digest(payload: dict[str, Any]) -> dict[str, str]:
+    """The `digest` section of `payload`: SHA-256 over every other section."""
+    hasher = hashlib.sha256()
+    _feed(hasher, {key: value for key, value in payload.items() if key != "digest"})
+    return {"algorithm": "sha256", "value": hasher.hexdigest()}
+
+
 def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
     """Save `payload` atomically: a crash leaves either the old file or the new one, whole.
+
+    The file also holds the payload's `digest` (see the module docstring), which replaces any
+    `digest` entry of `payload`; `payload` itself is not changed.
 
     Raises:
         InputError: the payload holds something `load_checkpoint` could not read back (the entry
@@ -138,16 +185,24 @@ def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> No
     if not isinstance(payload, dict):
         raise InputError(f"payload must be a dict, got {type(payload).__name__}")
     _check_payload(payload, "payload")
-    _atomic_write(Path(path), lambda f: torch.save(payload, f))
+    stored = {**payload, "digest": _digest(payload)}
+    _atomic_write(Path(path), lambda f: torch.save(stored, f))
 
 
 def load_checkpoint(path: str | os.PathLike[str], *,
                     map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with `torch.load(weights_only=True)`.
+    """Load a checkpoint with `torch.load(weights_only=True)` and check its digest.
 
+    Args:
+        path: the file.
+        map_location: where the tensors go.
+    Returns:
+        The payload, without its `digest` entry. A file without one (written by an earlier
+        version) loads unchecked.
     Raises:
         FileNotFoundError: no such file.
-        InputError: the file is truncated, corrupt or not a checkpoint dict (the file is named).
+        InputError: the file is truncated, corrupt, not a checkpoint dict, or damaged: its
+            contents do not match the digest stored in it (the file is named first).
     """
     path = Path(path)
     if not path.is_file():
@@ -160,6 +215,15 @@ def load_checkpoint(path: str | os.PathLike[str], *,
                          f"({type(err).__name__}: {detail})") from None
     if not isinstance(payload, dict):
         raise InputError(f"{path}: checkpoint holds a {type(payload).__name__}, not a dict")
+    if "digest" in payload:
+        stored = payload.pop("digest")
+        if not (isinstance(stored, dict) and set(stored) == {"algorithm", "value"}
+                and stored["algorithm"] == "sha256"):
+            raise InputError(f"{path}: damaged checkpoint: its digest entry is not "
+                             "{'algorithm': 'sha256', 'value': <hex digest>}")
+        if stored != _digest(payload):
+            raise InputError(f"{path}: damaged checkpoint: its contents do not match the digest "
+                             "stored in it")
     return payload
 
 

@@ -1,0 +1,213 @@
+"""Checkpoint integrity: the digest.
+
+Expectations come from the documented format (the digest walk is written out by hand) and from
+the payload that was saved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import warnings
+import zipfile
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from bahdanau.checkpoint import (
+    TrainState,
+    checkpoint_payload,
+    load_checkpoint,
+    model_from_checkpoint,
+    save_checkpoint,
+)
+from bahdanau.data import Example, Vocab
+from bahdanau.errors import InputError
+from bahdanau.models import build_model
+from bahdanau.presets import tiny
+from bahdanau.train import TrainConfig, setup_run
+
+VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
+DAMAGED = "damaged checkpoint: its contents do not match the digest stored in it"
+
+
+def _examples(n: int, seed: int = 0) -> list[Example]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        s, t = torch.randint(1, 7, (2,), generator=g).tolist()
+        out.append(Example(i, torch.randint(4, 16, (s,), generator=g).tolist(),
+                           torch.randint(4, 16, (t,), generator=g).tolist()))
+    return out
+
+
+EXAMPLES = _examples(16)
+
+
+def _model(seed: int = 0, **changes):
+    torch.manual_seed(seed)
+    return build_model(replace(tiny(), **changes))
+
+
+def _same_tensors(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _snapshot(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def _one_line_error(call: Callable[[], Any]) -> str:
+    """The message of the InputError that `call` raises; it must be one line."""
+    with pytest.raises(InputError) as err:
+        call()
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def _data_offset(path: Path, suffix: str) -> tuple[int, int]:
+    """(offset, size) of the stored bytes of the zip entry ending in `suffix` (torch.save
+    stores entries uncompressed)."""
+    with zipfile.ZipFile(path) as archive:
+        info = next(i for i in archive.infolist() if i.filename.endswith(suffix))
+    raw = path.read_bytes()
+    name_len, extra_len = struct.unpack("<HH", raw[info.header_offset + 26:info.header_offset + 30])
+    assert info.compress_type == zipfile.ZIP_STORED
+    return info.header_offset + 30 + name_len + extra_len, info.file_size
+
+
+def _flip(path: Path, position: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[position] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+# ----------------------------------------------------------------------------------------------
+# The digest
+
+
+def test_digest_is_the_documented_walk(tmp_path) -> None:
+    payload = {"a": torch.tensor([1, 2], dtype=torch.int16), "b": [None, True, 1.5, "x"],
+               "c": (torch.tensor(1.0, dtype=torch.bfloat16),)}
+    walk = (b"dict 3\n"
+            b"str 'a'\n" b"tensor torch.int16 (2,)\n" b"\x01\x00\x02\x00"
+            b"str 'b'\n" b"list 4\n" b"NoneType None\n" b"bool True\n" b"float 1.5\n"
+            b"str 'x'\n"
+            b"str 'c'\n" b"tuple 1\n" b"tensor torch.bfloat16 ()\n" b"\x80\x3f")  # bf16 1.0
+    save_checkpoint(tmp_path / "c.pt", payload)
+    stored = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert stored["digest"] == {"algorithm": "sha256", "value": hashlib.sha256(walk).hexdigest()}
+    loaded = load_checkpoint(tmp_path / "c.pt")
+    assert "digest" not in loaded and "digest" not in payload
+    assert torch.equal(loaded["a"], payload["a"]) and loaded["b"] == payload["b"]
+    assert torch.equal(loaded["c"][0], payload["c"][0])
+
+
+def test_digest_round_trip_of_every_dtype_and_layout(tmp_path) -> None:
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(4, 6, generator=g)
+    payload = {f"{dtype}": base.to(dtype) for dtype in (
+        torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int8,
+        torch.uint8, torch.bool, torch.complex64)}
+    payload["transposed"] = base.t()           # not contiguous
+    payload["view"] = base[1:3, 2:]            # a view into a larger storage
+    payload["empty"] = torch.zeros(0, 3)
+    payload["scalar"] = torch.tensor(7)
+    payload["size"] = torch.Size([2, 3])
+    save_checkpoint(tmp_path / "c.pt", payload)
+    loaded = load_checkpoint(tmp_path / "c.pt")
+    assert loaded.keys() == payload.keys()
+    for key, value in payload.items():
+        assert torch.equal(loaded[key], value) if isinstance(value, torch.Tensor) else (
+            loaded[key] == value)
+
+
+def test_save_replaces_a_stale_digest_entry(tmp_path) -> None:
+    """A payload read back, changed and saved again gets the digest of what it now holds."""
+    save_checkpoint(tmp_path / "c.pt", {"w": torch.ones(3), "n": 1})
+    payload = load_checkpoint(tmp_path / "c.pt")
+    payload["n"] = 2
+    payload["digest"] = {"algorithm": "sha256", "value": "0" * 64}
+    save_checkpoint(tmp_path / "c.pt", payload)
+    assert load_checkpoint(tmp_path / "c.pt")["n"] == 2
+    assert payload["digest"]["value"] == "0" * 64   # the caller's dict is left as it was
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flipped_byte_in_tensor_data_is_refused(tmp_path, dtype: torch.dtype) -> None:
+    model = _model(1)
+    payload = checkpoint_payload(model.to(dtype), src_vocab=VOCAB, tgt_vocab=VOCAB,
+                                 train_state=TrainState(step=1))
+    path = tmp_path / "step_00000001.pt"
+    save_checkpoint(path, payload)
+    sizes = {k: v.numel() * v.element_size() for k, v in payload["model"].items()}
+    largest = max(sizes, key=sizes.get)
+    # torch.save writes the tensors' storages in payload order as data/0, data/1, ...
+    index = list(payload["model"]).index(largest)
+    offset, size = _data_offset(path, f"data/{index}")
+    assert size == sizes[largest]
+    _flip(path, offset + size // 2)
+    raw = torch.load(path, weights_only=True)    # torch itself reads the damaged file
+    assert not torch.equal(raw["model"][largest], payload["model"][largest])
+
+    assert _one_line_error(lambda: load_checkpoint(path)) == f"{path}: {DAMAGED}"
+    assert _one_line_error(lambda: model_from_checkpoint(path)) == f"{path}: {DAMAGED}"
+    target = _model(2)
+    before = _snapshot(target)
+    assert _one_line_error(lambda: setup_run(
+        target, EXAMPLES, TrainConfig(max_steps=2), src_vocab=VOCAB, tgt_vocab=VOCAB,
+        checkpoint_dir=tmp_path)) == f"{path}: {DAMAGED}"
+    assert _same_tensors(_snapshot(target), before)
+
+
+def test_every_flipped_bit_is_refused_or_harmless(tmp_path) -> None:
+    """Flip one bit at every third byte of a small file: either the load is refused in one line
+    naming the file, or every entry of the payload reads back unchanged (a bit in zip metadata
+    torch does not use, or in the name of the digest entry itself)."""
+    payload = {"w": torch.randn(16, generator=torch.Generator().manual_seed(0)), "n": 3,
+               "s": "abc", "h": torch.ones(3, dtype=torch.bfloat16), "l": [1.5, None]}
+    good = tmp_path / "good.pt"
+    save_checkpoint(good, payload)
+    data = good.read_bytes()
+    path = tmp_path / "flipped.pt"
+    outcomes = {"refused": 0, "unchanged": 0}
+    for position in range(0, len(data), 3):
+        path.write_bytes(data)
+        _flip(path, position)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")   # torch warns about odd pickle protocols
+                loaded = load_checkpoint(path)
+        except InputError as err:
+            assert str(err).startswith(f"{path}: ") and "\n" not in str(err), position
+            outcomes["refused"] += 1
+            continue
+        for key, value in payload.items():
+            same = (torch.equal(loaded[key], value) if isinstance(value, torch.Tensor)
+                    else loaded[key] == value)
+            assert same, (position, key)
+        outcomes["unchanged"] += 1
+    assert outcomes["refused"] > 0 and outcomes["unchanged"] > 0
+
+
+def test_file_without_digest_still_loads(tmp_path) -> None:
+    """Files of earlier versions have no digest: they load unchecked."""
+    model = _model(1)
+    payload = checkpoint_payload(model, src_vocab=VOCAB, tgt_vocab=VOCAB)
+    torch.save(payload, tmp_path / "old.pt")
+    assert load_checkpoint(tmp_path / "old.pt").keys() == payload.keys()
+    rebuilt, _, _ = model_from_checkpoint(tmp_path / "old.pt")
+    assert _same_tensors(rebuilt.state_dict(), model.state_dict())
+
+
+@pytest.mark.parametrize("entry", ["sha256:0", {"algorithm": "md5", "value": "0"},
+                                   {"value": "0"}])
+def test_malformed_digest_entry_is_refused(tmp_path, entry: object) -> None:
+    torch.save({"w": torch.ones(2), "digest": entry}, tmp_path / "c.pt")
+    message = _one_line_error(lambda: load_checkpoint(tmp_path / "c.pt"))
+    assert message.startswith(f"{tmp_path / 'c.pt'}: damaged checkpoint: its digest entry is")
