@@ -25,10 +25,12 @@ Format 2 (`FORMAT_VERSION`), the payload's keys:
     extra         the caller's own checkpoint-safe entries (the CLI keeps its tokenizer
                   settings in extra["tokenizer"])
 
-and an optional section (see "Room to grow"), absent from files of earlier versions:
+and two optional sections (see "Room to grow"), absent from files of earlier versions:
 
-    digest        {"algorithm": "sha256", "value": hex digest} of every other section, added
-                  by `save_checkpoint` to the file it writes
+    optimizer_class  the optimizer's class name ("Adadelta"), or None: `restore` refuses to put
+                     the state of one optimizer type into another
+    digest           {"algorithm": "sha256", "value": hex digest} of every other section,
+                     added by `save_checkpoint` to the file it writes
 
 Damage. `load_checkpoint` recomputes the digest of what it read and refuses a file whose
 contents do not match it (a flipped bit in a tensor's bytes, which `torch.load` does not
@@ -42,6 +44,12 @@ and what follows it:
     dict             "dict {len}", then the key and the value of each entry, in insertion order
     list, tuple      "list {len}" or "tuple {len}" (torch.Size too), then the items
     anything else    "{type name} {repr}" (None, bool, int, float, str, torch.dtype, device)
+
+Beyond the digest, `model_from_checkpoint`, `restore` and `bahdanau.train.setup_run` check a
+payload whole before they change anything: the format and sections, the model config,
+vocabularies and train state parse, the weights fit the model (every key, every shape) and are
+finite, the optimizer state is of the given optimizer's type. Each failure is a one-line
+`InputError` that names the file first when it was given as a path.
 
 Room to grow. A later addition that a reader may ignore is a new top-level key (an optional
 section), absent from checkpoints that do not have it, and leaves `format` at 2: readers take
@@ -65,7 +73,8 @@ import os
 import random
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +83,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bahdanau._checks import is_finite_number, is_int
 from bahdanau.config import DictConfig, ModelConfig, TrainConfig
 from bahdanau.data import Vocab
 from bahdanau.errors import InputError
@@ -375,8 +385,18 @@ class TrainState(DictConfig):
     def __post_init__(self) -> None:
         for name in ("step", "epoch", "position", "bad_evals"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_int(value) or value < 0:
                 raise InputError(f"TrainState.{name} must be an int >= 0, got {value!r}")
+        if self.best_step is not None and not (is_int(self.best_step) and self.best_step >= 0):
+            raise InputError(f"TrainState.best_step must be an int >= 0 or None, got "
+                             f"{self.best_step!r}")
+        metric = self.best_metric
+        if metric is not None and (isinstance(metric, bool)
+                                   or not isinstance(metric, (int, float))):
+            raise InputError(f"TrainState.best_metric must be a number or None, got {metric!r}")
+        if not (is_finite_number(self.elapsed_s) and self.elapsed_s >= 0):
+            raise InputError(f"TrainState.elapsed_s must be a finite number >= 0, got "
+                             f"{self.elapsed_s!r}")
 
 
 def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
@@ -412,6 +432,7 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
         "train_config": train_config.to_dict() if train_config is not None else None,
         "train_state": train_state.to_dict() if train_state is not None else None,
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "optimizer_class": type(optimizer).__name__ if optimizer is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "rng": rng_state(),
         "extra": dict(extra or {}),
@@ -456,11 +477,15 @@ def _from_format_1(old: dict[str, Any]) -> dict[str, Any]:
                if k not in old]
     if missing:
         raise InputError(f"checkpoint of format 1 lacks {missing}")
-    sampler = old.get("sampler") or {"epoch": old["epoch"], "position": 0}
-    state = TrainState(step=int(old["step"]), epoch=int(sampler["epoch"]),
-                       position=int(sampler["position"]), best_metric=old.get("best_metric"),
-                       bad_evals=int(old.get("bad_evals", 0)),
-                       elapsed_s=float(old.get("elapsed_s", 0.0)))
+    try:
+        sampler = old.get("sampler") or {"epoch": old["epoch"], "position": 0}
+        state = TrainState(step=int(old["step"]), epoch=int(sampler["epoch"]),
+                           position=int(sampler["position"]), best_metric=old.get("best_metric"),
+                           bad_evals=int(old.get("bad_evals", 0)),
+                           elapsed_s=float(old.get("elapsed_s", 0.0)))
+    except (TypeError, ValueError, KeyError) as err:   # InputError is a ValueError
+        raise InputError(f"checkpoint of format 1 has a malformed training position: "
+                         f"{type(err).__name__}: {err}") from None
     moved = {"format", "step", "epoch", "sampler", "best_metric", "bad_evals", "elapsed_s"}
     return {
         **{k: v for k, v in old.items() if k not in moved},
@@ -499,16 +524,93 @@ def _config_difference(stored: dict[str, Any], given: dict[str, Any]) -> str:
     return "; ".join(diffs)
 
 
+@contextmanager
+def _named(path: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Put `path` in front of the message of an InputError raised inside (if not already)."""
+    try:
+        yield
+    except InputError as err:
+        prefix = f"{Path(path)}: " if path is not None else ""
+        if str(err).startswith(prefix):
+            raise
+        raise InputError(f"{prefix}{err}") from None
+
+
+def _parse(payload: dict[str, Any], section: str, parse: Callable[[dict[str, Any]], Any]) -> Any:
+    """`parse(payload[section])`; a dict that it refuses is an InputError naming the section."""
+    data = payload[section]
+    if not isinstance(data, dict):
+        raise InputError(f"checkpoint {section} is a {type(data).__name__}, not a dict")
+    try:
+        return parse(data)
+    except (TypeError, ValueError) as err:   # InputError is a ValueError
+        raise InputError(f"checkpoint {section} is malformed: {err}") from None
+
+
+def _stored_state(payload: dict[str, Any]) -> TrainState | None:
+    """The payload's `TrainState`, or None if it has none."""
+    if payload["train_state"] is None:
+        return None
+    return _parse(payload, "train_state", TrainState.from_dict)
+
+
 def _stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig, Vocab, Vocab]:
     """The payload's model config and vocabularies, checked against each other."""
-    config = ModelConfig.from_dict(payload["model_config"])
-    src_vocab = Vocab.from_dict(payload["src_vocab"])
-    tgt_vocab = Vocab.from_dict(payload["tgt_vocab"])
+    config = _parse(payload, "model_config", ModelConfig.from_dict)
+    src_vocab = _parse(payload, "src_vocab", Vocab.from_dict)
+    tgt_vocab = _parse(payload, "tgt_vocab", Vocab.from_dict)
     try:
         config.check_vocabs(src_vocab, tgt_vocab)
     except ValueError as err:
         raise InputError(f"checkpoint is inconsistent: {err}") from None
     return config, src_vocab, tgt_vocab
+
+
+def _check_weights(stored: Any, model: nn.Module) -> None:
+    """Refuse stored weights that `model.load_state_dict` would refuse or that are not finite.
+
+    Checked before loading because `load_state_dict` copies the weights that fit before it
+    raises for the ones that do not.
+    """
+    if not isinstance(stored, dict):
+        raise InputError(f"checkpoint model is a {type(stored).__name__}, not a state_dict")
+    expected = model.state_dict()
+    for key, ours in expected.items():
+        if key not in stored:
+            raise InputError(f"checkpoint weights do not fit the model: {key!r} is missing")
+        theirs = stored[key]
+        if not isinstance(theirs, Tensor):
+            raise InputError(f"checkpoint weights do not fit the model: {key!r} is a "
+                             f"{type(theirs).__name__}, not a tensor")
+        if theirs.shape != ours.shape:
+            raise InputError(f"checkpoint weights do not fit the model: {key!r} has shape "
+                             f"{tuple(theirs.shape)}, the model's has {tuple(ours.shape)}")
+    for key in stored:
+        if key not in expected:
+            raise InputError(f"checkpoint weights do not fit the model: {key!r} is not one of "
+                             "its weights")
+    for key, tensor in stored.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise InputError(f"checkpoint weight {key!r} holds NaN or inf")
+
+
+def _check_optimizer(payload: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    """Refuse an optimizer state that `optimizer.load_state_dict` would take wrongly or refuse."""
+    given = type(optimizer).__name__
+    stored_class = payload.get("optimizer_class")   # None in checkpoints of earlier versions
+    if stored_class is not None and stored_class != given:
+        raise InputError(f"checkpoint optimizer state is of {stored_class}, the given optimizer "
+                         f"is {given}")
+    stored = payload["optimizer"]
+    groups = stored.get("param_groups") if isinstance(stored, dict) else None
+    if not (isinstance(groups, list) and isinstance(stored.get("state"), dict) and all(
+            isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)):
+        raise InputError("checkpoint optimizer is not an optimizer's state_dict")
+    theirs = [len(g["params"]) for g in groups]
+    ours = [len(g["params"]) for g in optimizer.param_groups]
+    if theirs != ours:
+        raise InputError(f"checkpoint optimizer state has parameter groups of sizes {theirs}, "
+                         f"the given {given} has {ours}")
 
 
 def restore(payload: dict[str, Any], model: nn.Module,
@@ -518,8 +620,9 @@ def restore(payload: dict[str, Any], model: nn.Module,
     """Load a checkpoint payload (format 1 or 2) into live objects.
 
     Everything is checked before anything changes: the stored model config against
-    `model.config` and against the stored vocabularies, and the stored vocabularies against the
-    given ones.
+    `model.config` and against the stored vocabularies, the stored vocabularies against the
+    given ones, the train state, the weights against the model (keys, shapes, NaN/inf) and the
+    optimizer state against `optimizer` (its type, where the checkpoint records it).
 
     Args:
         payload: the checkpoint dict, e.g. from `load_checkpoint`.
@@ -531,7 +634,9 @@ def restore(payload: dict[str, Any], model: nn.Module,
         The stored `TrainState`, whole; None if the checkpoint has none.
     Raises:
         InputError: the model config or a vocabulary differs (what differs is named), the stored
-            config and vocabularies disagree, or the payload is not a checkpoint this code reads.
+            config and vocabularies disagree, a section is malformed, the weights do not fit the
+            model or are not finite, the optimizer state is another optimizer's, or the payload
+            is not a checkpoint this code reads.
     """
     payload = upgrade_payload(payload)
     model = _unwrap(model)
@@ -545,8 +650,10 @@ def restore(payload: dict[str, Any], model: nn.Module,
         if given is not None and stored != given:
             raise InputError("checkpoint vocabulary differs: "
                              + _vocab_difference(name, stored, given))
-    state = payload["train_state"]
-    state = TrainState.from_dict(state) if state is not None else None
+    state = _stored_state(payload)
+    _check_weights(payload["model"], model)
+    if optimizer is not None and payload["optimizer"] is not None:
+        _check_optimizer(payload, optimizer)
     model.load_state_dict(payload["model"])
     if optimizer is not None and payload["optimizer"] is not None:
         optimizer.load_state_dict(payload["optimizer"])
@@ -571,12 +678,16 @@ def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *
         (model, src_vocab, tgt_vocab).
     Raises:
         FileNotFoundError: no such file.
-        InputError: not a checkpoint this code reads, or its model config and vocabularies
-            disagree (sizes or special ids; both values are named).
+        InputError: not a checkpoint this code reads, a damaged file, a malformed section, its
+            model config and vocabularies disagree (sizes or special ids; both values are
+            named), or its weights do not fit its config or are not finite. The message starts
+            with the file when `checkpoint` is a path.
     """
-    payload = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
-    payload = upgrade_payload(payload)
-    config, src_vocab, tgt_vocab = _stored_parts(payload)
-    model = build_model(config)
+    path = None if isinstance(checkpoint, dict) else checkpoint
+    with _named(path):
+        payload = upgrade_payload(checkpoint if path is None else load_checkpoint(path))
+        config, src_vocab, tgt_vocab = _stored_parts(payload)
+        model = build_model(config)
+        _check_weights(payload["model"], model)
     model.load_state_dict(payload["model"])
     return model.to(device).eval(), src_vocab, tgt_vocab

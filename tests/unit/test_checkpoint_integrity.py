@@ -1,12 +1,15 @@
-"""Checkpoint integrity: the digest.
+"""Checkpoint integrity: the digest and malformed checkpoints.
 
 Expectations come from the documented format (the digest walk is written out by hand) and from
-the payload that was saved.
+the payload that was saved (a refused file must say which entry is wrong).
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import math
+import os
 import struct
 import warnings
 import zipfile
@@ -23,13 +26,19 @@ from bahdanau.checkpoint import (
     checkpoint_payload,
     load_checkpoint,
     model_from_checkpoint,
+    restore,
     save_checkpoint,
 )
-from bahdanau.data import Example, Vocab
+from bahdanau.data import Example, Vocab, collate
 from bahdanau.errors import InputError
 from bahdanau.models import build_model
 from bahdanau.presets import tiny
-from bahdanau.train import TrainConfig, setup_run
+from bahdanau.train import (
+    TrainConfig,
+    make_optimizer,
+    setup_run,
+    train_step,
+)
 
 VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
 DAMAGED = "damaged checkpoint: its contents do not match the digest stored in it"
@@ -211,3 +220,141 @@ def test_malformed_digest_entry_is_refused(tmp_path, entry: object) -> None:
     torch.save({"w": torch.ones(2), "digest": entry}, tmp_path / "c.pt")
     message = _one_line_error(lambda: load_checkpoint(tmp_path / "c.pt"))
     assert message.startswith(f"{tmp_path / 'c.pt'}: damaged checkpoint: its digest entry is")
+
+
+# ----------------------------------------------------------------------------------------------
+# Malformed checkpoints: one line, the file first, nothing changed
+
+
+def _payload(optimizer: str = "adadelta") -> dict[str, Any]:
+    model = _model(1)
+    opt = make_optimizer(model, TrainConfig(optimizer=optimizer))
+    train_step(model, collate(EXAMPLES[:4]), opt)
+    return checkpoint_payload(model, src_vocab=VOCAB, tgt_vocab=VOCAB, optimizer=opt,
+                              train_config=TrainConfig(),
+                              train_state=TrainState(step=1, position=1))
+
+
+def _set(section: str, key: str, value: Any) -> Callable[[dict], dict]:
+    def change(p: dict) -> dict:
+        p[section] = {**p[section], key: value}
+        return p
+    return change
+
+
+def _without(section: str, key: str | None = None) -> Callable[[dict], dict]:
+    def change(p: dict) -> dict:
+        if key is None:
+            del p[section]
+        else:
+            p[section] = {k: v for k, v in p[section].items() if k != key}
+        return p
+    return change
+
+
+def _wrong_shape(p: dict) -> dict:
+    p["model"]["encoder.embedding.weight"] = torch.zeros(17, 8)
+    return p
+
+
+def _non_finite(value: float) -> Callable[[dict], dict]:
+    def change(p: dict) -> dict:
+        p["model"]["decoder.attention.v_a"][2] = value
+        return p
+    return change
+
+
+WEIGHT_KEYS = list(_model().state_dict())
+FITS = "checkpoint weights do not fit the model: "
+
+# (name, change to a good payload, what the message must say, entry points that check it)
+MALFORMED = [
+    ("bare state_dict", lambda p: dict(p["model"]),
+     "not a bahdanau checkpoint: its 'format' is None", "file restore resume"),
+    ("foreign dict", lambda p: {"epoch": 3, "weights": p["model"]},
+     "not a bahdanau checkpoint: its 'format' is None", "file restore resume"),
+    ("missing section", _without("tgt_vocab"),
+     "checkpoint of format 2 lacks ['tgt_vocab']", "file restore resume"),
+    ("model_config not a dict", lambda p: {**p, "model_config": [16, 16]},
+     "checkpoint model_config is a list, not a dict", "file restore resume"),
+    ("model_config refused", _set("model_config", "hidden_size", 0),
+     "checkpoint model_config is malformed: hidden_size must be a positive int, got 0",
+     "file restore resume"),
+    ("model_config incomplete", _without("model_config", "src_vocab_size"),
+     "checkpoint model_config is malformed: ModelConfig.__init__() missing 1 required "
+     "positional argument: 'src_vocab_size'", "file restore resume"),
+    ("model not a dict", lambda p: {**p, "model": [1.0]},
+     "checkpoint model is a list, not a state_dict", "file restore resume"),
+    ("missing weight", _without("model", WEIGHT_KEYS[0]),
+     f"{FITS}{WEIGHT_KEYS[0]!r} is missing", "file restore resume"),
+    ("unexpected weight", _set("model", "decoder.extra.weight", torch.zeros(2)),
+     f"{FITS}'decoder.extra.weight' is not one of its weights", "file restore resume"),
+    ("wrong shape", _wrong_shape,
+     f"{FITS}'encoder.embedding.weight' has shape (17, 8), the model's has (16, 8)",
+     "file restore resume"),
+    ("weight not a tensor", _set("model", WEIGHT_KEYS[-1], [0.0]),
+     f"{FITS}{WEIGHT_KEYS[-1]!r} is a list, not a tensor", "file restore resume"),
+    ("NaN weight", _non_finite(math.nan),
+     "checkpoint weight 'decoder.attention.v_a' holds NaN or inf", "file restore resume"),
+    ("inf weight", _non_finite(-math.inf),
+     "checkpoint weight 'decoder.attention.v_a' holds NaN or inf", "file restore resume"),
+    ("src_vocab refused", _set("src_vocab", "tokens", ["w0", *VOCAB.tokens]),
+     "checkpoint src_vocab is malformed: duplicate vocabulary token 'w0' at ids 4 and 5",
+     "file restore resume"),
+    ("tgt_vocab keys", _without("tgt_vocab", "specials"),
+     "checkpoint tgt_vocab is malformed: a Vocab dict needs exactly the keys",
+     "file restore resume"),
+    ("train_state refused", _set("train_state", "step", -1),
+     "checkpoint train_state is malformed: TrainState.step must be an int >= 0, got -1",
+     "restore resume"),
+    ("train_state unknown field", _set("train_state", "steps", 1),
+     "checkpoint train_state is malformed: unknown TrainState fields ['steps']", "restore resume"),
+    ("train_state best_metric", _set("train_state", "best_metric", "high"),
+     "checkpoint train_state is malformed: TrainState.best_metric must be a number or None, "
+     "got 'high'", "restore resume"),
+    ("Adam state into Adadelta", lambda p: _payload("adam"),
+     "checkpoint optimizer state is of Adam, the given optimizer is Adadelta", "restore resume"),
+    ("optimizer not a state_dict", lambda p: {**p, "optimizer": {"state": {}}},
+     "checkpoint optimizer is not an optimizer's state_dict", "restore resume"),
+]
+
+
+@pytest.mark.parametrize(("change", "expected", "where"), [case[1:] for case in MALFORMED],
+                         ids=[case[0] for case in MALFORMED])
+def test_malformed_checkpoint_is_one_line_naming_file_and_problem(
+        tmp_path, change: Callable[[dict], dict], expected: str, where: str) -> None:
+    bad = change(_payload())
+    path = tmp_path / "step_00000001.pt"
+    save_checkpoint(path, bad)
+    if "file" in where:
+        message = _one_line_error(lambda: model_from_checkpoint(path))
+        assert message.startswith(f"{path}: ") and expected in message
+    if "restore" in where:
+        model = _model(2)
+        opt = make_optimizer(model, TrainConfig())
+        train_step(model, collate(EXAMPLES[4:8]), opt)
+        weights, opt_state = _snapshot(model), copy.deepcopy(opt.state_dict())
+        message = _one_line_error(lambda: restore(load_checkpoint(path), model, opt,
+                                                  src_vocab=VOCAB, tgt_vocab=VOCAB))
+        assert expected in message
+        assert _same_tensors(_snapshot(model), weights)
+        assert str(opt.state_dict()) == str(opt_state)
+    if "resume" in where:
+        model = _model(3)
+        weights, files = _snapshot(model), sorted(os.listdir(tmp_path))
+        message = _one_line_error(lambda: setup_run(
+            model, EXAMPLES, TrainConfig(max_steps=3), src_vocab=VOCAB, tgt_vocab=VOCAB,
+            checkpoint_dir=tmp_path))
+        assert message.startswith(f"{path}: ") and expected in message
+        assert _same_tensors(_snapshot(model), weights)
+        assert sorted(os.listdir(tmp_path)) == files
+
+
+def test_optimizer_of_the_same_type_restores() -> None:
+    """The recorded optimizer class refuses only another type."""
+    payload = _payload("adam")
+    assert payload["optimizer_class"] == "Adam"
+    model = _model(2)
+    opt = make_optimizer(model, TrainConfig(optimizer="adam"))
+    restore(payload, model, opt)
+    assert str(opt.state_dict()["state"]) == str(payload["optimizer"]["state"])
