@@ -72,6 +72,7 @@ import json
 import os
 import random
 import re
+import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -240,15 +241,25 @@ def load_checkpoint(path: str | os.PathLike[str], *,
 class CheckpointManager:
     """Numbered checkpoints in one directory: keeps the last `keep_last` and the best.
 
-    Files are ``step_00001000.pt`` (one per saved step) and ``best.pt``, a copy of the
+    Files are ``step_00001000.pt`` (one per saved step) and ``best.pt``, a byte copy of the
     checkpoint with the highest metric so far (higher is better, e.g. dev BLEU); ``best.json``
     records that metric and step so a resumed run keeps comparing against it. Each save first
     removes the temporary files of these names that a process killed while writing left behind;
     no other file in the directory is touched. Only one process should save into a directory.
 
+    A save writes in an order that a crash at any point cannot break: the numbered file, then
+    ``best.pt``, then ``best.json`` (each atomically, and durable before the next), then the
+    deletion of older numbered files. So ``best.json`` never names a step that ``best.pt`` does
+    not hold, and a run resumed after a crash finishes the interrupted save with
+    `complete_save`. A damaged or missing ``best.json`` beside a ``best.pt`` is read back from
+    ``best.pt``'s train state (and rewritten by `complete_save`).
+
     Args:
         directory: where the files go; created if missing.
         keep_last: numbered checkpoints kept (older ones are deleted after each save); >= 1.
+    Raises:
+        InputError: `keep_last` < 1, or a damaged ``best.json`` that ``best.pt`` cannot rebuild
+            (the file and the problem are named).
     """
 
     _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
@@ -261,17 +272,39 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.best_metric: float | None = None
         self.best_step: int | None = None
-        info = self.directory / "best.json"
-        if info.is_file():
+        self._recorded: tuple[float, int] | None = None   # what best.json holds, if it is sound
+        self._read_best()
+
+    def _read_best(self) -> None:
+        """Set the best metric and step from ``best.json``, or from ``best.pt`` if it is damaged."""
+        info, best = self.directory / "best.json", self.directory / "best.pt"
+        try:
             data = json.loads(info.read_text(encoding="utf-8"))
-            self.best_metric, self.best_step = data["metric"], data["step"]
+        except FileNotFoundError:
+            if not best.is_file():
+                return   # nothing recorded yet
+            problem = "missing beside best.pt"
+        except (OSError, ValueError) as err:   # JSON and UTF-8 decoding errors are ValueErrors
+            problem = f"unreadable ({type(err).__name__})"
+        else:
+            if (isinstance(data, dict) and set(data) == {"metric", "step"}
+                    and is_finite_number(data["metric"]) and is_int(data["step"])
+                    and data["step"] >= 0):
+                self.best_metric, self.best_step = float(data["metric"]), data["step"]
+                self._recorded = (self.best_metric, self.best_step)
+                return
+            problem = 'not {"metric": number, "step": int}'
+        try:
+            state = _stored_state(upgrade_payload(load_checkpoint(best)))
+        except (FileNotFoundError, InputError) as err:
+            raise InputError(f"{info}: {problem}, and best.pt cannot rebuild it: {err}") from None
+        if state is None or state.best_step is None or not is_finite_number(state.best_metric):
+            raise InputError(f"{info}: {problem}, and best.pt records no best metric and step "
+                             "to rebuild it from")
+        self.best_metric, self.best_step = float(state.best_metric), state.best_step
 
-    def path_for(self, step: int) -> Path:
-        """Path of the numbered checkpoint of `step`."""
-        return self.directory / f"step_{step:08d}.pt"
-
-    def checkpoints(self) -> list[Path]:
-        """Numbered checkpoint files, oldest step first."""
+    def _numbered(self) -> list[tuple[int, Path]]:
+        """(step, path) of the numbered checkpoint files, lowest step first."""
         if not self.directory.is_dir():
             return []
         found = []
@@ -279,7 +312,15 @@ class CheckpointManager:
             match = self._STEP_FILE.match(p.name)
             if match:
                 found.append((int(match.group(1)), p))
-        return [p for _, p in sorted(found)]
+        return sorted(found)
+
+    def path_for(self, step: int) -> Path:
+        """Path of the numbered checkpoint of `step`."""
+        return self.directory / f"step_{step:08d}.pt"
+
+    def checkpoints(self) -> list[Path]:
+        """Numbered checkpoint files, oldest step first."""
+        return [p for _, p in self._numbered()]
 
     def latest(self) -> Path | None:
         """The checkpoint with the highest step, or None."""
@@ -294,7 +335,8 @@ class CheckpointManager:
     def save(self, step: int, payload: dict[str, Any], *, metric: float | None = None) -> Path:
         """Write the checkpoint of `step`; also as ``best.pt`` if `metric` beats the best so far.
 
-        Then the numbered checkpoints older than the last `keep_last` are deleted.
+        Then the numbered checkpoints older than the last `keep_last` are deleted (never the
+        one just written). See the class docstring for the order of the writes.
 
         Args:
             step: the training step, which names the file.
@@ -314,13 +356,43 @@ class CheckpointManager:
         path = self.path_for(step)
         save_checkpoint(path, payload)
         if metric is not None and (self.best_metric is None or metric > self.best_metric):
-            save_checkpoint(self.directory / "best.pt", payload)
-            info = json.dumps({"metric": float(metric), "step": step}).encode()
-            _atomic_write(self.directory / "best.json", lambda f: f.write(info))
-            self.best_metric, self.best_step = float(metric), step
-        for old in self.checkpoints()[:-self.keep_last]:
-            old.unlink(missing_ok=True)
+            self._record_best(path, float(metric), step)
+        for old_step, old in self._numbered()[:-self.keep_last]:
+            if old_step < step:
+                old.unlink(missing_ok=True)
         return path
+
+    def complete_save(self, path: str | os.PathLike[str], state: TrainState) -> None:
+        """Finish what a crash left undone of the save of `path`, the checkpoint resumed from.
+
+        If `state` (the train state stored in `path`) is its own best (its `best_step` is its
+        `step`) but that step is not the recorded best, the crash came between the numbered
+        file and ``best.json``: `path` is copied to ``best.pt`` and ``best.json`` written.
+        Otherwise a ``best.json`` that was read back from ``best.pt`` is rewritten.
+        `bahdanau.train.setup_run` calls this when it resumes.
+
+        Args:
+            path: the numbered checkpoint resumed from, e.g. `latest()`.
+            state: its `TrainState`, e.g. from `restore`.
+        """
+        if (state.best_step == state.step and is_finite_number(state.best_metric)
+                and self.best_step != state.step):
+            self._record_best(Path(path), float(state.best_metric), state.step)
+        elif self.best_step is not None and self._recorded != (self.best_metric, self.best_step):
+            self._write_best_json(self.best_metric, self.best_step)
+
+    def _record_best(self, path: Path, metric: float, step: int) -> None:
+        """Copy `path` to ``best.pt`` (durable), then record `metric` and `step` in best.json."""
+        with open(path, "rb") as source:
+            _atomic_write(self.directory / "best.pt",
+                          lambda f: shutil.copyfileobj(source, f, 1 << 22))
+        self._write_best_json(metric, step)
+
+    def _write_best_json(self, metric: float, step: int) -> None:
+        info = json.dumps({"metric": metric, "step": step}).encode()
+        _atomic_write(self.directory / "best.json", lambda f: f.write(info))
+        self.best_metric, self.best_step = metric, step
+        self._recorded = (metric, step)
 
 
 # ----------------------------------------------------------------------------------------------

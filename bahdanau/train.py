@@ -258,8 +258,9 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     """Check the arguments, build the optimizer and sampler, and resume the latest checkpoint.
 
     With `checkpoint_dir` and `resume`, the latest checkpoint there is restored (weights,
-    optimizer, GradScaler, RNG states and the `TrainState`) once it is checked whole; otherwise
-    torch's RNG is seeded with `cfg.seed` and the state starts at step 0. Under
+    optimizer, GradScaler, RNG states and the `TrainState`) once it is checked whole, and the
+    save of it that a crash may have cut short is completed (`CheckpointManager.complete_save`);
+    otherwise torch's RNG is seeded with `cfg.seed` and the state starts at step 0. Under
     `torch.distributed` the model is wrapped in `DistributedDataParallel` (as
     `run.step_model`) and the sampler gives each rank its shard of every epoch.
 
@@ -317,6 +318,8 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         with _named(latest):
             state = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
                             tgt_vocab=tgt_vocab)
+        if not distributed or dist.get_rank() == 0:   # one process writes the directory
+            manager.complete_save(latest, state)   # a crash may have cut its save short
         if state.best_step is None and state.best_metric is not None:  # format 1: in best.json
             state.best_step = manager.best_step
         if state.position >= len(sampler.epoch_batches(state.epoch)):  # format 1: epoch's end

@@ -1,19 +1,22 @@
-"""Checkpoint integrity: the digest and malformed checkpoints.
+"""Checkpoint integrity: the digest, malformed checkpoints, best.json, and crashes while saving.
 
-Expectations come from the documented format (the digest walk is written out by hand) and from
-the payload that was saved (a refused file must say which entry is wrong).
+Expectations come from the documented format (the digest walk is written out by hand), from
+the payload that was saved (a refused file must say which entry is wrong), and from an
+uninterrupted reference run (what a checkpoint claims to hold after a crash).
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
+import json
 import math
 import os
 import struct
 import warnings
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +25,7 @@ import pytest
 import torch
 
 from bahdanau.checkpoint import (
+    CheckpointManager,
     TrainState,
     checkpoint_payload,
     load_checkpoint,
@@ -36,12 +40,20 @@ from bahdanau.presets import tiny
 from bahdanau.train import (
     TrainConfig,
     make_optimizer,
+    run_step,
+    save_run,
     setup_run,
     train_step,
+    validate_run,
 )
 
 VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
 DAMAGED = "damaged checkpoint: its contents do not match the digest stored in it"
+CFG = TrainConfig(batch_size=4, bucket=1, max_steps=100, keep_last=2, log_every=100,
+                  save_every=100)
+# Step 1 is the first best, 2 no improvement, 3 a new best that also deletes step 1, 4 deletes
+# step 2: every write of the save sequence happens in one of these saves.
+METRICS: dict[int, float | None] = {1: 1.0, 2: 0.5, 3: 2.0, 4: None}
 
 
 def _examples(n: int, seed: int = 0) -> list[Example]:
@@ -358,3 +370,232 @@ def test_optimizer_of_the_same_type_restores() -> None:
     opt = make_optimizer(model, TrainConfig(optimizer="adam"))
     restore(payload, model, opt)
     assert str(opt.state_dict()["state"]) == str(payload["optimizer"]["state"])
+
+
+# ----------------------------------------------------------------------------------------------
+# best.json
+
+
+def _trained_dir(directory: Path, metrics: dict[int, float | None]) -> dict[int, dict]:
+    """Train step by step, validating with `metrics[step]` and saving every step through
+    `save_run`; returns the saved weights by step."""
+    run = setup_run(_model(0), EXAMPLES, CFG, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                    checkpoint_dir=directory)
+    weights = {}
+    for step, metric in metrics.items():
+        run_step(run)
+        improved = False
+        if metric is not None:
+            _, improved = validate_run(run, lambda model, m=metric: m)
+        save_run(run, metric=metric if improved else None)
+        weights[step] = _snapshot(run.model)
+    return weights
+
+
+@pytest.mark.parametrize("damage", [b"{not json", b'{"metric": 2.0}',
+                                    b'{"metric": "x", "step": 2}', b'{"metric": NaN, "step": 2}',
+                                    b"\xff\xfe", b"[]", None],
+                         ids=["invalid JSON", "missing key", "metric a string", "NaN",
+                              "not UTF-8", "a list", "missing"])
+def test_damaged_best_json_is_rebuilt_from_best_pt(tmp_path, damage: bytes | None) -> None:
+    weights = _trained_dir(tmp_path, {1: 1.0, 2: 2.0, 3: 0.5})
+    info = tmp_path / "best.json"
+    assert json.loads(info.read_text()) == {"metric": 2.0, "step": 2}
+    if damage is None:
+        info.unlink()
+    else:
+        info.write_bytes(damage)
+    manager = CheckpointManager(tmp_path, keep_last=CFG.keep_last)
+    assert (manager.best_metric, manager.best_step) == (2.0, 2)
+    run = setup_run(_model(5), EXAMPLES, CFG, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                    checkpoint_dir=tmp_path)
+    assert run.state.step == 3 and _same_tensors(_snapshot(run.model), weights[3])
+    assert json.loads(info.read_text()) == {"metric": 2.0, "step": 2}   # rewritten on resume
+    assert _same_tensors(load_checkpoint(tmp_path / "best.pt")["model"], weights[2])
+
+
+@pytest.mark.parametrize("best_pt", [b"not a checkpoint", None], ids=["garbage", "missing"])
+def test_damaged_best_json_without_usable_best_pt_is_one_line(tmp_path, best_pt) -> None:
+    _trained_dir(tmp_path, {1: 1.0})
+    info = tmp_path / "best.json"
+    info.write_bytes(b"{not json")
+    if best_pt is None:
+        (tmp_path / "best.pt").unlink()
+    else:
+        (tmp_path / "best.pt").write_bytes(best_pt)
+    for call in (lambda: CheckpointManager(tmp_path),
+                 lambda: setup_run(_model(5), EXAMPLES, CFG, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                                   checkpoint_dir=tmp_path)):
+        message = _one_line_error(call)
+        assert message.startswith(f"{info}: unreadable (JSONDecodeError), and best.pt cannot "
+                                  "rebuild it: ")
+
+
+def test_best_json_without_a_best_in_best_pt_is_one_line(tmp_path) -> None:
+    manager = CheckpointManager(tmp_path)
+    weights_only = checkpoint_payload(_model(), src_vocab=VOCAB, tgt_vocab=VOCAB)
+    manager.save(1, weights_only, metric=1.0)   # no train_state in best.pt
+    (tmp_path / "best.json").write_text("{}")
+    message = _one_line_error(lambda: CheckpointManager(tmp_path))
+    assert message == (f"{tmp_path / 'best.json'}: not {{\"metric\": number, \"step\": int}}, and "
+                       "best.pt records no best metric and step to rebuild it from")
+
+
+# ----------------------------------------------------------------------------------------------
+# CheckpointManager: the order of the writes, rotation
+
+
+def test_save_writes_step_then_best_then_best_json_then_rotates(tmp_path, monkeypatch) -> None:
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    manager.save(1, {"step": 1}, metric=1.0)
+    done: list[tuple[str, str]] = []
+    replace_, unlink = os.replace, os.unlink
+    monkeypatch.setattr(os, "replace",
+                        lambda src, dst: (done.append(("write", Path(dst).name)),
+                                          replace_(src, dst))[1])
+    monkeypatch.setattr(os, "unlink",
+                        lambda path: (done.append(("delete", Path(path).name)), unlink(path))[1])
+    manager.save(2, {"step": 2, "w": torch.ones(3)}, metric=2.0)
+    monkeypatch.undo()
+    assert done == [("write", "step_00000002.pt"), ("write", "best.pt"),
+                    ("write", "best.json"), ("delete", "step_00000001.pt")]
+    assert (tmp_path / "best.pt").read_bytes() == (tmp_path / "step_00000002.pt").read_bytes()
+
+
+def test_rotation_keeps_the_file_just_written(tmp_path) -> None:
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    manager.save(5, {"step": 5})
+    manager.save(3, {"step": 3})   # e.g. a run restarted from an earlier step by hand
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000003.pt", "step_00000005.pt"]
+    manager.save(7, {"step": 7})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000007.pt"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Fault injection: the process dies between any two writes of a save
+
+
+
+class _Killed(BaseException):
+    """The process died here (a BaseException, as KeyboardInterrupt, so no `except
+    Exception` handles it)."""
+
+
+@contextmanager
+def _dies_after(monkeypatch: pytest.MonkeyPatch, k: int) -> Iterator[list[int]]:
+    """os.fsync, os.replace and os.unlink (pathlib's too) work `k` times, then every call raises
+    `_Killed`, as a dead process writes nothing more: cleanups on the way out are skipped too."""
+    count = [0]
+
+    def mortal(op: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if count[0] >= k:
+                raise _Killed
+            count[0] += 1
+            return op(*args, **kwargs)
+        return call
+
+    with monkeypatch.context() as patch:
+        for name in ("fsync", "replace", "unlink"):
+            patch.setattr(os, name, mortal(getattr(os, name)))
+        yield count
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[int, tuple[dict, float | None]]:
+    """An uninterrupted run's saves: {step: (payload, metric given to CheckpointManager.save)}."""
+    run = setup_run(_model(0), EXAMPLES, CFG, src_vocab=VOCAB, tgt_vocab=VOCAB)
+    saves = {}
+    for step, metric in METRICS.items():
+        run_step(run)
+        improved = False
+        if metric is not None:
+            _, improved = validate_run(run, lambda model, m=metric: m)
+        payload = checkpoint_payload(run.model, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                                     optimizer=run.optimizer, train_config=CFG,
+                                     train_state=run.state)
+        saves[step] = (copy.deepcopy(payload), metric if improved else None)
+    return saves
+
+
+def _check_resume(directory: Path, reference: dict[int, tuple[dict, float | None]]) -> int:
+    """Resume from `directory` and check that the latest and the best checkpoint hold exactly
+    the weights of the steps they claim; returns the step resumed from (0: none)."""
+    run = setup_run(_model(9), EXAMPLES, CFG, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                    checkpoint_dir=directory)
+    manager, step = run.manager, run.state.step
+    if step == 0:   # no numbered checkpoint became durable: nothing else may have
+        assert manager.latest() is None and manager.best() is None
+        return 0
+    payload = reference[step][0]
+    assert manager.latest() == manager.path_for(step)
+    assert _same_tensors(_snapshot(run.model), payload["model"])
+    for path in manager.checkpoints():   # every numbered file left is whole and its name's step
+        stored = load_checkpoint(path)
+        assert _same_tensors(stored["model"], reference[stored["train_state"]["step"]][0]["model"])
+        assert path == manager.path_for(stored["train_state"]["step"])
+    best_step = payload["train_state"]["best_step"]   # the best as of the step resumed from
+    assert (manager.best_metric, manager.best_step) == (METRICS[best_step], best_step)
+    info = json.loads((directory / "best.json").read_text())
+    assert info == {"metric": METRICS[best_step], "step": best_step}
+    best = load_checkpoint(manager.best())
+    assert best["train_state"]["step"] == best_step
+    assert _same_tensors(best["model"], reference[best_step][0]["model"])
+    # the run goes on: its next save works and clears what the dead process left
+    run_step(run)
+    save_run(run)
+    assert not [p for p in directory.iterdir() if p.name.endswith(".tmp")]
+    return step
+
+
+@pytest.mark.parametrize("crash_step", list(METRICS))
+def test_crash_between_any_two_writes_loses_neither_latest_nor_best(
+        tmp_path, monkeypatch, reference, crash_step: int) -> None:
+    k, finished = 0, False
+    resumed_from = set()
+    while not finished:
+        directory = tmp_path / f"k{k}"
+        manager = CheckpointManager(directory, keep_last=CFG.keep_last)
+        for step in range(1, crash_step):
+            payload, metric = reference[step]
+            manager.save(step, payload, metric=metric)
+        payload, metric = reference[crash_step]
+        with _dies_after(monkeypatch, k):
+            try:
+                manager.save(crash_step, payload, metric=metric)
+                finished = True
+            except _Killed:
+                pass
+        resumed_from.add(_check_resume(directory, reference))
+        k += 1
+    # the step file is 3 operations (fsync file, replace, fsync directory), so is best.pt and
+    # best.json, a rotation 1 per file
+    writes = {1: 9, 2: 3, 3: 10, 4: 4}[crash_step]
+    assert k == writes + 1
+    assert resumed_from == {crash_step - 1, crash_step}
+
+
+def test_crash_while_completing_an_interrupted_save(tmp_path, monkeypatch, reference) -> None:
+    """The resume's own writes (best.pt, best.json) may be cut short too; the next resume
+    finishes them."""
+    payload, metric = reference[3]
+    k, finished = 0, False
+    while not finished:
+        directory = tmp_path / f"k{k}"
+        manager = CheckpointManager(directory, keep_last=CFG.keep_last)
+        for step in (1, 2):
+            earlier, earlier_metric = reference[step]
+            manager.save(step, earlier, metric=earlier_metric)
+        with _dies_after(monkeypatch, 3):   # step_00000003.pt is durable, best.pt is not
+            with pytest.raises(_Killed):
+                manager.save(3, payload, metric=metric)
+        with _dies_after(monkeypatch, k) as count:
+            try:
+                setup_run(_model(9), EXAMPLES, CFG, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                          checkpoint_dir=directory)
+                finished = True
+            except _Killed:
+                pass
+        assert _check_resume(directory, reference) == 3
+        k += 1
+    assert count[0] == 6   # best.pt and best.json, 3 operations each
