@@ -25,14 +25,39 @@ Format 2 (`FORMAT_VERSION`), the payload's keys:
     extra         the caller's own checkpoint-safe entries (the CLI keeps its tokenizer
                   settings in extra["tokenizer"])
 
+and two optional sections (see "Room to grow"), absent from files of earlier versions:
+
+    optimizer_class  the optimizer's class name ("Adadelta"), or None: `restore` refuses to put
+                     the state of one optimizer type into another
+    digest           {"algorithm": "sha256", "value": hex digest} of every other section,
+                     added by `save_checkpoint` to the file it writes
+
+Damage. `load_checkpoint` recomputes the digest of what it read and refuses a file whose
+contents do not match it (a flipped bit in a tensor's bytes, which `torch.load` does not
+notice); it returns the payload without the `digest` entry. Files without a digest, written by
+earlier versions, load unchecked. The digest is SHA-256 over a walk of the payload, the
+`digest` entry left out, in which every value adds a header line (UTF-8, ending in a newline)
+and what follows it:
+
+    tensor           "tensor {dtype} {shape}" (e.g. "tensor torch.float32 (2, 3)"), then its
+                     elements' raw bytes in row-major order (any dtype, through a uint8 view)
+    dict             "dict {len}", then the key and the value of each entry, in insertion order
+    list, tuple      "list {len}" or "tuple {len}" (torch.Size too), then the items
+    anything else    "{type name} {repr}" (None, bool, int, float, str, torch.dtype, device)
+
+Beyond the digest, `model_from_checkpoint`, `restore` and `bahdanau.train.setup_run` check a
+payload whole before they change anything: the format and sections, the model config,
+vocabularies and train state parse, the weights fit the model (every key, every shape) and are
+finite, the optimizer state is of the given optimizer's type. Each failure is a one-line
+`InputError` that names the file first when it was given as a path.
+
 Room to grow. A later addition that a reader may ignore is a new top-level key (an optional
 section), absent from checkpoints that do not have it, and leaves `format` at 2: readers take
 the keys above and ignore any other. The names kept for the planned sections are `tokenizer`
-(what a translation needs to tokenise, replacing extra["tokenizer"]), `weights_digest` (a digest
-of the `model` tensors), `ema` (moving-average weights, a state_dict like `model`) and `best_n`
-(the N best evaluations, [{"step", "metric"}]). `format` goes up only for a change that a reader
-of the older format would misread; a reader refuses a format newer than its own with a one-line
-error.
+(what a translation needs to tokenise, replacing extra["tokenizer"]), `ema` (moving-average
+weights, a state_dict like `model`) and `best_n` (the N best evaluations, [{"step",
+"metric"}]). `format` goes up only for a change that a reader of the older format would
+misread; a reader refuses a format newer than its own with a one-line error.
 
 Format 1, written before the training state had a section of its own, is still read everywhere
 through `upgrade_payload`: its top-level step, epoch, sampler position, best metric, bad
@@ -42,12 +67,15 @@ removed field, which `TrainConfig.from_dict` drops.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import re
+import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +84,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bahdanau._checks import is_finite_number, is_int
 from bahdanau.config import DictConfig, ModelConfig, TrainConfig
 from bahdanau.data import Vocab
 from bahdanau.errors import InputError
@@ -128,8 +157,37 @@ def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
     _fsync_dir(path.parent)
 
 
+def _feed(hasher: Any, obj: Any) -> None:
+    """Add `obj` to `hasher` as the module docstring's digest walk says."""
+    if isinstance(obj, Tensor):
+        hasher.update(f"tensor {obj.dtype} {tuple(obj.shape)}\n".encode())
+        data = obj.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        hasher.update(data.numpy())
+    elif isinstance(obj, dict):
+        hasher.update(f"dict {len(obj)}\n".encode())
+        for key, value in obj.items():
+            _feed(hasher, key)
+            _feed(hasher, value)
+    elif isinstance(obj, (list, tuple)):
+        hasher.update(f"{'list' if isinstance(obj, list) else 'tuple'} {len(obj)}\n".encode())
+        for value in obj:
+            _feed(hasher, value)
+    else:
+        hasher.update(f"{type(obj).__name__} {obj!r}\n".encode())
+
+
+def _digest(payload: dict[str, Any]) -> dict[str, str]:
+    """The `digest` section of `payload`: SHA-256 over every other section."""
+    hasher = hashlib.sha256()
+    _feed(hasher, {key: value for key, value in payload.items() if key != "digest"})
+    return {"algorithm": "sha256", "value": hasher.hexdigest()}
+
+
 def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> None:
     """Save `payload` atomically: a crash leaves either the old file or the new one, whole.
+
+    The file also holds the payload's `digest` (see the module docstring), which replaces any
+    `digest` entry of `payload`; `payload` itself is not changed.
 
     Raises:
         InputError: the payload holds something `load_checkpoint` could not read back (the entry
@@ -138,16 +196,24 @@ def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> No
     if not isinstance(payload, dict):
         raise InputError(f"payload must be a dict, got {type(payload).__name__}")
     _check_payload(payload, "payload")
-    _atomic_write(Path(path), lambda f: torch.save(payload, f))
+    stored = {**payload, "digest": _digest(payload)}
+    _atomic_write(Path(path), lambda f: torch.save(stored, f))
 
 
 def load_checkpoint(path: str | os.PathLike[str], *,
                     map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with `torch.load(weights_only=True)`.
+    """Load a checkpoint with `torch.load(weights_only=True)` and check its digest.
 
+    Args:
+        path: the file.
+        map_location: where the tensors go.
+    Returns:
+        The payload, without its `digest` entry. A file without one (written by an earlier
+        version) loads unchecked.
     Raises:
         FileNotFoundError: no such file.
-        InputError: the file is truncated, corrupt or not a checkpoint dict (the file is named).
+        InputError: the file is truncated, corrupt, not a checkpoint dict, or damaged: its
+            contents do not match the digest stored in it (the file is named first).
     """
     path = Path(path)
     if not path.is_file():
@@ -160,21 +226,40 @@ def load_checkpoint(path: str | os.PathLike[str], *,
                          f"({type(err).__name__}: {detail})") from None
     if not isinstance(payload, dict):
         raise InputError(f"{path}: checkpoint holds a {type(payload).__name__}, not a dict")
+    if "digest" in payload:
+        stored = payload.pop("digest")
+        if not (isinstance(stored, dict) and set(stored) == {"algorithm", "value"}
+                and stored["algorithm"] == "sha256"):
+            raise InputError(f"{path}: damaged checkpoint: its digest entry is not "
+                             "{'algorithm': 'sha256', 'value': <hex digest>}")
+        if stored != _digest(payload):
+            raise InputError(f"{path}: damaged checkpoint: its contents do not match the digest "
+                             "stored in it")
     return payload
 
 
 class CheckpointManager:
     """Numbered checkpoints in one directory: keeps the last `keep_last` and the best.
 
-    Files are ``step_00001000.pt`` (one per saved step) and ``best.pt``, a copy of the
+    Files are ``step_00001000.pt`` (one per saved step) and ``best.pt``, a byte copy of the
     checkpoint with the highest metric so far (higher is better, e.g. dev BLEU); ``best.json``
     records that metric and step so a resumed run keeps comparing against it. Each save first
     removes the temporary files of these names that a process killed while writing left behind;
     no other file in the directory is touched. Only one process should save into a directory.
 
+    A save writes in an order that a crash at any point cannot break: the numbered file, then
+    ``best.pt``, then ``best.json`` (each atomically, and durable before the next), then the
+    deletion of older numbered files. So ``best.json`` never names a step that ``best.pt`` does
+    not hold, and a run resumed after a crash finishes the interrupted save with
+    `complete_save`. A damaged or missing ``best.json`` beside a ``best.pt`` is read back from
+    ``best.pt``'s train state (and rewritten by `complete_save`).
+
     Args:
         directory: where the files go; created if missing.
         keep_last: numbered checkpoints kept (older ones are deleted after each save); >= 1.
+    Raises:
+        InputError: `keep_last` < 1, or a damaged ``best.json`` that ``best.pt`` cannot rebuild
+            (the file and the problem are named).
     """
 
     _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
@@ -187,17 +272,39 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.best_metric: float | None = None
         self.best_step: int | None = None
-        info = self.directory / "best.json"
-        if info.is_file():
+        self._recorded: tuple[float, int] | None = None   # what best.json holds, if it is sound
+        self._read_best()
+
+    def _read_best(self) -> None:
+        """Set the best metric and step from ``best.json``, or from ``best.pt`` if it is damaged."""
+        info, best = self.directory / "best.json", self.directory / "best.pt"
+        try:
             data = json.loads(info.read_text(encoding="utf-8"))
-            self.best_metric, self.best_step = data["metric"], data["step"]
+        except FileNotFoundError:
+            if not best.is_file():
+                return   # nothing recorded yet
+            problem = "missing beside best.pt"
+        except (OSError, ValueError) as err:   # JSON and UTF-8 decoding errors are ValueErrors
+            problem = f"unreadable ({type(err).__name__})"
+        else:
+            if (isinstance(data, dict) and set(data) == {"metric", "step"}
+                    and is_finite_number(data["metric"]) and is_int(data["step"])
+                    and data["step"] >= 0):
+                self.best_metric, self.best_step = float(data["metric"]), data["step"]
+                self._recorded = (self.best_metric, self.best_step)
+                return
+            problem = 'not {"metric": number, "step": int}'
+        try:
+            state = _stored_state(upgrade_payload(load_checkpoint(best)))
+        except (FileNotFoundError, InputError) as err:
+            raise InputError(f"{info}: {problem}, and best.pt cannot rebuild it: {err}") from None
+        if state is None or state.best_step is None or not is_finite_number(state.best_metric):
+            raise InputError(f"{info}: {problem}, and best.pt records no best metric and step "
+                             "to rebuild it from")
+        self.best_metric, self.best_step = float(state.best_metric), state.best_step
 
-    def path_for(self, step: int) -> Path:
-        """Path of the numbered checkpoint of `step`."""
-        return self.directory / f"step_{step:08d}.pt"
-
-    def checkpoints(self) -> list[Path]:
-        """Numbered checkpoint files, oldest step first."""
+    def _numbered(self) -> list[tuple[int, Path]]:
+        """(step, path) of the numbered checkpoint files, lowest step first."""
         if not self.directory.is_dir():
             return []
         found = []
@@ -205,7 +312,15 @@ class CheckpointManager:
             match = self._STEP_FILE.match(p.name)
             if match:
                 found.append((int(match.group(1)), p))
-        return [p for _, p in sorted(found)]
+        return sorted(found)
+
+    def path_for(self, step: int) -> Path:
+        """Path of the numbered checkpoint of `step`."""
+        return self.directory / f"step_{step:08d}.pt"
+
+    def checkpoints(self) -> list[Path]:
+        """Numbered checkpoint files, oldest step first."""
+        return [p for _, p in self._numbered()]
 
     def latest(self) -> Path | None:
         """The checkpoint with the highest step, or None."""
@@ -220,7 +335,8 @@ class CheckpointManager:
     def save(self, step: int, payload: dict[str, Any], *, metric: float | None = None) -> Path:
         """Write the checkpoint of `step`; also as ``best.pt`` if `metric` beats the best so far.
 
-        Then the numbered checkpoints older than the last `keep_last` are deleted.
+        Then the numbered checkpoints older than the last `keep_last` are deleted (never the
+        one just written). See the class docstring for the order of the writes.
 
         Args:
             step: the training step, which names the file.
@@ -240,13 +356,43 @@ class CheckpointManager:
         path = self.path_for(step)
         save_checkpoint(path, payload)
         if metric is not None and (self.best_metric is None or metric > self.best_metric):
-            save_checkpoint(self.directory / "best.pt", payload)
-            info = json.dumps({"metric": float(metric), "step": step}).encode()
-            _atomic_write(self.directory / "best.json", lambda f: f.write(info))
-            self.best_metric, self.best_step = float(metric), step
-        for old in self.checkpoints()[:-self.keep_last]:
-            old.unlink(missing_ok=True)
+            self._record_best(path, float(metric), step)
+        for old_step, old in self._numbered()[:-self.keep_last]:
+            if old_step < step:
+                old.unlink(missing_ok=True)
         return path
+
+    def complete_save(self, path: str | os.PathLike[str], state: TrainState) -> None:
+        """Finish what a crash left undone of the save of `path`, the checkpoint resumed from.
+
+        If `state` (the train state stored in `path`) is its own best (its `best_step` is its
+        `step`) but that step is not the recorded best, the crash came between the numbered
+        file and ``best.json``: `path` is copied to ``best.pt`` and ``best.json`` written.
+        Otherwise a ``best.json`` that was read back from ``best.pt`` is rewritten.
+        `bahdanau.train.setup_run` calls this when it resumes.
+
+        Args:
+            path: the numbered checkpoint resumed from, e.g. `latest()`.
+            state: its `TrainState`, e.g. from `restore`.
+        """
+        if (state.best_step == state.step and is_finite_number(state.best_metric)
+                and self.best_step != state.step):
+            self._record_best(Path(path), float(state.best_metric), state.step)
+        elif self.best_step is not None and self._recorded != (self.best_metric, self.best_step):
+            self._write_best_json(self.best_metric, self.best_step)
+
+    def _record_best(self, path: Path, metric: float, step: int) -> None:
+        """Copy `path` to ``best.pt`` (durable), then record `metric` and `step` in best.json."""
+        with open(path, "rb") as source:
+            _atomic_write(self.directory / "best.pt",
+                          lambda f: shutil.copyfileobj(source, f, 1 << 22))
+        self._write_best_json(metric, step)
+
+    def _write_best_json(self, metric: float, step: int) -> None:
+        info = json.dumps({"metric": metric, "step": step}).encode()
+        _atomic_write(self.directory / "best.json", lambda f: f.write(info))
+        self.best_metric, self.best_step = metric, step
+        self._recorded = (metric, step)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -311,8 +457,18 @@ class TrainState(DictConfig):
     def __post_init__(self) -> None:
         for name in ("step", "epoch", "position", "bad_evals"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            if not is_int(value) or value < 0:
                 raise InputError(f"TrainState.{name} must be an int >= 0, got {value!r}")
+        if self.best_step is not None and not (is_int(self.best_step) and self.best_step >= 0):
+            raise InputError(f"TrainState.best_step must be an int >= 0 or None, got "
+                             f"{self.best_step!r}")
+        metric = self.best_metric
+        if metric is not None and (isinstance(metric, bool)
+                                   or not isinstance(metric, (int, float))):
+            raise InputError(f"TrainState.best_metric must be a number or None, got {metric!r}")
+        if not (is_finite_number(self.elapsed_s) and self.elapsed_s >= 0):
+            raise InputError(f"TrainState.elapsed_s must be a finite number >= 0, got "
+                             f"{self.elapsed_s!r}")
 
 
 def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
@@ -348,6 +504,7 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
         "train_config": train_config.to_dict() if train_config is not None else None,
         "train_state": train_state.to_dict() if train_state is not None else None,
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "optimizer_class": type(optimizer).__name__ if optimizer is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "rng": rng_state(),
         "extra": dict(extra or {}),
@@ -392,11 +549,15 @@ def _from_format_1(old: dict[str, Any]) -> dict[str, Any]:
                if k not in old]
     if missing:
         raise InputError(f"checkpoint of format 1 lacks {missing}")
-    sampler = old.get("sampler") or {"epoch": old["epoch"], "position": 0}
-    state = TrainState(step=int(old["step"]), epoch=int(sampler["epoch"]),
-                       position=int(sampler["position"]), best_metric=old.get("best_metric"),
-                       bad_evals=int(old.get("bad_evals", 0)),
-                       elapsed_s=float(old.get("elapsed_s", 0.0)))
+    try:
+        sampler = old.get("sampler") or {"epoch": old["epoch"], "position": 0}
+        state = TrainState(step=int(old["step"]), epoch=int(sampler["epoch"]),
+                           position=int(sampler["position"]), best_metric=old.get("best_metric"),
+                           bad_evals=int(old.get("bad_evals", 0)),
+                           elapsed_s=float(old.get("elapsed_s", 0.0)))
+    except (TypeError, ValueError, KeyError) as err:   # InputError is a ValueError
+        raise InputError(f"checkpoint of format 1 has a malformed training position: "
+                         f"{type(err).__name__}: {err}") from None
     moved = {"format", "step", "epoch", "sampler", "best_metric", "bad_evals", "elapsed_s"}
     return {
         **{k: v for k, v in old.items() if k not in moved},
@@ -435,16 +596,93 @@ def _config_difference(stored: dict[str, Any], given: dict[str, Any]) -> str:
     return "; ".join(diffs)
 
 
+@contextmanager
+def _named(path: str | os.PathLike[str] | None) -> Iterator[None]:
+    """Put `path` in front of the message of an InputError raised inside (if not already)."""
+    try:
+        yield
+    except InputError as err:
+        prefix = f"{Path(path)}: " if path is not None else ""
+        if str(err).startswith(prefix):
+            raise
+        raise InputError(f"{prefix}{err}") from None
+
+
+def _parse(payload: dict[str, Any], section: str, parse: Callable[[dict[str, Any]], Any]) -> Any:
+    """`parse(payload[section])`; a dict that it refuses is an InputError naming the section."""
+    data = payload[section]
+    if not isinstance(data, dict):
+        raise InputError(f"checkpoint {section} is a {type(data).__name__}, not a dict")
+    try:
+        return parse(data)
+    except (TypeError, ValueError) as err:   # InputError is a ValueError
+        raise InputError(f"checkpoint {section} is malformed: {err}") from None
+
+
+def _stored_state(payload: dict[str, Any]) -> TrainState | None:
+    """The payload's `TrainState`, or None if it has none."""
+    if payload["train_state"] is None:
+        return None
+    return _parse(payload, "train_state", TrainState.from_dict)
+
+
 def _stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig, Vocab, Vocab]:
     """The payload's model config and vocabularies, checked against each other."""
-    config = ModelConfig.from_dict(payload["model_config"])
-    src_vocab = Vocab.from_dict(payload["src_vocab"])
-    tgt_vocab = Vocab.from_dict(payload["tgt_vocab"])
+    config = _parse(payload, "model_config", ModelConfig.from_dict)
+    src_vocab = _parse(payload, "src_vocab", Vocab.from_dict)
+    tgt_vocab = _parse(payload, "tgt_vocab", Vocab.from_dict)
     try:
         config.check_vocabs(src_vocab, tgt_vocab)
     except ValueError as err:
         raise InputError(f"checkpoint is inconsistent: {err}") from None
     return config, src_vocab, tgt_vocab
+
+
+def _check_weights(stored: Any, model: nn.Module) -> None:
+    """Refuse stored weights that `model.load_state_dict` would refuse or that are not finite.
+
+    Checked before loading because `load_state_dict` copies the weights that fit before it
+    raises for the ones that do not.
+    """
+    if not isinstance(stored, dict):
+        raise InputError(f"checkpoint model is a {type(stored).__name__}, not a state_dict")
+    expected = model.state_dict()
+    for key, ours in expected.items():
+        if key not in stored:
+            raise InputError(f"checkpoint weights do not fit the model: {key!r} is missing")
+        theirs = stored[key]
+        if not isinstance(theirs, Tensor):
+            raise InputError(f"checkpoint weights do not fit the model: {key!r} is a "
+                             f"{type(theirs).__name__}, not a tensor")
+        if theirs.shape != ours.shape:
+            raise InputError(f"checkpoint weights do not fit the model: {key!r} has shape "
+                             f"{tuple(theirs.shape)}, the model's has {tuple(ours.shape)}")
+    for key in stored:
+        if key not in expected:
+            raise InputError(f"checkpoint weights do not fit the model: {key!r} is not one of "
+                             "its weights")
+    for key, tensor in stored.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise InputError(f"checkpoint weight {key!r} holds NaN or inf")
+
+
+def _check_optimizer(payload: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
+    """Refuse an optimizer state that `optimizer.load_state_dict` would take wrongly or refuse."""
+    given = type(optimizer).__name__
+    stored_class = payload.get("optimizer_class")   # None in checkpoints of earlier versions
+    if stored_class is not None and stored_class != given:
+        raise InputError(f"checkpoint optimizer state is of {stored_class}, the given optimizer "
+                         f"is {given}")
+    stored = payload["optimizer"]
+    groups = stored.get("param_groups") if isinstance(stored, dict) else None
+    if not (isinstance(groups, list) and isinstance(stored.get("state"), dict) and all(
+            isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)):
+        raise InputError("checkpoint optimizer is not an optimizer's state_dict")
+    theirs = [len(g["params"]) for g in groups]
+    ours = [len(g["params"]) for g in optimizer.param_groups]
+    if theirs != ours:
+        raise InputError(f"checkpoint optimizer state has parameter groups of sizes {theirs}, "
+                         f"the given {given} has {ours}")
 
 
 def restore(payload: dict[str, Any], model: nn.Module,
@@ -454,8 +692,9 @@ def restore(payload: dict[str, Any], model: nn.Module,
     """Load a checkpoint payload (format 1 or 2) into live objects.
 
     Everything is checked before anything changes: the stored model config against
-    `model.config` and against the stored vocabularies, and the stored vocabularies against the
-    given ones.
+    `model.config` and against the stored vocabularies, the stored vocabularies against the
+    given ones, the train state, the weights against the model (keys, shapes, NaN/inf) and the
+    optimizer state against `optimizer` (its type, where the checkpoint records it).
 
     Args:
         payload: the checkpoint dict, e.g. from `load_checkpoint`.
@@ -467,7 +706,9 @@ def restore(payload: dict[str, Any], model: nn.Module,
         The stored `TrainState`, whole; None if the checkpoint has none.
     Raises:
         InputError: the model config or a vocabulary differs (what differs is named), the stored
-            config and vocabularies disagree, or the payload is not a checkpoint this code reads.
+            config and vocabularies disagree, a section is malformed, the weights do not fit the
+            model or are not finite, the optimizer state is another optimizer's, or the payload
+            is not a checkpoint this code reads.
     """
     payload = upgrade_payload(payload)
     model = _unwrap(model)
@@ -481,8 +722,10 @@ def restore(payload: dict[str, Any], model: nn.Module,
         if given is not None and stored != given:
             raise InputError("checkpoint vocabulary differs: "
                              + _vocab_difference(name, stored, given))
-    state = payload["train_state"]
-    state = TrainState.from_dict(state) if state is not None else None
+    state = _stored_state(payload)
+    _check_weights(payload["model"], model)
+    if optimizer is not None and payload["optimizer"] is not None:
+        _check_optimizer(payload, optimizer)
     model.load_state_dict(payload["model"])
     if optimizer is not None and payload["optimizer"] is not None:
         optimizer.load_state_dict(payload["optimizer"])
@@ -507,12 +750,16 @@ def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *
         (model, src_vocab, tgt_vocab).
     Raises:
         FileNotFoundError: no such file.
-        InputError: not a checkpoint this code reads, or its model config and vocabularies
-            disagree (sizes or special ids; both values are named).
+        InputError: not a checkpoint this code reads, a damaged file, a malformed section, its
+            model config and vocabularies disagree (sizes or special ids; both values are
+            named), or its weights do not fit its config or are not finite. The message starts
+            with the file when `checkpoint` is a path.
     """
-    payload = checkpoint if isinstance(checkpoint, dict) else load_checkpoint(checkpoint)
-    payload = upgrade_payload(payload)
-    config, src_vocab, tgt_vocab = _stored_parts(payload)
-    model = build_model(config)
+    path = None if isinstance(checkpoint, dict) else checkpoint
+    with _named(path):
+        payload = upgrade_payload(checkpoint if path is None else load_checkpoint(path))
+        config, src_vocab, tgt_vocab = _stored_parts(payload)
+        model = build_model(config)
+        _check_weights(payload["model"], model)
     model.load_state_dict(payload["model"])
     return model.to(device).eval(), src_vocab, tgt_vocab

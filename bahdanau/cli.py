@@ -39,6 +39,7 @@ from bahdanau._checks import resolve_device
 from bahdanau.checkpoint import (
     CheckpointManager,
     _atomic_write,
+    _named,
     load_checkpoint,
     model_from_checkpoint,
     upgrade_payload,
@@ -195,8 +196,9 @@ def _checkpoint_file(path: str) -> Path:
 def _load(o: DecodeOptions, device: torch.device
           ) -> tuple[torch.nn.Module, Vocab, Vocab, DefaultTokenizer]:
     path = _checkpoint_file(o.checkpoint)
-    payload = upgrade_payload(load_checkpoint(path))
-    model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=device)
+    with _named(path):
+        payload = upgrade_payload(load_checkpoint(path))
+        model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=device)
     if o.unk_replace and model.arch == "rnnencdec":
         raise InputError(f"--unk-replace needs attention weights; {path} is an RNNencdec model")
     settings = payload["extra"].get("tokenizer", {})

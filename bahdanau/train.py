@@ -44,6 +44,7 @@ from bahdanau.checkpoint import (
     CheckpointManager,
     TrainState,
     _config_of,
+    _named,
     _unwrap,
     checkpoint_payload,
     load_checkpoint,
@@ -264,10 +265,11 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     """Check the arguments, build the optimizer and sampler, and resume the latest checkpoint.
 
     With `checkpoint_dir` and `resume`, the latest checkpoint there is restored (weights,
-    optimizer, GradScaler, RNG states and the `TrainState`); otherwise torch's RNG is seeded
-    with `cfg.seed` and the state starts at step 0. Under `torch.distributed` the model is
-    wrapped in `DistributedDataParallel` (as `run.step_model`) and the sampler gives each rank
-    its shard of every epoch.
+    optimizer, GradScaler, RNG states and the `TrainState`) once it is checked whole, and the
+    save of it that a crash may have cut short is completed (`CheckpointManager.complete_save`);
+    otherwise torch's RNG is seeded with `cfg.seed` and the state starts at step 0. Under
+    `torch.distributed` the model is wrapped in `DistributedDataParallel` (as
+    `run.step_model`) and the sampler gives each rank its shard of every epoch.
 
     Args:
         model: an `RNNSearch` / `RNNEncDec`, moved to `device`; it needs its `.config` (as
@@ -291,8 +293,9 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         InputError: no stopping limit, no examples, vocabularies whose sizes or special ids
             differ from `model.config`'s, a checkpoint directory with a model that has no
             `.config`, `resume=False` with a directory holding checkpoints, or a checkpoint
-            that does not match, model config, vocabularies or a fixed `cfg` field (what
-            differs is named). Nothing is trained and no file is written then.
+            that is damaged, malformed or does not match: model config, vocabularies or a
+            fixed `cfg` field (the file first, then what is wrong). Nothing is trained and no
+            file is written then.
     """
     if cfg.max_steps is None and cfg.max_epochs is None and cfg.max_time_s is None:
         raise InputError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
@@ -309,12 +312,15 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
             raise InputError(f"{checkpoint_dir} holds checkpoints of an earlier run: resume it, "
                              "or start over in another directory (nothing is deleted)")
     latest = manager.latest() if manager is not None else None
-    payload = upgrade_payload(load_checkpoint(latest)) if latest is not None else None
-    if payload is not None and payload["train_state"] is None:
-        raise InputError(f"{latest} has no train_state to resume from")
+    payload = None
     changes = []
-    if payload is not None and payload["train_config"] is not None:
-        changes = cfg.resume_changes(TrainConfig.from_dict(payload["train_config"]))
+    if latest is not None:
+        with _named(latest):
+            payload = upgrade_payload(load_checkpoint(latest))
+            if payload["train_state"] is None:
+                raise InputError("checkpoint has no train_state to resume from")
+            if payload["train_config"] is not None:
+                changes = cfg.resume_changes(TrainConfig.from_dict(payload["train_config"]))
     device = torch.device(device)
     dist = torch.distributed
     distributed = dist.is_available() and dist.is_initialized()
@@ -324,9 +330,12 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     sampler = BucketBatchSampler(examples, batch_size=None if cfg.max_tokens else cfg.batch_size,
                                  max_tokens=cfg.max_tokens, bucket=cfg.bucket, seed=cfg.seed)
     if payload is not None:
-        state = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
-                        tgt_vocab=tgt_vocab)
+        with _named(latest):
+            state = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
+                            tgt_vocab=tgt_vocab)
         cfg.set_hyperparameters(optimizer)
+        if not distributed or dist.get_rank() == 0:   # one process writes the directory
+            manager.complete_save(latest, state)   # a crash may have cut its save short
         if state.best_step is None and state.best_metric is not None:  # format 1: in best.json
             state.best_step = manager.best_step
         if state.position >= len(sampler.epoch_batches(state.epoch)):  # format 1: epoch's end
