@@ -90,8 +90,10 @@ def bad_checkpoints(run, files) -> Path:
     torch.save([1, 2, 3], root / "list.pt")
     data = good.read_bytes()
     (root / "truncated.pt").write_bytes(data[: len(data) // 2])
+    largest = max(payload["model"].values(), key=lambda t: t.numel())
+    inside = data.index(largest.numpy().tobytes()) + largest.numel() * 2  # within its bytes
     flipped = bytearray(data)
-    flipped[len(data) // 2] ^= 0x10                        # a byte inside the weights
+    flipped[inside] ^= 0x10
     (root / "flipped.pt").write_bytes(bytes(flipped))
     (root / "empty.pt").write_bytes(b"")
 

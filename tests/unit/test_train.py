@@ -438,7 +438,8 @@ def test_newer_format_is_refused_in_one_line(tmp_path, capsys) -> None:
         assert "\n" not in str(err.value)
     save_checkpoint(tmp_path / "new.pt", newer)
     assert main(["translate", "--checkpoint", str(tmp_path / "new.pt")]) == 2
-    assert capsys.readouterr().err.splitlines() == [f"bahdanau: error: {message}"]
+    assert capsys.readouterr().err.splitlines() == [
+        f"bahdanau: error: {tmp_path / 'new.pt'}: {message}"]
     for bad, match in (({"model": {}}, "not a bahdanau checkpoint: its 'format' is None"),
                        ({"format": "2"}, "its 'format' is '2'"),
                        ({"format": FORMAT_VERSION}, r"lacks \['model', ")):
