@@ -222,8 +222,8 @@ class TrainConfig(DictConfig):
             if not is_int(value) or value < 1:
                 raise InputError(f"{name} must be a positive int"
                                  f"{' or None' if name in optional_ints else ''}, got {value!r}")
-        if not is_int(self.seed):
-            raise InputError(f"seed must be an int, got {self.seed!r}")
+        if not (is_int(self.seed) and 0 <= self.seed < 2**63):
+            raise InputError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
 
     def resume_changes(self, stored: TrainConfig) -> list[str]:
         """What resuming a run saved with `stored` under this config changes.

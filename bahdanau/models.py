@@ -6,6 +6,7 @@ context comes from (additive attention vs. a fixed vector), so they compare on e
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import replace
 from typing import Any
 
@@ -13,7 +14,13 @@ import torch
 from torch import Tensor, nn
 
 from bahdanau import functional
-from bahdanau._checks import check_dims, check_tensor, check_token_ids
+from bahdanau._checks import (
+    check_dims,
+    check_lengths,
+    check_padding,
+    check_tensor,
+    check_token_ids,
+)
 from bahdanau.attention import AdditiveAttention, LuongAttention
 from bahdanau.config import ENGINES, ModelConfig
 from bahdanau.decoder import AttentiveDecoder, DecoderState, StepOutput
@@ -48,6 +55,10 @@ class RNNSearch(nn.Module):
             raise InputError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.encoder, self.decoder, self.config = encoder, decoder, config
         self.engine = DecoderEngine(decoder) if engine == "fast" else None
+        # Resolved once: an encoder of the user's own needs neither `check_inputs` (the model
+        # then checks the lengths against the padding itself) nor a `check` argument.
+        self._encoder_checks = callable(getattr(encoder, "check_inputs", None))
+        self._encoder_takes_check = "check" in inspect.signature(encoder.forward).parameters
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> RNNSearch:
@@ -70,12 +81,17 @@ class RNNSearch(nn.Module):
 
         Args:
             src, src_lengths: as for `forward`.
-            check: run the value checks of the source (`BiRNNEncoder.check_inputs`), as for
-                `forward`.
+            check: run the value checks of the source (the encoder's `check_inputs`, e.g.
+                `BiRNNEncoder.check_inputs`), as for `forward`.
         Raises:
             InputError: see `BiRNNEncoder.forward`.
         """
-        annotations, mask = self.encoder(src, src_lengths, check=check)
+        if check and not torch.compiler.is_compiling():
+            self._check_source(src, src_lengths)
+        if self._encoder_takes_check:
+            annotations, mask = self.encoder(src, src_lengths, check=False)
+        else:
+            annotations, mask = self.encoder(src, src_lengths)
         # The mask comes from lengths that are checked (or vouched for): no second check.
         state, memory = self.decoder.init_state(annotations, mask, check=False)
         return state, (memory if self.engine is None else self.engine.prepare(memory))
@@ -99,7 +115,7 @@ class RNNSearch(nn.Module):
         Raises:
             InputError: naming the tensor and the problem.
         """
-        self.encoder.check_inputs(src, src_lengths)
+        self._check_source(src, src_lengths)
         for name, ids in (("tgt_in", tgt_in), ("tgt_out", tgt_out)):
             if ids is not None:
                 check_tensor(name, ids, 2, integer=True)
@@ -107,6 +123,16 @@ class RNNSearch(nn.Module):
                 check_token_ids(name, ids, self.decoder.vocab_size)
         if tgt_in is not None and tgt_out is not None:
             _check_same_shape(tgt_in, tgt_out)
+
+    def _check_source(self, src: Tensor, src_lengths: Tensor) -> None:
+        """The encoder's `check_inputs`, or, for an encoder without one, lengths in [1, S]
+        that agree with the padding."""
+        if self._encoder_checks:
+            self.encoder.check_inputs(src, src_lengths)
+            return
+        check_tensor("src", src, 2, integer=True)
+        check_lengths("src_lengths", src_lengths, src.shape[0], src.shape[1])
+        check_padding("src", src, src_lengths, self.decoder.pad_id)
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, *,
                 return_attention: bool = False, check: bool = True

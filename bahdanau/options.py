@@ -51,6 +51,7 @@ class Option:
 
     help: str
     low: float | None = None      # smallest allowed value (numbers)
+    high: float | None = None     # largest allowed value (numbers)
     above: bool = False           # the value must be strictly greater than `low`
     required: bool = False        # must be given (its default None means "missing")
     on_resume: OnResume = "applied"   # see the module docstring; train options only
@@ -157,6 +158,8 @@ def _check_value(field: dataclasses.Field, annotation: Any, value: Any) -> None:
         if value < spec.low or (spec.above and value == spec.low):
             bound = f"> {spec.low:g}" if spec.above else f">= {spec.low:g}"
             raise InputError(f"{name} must be {bound}, got {value!r}")
+    if spec.high is not None and value > spec.high:
+        raise InputError(f"{name} must be <= {spec.high:g}, got {value!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type[_Options]) -> None:
@@ -272,7 +275,8 @@ class TrainOptions(SearchOptions):
     lr: float | None = option(None, "learning rate (default 1e-3 for adam, 1.0 for adadelta)",
                               low=0, above=True)
     train_batch_size: int = option(64, "sentences per update", low=1, on_resume="fixed")
-    seed: int = option(1234, "seed of the weights and the batch order", on_resume="fixed")
+    seed: int = option(1234, "seed of the weights and the batch order", low=0, high=2**63 - 1,
+                       on_resume="fixed")
     max_steps: int | None = option(None, "stop after this many updates", low=1)
     max_epochs: int | None = option(None, "stop after this many epochs", low=1)
     time_budget: float = option(12.0, "minutes of training (0: no limit)", low=0)

@@ -185,7 +185,8 @@ class BeamSearch:
         """(B,) most tokens each sentence may get before eos."""
         caps = torch.full_like(src_lengths, self.max_len)
         if self.max_len_ratio is not None:
-            ratio_caps = torch.ceil(src_lengths.double() * self.max_len_ratio).long()
+            ratio_caps = torch.ceil(src_lengths.double() * self.max_len_ratio)
+            ratio_caps = ratio_caps.clamp(max=self.max_len).long()   # a huge ratio: no overflow
             caps = torch.minimum(caps, ratio_caps.clamp(min=max(self.min_len, 1)))
         return caps
 

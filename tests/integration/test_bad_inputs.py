@@ -173,6 +173,8 @@ def _numeric_cases() -> list:
             if spec.low is not None:
                 below = spec.low if spec.above else spec.low - 1
                 bad.append(str(int(below)) if base is int else str(float(below)))
+            if spec.high is not None:
+                bad.append(str(int(spec.high) + 1))
             for value in bad:
                 cases.append(pytest.param(command, flag(field.name), value,
                                           id=f"{command}{flag(field.name)}={value}"))

@@ -374,3 +374,27 @@ def test_check_false_keeps_the_target_shape_checks(tgt_in, tgt_out, match) -> No
     for model in MODELS.values():
         with pytest.raises(InputError, match=match):
             model.loss(SRC, LENGTHS, tgt_in, tgt_out, check=False)
+
+
+class _PlainEncoder(torch.nn.Module):
+    """A user's encoder: `forward(src, src_lengths)` only, no `check_inputs`, no checks."""
+
+    def __init__(self, inner) -> None:
+        super().__init__()
+        self.inner, self.output_size = inner, inner.output_size
+
+    def forward(self, src, src_lengths):
+        return self.inner(src, src_lengths, check=False)
+
+
+def test_an_encoder_without_checks_is_checked_by_the_model() -> None:
+    """The model calls a user's encoder as the seam says (no `check` argument) and checks the
+    lengths against the padding itself."""
+    base = MODELS["fast"]
+    model = RNNSearch(_PlainEncoder(base.encoder), base.decoder)
+    assert torch.equal(model.loss(SRC, LENGTHS, TGT, TGT_OUT)[0],
+                       base.loss(SRC, LENGTHS, TGT, TGT_OUT)[0])
+    for src, lengths, message in BAD_SOURCES[:4]:             # lengths and padding
+        for entry in ENTRY_POINTS.values():
+            with pytest.raises(InputError, match=f"^{message}"):
+                entry(model, src, lengths)

@@ -137,6 +137,15 @@ def test_min_and_max_length_and_ratio() -> None:
         assert len(capped[b][0].tokens) <= -(-3 * int(LENGTHS[b]) // 2)
 
 
+@pytest.mark.parametrize("ratio", [1e30, 1e300, 2.0**63])
+def test_a_huge_length_ratio_caps_nothing(ratio: float) -> None:
+    """ratio x length beyond int64 leaves max_len the cap (it once overflowed to min_len)."""
+    lengths = torch.tensor([1, 7, 30])
+    caps = BeamSearch(max_len=40, min_len=2, max_len_ratio=ratio).caps(lengths)
+    assert caps.tolist() == [40, 40, 40]
+    assert BeamSearch(max_len=40, max_len_ratio=2.0).caps(lengths).tolist() == [2, 14, 40]
+
+
 def test_early_stopping_does_not_change_the_result() -> None:
     model = random_model(seed=4)
     for penalty in ("none", "average", "gnmt"):
