@@ -331,7 +331,7 @@ def _train(o: TrainOptions) -> int:
                     checkpoint_dir=out / "checkpoints", resume=o.resume and not o.overwrite,
                     device=device, extra={"tokenizer": {"name": "default",
                                                         "lowercase": o.lowercase},
-                                          "options": o.to_dict()})
+                                          "options": o.to_record()})
     finished = stop_reason(run)
     if finished and (out / "metrics.json").is_file():
         print(f"nothing to do: the run in {out} finished at step {run.state.step} "
@@ -340,7 +340,7 @@ def _train(o: TrainOptions) -> int:
     if stored is not None:
         run.resume_changes = changes                 # in the command line's terms
     out.mkdir(parents=True, exist_ok=True)
-    _write_text(out / RUN_CONFIG, json.dumps(o.to_dict(), indent=2) + "\n")
+    _write_text(out / RUN_CONFIG, json.dumps(o.to_record(), indent=2) + "\n")
     print(f"data: {len(examples)} training pairs (of {len(train_pairs)}), vocabularies "
           f"{len(src_vocab)} / {len(tgt_vocab)}; model {o.arch} ({o.preset}), "
           f"{sum(p.numel() for p in model.parameters()):,} parameters", flush=True)

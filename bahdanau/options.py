@@ -8,7 +8,7 @@ and bounds in `option(...)`. From this one declaration:
 - `from_mapping` turns what argparse parsed (strings) or what a file holds (JSON / YAML values)
   into the dataclass, and construction validates every field, so an option is checked the same
   way whatever it came from, with one `InputError` naming it;
-- a run folder stores `TrainOptions.to_dict()` as its ``config.yaml``, and `resume_changes`
+- a run folder stores `TrainOptions.to_record()` as its ``config.yaml``, and `resume_changes`
   sorts the options a resumed run changes into those it must refuse (`Option.on_resume` is
   "fixed": the model, the data and its tokenisation, the batches, the seed, the optimizer type)
   and those it applies and records ("applied": learning rate, limits, cadence, threads, device,
@@ -116,10 +116,6 @@ class _Options:
                 continue
             kwargs[name] = _from_text(name, hints[name], value) if text else value
         return cls(**kwargs)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Field name -> value (JSON types), what `from_mapping` reads back."""
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
 
 
 def _from_text(name: str, annotation: Any, value: Any) -> Any:
@@ -318,6 +314,12 @@ class TrainOptions(SearchOptions):
             raise InputError(f"--dropout must be in [0, 1), got {self.dropout!r}")
         if self.eval_every == 0 and self.patience is not None:
             raise InputError("--patience counts dev evaluations: it needs --eval-every")
+
+    def to_record(self) -> dict[str, Any]:
+        """The options a run folder records (its config.yaml, and every checkpoint): all but
+        those that say where and how to start (--out, --resume, --overwrite)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                if f.metadata["option"].on_resume != "not_recorded"}
 
     @property
     def own_data(self) -> bool:
