@@ -10,6 +10,9 @@ run folder before any work. A user's mistake (`bahdanau.InputError`, a usage err
 cannot be read or written) ends with one ``bahdanau: error: ...`` line and exit status 2; any
 other exception is a bug and keeps its traceback.
 
+`bahdanau train --config FILE` reads options from a YAML (with PyYAML) or JSON file; flags given
+on the command line override it.
+
 A run folder (``--out``) holds one run: its options (``config.yaml``), its checkpoints and its
 results. Running the same command again resumes it; options that define the model, the data or
 the batches cannot change on resume, the others (learning rate, limits, cadence, decoding,
@@ -21,6 +24,7 @@ exits; a finished run is not trained further.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -90,7 +94,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bahdanau", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (options, helptext, description) in _COMMANDS.items():
-        add_arguments(sub.add_parser(name, help=helptext, description=description), options)
+        command = sub.add_parser(name, help=helptext, description=description)
+        if name == "train":
+            command.add_argument("--config", metavar="FILE",
+                                 help="options from a YAML or JSON file (keys: the option names, "
+                                      "e.g. max_steps); flags given here override it; a run's "
+                                      "OUT/config.yaml reproduces it")
+        add_arguments(command, options)
     return parser
 
 
@@ -458,11 +468,44 @@ def _plot(o: PlotOptions) -> int:
 _RUN = {"train": _train, "translate": _translate, "evaluate": _evaluate, "plot": _plot}
 
 
+def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
+    """The option values in a --config file: JSON, or YAML (with PyYAML installed)."""
+    text = _existing(path, "--config").read_bytes()
+    try:
+        data = json.loads(text)
+    except ValueError:                   # not JSON (or not UTF-8): YAML, which needs PyYAML
+        try:
+            import yaml
+        except ImportError:
+            raise InputError(f"--config {path}: reading YAML needs PyYAML: pip install "
+                             "'bahdanau[yaml]' (or write the file as JSON)") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            detail = " ".join(str(err).split())
+            raise InputError(f"--config {path} is not valid YAML: {detail}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError(f"--config {path} must map option names to values, not hold a "
+                         f"{type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(options)}
+    values = {str(key).replace("-", "_"): value for key, value in data.items()}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise InputError(f"--config {path}: unknown option {unknown[0]!r}")
+    return values
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `bahdanau` console script and `python -m bahdanau`."""
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")
+    config = args.pop("config", None)
     try:
+        if config is not None:               # the file's values, then the flags given here
+            given = {name: value for name, value in args.items() if value is not None}
+            args = {**_config_file(config, _COMMANDS[command][0]), **given}
         options = _COMMANDS[command][0].from_mapping(args, text=True)
         return _RUN[command](options)
     except (InputError, OSError, PlotDependencyError) as exc:

@@ -55,6 +55,11 @@ def files(tmp_path_factory) -> Path:
     (root / "bad-header.gz").write_bytes(whole[:2] + b"\x99" + whole[3:])
     (root / "a-folder").mkdir()
     (root / "notes.txt").write_text("not a checkpoint\n")
+    (root / "unknown-key.yaml").write_text("max_steps: 1\nlearning_rate: 0.1\n")
+    (root / "wrong-type.json").write_text('{"max_steps": 1, "threads": "two"}')
+    (root / "not-a-mapping.yaml").write_text("- max_steps\n- 1\n")
+    (root / "broken.yaml").write_text("max_steps: [1\n")
+    (root / "nan.yaml").write_text("max_steps: 1\nlr: .nan\n")
     return root
 
 
@@ -295,6 +300,14 @@ CASES = [
     ("plot --checkpoint {run} --sentence 'a dog' --output {files}/no/dir/a.png",
      "does not exist"),
     ("plot --output {new}.png --checkpoint {run} --input {files}/empty.txt", "--line 1"),
+    # config files
+    ("train --out {new} --config {files}/unknown-key.yaml", "'learning_rate'"),
+    ("train --out {new} --config {files}/wrong-type.json", "--threads"),
+    ("train --out {new} --config {files}/not-a-mapping.yaml", "must map option names"),
+    ("train --out {new} --config {files}/broken.yaml", "not valid YAML"),
+    ("train --out {new} --config {files}/nan.yaml", "--lr"),
+    ("train --out {new} --config {files}/nope.yaml", "no such file"),
+    ("train --out {new} --config {files}/nan.yaml --lr 0", "--lr must be > 0"),
     # devices and threads
     ("train --out {new} --max-steps 1 --device foo", "foo"),
     ("train --out {new} --max-steps 1 --device cuda:99", "cuda"),

@@ -141,6 +141,42 @@ def test_signal_saves_a_checkpoint_and_the_run_resumes(data, tmp_path, sig) -> N
     assert f"trained {step + 2} updates" in resumed.stdout
 
 
+def _weights(path: Path) -> dict[str, torch.Tensor]:
+    return torch.load(path, weights_only=True)["model"]
+
+
+def test_a_run_config_reproduces_the_run(data, tmp_path, capsys) -> None:
+    """`--config RUN/config.yaml --out NEW` trains the same weights; flags override the file."""
+    first = tmp_path / "first"
+    assert main(_argv(data, first, "--max-steps", "2", "--lr", "0.003", test=False)) == 0
+    again = tmp_path / "again"
+    assert main(["train", "--config", str(first / "config.yaml"), "--out", str(again)]) == 0
+    [a], [b] = (sorted((d / "checkpoints").glob("step_*.pt")) for d in (first, again))
+    assert a.name == b.name == "step_00000002.pt"
+    assert all(torch.equal(x, y) for x, y in zip(_weights(a).values(), _weights(b).values(),
+                                                  strict=True))
+    assert (again / "config.yaml").read_text() == (first / "config.yaml").read_text()
+    longer = tmp_path / "longer"
+    assert main(["train", "--config", str(first / "config.yaml"), "--out", str(longer),
+                 "--max-steps", "3"]) == 0
+    assert json.loads((longer / "config.yaml").read_text())["max_steps"] == 3
+
+
+def test_yaml_config_and_missing_pyyaml(data, tmp_path, capsys, monkeypatch) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(f"# a run\ntrain_src: {data / 'tr.en'}\ntrain-tgt: {data / 'tr.fr'}\n"
+                      "preset: tiny\nmax_steps: 1\ntime_budget: 0\nlr: 1e-3\nthreads: 1\n")
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
+    stored = json.loads((tmp_path / "run" / "config.yaml").read_text())
+    assert stored["lr"] == 0.001 and stored["preset"] == "tiny"
+    capsys.readouterr()
+    monkeypatch.setitem(sys.modules, "yaml", None)           # PyYAML not installed
+    assert main(["train", "--config", str(config), "--out", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs PyYAML" in err and "bahdanau[yaml]" in err
+    assert not (tmp_path / "other").exists()
+
+
 # ----------------------------------------------------------------------------- the API
 
 
