@@ -305,6 +305,7 @@ def _train(o: TrainOptions) -> int:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise InputError("the train command runs one process; for several GPUs call "
                          "bahdanau.train.train under torchrun (docs/guides/multi-gpu.md)")
+    start = time.perf_counter()
     device = _machine(o)
     search = _search(o)
     out = Path(o.out)
@@ -343,9 +344,9 @@ def _train(o: TrainOptions) -> int:
                                                         "lowercase": o.lowercase},
                                           "options": o.to_record()})
     finished = stop_reason(run)
-    if finished and (out / "metrics.json").is_file():
+    if finished and (not test_pairs or (out / "metrics.json").is_file()):
         print(f"nothing to do: the run in {out} finished at step {run.state.step} "
-              f"({finished}); its results are in {out / 'metrics.json'}")
+              f"({finished}); raise its limit to train on, or score it with bahdanau evaluate")
         return 0
     if stored is not None:
         run.resume_changes = changes                 # in the command line's terms
@@ -363,7 +364,6 @@ def _train(o: TrainOptions) -> int:
                                 batch_size=o.batch_size, device=device)
         return corpus_bleu([h.text for h in hyps], dev_refs)
 
-    start = time.perf_counter()
     result = train_run(run, validate=validate if o.eval_every else None,
                        log=lambda line: print(line, flush=True))
     if result.stopped in ("sigint", "sigterm"):
