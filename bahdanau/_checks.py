@@ -39,9 +39,9 @@ def resolve_device(device: str | torch.device, name: str = "device") -> torch.de
     Returns:
         `torch.device(device)`; "cuda" stays without an index (the current CUDA device).
     Raises:
-        InputError: `device` is neither a str nor a torch.device, torch cannot parse it, or it
-            names CUDA, MPS or XPU while that backend is unavailable, or an index beyond the
-            devices present.
+        InputError: `device` is neither a str nor a torch.device, torch cannot parse it, it is
+            not cpu, CUDA, MPS or XPU (e.g. "meta"), or it names a backend that is unavailable
+            or an index beyond the devices present.
     """
     if not isinstance(device, (str, torch.device)):
         raise InputError(f"{name} must be a device string such as 'cpu' or 'cuda:0', "
@@ -51,6 +51,11 @@ def resolve_device(device: str | torch.device, name: str = "device") -> torch.de
     except RuntimeError:
         raise InputError(f"{name} {str(device)!r} is not a device: expected 'cpu', 'cuda', "
                          f"'cuda:N' or 'mps', for example") from None
+    if resolved.type != "cpu" and resolved.type not in _ACCELERATORS:
+        raise InputError(f"{name} {str(device)!r}: models train and translate on cpu, "
+                         f"{', '.join(_ACCELERATORS)}, not on {resolved.type}")
+    if resolved.type == "cpu" and resolved.index not in (None, 0):
+        raise InputError(f"{name} {str(device)!r}: there is one cpu device, 'cpu'")
     backend = _ACCELERATORS.get(resolved.type)
     if backend is not None:
         module = getattr(torch, resolved.type)
@@ -62,7 +67,6 @@ def resolve_device(device: str | torch.device, name: str = "device") -> torch.de
                              f"{resolved.index}, only {count} ({resolved.type}:0 to "
                              f"{resolved.type}:{count - 1})")
     return resolved
-
 
 
 def shape_str(t: Tensor) -> str:

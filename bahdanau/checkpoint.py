@@ -84,7 +84,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from bahdanau._checks import is_finite_number, is_int
+from bahdanau._checks import is_finite_number, is_int, resolve_device
 from bahdanau.config import DictConfig, ModelConfig, TrainConfig
 from bahdanau.data import Vocab
 from bahdanau.errors import InputError
@@ -145,6 +145,9 @@ def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
     """Write via `write(file)` to a temporary file beside `path`, fsync it, then rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)                 # as open() would create it, not mkstemp's 0600
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -453,6 +456,7 @@ class TrainState(DictConfig):
     best_step: int | None = None       # the step it was measured at
     bad_evals: int = 0                 # evaluations since the last improvement
     elapsed_s: float = 0.0             # training time so far, resumed runs included
+    examples_digest: str | None = None  # sha256 of the training examples' ids (None: unknown)
 
     def __post_init__(self) -> None:
         for name in ("step", "epoch", "position", "bad_evals"):
@@ -466,6 +470,9 @@ class TrainState(DictConfig):
         if metric is not None and (isinstance(metric, bool)
                                    or not isinstance(metric, (int, float))):
             raise InputError(f"TrainState.best_metric must be a number or None, got {metric!r}")
+        if self.examples_digest is not None and not isinstance(self.examples_digest, str):
+            raise InputError(f"TrainState.examples_digest must be a str or None, got "
+                             f"{self.examples_digest!r}")
         if not (is_finite_number(self.elapsed_s) and self.elapsed_s >= 0):
             raise InputError(f"TrainState.elapsed_s must be a finite number >= 0, got "
                              f"{self.elapsed_s!r}")
@@ -755,6 +762,7 @@ def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *
             named), or its weights do not fit its config or are not finite. The message starts
             with the file when `checkpoint` is a path.
     """
+    device = resolve_device(device)
     path = None if isinstance(checkpoint, dict) else checkpoint
     with _named(path):
         payload = upgrade_payload(checkpoint if path is None else load_checkpoint(path))

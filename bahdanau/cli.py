@@ -31,7 +31,8 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -91,10 +92,11 @@ _COMMANDS: dict[str, tuple[type[SearchOptions], str, str]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `bahdanau` command (options from `bahdanau.options`)."""
-    parser = _Parser(prog="bahdanau", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="bahdanau", description=__doc__.split("\n\n")[0], allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (options, helptext, description) in _COMMANDS.items():
-        command = sub.add_parser(name, help=helptext, description=description)
+        command = sub.add_parser(name, help=helptext, description=description,
+                                 allow_abbrev=False)         # --overw is not --overwrite
         if name == "train":
             command.add_argument("--config", metavar="FILE",
                                  help="options from a YAML or JSON file (keys: the option names, "
@@ -112,25 +114,33 @@ def _existing(path: str | None, what: str) -> Path | None:
     p = Path(path)
     if not p.exists():
         raise InputError(f"{what} {path}: no such file")
-    if not p.is_file():
-        raise InputError(f"{what} {path} is not a file")
+    if p.is_dir():                                 # pipes such as /dev/stdin are fine
+        raise InputError(f"{what} {path} is a folder, not a file")
     if not os.access(p, os.R_OK):
         raise InputError(f"{what} {path}: not readable")
     return p
 
 
-def _writable(path: str | None, what: str) -> None:
-    """Refuse, before any work, an output file that cannot be created."""
-    if path is None:
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise InputError(f"{what} {path} is a folder, not a file")
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"{what} {path}: folder {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise InputError(f"{what} {path}: not writable")
+def _check_outputs(outputs: dict[str, str | None], inputs: dict[str, Path | None]) -> None:
+    """Refuse, before any work, an output file that cannot be created, or that is one of the
+    inputs (a checkpoint, a source file) or another output: nothing the user gave is lost."""
+    taken = {os.path.realpath(p): what for what, p in inputs.items() if p is not None}
+    for what, path in outputs.items():
+        if path is None:
+            continue
+        p = Path(path)
+        if p.is_dir():
+            raise InputError(f"{what} {path} is a folder, not a file")
+        parent = p.parent if str(p.parent) else Path(".")
+        if not parent.is_dir():
+            problem = "is not a folder" if parent.exists() else "does not exist"
+            raise InputError(f"{what} {path}: folder {parent} {problem}")
+        if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+            raise InputError(f"{what} {path}: not writable")
+        real = os.path.realpath(p)
+        if real in taken:
+            raise InputError(f"{what} {path} is also {taken[real]}: writing it would destroy it")
+        taken[real] = what
 
 
 def _write_text(path: Path, text: str) -> None:
@@ -203,9 +213,8 @@ def _checkpoint_file(path: str) -> Path:
     return _existing(path, "--checkpoint")
 
 
-def _load(o: DecodeOptions, device: torch.device
+def _load(o: DecodeOptions, path: Path, device: torch.device
           ) -> tuple[torch.nn.Module, Vocab, Vocab, DefaultTokenizer]:
-    path = _checkpoint_file(o.checkpoint)
     with _named(path):
         payload = upgrade_payload(load_checkpoint(path))
         model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=device)
@@ -269,9 +278,7 @@ def _stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file, not a folder")
     config = out / RUN_CONFIG
-    manager = CheckpointManager(out / "checkpoints")
-    holds_run = config.is_file() or manager.latest() is not None or manager.best() is not None
-    if not holds_run or o.overwrite:
+    if not _holds_run(out) or o.overwrite:
         return None
     if not o.resume:
         raise InputError(f"--out {out} holds a run: resume it (without --no-resume), start "
@@ -285,6 +292,31 @@ def _stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
     if not isinstance(stored, dict):
         raise InputError(f"{config} is damaged: it holds a {type(stored).__name__}, not options")
     return stored
+
+
+def _holds_run(out: Path) -> bool:
+    """`out` holds a run: its config.yaml or checkpoints."""
+    manager = CheckpointManager(out / "checkpoints")
+    return (out / RUN_CONFIG).is_file() or bool(manager.latest() or manager.best())
+
+
+@contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """Create `out` and hold a lock on it while inside: a second `train` into the same folder
+    is refused instead of mixing two runs' checkpoints."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "a") as handle:
+        try:
+            import fcntl
+        except ImportError:                               # no advisory locks on this platform
+            yield
+            return
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"--out {out} is in use by another bahdanau train; wait for it "
+                             "to finish or choose another --out") from None
+        yield
 
 
 def _remove_run(out: Path) -> None:
@@ -302,7 +334,7 @@ def _remove_run(out: Path) -> None:
 
 # --------------------------------------------------------------------------------- commands
 def _train(o: TrainOptions) -> int:
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
         raise InputError("the train command runs one process; for several GPUs call "
                          "bahdanau.train.train under torchrun (docs/guides/multi-gpu.md)")
     start = time.perf_counter()
@@ -336,69 +368,73 @@ def _train(o: TrainOptions) -> int:
     if not test_pairs:
         print("no test set: the model is trained and saved but not scored (give --test-src "
               "and --test-tgt to score it)", flush=True)
-    if o.overwrite and out.is_dir():
-        _remove_run(out)
-    run = setup_run(model, examples, tcfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
-                    checkpoint_dir=out / "checkpoints", resume=o.resume and not o.overwrite,
-                    device=device, extra={"tokenizer": {"name": "default",
-                                                        "lowercase": o.lowercase},
-                                          "options": o.to_record()})
-    finished = stop_reason(run)
-    if finished and (not test_pairs or (out / "metrics.json").is_file()):
-        print(f"nothing to do: the run in {out} finished at step {run.state.step} "
-              f"({finished}); raise its limit to train on, or score it with bahdanau evaluate")
-        return 0
-    if stored is not None:
-        run.resume_changes = changes                 # in the command line's terms
-    out.mkdir(parents=True, exist_ok=True)
-    _write_text(out / RUN_CONFIG, json.dumps(o.to_record(), indent=2) + "\n")
-    print(f"data: {len(examples)} training pairs (of {len(train_pairs)}), vocabularies "
-          f"{len(src_vocab)} / {len(tgt_vocab)}; model {o.arch} ({o.preset}), "
-          f"{sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
-    dev_sources = [s for s, _ in dev_pairs[: o.dev_size]]
-    dev_refs = [t for _, t in dev_pairs[: o.dev_size]]
+    with _locked(out):
+        if o.overwrite and _holds_run(out):
+            _remove_run(out)
+        run = setup_run(model, examples, tcfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
+                        checkpoint_dir=out / "checkpoints", resume=o.resume and not o.overwrite,
+                        device=device, extra={"tokenizer": {"name": "default",
+                                                            "lowercase": o.lowercase},
+                                              "options": o.to_record()})
+        finished = stop_reason(run)
+        if finished and (not test_pairs or (out / "metrics.json").is_file()):
+            print(f"nothing to do: the run in {out} finished at step {run.state.step} "
+                  f"({finished}); raise its limit to train on, or score it with bahdanau evaluate")
+            return 0
+        if stored is not None:
+            run.resume_changes = changes                 # in the command line's terms
+        _write_text(out / RUN_CONFIG, json.dumps(o.to_record(), indent=2) + "\n")
+        print(f"data: {len(examples)} training pairs (of {len(train_pairs)}), vocabularies "
+              f"{len(src_vocab)} / {len(tgt_vocab)}; model {o.arch} ({o.preset}), "
+              f"{sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
+        dev_sources = [s for s, _ in dev_pairs[: o.dev_size]]
+        dev_refs = [t for _, t in dev_pairs[: o.dev_size]]
 
-    def validate(m: torch.nn.Module) -> float:
-        hyps = translate_corpus(m, dev_sources, src_vocab, tgt_vocab, tokenizer,
-                                search=BeamSearch(beam_size=1, max_len=o.max_len),
-                                batch_size=o.batch_size, device=device)
-        return corpus_bleu([h.text for h in hyps], dev_refs)
+        def validate(m: torch.nn.Module) -> float:
+            hyps = translate_corpus(m, dev_sources, src_vocab, tgt_vocab, tokenizer,
+                                    search=BeamSearch(beam_size=1, max_len=o.max_len),
+                                    batch_size=o.batch_size, device=device)
+            return corpus_bleu([h.text for h in hyps], dev_refs)
 
-    result = train_run(run, validate=validate if o.eval_every else None,
-                       log=lambda line: print(line, flush=True))
-    if result.stopped in ("sigint", "sigterm"):
-        print(f"stopped by {result.stopped.upper()} at step {result.step}; checkpoint "
-              f"{result.last_checkpoint}; run the same command to continue", flush=True)
-        return 128 + int(getattr(signal, result.stopped.upper()))
-    print(f"trained {result.step} updates, stopped by {result.stopped}, "
-          f"{result.elapsed_s / 60:.1f} min", flush=True)
-    if not test_pairs:
-        print(f"checkpoints: {out / 'checkpoints'}")
+        result = train_run(run, validate=validate if o.eval_every else None,
+                           log=lambda line: print(line, flush=True))
+        if result.stopped in ("sigint", "sigterm", "sighup"):
+            print(f"stopped by {result.stopped.upper()} at step {result.step}; checkpoint "
+                  f"{result.last_checkpoint}; run the same command to continue", flush=True)
+            return 128 + int(getattr(signal, result.stopped.upper()))
+        print(f"trained {result.step} updates, stopped by {result.stopped}, "
+              f"{result.elapsed_s / 60:.1f} min", flush=True)
+        if not test_pairs:
+            print(f"checkpoints: {out / 'checkpoints'}")
+            return 0
+        model.eval()
+        sources, references = [s for s, _ in test_pairs], [t for _, t in test_pairs]
+        metrics, translations = _report(model, sources, references, src_vocab, tgt_vocab, tokenizer,
+                                        o, search, device)
+        _write_text(out / "test.hyp.txt", "".join(t.text + "\n" for t in translations))
+        pick = min(range(len(sources)), key=lambda i: abs(len(tokenizer.tokenize(sources[i])) - 12))
+        plot_note = _plot_one(out / "alignment.png", translations[pick],
+                              tokenizer.tokenize(sources[pick]))
+        metrics.update(updates=result.step, train_minutes=round(result.elapsed_s / 60, 2),
+                       wall_minutes=round((time.perf_counter() - start) / 60, 2),
+                       arch=o.arch, preset=o.preset)
+        _write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+        _print_metrics(metrics)
+        print(f"translations: {out / 'test.hyp.txt'}; {plot_note}; metrics: {out / 'metrics.json'}")
+        print(f"total wall time {metrics['wall_minutes']:.1f} min")
         return 0
-    model.eval()
-    sources, references = [s for s, _ in test_pairs], [t for _, t in test_pairs]
-    metrics, translations = _report(model, sources, references, src_vocab, tgt_vocab, tokenizer,
-                                    o, search, device)
-    _write_text(out / "test.hyp.txt", "".join(t.text + "\n" for t in translations))
-    pick = min(range(len(sources)), key=lambda i: abs(len(tokenizer.tokenize(sources[i])) - 12))
-    plot_note = _plot_one(out / "alignment.png", translations[pick],
-                          tokenizer.tokenize(sources[pick]))
-    metrics.update(updates=result.step, train_minutes=round(result.elapsed_s / 60, 2),
-                   wall_minutes=round((time.perf_counter() - start) / 60, 2),
-                   arch=o.arch, preset=o.preset)
-    _write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-    _print_metrics(metrics)
-    print(f"translations: {out / 'test.hyp.txt'}; {plot_note}; metrics: {out / 'metrics.json'}")
-    print(f"total wall time {metrics['wall_minutes']:.1f} min")
-    return 0
 
 
 def _translate(o: TranslateOptions) -> int:
     device = _machine(o)
     search = _search(o, o.n_best)
     path = _existing(o.input, "--input")
-    _writable(o.alignments, "--alignments")
-    model, src_vocab, tgt_vocab, tokenizer = _load(o, device)
+    checkpoint = _checkpoint_file(o.checkpoint)
+    _check_outputs({"--alignments": o.alignments}, {"--input": path, "--checkpoint": checkpoint})
+    if sys.stdout is None or (path is None and sys.stdin is None):
+        raise InputError("stdin or stdout is closed: translate reads stdin (or --input) and "
+                         "writes stdout")
+    model, src_vocab, tgt_vocab, tokenizer = _load(o, checkpoint, device)
     lines = _sentences(path)
     out = translate_corpus(model, lines, src_vocab, tgt_vocab, tokenizer, search=search,
                            batch_size=o.batch_size, unk_replace=o.unk_replace, device=device)
@@ -425,12 +461,13 @@ def _evaluate(o: EvaluateOptions) -> int:
     device = _machine(o)
     search = _search(o)
     src, ref = _existing(o.src, "--src"), _existing(o.ref, "--ref")
-    _writable(o.output, "--output")
-    _writable(o.json, "--json")
+    checkpoint = _checkpoint_file(o.checkpoint)
+    _check_outputs({"--output": o.output, "--json": o.json},
+                   {"--src": src, "--ref": ref, "--checkpoint": checkpoint})
     sources, references = _sentences(src), read_lines(ref, non_empty=True)
     if len(sources) != len(references):
         raise InputError(f"--src has {len(sources)} lines but --ref has {len(references)}")
-    model, src_vocab, tgt_vocab, tokenizer = _load(o, device)
+    model, src_vocab, tgt_vocab, tokenizer = _load(o, checkpoint, device)
     metrics, out = _report(model, sources, references, src_vocab, tgt_vocab, tokenizer, o,
                            search, device)
     _print_metrics(metrics)
@@ -446,15 +483,20 @@ def _plot(o: PlotOptions) -> int:
 
     device = _machine(o)
     search = _search(o)
-    _writable(o.output, "--output")
+    path = _existing(o.input, "--input")
+    checkpoint = _checkpoint_file(o.checkpoint)
+    _check_outputs({"--output": o.output}, {"--input": path, "--checkpoint": checkpoint})
     check_image_path(o.output)
     sentence = o.sentence
     if sentence is None:
-        lines = read_lines(_existing(o.input, "--input"))
-        if not 1 <= o.line <= len(lines):
-            raise InputError(f"--line {o.line} is outside {o.input} (1..{len(lines)})")
-        sentence = lines[o.line - 1]
-    model, src_vocab, tgt_vocab, tokenizer = _load(o, device)
+        lines = read_lines(path)
+        line = o.line or 1
+        if not 1 <= line <= len(lines):
+            raise InputError(f"--line {line} is outside {o.input} (1..{len(lines)})")
+        sentence = lines[line - 1]
+        if not sentence.strip():
+            raise InputError(f"--input {o.input}: line {line} is empty")
+    model, src_vocab, tgt_vocab, tokenizer = _load(o, checkpoint, device)
     if model.arch == "rnnencdec":
         raise InputError(f"{o.checkpoint} is an RNNencdec model: it has no alignment to plot")
     [translation] = translate_corpus(model, [sentence], src_vocab, tgt_vocab, tokenizer,

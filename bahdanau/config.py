@@ -103,11 +103,11 @@ class ModelConfig(DictConfig):
     def __post_init__(self) -> None:
         for name in ("src_vocab_size", "tgt_vocab_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 5:
+            if not is_int(value) or value < 5:
                 raise InputError(f"{name} must be an int >= 5 (4 specials + 1 word), got {value!r}")
         for name in ("embed_size", "hidden_size", "decoder_size", "align_size", "maxout_size"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not is_int(value) or value < 1:
                 raise InputError(f"{name} must be a positive int, got {value!r}")
         if self.arch not in ARCHS:
             raise InputError(f"arch must be one of {ARCHS}, got {self.arch!r}")

@@ -16,6 +16,7 @@ from typing import Any
 import sacrebleu
 import torch
 
+from bahdanau._checks import is_int, resolve_device
 from bahdanau.data import Tokenizer, Vocab, pad_sources
 from bahdanau.errors import InputError
 from bahdanau.search import BeamSearch, Hypothesis, replace_unk
@@ -182,6 +183,11 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
     config = getattr(model, "config", None)
     if config is not None:  # a model built without a config uses the Vocab ids
         config.check_vocabs(src_vocab, tgt_vocab)
+    if isinstance(sentences, str):
+        raise InputError("sentences must be a list of sentences, not one str")
+    if not (is_int(batch_size) and batch_size >= 1):
+        raise InputError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    device = resolve_device(device)
     if unk_replace and getattr(model, "arch", None) == "rnnencdec":
         raise InputError("unk_replace needs attention weights, which RNNencdec does not have")
     search = search or BeamSearch(beam_size=5)

@@ -43,6 +43,8 @@ __all__ = [
 ]
 
 OnResume = Literal["fixed", "applied", "not_recorded"]
+_INT_MAX = 2**31 - 1     # the largest integer option unless declared otherwise (thread counts,
+                         # lengths and steps are C ints somewhere below)
 
 
 @dataclass(frozen=True)
@@ -154,8 +156,9 @@ def _check_value(field: dataclasses.Field, annotation: Any, value: Any) -> None:
         if value < spec.low or (spec.above and value == spec.low):
             bound = f"> {spec.low:g}" if spec.above else f">= {spec.low:g}"
             raise InputError(f"{name} must be {bound}, got {value!r}")
-    if spec.high is not None and value > spec.high:
-        raise InputError(f"{name} must be <= {spec.high:g}, got {value!r}")
+    high = spec.high if spec.high is not None or base is not int else _INT_MAX
+    if high is not None and value > high:
+        raise InputError(f"{name} must be <= {high:g}, got {value!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type[_Options]) -> None:
@@ -242,10 +245,10 @@ class TrainOptions(SearchOptions):
                                         "(en when no --train-src)", on_resume="fixed")
     tgt_lang: str | None = option(None, "target language of the shipped Multi30k data "
                                         "(fr when no --train-src)", on_resume="fixed")
+    # The training files may move on resume; their examples may not (the run checks a digest).
     train_src: str | None = option(None, "training source file (default: shipped Multi30k)",
-                                   on_resume="fixed", metavar="FILE")
-    train_tgt: str | None = option(None, "training target file", on_resume="fixed",
                                    metavar="FILE")
+    train_tgt: str | None = option(None, "training target file", metavar="FILE")
     dev_src: str | None = option(None, "dev source file (default: shipped Multi30k val when "
                                        "training on it)", metavar="FILE")
     dev_tgt: str | None = option(None, "dev target file", metavar="FILE")
@@ -275,7 +278,7 @@ class TrainOptions(SearchOptions):
                        on_resume="fixed")
     max_steps: int | None = option(None, "stop after this many updates", low=1)
     max_epochs: int | None = option(None, "stop after this many epochs", low=1)
-    time_budget: float = option(12.0, "minutes of training (0: no limit)", low=0)
+    time_budget: float = option(12.0, "minutes of training (0: no limit)", low=0, high=1e9)
     eval_every: int = option(0, "dev BLEU (greedy, --dev-size sentences) every N updates "
                                 "(0: never)", low=0)
     dev_size: int = option(500, "dev sentences scored at each evaluation", low=1)
@@ -312,6 +315,9 @@ class TrainOptions(SearchOptions):
             raise InputError("set --max-steps, --max-epochs or a non-zero --time-budget")
         if not 0 <= self.dropout < 1:
             raise InputError(f"--dropout must be in [0, 1), got {self.dropout!r}")
+        if self.eval_every == 0 and self.dev_src is not None:
+            raise InputError("--dev-src/--dev-tgt are read only for --eval-every N: give it, or "
+                             "leave the dev files out")
         if self.eval_every == 0 and self.patience is not None:
             raise InputError("--patience counts dev evaluations: it needs --eval-every")
 
@@ -370,11 +376,13 @@ class PlotOptions(DecodeOptions):
 
     sentence: str | None = option(None, "the source sentence", metavar="TEXT")
     input: str | None = option(None, "a source file (with --line)", metavar="FILE")
-    line: int = option(1, "1-based line of --input", low=1)
+    line: int | None = option(None, "1-based line of --input (default 1)", low=1)
     output: str = option("alignment.png", "image file to write", metavar="FILE")
 
     def check(self) -> None:
         super().check()
         if (self.sentence is None) == (self.input is None):
             raise InputError("give --sentence or --input (with --line), not both")
+        if self.line is not None and self.input is None:
+            raise InputError("--line picks a line of --input; with --sentence it does nothing")
 

@@ -165,6 +165,10 @@ class BeamSearch:
                              f"got {self.n_best!r}")
         if self.min_len < 0:
             raise InputError(f"min_len must be >= 0, got {self.min_len}")
+        if not isinstance(self.early_stopping, bool):
+            raise InputError(f"early_stopping must be True or False, got {self.early_stopping!r}")
+        if self.max_len > 2**31 - 1:
+            raise InputError(f"max_len must be <= 2**31 - 1, got {self.max_len}")
         if self.max_len < max(self.min_len, 1):
             raise InputError(f"max_len ({self.max_len}) must be >= min_len ({self.min_len}) "
                              f"and >= 1")

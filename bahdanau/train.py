@@ -26,6 +26,7 @@ words for RNNsearch-50.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import signal
 import threading
@@ -36,10 +37,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from bahdanau import functional
+from bahdanau._checks import is_finite_number, resolve_device
 from bahdanau.checkpoint import (
     CheckpointManager,
     TrainState,
@@ -67,6 +70,7 @@ __all__ = [
     "TrainState",
     "checkpoint_payload",
     "evaluate_loss",
+    "examples_digest",
     "load_checkpoint",
     "make_optimizer",
     "model_from_checkpoint",
@@ -83,6 +87,9 @@ __all__ = [
     "validate_run",
 ]
 
+# Ctrl-C, a scheduler's or `kill`'s request, a closed terminal (where the platform has it).
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                      if hasattr(signal, name))
 _LIMITS = ("max_steps", "max_time", "max_epochs")   # stops after which a last evaluation runs
 _AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -238,7 +245,7 @@ class TrainRun:
     is_main: bool = True                    # rank 0: validates, logs and saves
     resumed_from: Path | None = None        # the checkpoint the state came from
     resume_changes: list[str] = field(default_factory=list)  # logged by train_run
-    signal: str = ""                        # "sigint"/"sigterm" once one asked the run to stop
+    signal: str = ""                        # "sigint", "sigterm" or "sighup" once one arrived
     clock: float = field(default_factory=time.monotonic)  # when state.elapsed_s was updated
 
 
@@ -256,6 +263,16 @@ def _tick(run: TrainRun) -> None:
     now = time.monotonic()
     run.state.elapsed_s += now - run.clock
     run.clock = now
+
+
+def examples_digest(examples: Sequence[Example]) -> str:
+    """SHA-256 of the examples' source and target ids, in order: what a resumed run checks to
+    know it trains on the same data (`TrainState.examples_digest`)."""
+    hasher = hashlib.sha256()
+    for ex in examples:
+        hasher.update(np.asarray([len(ex.src), *ex.src, len(ex.tgt), *ex.tgt],
+                                 dtype=np.int64).tobytes())
+    return hasher.hexdigest()
 
 
 def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *,
@@ -281,8 +298,9 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         checkpoint_dir: where checkpoints go; None: no checkpoints.
         resume: continue from the latest checkpoint in `checkpoint_dir`, if any. False needs a
             directory without checkpoints: an earlier run's files are never overwritten. A
-            resumed run keeps the stored optimizer type, batch definition and seed
-            (`TrainConfig.FIXED_ON_RESUME`; a change is refused) and applies every other
+            resumed run keeps its examples (`examples_digest`), the stored optimizer type,
+            batch definition and seed (`TrainConfig.FIXED_ON_RESUME`; a change is refused), and
+            it applies every other
             changed field of `cfg`, listed in `run.resume_changes`; the learning rate is set
             from `cfg` (`TrainConfig.set_hyperparameters`).
         device: where to train.
@@ -301,6 +319,8 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         raise InputError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
     if len(examples) == 0:
         raise InputError("examples is empty")
+    device = resolve_device(device)
+    digest = examples_digest(examples)
     config = (_config_of(model) if checkpoint_dir is not None
               else getattr(_unwrap(model), "config", None))
     if config is not None:  # a model built without a config uses the Vocab ids
@@ -311,6 +331,9 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         if not resume and (manager.latest() or manager.best()):
             raise InputError(f"{checkpoint_dir} holds checkpoints of an earlier run: resume it, "
                              "or start over in another directory (nothing is deleted)")
+        if manager.best() and not manager.latest():
+            raise InputError(f"{checkpoint_dir} holds a best.pt but no numbered checkpoint to "
+                             "resume: its run cannot continue; start over in another directory")
     latest = manager.latest() if manager is not None else None
     payload = None
     changes = []
@@ -321,7 +344,11 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
                 raise InputError("checkpoint has no train_state to resume from")
             if payload["train_config"] is not None:
                 changes = cfg.resume_changes(TrainConfig.from_dict(payload["train_config"]))
-    device = torch.device(device)
+            stored_digest = payload["train_state"].get("examples_digest")
+            if stored_digest not in (None, digest):
+                raise InputError("the training examples differ from those this run was "
+                                 "trained on (other files or contents, another length limit "
+                                 "or tokenisation): a resumed run keeps its data")
     dist = torch.distributed
     distributed = dist.is_available() and dist.is_initialized()
     model.to(device)
@@ -340,8 +367,9 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
             state.best_step = manager.best_step
         if state.position >= len(sampler.epoch_batches(state.epoch)):  # format 1: epoch's end
             state.epoch, state.position = state.epoch + 1, 0
+        state.examples_digest = digest
     else:
-        state = TrainState()
+        state = TrainState(examples_digest=digest)
         torch.manual_seed(cfg.seed)
     step_model: nn.Module = model
     if distributed:
@@ -411,9 +439,13 @@ def validate_run(run: TrainRun, validate: Callable[[nn.Module], float]) -> tuple
     if run.is_main:
         run.model.eval()
         try:
-            metric = float(validate(run.model))
+            metric = validate(run.model)
         finally:
             run.model.train()
+        if not is_finite_number(metric):      # nan would never be beaten, nor beat anything
+            raise InputError(f"validate returned {metric!r}; it must return a finite number "
+                             "(higher is better)")
+        metric = float(metric)
     metric = _broadcast(metric, run.distributed)
     state = run.state
     improved = state.best_metric is None or metric > state.best_metric
@@ -449,8 +481,9 @@ def stop_reason(run: TrainRun) -> str:
     Args:
         run: the run.
     Returns:
-        "sigint" or "sigterm" (`train_run` received that signal), "patience", "max_steps",
-        "max_time" or "max_epochs" (the first limit reached, in that order), or "" if none is.
+        "sigint", "sigterm" or "sighup" (`train_run` received that signal), "patience",
+        "max_steps", "max_time" or "max_epochs" (the first limit reached, in that order), or ""
+        if none is.
         Every rank gets rank 0's answer. The time limit compares `state.elapsed_s`, which the
         other pieces bring up to date.
     """
@@ -472,12 +505,12 @@ def stop_reason(run: TrainRun) -> str:
 
 @contextmanager
 def _stop_on_signals(run: TrainRun, log: Callable[[str], None]) -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM set `run.signal` (so the loop saves and stops at the
-    end of its step) instead of killing the process; a second one acts as usual."""
+    """While inside, SIGINT, SIGTERM and SIGHUP set `run.signal` (so the loop saves and stops at
+    the end of its step) instead of killing the process; a second one acts as usual."""
     if threading.current_thread() is not threading.main_thread():
         yield                                  # handlers can only be set in the main thread
         return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
 
     def request_stop(signum: int, frame: Any) -> None:
         run.signal = signal.Signals(signum).name.lower()
@@ -583,10 +616,10 @@ def train_run(run: TrainRun, *, validate: Callable[[nn.Module], float] | None = 
     """The loop of `train` over a run from `setup_run`.
 
     It first logs where a resumed run starts and what the resume changed
-    (`run.resume_changes`, which a caller may reword). SIGINT and SIGTERM
-    (in the main thread) do not kill it: the step under way finishes, a checkpoint is saved and
-    the result's `stopped` is "sigint" or "sigterm"; a second signal acts as usual. A run that
-    has already reached a limit trains nothing and writes nothing.
+    (`run.resume_changes`, which a caller may reword). SIGINT, SIGTERM and SIGHUP (in the main
+    thread) do not kill it: the step under way finishes, a checkpoint is saved and the result's
+    `stopped` is "sigint", "sigterm" or "sighup"; a second signal acts as usual. A run that has
+    already reached a limit trains nothing and writes nothing.
 
     Args:
         run: the run.

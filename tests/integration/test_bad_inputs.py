@@ -231,6 +231,7 @@ CASES = [
     ("train --length-penalty wu", "invalid choice"),
     ("translate --checkpoint {run} --length-penalty x", "invalid choice"),
     ("train --bogus", "unrecognized arguments"),
+    ("train --out {new} --max-steps 1 --overw", "unrecognized arguments: --overw"),
     ("translate", "--checkpoint is required"),
     ("evaluate --checkpoint {run}", "--src is required"),
     ("evaluate --checkpoint {run} --src {files}/te.en", "--ref is required"),
@@ -260,13 +261,13 @@ CASES = [
     ("train --out {new} --max-steps 1 --train-src {files}/nope.en --train-tgt {files}/tr.fr",
      "no such file"),
     ("train --out {new} --max-steps 1 --train-src {files}/a-folder --train-tgt {files}/tr.fr",
-     "not a file"),
+     "is a folder"),
     ("train --out {new} --max-steps 1 --train-src {files}/empty.txt --train-tgt "
      "{files}/empty.txt", "empty"),
     ("train --out {new} --max-steps 1 --test-src {files}/empty.txt --test-tgt "
      "{files}/empty.txt", "empty"),
-    ("train --out {new} --max-steps 1 --dev-src {files}/empty.txt --dev-tgt {files}/empty.txt",
-     "empty"),
+    ("train --out {new} --max-steps 1 --eval-every 5 --dev-src {files}/empty.txt --dev-tgt "
+     "{files}/empty.txt", "empty"),
     ("train --out {new} --max-steps 1 --train-src {files}/latin1.txt --train-tgt "
      "{files}/latin1.txt", "utf-8"),
     ("train --out {new} --max-steps 1 --train-src {files}/te.en --train-tgt {files}/short.fr",
@@ -316,6 +317,11 @@ CASES = [
     ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --device gpu0",
      "gpu0"),
     ("plot --output {new}.png --checkpoint {run} --sentence a --device cuda", "cuda"),
+    ("train --out {new} --max-steps 1 --device meta", "meta"),
+    ("translate --checkpoint {run} --device vulkan", "vulkan"),
+    ("translate --checkpoint {run} --device cpu:1", "cpu:1"),
+    ("translate --checkpoint {run} --max-len 99999999999999999999", "--max-len"),
+    ("translate --checkpoint {run} --threads 99999999999", "--threads"),
     # checkpoints
     ("translate --checkpoint {files}/nope.pt", "no such file"),
     ("translate --checkpoint {files}/a-folder", "no checkpoint"),
@@ -346,7 +352,23 @@ CASES = [
     ("resume --max-train-len 20", "--max-train-len"),
     ("resume --dropout 0.2", "--dropout"),
     ("resume --gru-form paper", "--gru-form"),
-    ("train --out {run} " + " ".join(TRAIN), "--train-src"),  # the shipped data now
+    ("train --out {run} " + " ".join(TRAIN), "training examples differ"),  # shipped data now
+    # outputs that would destroy an input or each other
+    ("translate --checkpoint {run}/checkpoints/best.pt --input {files}/te.en --alignments "
+     "{run}/checkpoints/best.pt", "would destroy it"),
+    ("translate --checkpoint {run} --input {files}/te.en --alignments {files}/te.en",
+     "would destroy it"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --output "
+     "{files}/te.fr", "would destroy it"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --output "
+     "{files}/te.en", "would destroy it"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --output {new}.txt "
+     "--json {new}.txt", "would destroy it"),
+    ("plot --checkpoint {run} --input {files}/te.en --output {files}/te.en", "would destroy it"),
+    # options that would do nothing
+    ("plot --output {new}.png --checkpoint {run} --sentence a --line 3", "--line"),
+    ("train --out {new} --max-steps 1 --dev-src {files}/te.en --dev-tgt {files}/te.fr",
+     "--eval-every"),
 ]
 
 

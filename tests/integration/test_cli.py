@@ -50,6 +50,7 @@ def test_resume_continues_from_checkpoint(trained, files, capsys) -> None:
     argv = ["train", "--train-src", str(files / "tr.en"), "--train-tgt", str(files / "tr.fr"),
             "--test-src", str(files / "te.en"), "--test-tgt", str(files / "te.fr"),
             "--dev-src", str(files / "te.en"), "--dev-tgt", str(files / "te.fr"),
+            "--eval-every", "3",
             "--preset", "tiny", "--max-steps", "8", "--time-budget", "0", "--out", str(trained),
             "--beam-size", "1", "--max-len", "5", "--threads", "1"]
     assert main(argv) == 0

@@ -104,15 +104,57 @@ def test_own_corpus_without_test_set_is_not_scored(data, tmp_path, capsys) -> No
     assert not (out / "metrics.json").exists() and (out / "checkpoints").is_dir()
 
 
-def test_refuses_several_processes(monkeypatch, tmp_path, capsys) -> None:
-    monkeypatch.setenv("WORLD_SIZE", "2")
+@pytest.mark.parametrize("world_size", ["2", "abc"])
+def test_refuses_several_processes(monkeypatch, tmp_path, capsys, world_size) -> None:
+    monkeypatch.setenv("WORLD_SIZE", world_size)
     assert main(["train", "--out", str(tmp_path / "run"), "--max-steps", "1"]) == 2
     err = capsys.readouterr().err
     assert "runs one process" in err and err.count("\n") == 1
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_resume_refuses_other_data_in_the_same_files(data, tmp_path, capsys) -> None:
+    """Same file names, other contents (the target lines shifted by one, the vocabulary
+    unchanged): the resume is refused; moving the same files elsewhere is not."""
+    own = tmp_path / "data"
+    own.mkdir()
+    for name in ("tr.en", "tr.fr", "te.en", "te.fr"):
+        (own / name).write_bytes((data / name).read_bytes())
+    out = tmp_path / "run"
+    assert main(_argv(own, out, "--max-steps", "1")) == 0
+    before = _files(out)
+    lines = (own / "tr.fr").read_text().splitlines()
+    (own / "tr.fr").write_text("\n".join(lines[1:] + lines[:1]) + "\n")
+    capsys.readouterr()
+    assert main(_argv(own, out, "--max-steps", "2")) == 2
+    err = capsys.readouterr().err
+    assert "training examples differ" in err and err.count("\n") == 1
+    assert _files(out) == before
+    assert main(_argv(data, out, "--max-steps", "2")) == 0       # the same data, moved
+    assert "trained 2 updates" in capsys.readouterr().out
+
+
+def test_a_second_train_into_the_same_folder_is_refused(data, tmp_path, capsys) -> None:
+    import fcntl
+
+    out = tmp_path / "run"
+    out.mkdir()
+    with open(out / ".lock", "a") as held:                   # another process's run
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        assert main(_argv(data, out, "--max-steps", "1")) == 2
+    assert "in use by another bahdanau train" in capsys.readouterr().err
+    assert not (out / "checkpoints").exists() and not (out / "config.yaml").exists()
+
+
+def test_overwrite_keeps_a_folder_without_a_run(data, tmp_path) -> None:
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "model.bin").write_text("the user's own")
+    assert main(_argv(data, out, "--max-steps", "1", "--overwrite")) == 0
+    assert (out / "checkpoints" / "model.bin").read_text() == "the user's own"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_saves_a_checkpoint_and_the_run_resumes(data, tmp_path, sig) -> None:
     """SIGTERM / SIGINT during training: the step finishes, a checkpoint is saved, the exit
     status is 128 + the signal, and the same command continues from that step."""
@@ -194,6 +236,22 @@ def _model(src: Vocab, tgt: Vocab):
     return build_model(presets.tiny(len(src), len(tgt)))
 
 
+def test_api_refuses_a_best_without_numbered_checkpoints(examples, tmp_path) -> None:
+    """A folder whose numbered checkpoints were deleted keeps an old best.pt: a new run there
+    would be judged against it (and leave it as "best"), so it is refused."""
+    exs, src, tgt = examples
+    cfg = TrainConfig(batch_size=10, max_steps=2, eval_every=1, log_every=1)
+    train(_model(src, tgt), exs, cfg, src_vocab=src, tgt_vocab=tgt, checkpoint_dir=tmp_path,
+          validate=lambda m: 1.0, log=lambda _: None)
+    for step in tmp_path.glob("step_*.pt"):
+        step.unlink()
+    before = _files(tmp_path)
+    with pytest.raises(InputError, match="best.pt but no numbered checkpoint"):
+        setup_run(_model(src, tgt), exs, cfg, src_vocab=src, tgt_vocab=tgt,
+                  checkpoint_dir=tmp_path)
+    assert _files(tmp_path) == before
+
+
 def test_api_resume_applies_lr_and_refuses_fixed_fields(examples, tmp_path) -> None:
     exs, src, tgt = examples
     cfg = TrainConfig(optimizer="adam", lr=1e-3, batch_size=10, max_steps=2, log_every=1)
@@ -213,3 +271,12 @@ def test_api_resume_applies_lr_and_refuses_fixed_fields(examples, tmp_path) -> N
     assert run.resume_changes == ["lr: 0.001 -> 0.0005", "clip_norm: 1.0 -> 2.0",
                                   "max_steps: 2 -> 3"]
     assert [g["lr"] for g in run.optimizer.param_groups] == [5e-4]
+
+
+def test_api_refuses_a_validate_that_returns_nan(examples, tmp_path) -> None:
+    """A nan dev score would never be beaten: best.pt would stay the first model for good."""
+    exs, src, tgt = examples
+    cfg = TrainConfig(batch_size=10, max_steps=2, eval_every=1, log_every=1)
+    with pytest.raises(InputError, match="validate returned nan"):
+        train(_model(src, tgt), exs, cfg, src_vocab=src, tgt_vocab=tgt,
+              validate=lambda m: float("nan"), log=lambda _: None)

@@ -25,9 +25,16 @@ def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
 
 
-@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), "meta"])
+@pytest.mark.parametrize("device", ["cpu", torch.device("cpu"), "cpu:0"])
 def test_devices_that_always_exist(device, no_gpu) -> None:
     assert resolve_device(device) == torch.device(device)
+
+
+@pytest.mark.parametrize(("device", "match"), [("meta", "not on meta"), ("vulkan", "not on vulkan"),
+                                               ("cpu:1", "one cpu device")])
+def test_devices_models_cannot_run_on(device, match) -> None:
+    with pytest.raises(InputError, match=match):
+        resolve_device(device)
 
 
 @pytest.mark.parametrize("text", ["foo", "", "CUDA", " cuda", "cuda:x", "cuda:-1", "cuda:0:1",

@@ -398,3 +398,24 @@ def test_an_encoder_without_checks_is_checked_by_the_model() -> None:
         for entry in ENTRY_POINTS.values():
             with pytest.raises(InputError, match=f"^{message}"):
                 entry(model, src, lengths)
+
+
+def test_api_refusals_found_by_the_reliability_audit() -> None:
+    """Arguments that once gave a silent wrong answer or a raw exception."""
+    from bahdanau import DefaultTokenizer, ModelConfig, Vocab, translate_corpus
+
+    model, vocab = MODELS["fast"], Vocab([f"w{i}" for i in range(V - 4)])
+    for kwargs, match in (({"batch_size": -1}, "batch_size must be an int >= 1"),
+                          ({"batch_size": 0}, "batch_size must be an int >= 1"),
+                          ({"device": "gpu"}, "device 'gpu' is not a device"),
+                          ({"device": "meta"}, "not on meta")):
+        with pytest.raises(InputError, match=match):
+            translate_corpus(model, ["w1 w2"], vocab, vocab, DefaultTokenizer(), **kwargs)
+    with pytest.raises(InputError, match="not one str"):
+        translate_corpus(model, "w1 w2", vocab, vocab, DefaultTokenizer())
+    with pytest.raises(InputError, match="early_stopping must be True or False"):
+        BeamSearch(early_stopping="no")
+    with pytest.raises(InputError, match="max_len must be <="):
+        BeamSearch(max_len=10**30)
+    with pytest.raises(InputError, match="embed_size must be a positive int, got True"):
+        ModelConfig(src_vocab_size=16, tgt_vocab_size=16, embed_size=True)

@@ -31,6 +31,7 @@ from bahdanau.search import BeamSearch
 from bahdanau.train import (
     TrainConfig,
     evaluate_loss,
+    examples_digest,
     make_optimizer,
     run_step,
     save_run,
@@ -506,7 +507,8 @@ def test_train_early_stopping_and_best(tmp_path) -> None:
     cfg = TrainConfig(batch_size=8, max_steps=50, eval_every=2, save_every=100, patience=2,
                       log_every=100)
     model = _model()
-    result = train(model, _examples(40), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+    examples = _examples(40)
+    result = train(model, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
                    checkpoint_dir=tmp_path, validate=validate, log=lambda s: None,
                    extra={"tokenizer": {"lowercase": True}})
     assert modes == [False] * 4 and model.training
@@ -519,7 +521,7 @@ def test_train_early_stopping_and_best(tmp_path) -> None:
     assert last["train_state"]["step"] == 8 and last["extra"] == {"tokenizer": {"lowercase": True}}
     assert TrainState.from_dict(last["train_state"]) == TrainState(
         step=8, epoch=1, position=3, best_metric=2.0, best_step=4, bad_evals=2,
-        elapsed_s=last["train_state"]["elapsed_s"])
+        elapsed_s=last["train_state"]["elapsed_s"], examples_digest=examples_digest(examples))
 
 
 def test_train_time_budget_and_token_batches() -> None:
