@@ -484,14 +484,19 @@ def stop_reason(run: TrainRun) -> str:
         "sigint", "sigterm" or "sighup" (`train_run` received that signal), "patience",
         "max_steps", "max_time" or "max_epochs" (the first limit reached, in that order), or ""
         if none is.
-        Every rank gets rank 0's answer. The time limit compares `state.elapsed_s`, which the
-        other pieces bring up to date.
+        Every rank gets the same answer (a signal to any rank, or any rank's time limit, counts
+        for all). The time limit compares `state.elapsed_s`, which the other pieces bring up to
+        date.
     """
     cfg, state = run.cfg, run.state
+    signalled = signal.Signals[run.signal.upper()].value if run.signal else 0
     out_of_time = cfg.max_time_s is not None and state.elapsed_s >= cfg.max_time_s
-    signal_name, out_of_time = _broadcast((run.signal, out_of_time), run.distributed)
-    if signal_name:
-        return signal_name
+    if run.distributed:           # one small all-reduce: any rank's signal stops every rank
+        agreed = torch.tensor([signalled, int(out_of_time)], device=run.device)
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
+        signalled, out_of_time = int(agreed[0]), bool(agreed[1])
+    if signalled:
+        return signal.Signals(signalled).name.lower()
     if cfg.patience is not None and state.bad_evals >= cfg.patience:
         return "patience"
     if cfg.max_steps is not None and state.step >= cfg.max_steps:
