@@ -269,7 +269,7 @@ class CheckpointManager:
     _TEMP_FILE = re.compile(r"^\.(step_\d+\.pt|best\.pt|best\.json)\..+\.tmp$")  # _atomic_write's
 
     def __init__(self, directory: str | os.PathLike[str], *, keep_last: int = 3) -> None:
-        if not isinstance(keep_last, int) or keep_last < 1:
+        if not is_int(keep_last) or keep_last < 1:
             raise InputError(f"keep_last must be a positive int, got {keep_last!r}")
         self.directory = Path(directory)
         self.keep_last = keep_last
@@ -350,7 +350,7 @@ class CheckpointManager:
         Raises:
             InputError: a negative step, or a payload `save_checkpoint` refuses.
         """
-        if not isinstance(step, int) or step < 0:
+        if not is_int(step) or step < 0:
             raise InputError(f"step must be a non-negative int, got {step!r}")
         if self.directory.is_dir():  # temporary files left by a run killed mid-write
             for stale in self.directory.iterdir():

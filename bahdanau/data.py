@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import unicodedata
 from collections import Counter
@@ -33,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from bahdanau._checks import is_int
 from bahdanau.datasets import read_lines
 from bahdanau.errors import InputError
 
@@ -73,6 +75,8 @@ class Vocab:
     """
 
     def __init__(self, tokens: Iterable[str], *, specials: Sequence[str] = SPECIALS) -> None:
+        if isinstance(tokens, str):
+            raise InputError("tokens must be a list of tokens, not one str")
         specials = tuple(specials)
         if len(specials) != 4:
             raise InputError(f"specials must be (pad, bos, eos, unk), got {specials!r}")
@@ -107,12 +111,15 @@ class Vocab:
         Raises:
             InputError: `max_size` < 1 or `min_freq` < 1.
         """
-        if max_size is not None and (not isinstance(max_size, int) or max_size < 1):
+        if max_size is not None and (not is_int(max_size) or max_size < 1):
             raise InputError(f"max_size must be a positive int or None, got {max_size!r}")
-        if not isinstance(min_freq, int) or min_freq < 1:
+        if not is_int(min_freq) or min_freq < 1:
             raise InputError(f"min_freq must be a positive int, got {min_freq!r}")
         counts: Counter[str] = Counter()
         for tokens in token_lists:
+            if isinstance(tokens, str):
+                raise InputError("Vocab.build takes token lists (tokenize each sentence first), "
+                                 f"got the str {tokens[:40]!r}")
             counts.update(tokens)
         for special in specials:
             counts.pop(special, None)
@@ -188,7 +195,10 @@ class Vocab:
             ids = ids.tolist()
         out = []
         for i in ids:
-            i = int(i)
+            try:
+                i = operator.index(i)                # ints and numpy ints; not 4.7
+            except TypeError:
+                raise InputError(f"ids must be integers, got {i!r}") from None
             if strip_specials:
                 if i == self.eos_id:
                     break
@@ -396,7 +406,7 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: 
     Raises:
         InputError: `max_len` < 1, or a side tokenises to nothing (the pair index is named).
     """
-    if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
+    if max_len is not None and (not is_int(max_len) or max_len < 1):
         raise InputError(f"max_len must be a positive int or None, got {max_len!r}")
     src_tok, tgt_tok = tokenizer if isinstance(tokenizer, tuple) else (tokenizer, tokenizer)
     examples = []

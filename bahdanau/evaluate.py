@@ -44,6 +44,9 @@ class LengthBucket:
 
 
 def _check_parallel(hypotheses: Sequence[str], references: Sequence[str]) -> None:
+    for name, texts in (("hypotheses", hypotheses), ("references", references)):
+        if isinstance(texts, str):
+            raise InputError(f"{name} must be a list of sentences, not one str")
     if len(hypotheses) != len(references):
         raise InputError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     if not hypotheses:
@@ -97,7 +100,8 @@ def bleu_by_length(source_lengths: Sequence[int], hypotheses: Sequence[str],
     _check_parallel(hypotheses, references)
     if len(source_lengths) != len(hypotheses):
         raise InputError(f"{len(source_lengths)} source lengths for {len(hypotheses)} sentences")
-    if list(edges) != sorted(set(edges)) or (edges and edges[0] <= 0):
+    if (not all(is_int(e) for e in edges) or list(edges) != sorted(set(edges))
+            or (edges and edges[0] <= 0)):
         raise InputError(f"edges must be increasing positive ints, got {list(edges)}")
     bounds = [0, *edges]
     buckets = []

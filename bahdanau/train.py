@@ -183,6 +183,9 @@ def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
     else:
         loss.backward()
     params = [p for group in optimizer.param_groups for p in group["params"]]
+    if all(p.grad is None for p in params):
+        raise InputError("the optimizer holds none of the parameters the loss depends on: "
+                         "build it from this model's parameters")
     max_norm = clip_norm if clip_norm is not None else math.inf
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     if scaler is not None:

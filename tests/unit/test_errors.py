@@ -419,3 +419,40 @@ def test_api_refusals_found_by_the_reliability_audit() -> None:
         BeamSearch(max_len=10**30)
     with pytest.raises(InputError, match="embed_size must be a positive int, got True"):
         ModelConfig(src_vocab_size=16, tgt_vocab_size=16, embed_size=True)
+
+
+def test_api_silent_wrongs_found_by_the_reliability_audit() -> None:
+    """Calls that once returned a plausible wrong answer now raise InputError."""
+    from bahdanau import (
+        CheckpointManager,
+        DefaultTokenizer,
+        Example,
+        Vocab,
+        collate,
+        corpus_bleu,
+        encode_pairs,
+        train_step,
+    )
+    from bahdanau.evaluate import bleu_by_length
+
+    with pytest.raises(InputError, match="token lists"):
+        Vocab.build(["a dog", "a cat"])                    # a character vocabulary before
+    with pytest.raises(InputError, match="not one str"):
+        Vocab("abc")
+    with pytest.raises(InputError, match="not one str"):
+        corpus_bleu("abc", "abd")
+    with pytest.raises(InputError, match="ids must be integers, got 4.7"):
+        Vocab(["a", "b"]).decode([4.7])
+    assert Vocab(["a", "b"]).decode(torch.tensor([4, 5])) == ["a", "b"]
+    for call in (lambda: Vocab.build([["a"]], max_size=True),
+                 lambda: encode_pairs([("a", "b")], Vocab(["a"]), Vocab(["b"]),
+                                      DefaultTokenizer(), max_len=True),
+                 lambda: CheckpointManager("unused", keep_last=True),
+                 lambda: bleu_by_length(["a"], ["a"], [1], edges=(10.5, 20))):
+        with pytest.raises(InputError):
+            call()
+    model = MODELS["fast"]
+    other = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
+    batch = collate([Example(0, [5, 6], [7]), Example(1, [8], [9, 10])])
+    with pytest.raises(InputError, match="none of the parameters"):
+        train_step(model, batch, other)
