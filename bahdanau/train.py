@@ -644,6 +644,8 @@ def train_run(run: TrainRun, *, validate: Callable[[nn.Module], float] | None = 
                          elapsed_s=state.elapsed_s, start_step=state.step)
     with _stop_on_signals(run, log):
         stopped = _loop(run, validate, log, result)
+    if run.distributed:          # every rank returns once rank 0 has written the last checkpoint
+        torch.distributed.barrier()
     result.step, result.epoch, result.stopped = state.step, state.epoch, stopped
     result.elapsed_s = state.elapsed_s
     result.best_metric, result.best_step = state.best_metric, state.best_step
