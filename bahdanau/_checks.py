@@ -7,7 +7,9 @@ this machine has.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -24,6 +26,45 @@ def is_finite_number(value: object) -> bool:
     """True for a finite int or float that is not a bool (nan and inf are not)."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value))
+
+
+def describe(value: object) -> str:
+    """The type and a short repr of a value, for the end of an error message."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 60 else text[:57] + '...'}"
+
+
+def check_type(name: str, value: object, types: type | tuple[type, ...], expected: str) -> None:
+    """`value` must be an instance of `types`; else InputError "`name` must be `expected`"."""
+    if not isinstance(value, types):
+        raise InputError(f"{name} must be {expected}, got {describe(value)}")
+
+
+def check_path(name: str, value: object) -> Path:
+    """A path argument (a str or os.PathLike, not empty) as a `Path`."""
+    if not isinstance(value, (str, os.PathLike)) or not os.fspath(value):
+        raise InputError(f"{name} must be a path (a non-empty str or os.PathLike), "
+                         f"got {describe(value)}")
+    return Path(value)
+
+
+def check_strings(name: str, values: object) -> None:
+    """A sequence of str (a list of sentences), not one str and no other items."""
+    if isinstance(values, str):
+        raise InputError(f"{name} must be a list of str, not one str")
+    if isinstance(values, bytes) or not isinstance(values, Sequence):
+        raise InputError(f"{name} must be a list of str, got {describe(values)}")
+    for i, value in enumerate(values):
+        if not isinstance(value, str):
+            raise InputError(f"{name}[{i}] must be a str, got {describe(value)}")
+
+
+def check_tokenizer(name: str, tokenizer: object) -> None:
+    """An instance with `tokenize` and `detokenize` methods (a `bahdanau.Tokenizer`)."""
+    if isinstance(tokenizer, type) or not all(
+            callable(getattr(tokenizer, method, None)) for method in ("tokenize", "detokenize")):
+        raise InputError(f"{name} must be a tokenizer instance with tokenize() and detokenize() "
+                         f"(e.g. DefaultTokenizer()), got {describe(tokenizer)}")
 
 
 # Accelerators whose torch module (torch.cuda, torch.mps, torch.xpu) says what is usable here.
@@ -75,13 +116,17 @@ def shape_str(t: Tensor) -> str:
 
 def check_tensor(name: str, t: object, ndim: int, *, integer: bool = False,
                  floating: bool = False, boolean: bool = False) -> Tensor:
-    """Check type, rank and dtype family of an argument; return it typed as a Tensor."""
+    """Check type, rank and dtype family of an argument; return it typed as a Tensor.
+
+    `integer` means int64 or int32, the index dtypes that embedding and gather accept.
+    """
     if not isinstance(t, Tensor):
         raise InputError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise InputError(f"{name} must have {ndim} dims, got shape {shape_str(t)}")
-    if integer and (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool):
-        raise InputError(f"{name} must hold integer token ids, got dtype {t.dtype}")
+    if integer and t.dtype not in (torch.int64, torch.int32):
+        raise InputError(f"{name} must hold integers of dtype torch.int64 (or torch.int32), "
+                         f"got dtype {t.dtype}")
     if floating and not t.dtype.is_floating_point:
         raise InputError(f"{name} must be floating point, got dtype {t.dtype}")
     if boolean and t.dtype != torch.bool:
@@ -98,10 +143,18 @@ def check_dims(what: str, pairs: Sequence[tuple[str, Tensor, int, int]]) -> None
             )
 
 
+def check_has_values(name: str, t: Tensor) -> None:
+    """A tensor whose values a check reads: not on the meta device, which holds none."""
+    if t.device.type == "meta":
+        raise InputError(f"{name} is on the meta device, which holds no values to check; "
+                         "pass check=False to trace shapes")
+
+
 def check_token_ids(name: str, ids: Tensor, vocab_size: int) -> None:
     """Token ids must lie in [0, vocab_size)."""
     if ids.numel() == 0:
         return
+    check_has_values(name, ids)
     low, high = int(ids.min()), int(ids.max())
     if low < 0 or high >= vocab_size:
         bad = low if low < 0 else high
@@ -133,11 +186,25 @@ def check_lengths(name: str, lengths: Tensor, batch: int, max_len: int, *,
         raise InputError(f"{name}: the batch is padded to length 0, so no sequence has a token")
     if not values:
         return
+    check_has_values(name, lengths)
     low, high = int(lengths.min()), int(lengths.max())
     if low < 1:
         raise InputError(f"{name} holds length {low}: every sequence needs at least one token")
     if high > max_len:
         raise InputError(f"{name} holds length {high}, longer than the padded length {max_len}")
+
+
+def check_end_padding(name: str, ids: Tensor, pad_id: int) -> Tensor:
+    """(B, T) ids with pad_id only at the end of each row and at least one real token per row;
+    returns the (B,) counts of real tokens."""
+    real = ids != pad_id
+    token_after_pad = ~real[:, :-1] & real[:, 1:]
+    if bool(token_after_pad.any()):
+        row, pos = (int(i) for i in torch.nonzero(token_after_pad)[0])
+        raise InputError(f"{name} row {row} has pad_id (={pad_id}) at position {pos} before a "
+                         "token: padding must come only at the end of a row")
+    check_mask_rows(name, real)
+    return real.sum(dim=1)
 
 
 def check_padding(name: str, ids: Tensor, lengths: Tensor, pad_id: int) -> None:

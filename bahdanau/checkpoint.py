@@ -73,7 +73,6 @@ import os
 import random
 import re
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -84,7 +83,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from bahdanau._checks import is_finite_number, is_int, resolve_device
+from bahdanau._checks import check_path, describe, is_finite_number, is_int, resolve_device
+from bahdanau._files import atomic_write
 from bahdanau.config import DictConfig, ModelConfig, TrainConfig
 from bahdanau.data import Vocab
 from bahdanau.errors import InputError
@@ -128,38 +128,6 @@ def _check_payload(obj: Any, where: str) -> None:
     )
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. directories cannot be opened on Windows
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    """Write via `write(file)` to a temporary file beside `path`, fsync it, then rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)                 # as open() would create it, not mkstemp's 0600
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
 def _feed(hasher: Any, obj: Any) -> None:
     """Add `obj` to `hasher` as the module docstring's digest walk says."""
     if isinstance(obj, Tensor):
@@ -193,14 +161,15 @@ def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> No
     `digest` entry of `payload`; `payload` itself is not changed.
 
     Raises:
-        InputError: the payload holds something `load_checkpoint` could not read back (the entry
-            is named); nothing is written then.
+        InputError: `path` is not a path or is a directory, or the payload holds something
+            `load_checkpoint` could not read back (the entry is named); nothing is written then.
     """
+    path = check_path("path", path)
     if not isinstance(payload, dict):
-        raise InputError(f"payload must be a dict, got {type(payload).__name__}")
+        raise InputError(f"payload must be a dict, got {describe(payload)}")
     _check_payload(payload, "payload")
     stored = {**payload, "digest": _digest(payload)}
-    _atomic_write(Path(path), lambda f: torch.save(stored, f))
+    atomic_write(path, lambda f: torch.save(stored, f))
 
 
 def load_checkpoint(path: str | os.PathLike[str], *,
@@ -215,10 +184,11 @@ def load_checkpoint(path: str | os.PathLike[str], *,
         version) loads unchecked.
     Raises:
         FileNotFoundError: no such file.
-        InputError: the file is truncated, corrupt, not a checkpoint dict, or damaged: its
-            contents do not match the digest stored in it (the file is named first).
+        InputError: `path` is not a path, or the file is truncated, corrupt, not a checkpoint
+            dict, or damaged: its contents do not match the digest stored in it (the file is
+            named first).
     """
-    path = Path(path)
+    path = check_path("path", path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file {path}")
     try:
@@ -266,12 +236,12 @@ class CheckpointManager:
     """
 
     _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
-    _TEMP_FILE = re.compile(r"^\.(step_\d+\.pt|best\.pt|best\.json)\..+\.tmp$")  # _atomic_write's
+    _TEMP_FILE = re.compile(r"^\.(step_\d+\.pt|best\.pt|best\.json)\..+\.tmp$")  # atomic_write's
 
     def __init__(self, directory: str | os.PathLike[str], *, keep_last: int = 3) -> None:
         if not is_int(keep_last) or keep_last < 1:
             raise InputError(f"keep_last must be a positive int, got {keep_last!r}")
-        self.directory = Path(directory)
+        self.directory = check_path("directory", directory)
         self.keep_last = keep_last
         self.best_metric: float | None = None
         self.best_step: int | None = None
@@ -387,13 +357,13 @@ class CheckpointManager:
     def _record_best(self, path: Path, metric: float, step: int) -> None:
         """Copy `path` to ``best.pt`` (durable), then record `metric` and `step` in best.json."""
         with open(path, "rb") as source:
-            _atomic_write(self.directory / "best.pt",
+            atomic_write(self.directory / "best.pt",
                           lambda f: shutil.copyfileobj(source, f, 1 << 22))
         self._write_best_json(metric, step)
 
     def _write_best_json(self, metric: float, step: int) -> None:
         info = json.dumps({"metric": metric, "step": step}).encode()
-        _atomic_write(self.directory / "best.json", lambda f: f.write(info))
+        atomic_write(self.directory / "best.json", lambda f: f.write(info))
         self.best_metric, self.best_step = metric, step
         self._recorded = (metric, step)
 
@@ -763,6 +733,9 @@ def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *
             with the file when `checkpoint` is a path.
     """
     device = resolve_device(device)
+    if not isinstance(checkpoint, (dict, str, os.PathLike)):
+        raise InputError(f"checkpoint must be a file path or a payload dict, "
+                         f"got {describe(checkpoint)}")
     path = None if isinstance(checkpoint, dict) else checkpoint
     with _named(path):
         payload = upgrade_payload(checkpoint if path is None else load_checkpoint(path))

@@ -41,9 +41,9 @@ import torch
 
 from bahdanau import presets
 from bahdanau._checks import resolve_device
+from bahdanau._files import atomic_write
 from bahdanau.checkpoint import (
     CheckpointManager,
-    _atomic_write,
     _named,
     load_checkpoint,
     model_from_checkpoint,
@@ -146,7 +146,7 @@ def _check_outputs(outputs: dict[str, str | None], inputs: dict[str, Path | None
 def _write_text(path: Path, text: str) -> None:
     """Write a result file atomically: a crash leaves the old file or the new one."""
     data = text.encode("utf-8")
-    _atomic_write(path, lambda f: f.write(data))
+    atomic_write(path, lambda f: f.write(data))
 
 
 def _pairs(src: str, tgt: str, split: str) -> list[tuple[str, str]]:

@@ -19,13 +19,14 @@ L maxout units, V vocabulary, K beam, N decoder rows (B, or B*K with K beams per
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import torch
 from typing_extensions import Self
 
-from bahdanau._checks import is_finite_number, is_int
+from bahdanau._checks import describe, is_finite_number, is_int
 from bahdanau.data import Vocab
 from bahdanau.errors import InputError
 
@@ -64,12 +65,20 @@ class DictConfig:
         Keys of `_removed_fields` (fields that older versions wrote) are dropped; any other
         unknown key raises `InputError`.
         """
-        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        if not isinstance(data, Mapping):
+            raise InputError(f"{cls.__name__}.from_dict needs a dict, got {describe(data)}")
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        known = {f.name for f in fields}
         data = {k: v for k, v in data.items() if k not in cls._removed_fields}
-        unknown = sorted(set(data) - known)
+        unknown = sorted(set(data) - known, key=str)
         if unknown:
             raise InputError(f"unknown {cls.__name__} fields {unknown}; "
                              f"known fields: {sorted(known)}")
+        missing = [f.name for f in fields if f.name not in data
+                   and f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING]
+        if missing:
+            raise InputError(f"{cls.__name__} fields {missing} are missing")
         return cls(**data)
 
 
@@ -124,7 +133,7 @@ class ModelConfig(DictConfig):
             )
         if self.gru_form not in GRU_FORMS:
             raise InputError(f"gru_form must be one of {GRU_FORMS}, got {self.gru_form!r}")
-        if not 0.0 <= self.dropout < 1.0:
+        if not (is_finite_number(self.dropout) and 0.0 <= self.dropout < 1.0):
             raise InputError(f"dropout must be in [0, 1), got {self.dropout!r}")
         specials = {name: getattr(self, name) for name in SPECIAL_IDS}
         if len(set(specials.values())) != len(specials):
@@ -206,10 +215,9 @@ class TrainConfig(DictConfig):
         for name, value in positive_floats.items():
             if value is not None and not (is_finite_number(value) and value > 0):
                 raise InputError(f"{name} must be a positive finite number or None, got {value!r}")
-        if not isinstance(self.rho, (int, float)) or not 0.0 < self.rho < 1.0:
+        if not (is_finite_number(self.rho) and 0.0 < self.rho < 1.0):
             raise InputError(f"rho must be in (0, 1), got {self.rho!r}")
-        if not isinstance(self.label_smoothing, (int, float)) or not (
-                0.0 <= self.label_smoothing < 1.0):
+        if not (is_finite_number(self.label_smoothing) and 0.0 <= self.label_smoothing < 1.0):
             raise InputError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
         positive_ints = {"batch_size": self.batch_size, "bucket": self.bucket,
                          "eval_every": self.eval_every, "save_every": self.save_every,

@@ -27,14 +27,14 @@ import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from bahdanau._checks import is_int
+from bahdanau._checks import check_path, check_tokenizer, check_type, describe, is_int
+from bahdanau._files import atomic_write
 from bahdanau.datasets import read_lines
 from bahdanau.errors import InputError
 
@@ -222,18 +222,22 @@ class Vocab:
         return cls(data["tokens"], specials=data["specials"])
 
     def save(self, path: str | os.PathLike[str]) -> None:
-        """Write `to_dict()` as UTF-8 JSON, one token per line."""
+        """Write `to_dict()` as UTF-8 JSON, one token per line (atomically: a crash leaves the
+        old file or the new one)."""
+        path = check_path("path", path)
         data = self.to_dict()
         body = ",\n".join(json.dumps(t, ensure_ascii=False) for t in data["tokens"])
         text = ('{\n"specials": ' + json.dumps(data["specials"], ensure_ascii=False)
                 + ',\n"tokens": [\n' + body + "\n]\n}\n")
-        Path(path).write_text(text, encoding="utf-8")
+        encoded = text.encode("utf-8")
+        atomic_write(path, lambda f: f.write(encoded))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Vocab:
         """Read a file written by `save`; InputError naming the file if it is not one."""
+        path = check_path("path", path)
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = json.loads(path.read_text(encoding="utf-8"))
             return cls.from_dict(data)
         except (ValueError, UnicodeDecodeError) as err:
             raise InputError(f"{path}: not a vocabulary file ({err})") from None
@@ -367,8 +371,9 @@ def read_parallel(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike[
             named), truncated or damaged gzip data, or an empty file with `non_empty`.
         OSError: a file cannot be opened or read.
     """
-    src_lines = read_lines(src_path, non_empty=non_empty)
-    tgt_lines = read_lines(tgt_path, non_empty=non_empty)
+    src_file, tgt_file = check_path("src_path", src_path), check_path("tgt_path", tgt_path)
+    src_lines = read_lines(src_file, non_empty=non_empty)
+    tgt_lines = read_lines(tgt_file, non_empty=non_empty)
     if len(src_lines) != len(tgt_lines):
         raise InputError(
             f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}: "
@@ -390,6 +395,14 @@ class Example:
     tgt: list[int]   # target ids, no bos/eos
 
 
+def check_examples(name: str, examples: Sequence[object]) -> None:
+    """Every item of `examples` must be an `Example` (the error names the first that is not)."""
+    for i, example in enumerate(examples):
+        if not isinstance(example, Example):
+            raise InputError(f"{name}[{i}] must be a bahdanau.Example (see encode_pairs), "
+                             f"got {describe(example)}")
+
+
 def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: Vocab,
                  tokenizer: Tokenizer | tuple[Tokenizer, Tokenizer], *,
                  max_len: int | None = None) -> list[Example]:
@@ -408,9 +421,18 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: 
     """
     if max_len is not None and (not is_int(max_len) or max_len < 1):
         raise InputError(f"max_len must be a positive int or None, got {max_len!r}")
+    check_type("src_vocab", src_vocab, Vocab, "a Vocab")
+    check_type("tgt_vocab", tgt_vocab, Vocab, "a Vocab")
     src_tok, tgt_tok = tokenizer if isinstance(tokenizer, tuple) else (tokenizer, tokenizer)
+    check_tokenizer("tokenizer", src_tok)
+    check_tokenizer("tokenizer", tgt_tok)
     examples = []
-    for index, (src_text, tgt_text) in enumerate(pairs):
+    for index, pair in enumerate(pairs):
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+                and all(isinstance(text, str) for text in pair)):
+            raise InputError(f"pair {index} must be a (source, target) pair of str, "
+                             f"got {describe(pair)}")
+        src_text, tgt_text = pair
         src_tokens, tgt_tokens = src_tok.tokenize(src_text), tgt_tok.tokenize(tgt_text)
         for side, tokens, text in (("source", src_tokens, src_text),
                                    ("target", tgt_tokens, tgt_text)):
@@ -487,13 +509,20 @@ def collate(examples: Sequence[Example]) -> Batch:
     Returns:
         The `Batch`.
     Raises:
-        InputError: no examples, or an example with an empty source.
+        InputError: no examples, an item that is not an `Example`, an example with an empty
+            source, or ids that are not ints.
     """
     if len(examples) == 0:
         raise InputError("collate needs at least one example")
+    check_examples("examples", examples)
     for ex in examples:
         if not ex.src:
             raise InputError(f"example {ex.index} has an empty source")
+        for side, ids in (("src", ex.src), ("tgt", ex.tgt)):
+            if not (isinstance(ids, (list, tuple)) and all(is_int(i) for i in ids)):
+                # torch.tensor would truncate floats and read True as 1: a silent wrong batch
+                raise InputError(f"example {ex.index}: {side} must be a list of int token ids, "
+                                 f"got {describe(ids)}")
     pad_id, bos_id, eos_id = Vocab.pad_id, Vocab.bos_id, Vocab.eos_id
     src, lengths = pad_sources([ex.src for ex in examples], pad_id)                # (B, S)
     t = max(len(ex.tgt) for ex in examples) + 1
@@ -567,10 +596,12 @@ class BucketBatchSampler:
         if batch_size is None and max_tokens is None:
             raise InputError("set batch_size, max_tokens, or both")
         for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
-            if value is not None and (not isinstance(value, int) or value < 1):
+            if value is not None and (not is_int(value) or value < 1):
                 raise InputError(f"{name} must be a positive int or None, got {value!r}")
-        if not isinstance(bucket, int) or bucket < 1:
+        if not is_int(bucket) or bucket < 1:
             raise InputError(f"bucket must be a positive int, got {bucket!r}")
+        if not (is_int(seed) or isinstance(seed, np.integer)):
+            raise InputError(f"seed must be an int, got {describe(seed)}")
         if num_replicas is None or rank is None:
             dist = torch.distributed
             initialised = dist.is_available() and dist.is_initialized()
@@ -578,9 +609,9 @@ class BucketBatchSampler:
                 num_replicas = dist.get_world_size() if initialised else 1
             if rank is None:
                 rank = dist.get_rank() if initialised else 0
-        if num_replicas < 1:
-            raise InputError(f"num_replicas must be >= 1, got {num_replicas}")
-        if not 0 <= rank < num_replicas:
+        if not is_int(num_replicas) or num_replicas < 1:
+            raise InputError(f"num_replicas must be an int >= 1, got {num_replicas!r}")
+        if not is_int(rank) or not 0 <= rank < num_replicas:
             raise InputError(f"rank must be in [0, {num_replicas}), got {rank}")
         self._lengths = _lengths(lengths)
         if len(self._lengths) < num_replicas:

@@ -99,11 +99,12 @@ def decode_lines(data: bytes, source: str, *, non_empty: bool = False) -> list[s
     Raises:
         InputError: naming `source`: truncated or damaged gzip data (bad header, CRC-32 or
             length mismatch, trailing bytes that are not gzip), text that is not valid UTF-8
-            (with the 1-based line), or no line while `non_empty` is set.
-        TypeError: `data` is a str, not bytes.
+            (with the 1-based line), or no line while `non_empty` is set; `data` that is not
+            bytes (e.g. a str).
     """
-    if isinstance(data, str):
-        raise TypeError("decode_lines takes bytes (e.g. sys.stdin.buffer.read()), got str")
+    if not isinstance(data, (bytes, bytearray)):
+        raise InputError(f"decode_lines takes bytes (e.g. sys.stdin.buffer.read()), "
+                         f"got {type(data).__name__}")
     if data[:2] == _GZIP_MAGIC:
         data = _gunzip(data, source)
     try:

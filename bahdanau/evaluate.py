@@ -16,7 +16,13 @@ from typing import Any
 import sacrebleu
 import torch
 
-from bahdanau._checks import is_int, resolve_device
+from bahdanau._checks import (
+    check_strings,
+    check_tokenizer,
+    check_type,
+    is_int,
+    resolve_device,
+)
 from bahdanau.data import Tokenizer, Vocab, pad_sources
 from bahdanau.errors import InputError
 from bahdanau.search import BeamSearch, Hypothesis, replace_unk
@@ -44,9 +50,8 @@ class LengthBucket:
 
 
 def _check_parallel(hypotheses: Sequence[str], references: Sequence[str]) -> None:
-    for name, texts in (("hypotheses", hypotheses), ("references", references)):
-        if isinstance(texts, str):
-            raise InputError(f"{name} must be a list of sentences, not one str")
+    check_strings("hypotheses", hypotheses)
+    check_strings("references", references)
     if len(hypotheses) != len(references):
         raise InputError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     if not hypotheses:
@@ -180,15 +185,20 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
     Returns:
         One `Translation` per sentence, in input order.
     Raises:
-        InputError: an empty sentence, `unk_replace` with RNNencdec, or vocabularies whose
-            sizes or special ids differ from `model.config` (see `ModelConfig.check_vocabs`);
-            all before any decoding.
+        InputError: an argument of the wrong type, an empty sentence, `unk_replace` with
+            RNNencdec, or vocabularies whose sizes or special ids differ from `model.config`
+            (see `ModelConfig.check_vocabs`); all before any decoding.
     """
+    check_type("model", model, torch.nn.Module, "a torch.nn.Module such as RNNSearch")
+    check_type("src_vocab", src_vocab, Vocab, "a Vocab")
+    check_type("tgt_vocab", tgt_vocab, Vocab, "a Vocab")
+    check_tokenizer("tokenizer", tokenizer)
+    if search is not None:
+        check_type("search", search, BeamSearch, "a BeamSearch or None")
     config = getattr(model, "config", None)
     if config is not None:  # a model built without a config uses the Vocab ids
         config.check_vocabs(src_vocab, tgt_vocab)
-    if isinstance(sentences, str):
-        raise InputError("sentences must be a list of sentences, not one str")
+    check_strings("sentences", sentences)
     if not (is_int(batch_size) and batch_size >= 1):
         raise InputError(f"batch_size must be an int >= 1, got {batch_size!r}")
     device = resolve_device(device)

@@ -16,10 +16,12 @@ from torch import Tensor, nn
 from bahdanau import functional
 from bahdanau._checks import (
     check_dims,
+    check_end_padding,
     check_lengths,
     check_padding,
     check_tensor,
     check_token_ids,
+    check_type,
 )
 from bahdanau.attention import AdditiveAttention, LuongAttention
 from bahdanau.config import ENGINES, ModelConfig
@@ -63,6 +65,7 @@ class RNNSearch(nn.Module):
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> RNNSearch:
         """Build the model described by `cfg`, with the paper's initialisation."""
+        check_type("cfg", cfg, ModelConfig, "a ModelConfig")
         cfg = replace(cfg, arch=cls.arch)
         encoder = BiRNNEncoder(cfg.src_vocab_size, cfg.embed_size, cfg.hidden_size,
                                pad_id=cfg.pad_id, dropout=cfg.dropout, gru_form=cfg.gru_form)
@@ -107,8 +110,9 @@ class RNNSearch(nn.Module):
         """Every check of `forward` and `loss` on a batch, the value checks included.
 
         The value checks (lengths in [1, S] and agreeing with the padding, so no row is all
-        padding; ids in the vocabularies) read the tensors' contents, a device sync. In eager
-        mode `forward`, `loss` and `translate` run this once per batch unless told `check=False`.
+        padding; ids in the vocabularies; targets padded only at the end, a real input for every
+        target) read the tensors' contents, a device sync. In eager mode `forward`, `loss` and
+        `translate` run this once per batch unless told `check=False`.
         Under `torch.compile` and `torch.export` the value checks stay out of the graph: code that
         calls a compiled or exported model calls this first, once per batch, in eager code.
 
@@ -123,6 +127,25 @@ class RNNSearch(nn.Module):
                 check_token_ids(name, ids, self.decoder.vocab_size)
         if tgt_in is not None and tgt_out is not None:
             _check_same_shape(tgt_in, tgt_out)
+        if tgt_in is not None:
+            self._check_target_padding(tgt_in, tgt_out)
+
+    def _check_target_padding(self, tgt_in: Tensor, tgt_out: Tensor | None) -> None:
+        """Targets are real tokens then padding, at least one per row, and every scored
+        position of tgt_out has a real input in tgt_in (tgt_in may run one longer, with eos as
+        its last input, as in the common `full[:, :-1]`, `full[:, 1:]` split)."""
+        if tgt_in.shape[1] == 0:
+            raise InputError(f"tgt_in has shape {tuple(tgt_in.shape)}: no target positions")
+        pad_id = self.decoder.pad_id
+        inputs = check_end_padding("tgt_in", tgt_in, pad_id)                     # (B,)
+        if tgt_out is None:
+            return
+        targets = check_end_padding("tgt_out", tgt_out, pad_id)                  # (B,)
+        short = targets > inputs
+        if bool(short.any()):
+            row = int(torch.nonzero(short)[0])
+            raise InputError(f"tgt_out row {row} has {int(targets[row])} targets but tgt_in "
+                             f"only {int(inputs[row])} inputs: a target at a padded input")
 
     def _check_source(self, src: Tensor, src_lengths: Tensor) -> None:
         """The encoder's `check_inputs`, or, for an encoder without one, lengths in [1, S]
@@ -254,4 +277,5 @@ def _attention(cfg: ModelConfig) -> AdditiveAttention | LuongAttention:
 
 def build_model(cfg: ModelConfig) -> RNNSearch:
     """Build `RNNSearch` or `RNNEncDec` according to `cfg.arch`."""
+    check_type("cfg", cfg, ModelConfig, "a ModelConfig (e.g. bahdanau.presets.small(V_src, V_tgt))")
     return (RNNEncDec if cfg.arch == "rnnencdec" else RNNSearch).from_config(cfg)

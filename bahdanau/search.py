@@ -30,7 +30,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from bahdanau._checks import check_lengths, check_tensor, is_finite_number, is_int
+from bahdanau._checks import check_lengths, check_tensor, check_type, is_finite_number, is_int
 from bahdanau.data import Vocab
 from bahdanau.errors import InputError
 
@@ -215,6 +215,7 @@ class BeamSearch:
             InputError: empty batch or bad shapes; with `check`, what `model.encode` refuses
                 (empty sentences, lengths that disagree with the padding, ids out of range).
         """
+        check_type("model", model, torch.nn.Module, "a torch.nn.Module such as RNNSearch")
         check_tensor("src", src, 2, integer=True)
         if src.shape[0] == 0 or src.shape[1] == 0:
             raise InputError(f"src has shape {tuple(src.shape)}: nothing to translate")

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from bahdanau import functional
-from bahdanau._checks import is_finite_number, resolve_device
+from bahdanau._checks import check_type, is_finite_number, resolve_device
 from bahdanau.checkpoint import (
     CheckpointManager,
     TrainState,
@@ -57,7 +57,7 @@ from bahdanau.checkpoint import (
     upgrade_payload,
 )
 from bahdanau.config import TrainConfig
-from bahdanau.data import Batch, BucketBatchSampler, Example, Vocab, collate
+from bahdanau.data import Batch, BucketBatchSampler, Example, Vocab, check_examples, collate
 from bahdanau.errors import InputError
 
 __all__ = [
@@ -96,6 +96,8 @@ _AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """Adadelta(lr, rho, eps) as in the paper, or Adam(lr, eps) (fused where torch supports it)."""
+    check_type("model", model, nn.Module, "a torch.nn.Module")
+    check_type("cfg", cfg, TrainConfig, "a TrainConfig")
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "adadelta":
         return torch.optim.Adadelta(params, lr=cfg.learning_rate, rho=cfg.rho, eps=cfg.eps)
@@ -318,10 +320,15 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
             fixed `cfg` field (the file first, then what is wrong). Nothing is trained and no
             file is written then.
     """
+    check_type("model", model, nn.Module, "a torch.nn.Module such as RNNSearch")
+    check_type("cfg", cfg, TrainConfig, "a TrainConfig")
     if cfg.max_steps is None and cfg.max_epochs is None and cfg.max_time_s is None:
         raise InputError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
     if len(examples) == 0:
         raise InputError("examples is empty")
+    check_examples("examples", examples)
+    check_type("src_vocab", src_vocab, Vocab, "a Vocab")
+    check_type("tgt_vocab", tgt_vocab, Vocab, "a Vocab")
     device = resolve_device(device)
     digest = examples_digest(examples)
     config = (_config_of(model) if checkpoint_dir is not None

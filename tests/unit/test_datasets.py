@@ -230,7 +230,7 @@ def test_invalid_utf8_on_stdin_names_it_and_the_line(data: bytes, line: int) -> 
 
 
 def test_decode_lines_refuses_str() -> None:
-    with pytest.raises(TypeError, match="bytes"):
+    with pytest.raises(InputError, match="bytes"):
         decode_lines("a\n", "<stdin>")                    # type: ignore[arg-type]
 
 

@@ -39,7 +39,8 @@ TGT = torch.tensor([[1, 5], [1, 6]])
 
 
 @pytest.mark.parametrize(("src", "lengths", "tgt", "match"), [
-    (SRC.float(), LENGTHS, TGT, "src must hold integer token ids"),
+    (SRC.float(), LENGTHS, TGT, "src must hold integers of dtype torch.int64"),
+    (SRC.to(torch.uint8), LENGTHS, TGT, r"src must hold .* got dtype torch.uint8"),
     (SRC[None], LENGTHS, TGT, "src must have 2 dims"),
     (SRC, LENGTHS[:1], TGT, r"src_lengths has shape \(1,\), expected \(2,\)"),
     (SRC, torch.tensor([3, 0]), TGT, "at least one token"),
@@ -73,6 +74,30 @@ def test_lengths_must_agree_with_the_padding(model, src, match) -> None:
         model(src, LENGTHS, TGT)
     with pytest.raises(ValueError, match=match):
         model.translate(src, LENGTHS, beam_size=2, max_len=3)
+
+
+PADDED_IN = torch.tensor([[1, 5, 6], [1, 7, 0]])
+PADDED_OUT = torch.tensor([[5, 6, 2], [7, 2, 0]])
+
+
+@pytest.mark.parametrize(("tgt_in", "tgt_out", "match"), [
+    (PADDED_IN, torch.tensor([[5, 0, 2], [7, 2, 0]]), "tgt_out row 0 has pad_id .* position 1"),
+    (PADDED_IN, torch.tensor([[5, 6, 2], [7, 2, 9]]), "tgt_out row 1 has 3 targets but tgt_in "
+                                                      "only 2 inputs"),
+    (torch.tensor([[1, 0, 6], [1, 7, 0]]), PADDED_OUT, "tgt_in row 0 has pad_id .* position 1"),
+    (torch.tensor([[1, 5, 6], [0, 0, 0]]), PADDED_OUT, r"tgt_in .* no real token: rows \[1\]"),
+    (PADDED_IN, torch.tensor([[5, 6, 2], [0, 0, 0]]), r"tgt_out .* no real token: rows \[1\]"),
+])
+def test_targets_are_padded_only_at_the_end(model, tgt_in, tgt_out, match) -> None:
+    """A pad inside a target would silently drop that position from the loss."""
+    assert torch.isfinite(model.loss(SRC, LENGTHS, PADDED_IN, PADDED_OUT)[0])
+    # the common split of one padded row, full[:, :-1] and full[:, 1:], feeds eos as a last
+    # input with no target: allowed
+    full = torch.tensor([[1, 5, 6, 2], [1, 7, 2, 0]])
+    assert model.loss(SRC, LENGTHS, full[:, :-1], full[:, 1:])[1] == 5
+    with pytest.raises(InputError, match=match):
+        model.loss(SRC, LENGTHS, tgt_in, tgt_out)
+    model.loss(SRC, LENGTHS, tgt_in, tgt_out, check=False)    # the flag skips value checks
 
 
 def test_loss_shape_mismatch(model) -> None:
@@ -282,7 +307,8 @@ def test_target_ids_out_of_range(model_name, entry, tgt_in, tgt_out, message) ->
 def value_checks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     """Records (check, tensor name) for every value check any bahdanau module runs: those that
     read a tensor's contents. `check_lengths` counts only when it reads the lengths."""
-    names = ("check_lengths", "check_mask_rows", "check_padding", "check_token_ids")
+    names = ("check_end_padding", "check_lengths", "check_mask_rows", "check_padding",
+             "check_token_ids")
     originals = {name: getattr(_checks, name) for name in names}
     calls: list[tuple[str, str]] = []
 
@@ -304,12 +330,14 @@ def value_checks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
 SOURCE_CHECKS = [("check_lengths", "src_lengths"), ("check_token_ids", "src"),
                  ("check_padding", "src")]
+TARGET_IN_CHECKS = [("check_end_padding", "tgt_in")]
 
 
 @pytest.mark.parametrize("model_name", MODELS)
 @pytest.mark.parametrize(("entry", "expected"), [
-    ("forward", [*SOURCE_CHECKS, ("check_token_ids", "tgt_in")]),
-    ("loss", [*SOURCE_CHECKS, ("check_token_ids", "tgt_in"), ("check_token_ids", "tgt_out")]),
+    ("forward", [*SOURCE_CHECKS, ("check_token_ids", "tgt_in"), *TARGET_IN_CHECKS]),
+    ("loss", [*SOURCE_CHECKS, ("check_token_ids", "tgt_in"), ("check_token_ids", "tgt_out"),
+              *TARGET_IN_CHECKS, ("check_end_padding", "tgt_out")]),
     ("translate", SOURCE_CHECKS),
 ])
 def test_value_checks_run_once_per_batch(value_checks, model_name, entry, expected) -> None:
@@ -354,7 +382,7 @@ def _as_tensor(result) -> torch.Tensor:
 
 @pytest.mark.parametrize("entry", ENTRY_POINTS)
 @pytest.mark.parametrize(("src", "lengths", "match"), [
-    (SRC.float(), LENGTHS, "src must hold integer token ids"),
+    (SRC.float(), LENGTHS, "src must hold integers of dtype torch.int64"),
     (SRC, LENGTHS[:1], r"src_lengths has shape \(1,\), expected \(2,\)"),
     (SRC, LENGTHS.float(), "src_lengths must hold integer"),
     (SRC[:, :0], LENGTHS, "padded to length 0|nothing to translate"),
@@ -456,3 +484,117 @@ def test_api_silent_wrongs_found_by_the_reliability_audit() -> None:
     batch = collate([Example(0, [5, 6], [7]), Example(1, [8], [9, 10])])
     with pytest.raises(InputError, match="none of the parameters"):
         train_step(model, batch, other)
+
+
+def _wrong_type_calls(tmp_path) -> list[tuple[str, object, str]]:
+    """(case, call, expected message) for arguments of the wrong Python type at the public
+    entry points: each once raised TypeError or AttributeError from deep inside."""
+    from bahdanau import (
+        CheckpointManager,
+        DefaultTokenizer,
+        Example,
+        ModelConfig,
+        TrainConfig,
+        Vocab,
+        build_model,
+        collate,
+        corpus_scores,
+        encode_pairs,
+        load_checkpoint,
+        make_optimizer,
+        model_from_checkpoint,
+        read_parallel,
+        save_checkpoint,
+        translate_corpus,
+    )
+    from bahdanau.data import BucketBatchSampler
+    from bahdanau.train import setup_run
+
+    model, vocab = MODELS["fast"], Vocab([f"w{i}" for i in range(V - 4)])
+    tok = DefaultTokenizer()
+    cfg = TrainConfig(max_steps=1)
+    return [
+        ("build_model None", lambda: build_model(None), "cfg must be a ModelConfig"),
+        ("build_model dict", lambda: build_model({"src_vocab_size": 9}),
+         "cfg must be a ModelConfig .*got dict"),
+        ("from_config dict", lambda: RNNSearch.from_config({}), "cfg must be a ModelConfig"),
+        ("ModelConfig.from_dict list", lambda: ModelConfig.from_dict([]),
+         "ModelConfig.from_dict needs a dict, got list"),
+        ("ModelConfig.from_dict missing", lambda: ModelConfig.from_dict({"embed_size": 8}),
+         r"ModelConfig fields \['src_vocab_size', 'tgt_vocab_size'\] are missing"),
+        ("TrainConfig.from_dict str", lambda: TrainConfig.from_dict("lr=1"),
+         "TrainConfig.from_dict needs a dict, got str"),
+        ("ModelConfig dropout str", lambda: ModelConfig(9, 9, dropout="0.1"),
+         "dropout must be in"),
+        ("TrainConfig rho nan", lambda: TrainConfig(rho=float("nan")), "rho must be in"),
+        ("make_optimizer cfg dict", lambda: make_optimizer(model, {"optimizer": "adam"}),
+         "cfg must be a TrainConfig"),
+        ("make_optimizer model", lambda: make_optimizer("model", cfg),
+         "model must be a torch.nn.Module"),
+        ("BeamSearch model", lambda: BeamSearch()(object(), SRC, LENGTHS),
+         "model must be a torch.nn.Module"),
+        ("collate lists", lambda: collate([[5, 6]]),
+         r"examples\[0\] must be a bahdanau.Example"),
+        ("collate str ids", lambda: collate([Example(0, ["a"], [5])]),
+         "example 0: src must be a list of int token ids"),
+        ("collate float ids", lambda: collate([Example(0, [5], [6.5])]),
+         "example 0: tgt must be a list of int token ids"),
+        ("encode_pairs tokenizer None", lambda: encode_pairs([("a", "b")], vocab, vocab, None),
+         "tokenizer must be a tokenizer instance"),
+        ("encode_pairs tokenizer class",
+         lambda: encode_pairs([("a", "b")], vocab, vocab, DefaultTokenizer),
+         "tokenizer must be a tokenizer instance"),
+        ("encode_pairs pair str", lambda: encode_pairs(["a b"], vocab, vocab, tok),
+         r"pair 0 must be a \(source, target\) pair of str"),
+        ("encode_pairs vocab path", lambda: encode_pairs([("a", "b")], "v.json", vocab, tok),
+         "src_vocab must be a Vocab"),
+        ("read_parallel None", lambda: read_parallel(None, "b"), "src_path must be a path"),
+        ("read_parallel int", lambda: read_parallel("a", 3), "tgt_path must be a path"),
+        ("Vocab.load int", lambda: Vocab.load(3), "path must be a path"),
+        ("Vocab.save dir", lambda: vocab.save(tmp_path), "is a directory"),
+        ("sampler seed str", lambda: BucketBatchSampler([3, 4], seed="x"),
+         "seed must be an int, got str"),
+        ("sampler rank float", lambda: BucketBatchSampler([3, 4], num_replicas=2, rank=0.5),
+         "rank must be in"),
+        ("translate_corpus None item",
+         lambda: translate_corpus(model, ["w1", None], vocab, vocab, tok),
+         r"sentences\[1\] must be a str, got NoneType"),
+        ("translate_corpus tokenizer class",
+         lambda: translate_corpus(model, ["w1"], vocab, vocab, DefaultTokenizer),
+         "tokenizer must be a tokenizer instance"),
+        ("translate_corpus search int",
+         lambda: translate_corpus(model, ["w1"], vocab, vocab, tok, search=5),
+         "search must be a BeamSearch or None"),
+        ("translate_corpus model", lambda: translate_corpus(None, ["w1"], vocab, vocab, tok),
+         "model must be a torch.nn.Module"),
+        ("corpus_scores None item", lambda: corpus_scores(["a", None], ["a", "b"]),
+         r"hypotheses\[1\] must be a str, got NoneType"),
+        ("load_checkpoint int", lambda: load_checkpoint(5), "path must be a path"),
+        ("model_from_checkpoint list", lambda: model_from_checkpoint([1]),
+         "checkpoint must be a file path or a payload dict, got list"),
+        ("save_checkpoint to a directory", lambda: save_checkpoint(tmp_path, {}),
+         "is a directory, not a file"),
+        ("CheckpointManager None", lambda: CheckpointManager(None),
+         "directory must be a path"),
+        ("setup_run tuples", lambda: setup_run(model, [(0, [5], [6])], cfg, src_vocab=vocab,
+                                               tgt_vocab=vocab),
+         r"examples\[0\] must be a bahdanau.Example"),
+        ("setup_run cfg dict", lambda: setup_run(model, [Example(0, [5], [6])], {},
+                                                 src_vocab=vocab, tgt_vocab=vocab),
+         "cfg must be a TrainConfig"),
+        ("forward uint8 src", lambda: model(SRC.to(torch.uint8), LENGTHS, TGT),
+         "src must hold integers of dtype torch.int64"),
+        ("forward meta lengths", lambda: model(SRC, LENGTHS.to("meta"), TGT),
+         "src_lengths is on the meta device"),
+    ]
+
+
+def test_wrong_python_types_are_one_line_input_errors(tmp_path) -> None:
+    """Every wrong-typed argument is an InputError naming it, never a raw TypeError or
+    AttributeError, and nothing is written."""
+    before = sorted(tmp_path.iterdir())
+    for case, call, match in _wrong_type_calls(tmp_path):
+        with pytest.raises(InputError, match=match) as info:
+            call()
+        assert "\n" not in str(info.value), case
+    assert sorted(tmp_path.iterdir()) == before

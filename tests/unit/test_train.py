@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from training_fixtures import random_examples, tiny_model
 
 from bahdanau import checkpoint as checkpoint_module
 from bahdanau.checkpoint import (
@@ -25,8 +26,6 @@ from bahdanau.checkpoint import (
 from bahdanau.cli import main
 from bahdanau.data import DefaultTokenizer, Example, Vocab, collate
 from bahdanau.evaluate import translate_corpus
-from bahdanau.models import build_model
-from bahdanau.presets import tiny
 from bahdanau.search import BeamSearch
 from bahdanau.train import (
     TrainConfig,
@@ -51,21 +50,6 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def _examples(n: int, seed: int = 0) -> list[Example]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        s, t = torch.randint(1, 7, (2,), generator=g).tolist()
-        out.append(Example(i, torch.randint(4, 16, (s,), generator=g).tolist(),
-                           torch.randint(4, 16, (t,), generator=g).tolist()))
-    return out
-
-
-def _model(seed: int = 0, **changes):
-    torch.manual_seed(seed)
-    return build_model(replace(tiny(), **changes))
 
 
 def _equal_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -107,7 +91,7 @@ def test_train_config_rejects_bad_values(field: str, value: object) -> None:
 
 
 def test_make_optimizer() -> None:
-    model = _model()
+    model = tiny_model()
     opt = make_optimizer(model, TrainConfig())
     assert isinstance(opt, torch.optim.Adadelta)
     group = opt.param_groups[0]
@@ -122,8 +106,8 @@ def test_make_optimizer() -> None:
 
 
 def test_train_step_matches_hand_computed_adadelta() -> None:
-    model, reference = _model(), _model()
-    batch = collate(_examples(5))
+    model, reference = tiny_model(), tiny_model()
+    batch = collate(random_examples(5))
     clip, rho, eps, lr = 0.5, 0.95, 1e-6, 1.0
     # Expected: gradient of (summed loss / B), clipped to norm 0.5, one Adadelta update from zero
     # state: v = (1 - rho) g^2, delta = sqrt(eps) / sqrt(v + eps) * g, p <- p - lr * delta.
@@ -150,16 +134,16 @@ def test_train_step_matches_hand_computed_adadelta() -> None:
 
 
 def test_train_step_clips_gradient_norm() -> None:
-    model = _model()
+    model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    stats = train_step(model, collate(_examples(6)), opt, clip_norm=1e-3)
+    stats = train_step(model, collate(random_examples(6)), opt, clip_norm=1e-3)
     assert stats.grad_norm > 1e-3
     clipped = math.sqrt(sum(float((p.grad ** 2).sum()) for p in model.parameters()))
     assert clipped == pytest.approx(1e-3, rel=1e-3)
 
 
 def test_train_step_skips_non_finite_gradient() -> None:
-    model = _model()
+    model = tiny_model()
     with torch.no_grad():
         model.encoder.embedding.weight[5:].fill_(float("nan"))
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -171,8 +155,8 @@ def test_train_step_skips_non_finite_gradient() -> None:
 
 
 def test_train_step_bf16_autocast_close_to_float32() -> None:
-    batch = collate(_examples(6))
-    full, half = _model(), _model()
+    batch = collate(random_examples(6))
+    full, half = tiny_model(), tiny_model()
     fp32 = train_step(full, batch, torch.optim.SGD(full.parameters(), lr=0.1))
     bf16 = train_step(half, batch, torch.optim.SGD(half.parameters(), lr=0.1),
                       amp_dtype=torch.bfloat16)
@@ -183,8 +167,8 @@ def test_train_step_bf16_autocast_close_to_float32() -> None:
 
 
 def test_evaluate_loss_per_token_and_mode_restored() -> None:
-    model = _model(dropout=0.3)
-    examples = _examples(9)
+    model = tiny_model(dropout=0.3)
+    examples = random_examples(9)
     batches = [collate(examples[:4]), collate(examples[4:])]
     model.eval()
     with torch.no_grad():
@@ -294,15 +278,15 @@ def _payload(model, optimizer=None, vocab=VOCAB):
 
 
 def test_payload_round_trip_rebuilds_model(tmp_path) -> None:
-    model = _model(1)
+    model = tiny_model(1)
     opt = make_optimizer(model, TrainConfig())
-    train_step(model, collate(_examples(4)), opt)
+    train_step(model, collate(random_examples(4)), opt)
     save_checkpoint(tmp_path / "c.pt", _payload(model, opt))
     payload = load_checkpoint(tmp_path / "c.pt")
     rebuilt, src_vocab, tgt_vocab = model_from_checkpoint(tmp_path / "c.pt")
     assert _equal_weights(rebuilt, model) and src_vocab == VOCAB == tgt_vocab
     assert TrainConfig.from_dict(payload["train_config"]) == TrainConfig()
-    other = _model(2)
+    other = tiny_model(2)
     other_opt = make_optimizer(other, TrainConfig())
     state = restore(payload, other, other_opt, src_vocab=VOCAB, tgt_vocab=VOCAB)
     assert _equal_weights(other, model)
@@ -311,17 +295,17 @@ def test_payload_round_trip_rebuilds_model(tmp_path) -> None:
 
 
 def test_restore_refuses_other_vocabulary() -> None:
-    payload = _payload(_model())
+    payload = _payload(tiny_model())
     other = Vocab([f"w{i}" for i in range(11)] + ["z"])
     with pytest.raises(ValueError, match=r"tgt_vocab: id 15 is 'w11' in the checkpoint but 'z'"):
-        restore(payload, _model(), src_vocab=VOCAB, tgt_vocab=other)
+        restore(payload, tiny_model(), src_vocab=VOCAB, tgt_vocab=other)
     with pytest.raises(ValueError, match="src_vocab: checkpoint has 16 entries, given .* 17"):
-        restore(payload, _model(), src_vocab=Vocab([f"w{i}" for i in range(13)]))
+        restore(payload, tiny_model(), src_vocab=Vocab([f"w{i}" for i in range(13)]))
 
 
 def test_restore_refuses_other_model_config() -> None:
-    payload = _payload(_model())
-    target = _model(hidden_size=10)
+    payload = _payload(tiny_model())
+    target = tiny_model(hidden_size=10)
     before = {k: v.clone() for k, v in target.state_dict().items()}
     with pytest.raises(ValueError, match="hidden_size: checkpoint 8 vs given 10"):
         restore(payload, target)
@@ -370,9 +354,9 @@ def _format_1(payload: dict, *, epoch: int, position: int) -> dict:
 
 
 def test_format_1_checkpoint_loads_for_translate_and_evaluate(tmp_path, capsys) -> None:
-    model = _model(3)
+    model = tiny_model(3)
     opt = make_optimizer(model, TrainConfig())
-    train_step(model, collate(_examples(4)), opt)
+    train_step(model, collate(random_examples(4)), opt)
     payload = checkpoint_payload(model, src_vocab=VOCAB, tgt_vocab=VOCAB, optimizer=opt,
                                  train_state=TrainState(step=1, position=1),
                                  extra={"tokenizer": {"name": "default", "lowercase": False}})
@@ -387,7 +371,7 @@ def test_format_1_checkpoint_loads_for_translate_and_evaluate(tmp_path, capsys) 
         step=1, epoch=0, position=1, elapsed_s=0.0)
     assert TrainConfig.from_dict(upgraded["train_config"]) == TrainConfig(
         batch_size=8, bucket=2, max_steps=5, log_every=100, save_every=100)  # max_len dropped
-    state = restore(load_checkpoint(tmp_path / "old.pt"), _model(4), src_vocab=VOCAB,
+    state = restore(load_checkpoint(tmp_path / "old.pt"), tiny_model(4), src_vocab=VOCAB,
                     tgt_vocab=VOCAB)
     assert state == TrainState(step=1, position=1)
 
@@ -408,20 +392,20 @@ def test_format_1_checkpoint_loads_for_translate_and_evaluate(tmp_path, capsys) 
 
 def test_format_1_checkpoint_resumes_exactly(tmp_path) -> None:
     """A run checkpointed by the format-1 code at an epoch's end continues bit for bit."""
-    examples = _examples(40)  # 5 batches per epoch: step 5 ends epoch 0
+    examples = random_examples(40)  # 5 batches per epoch: step 5 ends epoch 0
     cfg = TrainConfig(batch_size=8, bucket=2, max_steps=14, log_every=100, save_every=100)
     quiet = {"src_vocab": VOCAB, "tgt_vocab": VOCAB, "log": lambda s: None}
-    straight = _model(0, dropout=0.2)
+    straight = tiny_model(0, dropout=0.2)
     train(straight, examples, cfg, **quiet)
 
-    train(_model(0, dropout=0.2), examples, replace(cfg, max_steps=5), checkpoint_dir=tmp_path,
+    train(tiny_model(0, dropout=0.2), examples, replace(cfg, max_steps=5), checkpoint_dir=tmp_path,
           **quiet)
     path = tmp_path / "step_00000005.pt"
     payload = load_checkpoint(path)
     assert payload["train_state"]["epoch"] == 1 and payload["train_state"]["position"] == 0
     save_checkpoint(path, _format_1(payload, epoch=0, position=5))
     lines: list[str] = []
-    resumed = _model(99, dropout=0.2)
+    resumed = tiny_model(99, dropout=0.2)
     result = train(resumed, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
                    checkpoint_dir=tmp_path, log=lines.append)
     assert lines[0].endswith("at step 5, epoch 1") and result.step == 14
@@ -430,10 +414,10 @@ def test_format_1_checkpoint_resumes_exactly(tmp_path) -> None:
 
 
 def test_newer_format_is_refused_in_one_line(tmp_path, capsys) -> None:
-    newer = {**_payload(_model()), "format": FORMAT_VERSION + 1}
+    newer = {**_payload(tiny_model()), "format": FORMAT_VERSION + 1}
     message = (f"checkpoint format {FORMAT_VERSION + 1} is newer than this bahdanau reads "
                f"(formats 1 to {FORMAT_VERSION}); upgrade bahdanau to load it")
-    for load in (model_from_checkpoint, lambda p: restore(p, _model())):
+    for load in (model_from_checkpoint, lambda p: restore(p, tiny_model())):
         with pytest.raises(ValueError, match=re.escape(message)) as err:
             load(newer)
         assert "\n" not in str(err.value)
@@ -449,11 +433,11 @@ def test_newer_format_is_refused_in_one_line(tmp_path, capsys) -> None:
 
 
 def test_optional_sections_of_a_later_version_are_ignored() -> None:
-    model = _model(1)
+    model = tiny_model(1)
     payload = {**_payload(model), "ema": model.state_dict(), "weights_digest": "sha256:0"}
     rebuilt, _, _ = model_from_checkpoint(payload)
     assert _equal_weights(rebuilt, model)
-    assert restore(payload, _model(2)) == STATE
+    assert restore(payload, tiny_model(2)) == STATE
 
 
 # ----------------------------------------------------------------------------------------------
@@ -462,20 +446,20 @@ def test_optional_sections_of_a_later_version_are_ignored() -> None:
 
 def test_train_refuses_config_ids_that_differ_from_vocabularies(tmp_path) -> None:
     """Regression: pad_id=5 used to train while collate padded with 0 and the loss masked 5."""
-    model = _model(pad_id=5)
+    model = tiny_model(pad_id=5)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(ValueError, match=r"^model config pad_id=5 but src_vocab.pad_id=0: ") as err:
-        train(model, _examples(16), TrainConfig(max_steps=2), src_vocab=VOCAB, tgt_vocab=VOCAB,
-              checkpoint_dir=tmp_path / "run", log=lambda s: None)
+        train(model, random_examples(16), TrainConfig(max_steps=2), src_vocab=VOCAB,
+              tgt_vocab=VOCAB, checkpoint_dir=tmp_path / "run", log=lambda s: None)
     assert "\n" not in str(err.value)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert not (tmp_path / "run").exists()
     with pytest.raises(ValueError, match="model config bos_id=5 but src_vocab.bos_id=1"):
-        checkpoint_payload(_model(bos_id=5), src_vocab=VOCAB, tgt_vocab=VOCAB)
+        checkpoint_payload(tiny_model(bos_id=5), src_vocab=VOCAB, tgt_vocab=VOCAB)
 
 
 def test_load_refuses_checkpoint_whose_ids_differ_from_its_vocabularies() -> None:
-    payload = _payload(_model())
+    payload = _payload(tiny_model())
     payload["model_config"] = {**payload["model_config"], "eos_id": 7}
     with pytest.raises(ValueError, match="checkpoint is inconsistent: model config eos_id=7 but "
                                          "src_vocab.eos_id=2"):
@@ -489,7 +473,7 @@ def test_load_refuses_checkpoint_whose_ids_differ_from_its_vocabularies() -> Non
 def test_train_stops_at_max_epochs_and_logs() -> None:
     lines: list[str] = []
     cfg = TrainConfig(batch_size=8, bucket=2, max_epochs=2, log_every=3)
-    result = train(_model(), _examples(40), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+    result = train(tiny_model(), random_examples(40), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
                    log=lines.append)
     assert (result.step, result.epoch, result.stopped) == (10, 2, "max_epochs")  # 5 batches/epoch
     assert [h["step"] for h in result.history] == [3, 6, 9]
@@ -506,8 +490,8 @@ def test_train_early_stopping_and_best(tmp_path) -> None:
 
     cfg = TrainConfig(batch_size=8, max_steps=50, eval_every=2, save_every=100, patience=2,
                       log_every=100)
-    model = _model()
-    examples = _examples(40)
+    model = tiny_model()
+    examples = random_examples(40)
     result = train(model, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
                    checkpoint_dir=tmp_path, validate=validate, log=lambda s: None,
                    extra={"tokenizer": {"lowercase": True}})
@@ -526,7 +510,7 @@ def test_train_early_stopping_and_best(tmp_path) -> None:
 
 def test_train_time_budget_and_token_batches() -> None:
     cfg = TrainConfig(max_tokens=30, bucket=1, max_time_s=1e-9, log_every=1)
-    result = train(_model(), _examples(40), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+    result = train(tiny_model(), random_examples(40), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
                    log=lambda s: None)
     assert (result.step, result.stopped) == (1, "max_time")
     assert result.history[0]["loss"] == pytest.approx(result.train_loss)
@@ -534,36 +518,36 @@ def test_train_time_budget_and_token_batches() -> None:
 
 def test_train_argument_errors() -> None:
     with pytest.raises(ValueError, match="max_steps, max_epochs or max_time_s"):
-        train(_model(), _examples(4), TrainConfig(), src_vocab=VOCAB, tgt_vocab=VOCAB)
+        train(tiny_model(), random_examples(4), TrainConfig(), src_vocab=VOCAB, tgt_vocab=VOCAB)
     with pytest.raises(ValueError, match=r"tgt_vocab_size=16 but len\(tgt_vocab\)=14"):
-        train(_model(), _examples(4), TrainConfig(max_steps=1), src_vocab=VOCAB,
+        train(tiny_model(), random_examples(4), TrainConfig(max_steps=1), src_vocab=VOCAB,
               tgt_vocab=Vocab([f"w{i}" for i in range(10)]))
 
 
 @pytest.mark.parametrize("optimizer", ["adadelta", "adam"])
 def test_exact_resume(tmp_path, optimizer: str) -> None:
     """2N steps in one run == N steps, then a fresh model/optimizer resumed for N more."""
-    examples = _examples(40)  # 5 batches per epoch: the run crosses epoch boundaries mid-way
+    examples = random_examples(40)  # 5 batches per epoch: the run crosses epoch boundaries mid-way
     cfg = TrainConfig(optimizer=optimizer, batch_size=8, bucket=2, max_steps=14, log_every=100,
                       save_every=100)
     quiet = {"src_vocab": VOCAB, "tgt_vocab": VOCAB, "log": lambda s: None}
-    straight = _model(0, dropout=0.2)  # dropout: the RNG state matters too
+    straight = tiny_model(0, dropout=0.2)  # dropout: the RNG state matters too
     train(straight, examples, cfg, **quiet)
 
-    first = _model(0, dropout=0.2)
+    first = tiny_model(0, dropout=0.2)
     half = train(first, examples, replace(cfg, max_steps=7), checkpoint_dir=tmp_path, **quiet)
     assert half.step == 7 and not _equal_weights(first, straight)
     torch.manual_seed(12345)  # a new process: other RNG state, other initial weights
-    resumed = _model(99, dropout=0.2)
+    resumed = tiny_model(99, dropout=0.2)
     result = train(resumed, examples, cfg, checkpoint_dir=tmp_path, **quiet)
     assert result.step == 14
     assert _equal_weights(resumed, straight)
 
 
 def test_resume_after_crash_from_periodic_checkpoint(tmp_path) -> None:
-    examples = _examples(40)
+    examples = random_examples(40)
     cfg = TrainConfig(batch_size=8, bucket=2, max_steps=14, log_every=1, save_every=4)
-    straight = _model(0, dropout=0.2)
+    straight = tiny_model(0, dropout=0.2)
     train(straight, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB, log=lambda s: None)
 
     def crash_at_step_9(line: str) -> None:
@@ -571,11 +555,11 @@ def test_resume_after_crash_from_periodic_checkpoint(tmp_path) -> None:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train(_model(0, dropout=0.2), examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+        train(tiny_model(0, dropout=0.2), examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
               checkpoint_dir=tmp_path, log=crash_at_step_9)
     (tmp_path / ".step_00000012.pt.abc.tmp").write_bytes(b"partial")  # killed mid-write
     lines: list[str] = []
-    resumed = _model(5, dropout=0.2)
+    resumed = tiny_model(5, dropout=0.2)
     train(resumed, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB, checkpoint_dir=tmp_path,
           log=lines.append)
     assert lines[0].startswith("resumed from") and "at step 8" in lines[0]
@@ -586,12 +570,12 @@ def test_resume_after_crash_from_periodic_checkpoint(tmp_path) -> None:
 
 def test_pieces_make_the_same_run_as_train(tmp_path) -> None:
     """The loop of bahdanau.train's docstring, written out, trains exactly as train()."""
-    examples = _examples(40)
+    examples = random_examples(40)
     cfg = TrainConfig(batch_size=8, bucket=2, max_steps=9, log_every=100, save_every=4)
-    whole = _model(0, dropout=0.2)
+    whole = tiny_model(0, dropout=0.2)
     train(whole, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB, log=lambda s: None)
 
-    mine = _model(0, dropout=0.2)
+    mine = tiny_model(0, dropout=0.2)
     run = setup_run(mine, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
                     checkpoint_dir=tmp_path)
     while not stop_reason(run):
@@ -608,20 +592,20 @@ def test_pieces_make_the_same_run_as_train(tmp_path) -> None:
 
 def test_no_resume_refuses_a_directory_with_checkpoints(tmp_path) -> None:
     cfg = TrainConfig(batch_size=8, max_steps=2, log_every=100)
-    train(_model(), _examples(16), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+    train(tiny_model(), random_examples(16), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
           checkpoint_dir=tmp_path, log=lambda s: None)
     before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(ValueError, match="holds checkpoints of an earlier run"):
-        train(_model(), _examples(16), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+        train(tiny_model(), random_examples(16), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
               checkpoint_dir=tmp_path, resume=False, log=lambda s: None)
     assert sorted(p.name for p in tmp_path.iterdir()) == before
 
 
 def test_resume_refuses_other_vocabulary(tmp_path) -> None:
     cfg = TrainConfig(batch_size=8, max_steps=2, log_every=100)
-    train(_model(), _examples(16), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+    train(tiny_model(), random_examples(16), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
           checkpoint_dir=tmp_path, log=lambda s: None)
     other = Vocab([f"v{i}" for i in range(12)])
     with pytest.raises(ValueError, match="src_vocab: id 4 is 'w0' in the checkpoint but 'v0'"):
-        train(_model(), _examples(16), replace(cfg, max_steps=4), src_vocab=other,
+        train(tiny_model(), random_examples(16), replace(cfg, max_steps=4), src_vocab=other,
               tgt_vocab=VOCAB, checkpoint_dir=tmp_path, log=lambda s: None)
