@@ -357,7 +357,7 @@ def _train(o: TrainOptions) -> int:
         raise InputError(f"no training pair has at most --max-train-len {o.max_train_len} "
                          "tokens on both sides")
     cfg = getattr(presets, o.preset)(len(src_vocab), len(tgt_vocab))
-    cfg = replace(cfg, arch=o.arch, gru_form=o.gru_form, dropout=o.dropout)
+    cfg = replace(cfg, arch=o.arch, gru_form=o.gru_form, dropout=o.dropout, init=o.init)
     torch.manual_seed(o.seed)
     model = build_model(cfg)
     tcfg = TrainConfig(optimizer=o.optimizer, lr=o.lr, batch_size=o.train_batch_size,

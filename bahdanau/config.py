@@ -35,6 +35,7 @@ AttentionKind = Literal["additive", "luong_general", "luong_dot"]
 AttentionImpl = Literal["auto", "reference", "sigmoid", "triton"]
 Engine = Literal["fast", "reference"]
 GRUForm = Literal["torch", "paper"]
+Init = Literal["paper", "glorot"]
 Amp = Literal["none", "bf16", "fp16"]
 
 ARCHS: tuple[str, ...] = ("rnnsearch", "rnnencdec")
@@ -42,6 +43,7 @@ ATTENTIONS: tuple[str, ...] = ("additive", "luong_general", "luong_dot")
 ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference", "sigmoid", "triton")
 ENGINES: tuple[str, ...] = ("fast", "reference")
 GRU_FORMS: tuple[str, ...] = ("torch", "paper")
+INITS: tuple[str, ...] = ("paper", "glorot")
 AMP_MODES: tuple[str, ...] = ("none", "bf16", "fp16")
 SPECIAL_IDS: tuple[str, ...] = ("pad_id", "bos_id", "eos_id", "unk_id")
 
@@ -104,6 +106,7 @@ class ModelConfig(DictConfig):
     engine: Engine = "fast"           # "reference": the paper-shaped decoder alone (see engine)
     gru_form: GRUForm = "torch"       # "paper": reset gate applied before U (eq. of appendix A)
     dropout: float = 0.0              # on embeddings and the maxout output; the paper uses none
+    init: Init = "paper"              # "glorot": Xavier-uniform matrices (see build_model)
     pad_id: int = Vocab.pad_id        # special ids: the vocabularies' (see check_vocabs)
     bos_id: int = Vocab.bos_id        # y_0, the decoder's first input
     eos_id: int = Vocab.eos_id        # ends every target sentence
@@ -133,6 +136,8 @@ class ModelConfig(DictConfig):
             )
         if self.gru_form not in GRU_FORMS:
             raise InputError(f"gru_form must be one of {GRU_FORMS}, got {self.gru_form!r}")
+        if self.init not in INITS:
+            raise InputError(f"init must be one of {INITS}, got {self.init!r}")
         if not (is_finite_number(self.dropout) and 0.0 <= self.dropout < 1.0):
             raise InputError(f"dropout must be in [0, 1), got {self.dropout!r}")
         specials = {name: getattr(self, name) for name in SPECIAL_IDS}

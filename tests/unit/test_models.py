@@ -117,6 +117,31 @@ def test_paper_initialisation() -> None:
     assert (enc.embedding.weight[0] == 0).all() and (dec.embedding.weight[0] == 0).all()
 
 
+@pytest.mark.parametrize("cls", [RNNSearch, RNNEncDec])
+def test_glorot_initialisation(cls) -> None:
+    """init="glorot": each matrix uniform on +-sqrt(6 / (fan_in + fan_out)) (so its std is that
+    bound / sqrt(3)), every vector 0, pad embedding rows 0."""
+    torch.manual_seed(0)
+    model = cls.from_config(replace(presets.small(2000, 2000), init="glorot"))
+    assert model.config.init == "glorot"
+    for name, param in model.named_parameters():
+        if param.dim() == 1:
+            assert (param == 0).all(), name
+            continue
+        fan_out, fan_in = param.shape
+        bound = (6 / (fan_in + fan_out)) ** 0.5
+        assert param.abs().max() <= bound, name
+        pad_free = param[1:] if "embedding" in name else param
+        assert abs(pad_free.std().item() / (bound / 3 ** 0.5) - 1) < 0.05, name
+    assert (model.encoder.embedding.weight[0] == 0).all()
+    assert (model.decoder.embedding.weight[0] == 0).all()
+
+
+def test_init_is_checked() -> None:
+    with pytest.raises(ValueError, match="init must be one of"):
+        replace(presets.tiny(), init="xavier")
+
+
 # ---------------------------------------------------------------------------------- decoder
 @pytest.mark.parametrize(("cls", "form"), MODELS)
 def test_step_equals_teacher_forcing_and_batch_equals_alone(cls, form) -> None:
