@@ -394,7 +394,7 @@ def _train(o: TrainOptions) -> int:
             hyps = translate_corpus(m, dev_sources, src_vocab, tgt_vocab, tokenizer,
                                     search=BeamSearch(beam_size=1, max_len=o.max_len),
                                     batch_size=o.batch_size, device=device)
-            return corpus_bleu([h.text for h in hyps], dev_refs)
+            return corpus_bleu([h.text for h in hyps], dev_refs, lowercase=o.lowercase)
 
         result = train_run(run, validate=validate if o.eval_every else None,
                            log=lambda line: print(line, flush=True))
