@@ -1,12 +1,13 @@
-"""Atomic file writes, shared by checkpoints and the CLI's result files."""
+"""Atomic file writes, shared by checkpoints, vocabularies and the CLI's result files."""
 
 from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from bahdanau.errors import InputError
 
@@ -25,8 +26,10 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
-    """Write via `write(file)` to a temporary file beside `path`, fsync it, then rename.
+@contextmanager
+def atomic_file(path: Path) -> Iterator[BinaryIO]:
+    """A binary file to write `path` with: written under a temporary name beside it, fsynced
+    and renamed to `path` when the block ends without an exception, removed when it raises.
 
     A crash leaves either the old file or the new one, whole. The new file gets the mode that
     `open()` would give it (0666 less the umask).
@@ -43,7 +46,7 @@ def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
     os.chmod(tmp, 0o666 & ~umask)                 # as open() would create it, not mkstemp's 0600
     try:
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -51,3 +54,9 @@ def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
+    """Write via `write(file)` into an `atomic_file(path)`."""
+    with atomic_file(path) as f:
+        write(f)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -32,7 +33,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
@@ -41,7 +42,7 @@ import torch
 
 from bahdanau import presets
 from bahdanau._checks import resolve_device
-from bahdanau._files import atomic_write
+from bahdanau._files import atomic_file, atomic_write
 from bahdanau.checkpoint import (
     CheckpointManager,
     _named,
@@ -50,9 +51,9 @@ from bahdanau.checkpoint import (
     upgrade_payload,
 )
 from bahdanau.data import DefaultTokenizer, Vocab, encode_pairs, read_parallel
-from bahdanau.datasets import decode_lines, multi30k_files, read_lines
+from bahdanau.datasets import decode_lines, iter_lines, multi30k_files, read_lines
 from bahdanau.errors import InputError
-from bahdanau.evaluate import corpus_bleu, score_test_set, translate_corpus
+from bahdanau.evaluate import Translation, corpus_bleu, score_test_set, translate_corpus
 from bahdanau.models import build_model
 from bahdanau.options import (
     DecodeOptions,
@@ -394,7 +395,7 @@ def _train(o: TrainOptions) -> int:
             hyps = translate_corpus(m, dev_sources, src_vocab, tgt_vocab, tokenizer,
                                     search=BeamSearch(beam_size=1, max_len=o.max_len),
                                     batch_size=o.batch_size, device=device)
-            return corpus_bleu([h.text for h in hyps], dev_refs)
+            return corpus_bleu([h.text for h in hyps], dev_refs, lowercase=o.lowercase)
 
         result = train_run(run, validate=validate if o.eval_every else None,
                            log=lambda line: print(line, flush=True))
@@ -425,7 +426,14 @@ def _train(o: TrainOptions) -> int:
         return 0
 
 
+# Sentences translated together: the paper's 20 batches, sorted by length within the window.
+WINDOW_BATCHES = 20
+
+
 def _translate(o: TranslateOptions) -> int:
+    """Translate in windows of WINDOW_BATCHES batches (one line at a time from a terminal):
+    each window's output is printed, in input order, before the next is read, so memory stays
+    bounded and a pipe sees results as they come. An empty line gives an empty output line."""
     device = _machine(o)
     search = _search(o, o.n_best)
     path = _existing(o.input, "--input")
@@ -435,26 +443,78 @@ def _translate(o: TranslateOptions) -> int:
         raise InputError("stdin or stdout is closed: translate reads stdin (or --input) and "
                          "writes stdout")
     model, src_vocab, tgt_vocab, tokenizer = _load(o, checkpoint, device)
-    lines = _sentences(path)
-    out = translate_corpus(model, lines, src_vocab, tgt_vocab, tokenizer, search=search,
-                           batch_size=o.batch_size, unk_replace=o.unk_replace, device=device)
-    for i, t in enumerate(out):
-        if o.n_best == 1:
-            print(t.text)
-        else:
-            for hyp in t.nbest:
-                text = tokenizer.detokenize(tgt_vocab.decode(hyp.tokens))
-                print(f"{i} ||| {text} ||| {hyp.score:.4f}")
-    if o.alignments:
-        rows = []
-        for line, t in zip(lines, out, strict=True):
-            att = t.hypothesis.attention
-            rows.append(json.dumps({"source": tokenizer.tokenize(line),
-                                    "target": [*t.tokens, "</s>"],
-                                    "weights": None if att is None else
-                                    [[round(float(x), 5) for x in row] for row in att]}) + "\n")
-        _write_text(Path(o.alignments), "".join(rows))
+    with ExitStack() as stack:
+        stream = stack.enter_context(path.open("rb")) if path else sys.stdin.buffer
+        alignments = (stack.enter_context(atomic_file(Path(o.alignments)))
+                      if o.alignments else None)
+        progress = _Progress(path)
+        lines = iter_lines(stream, str(path) if path else "<stdin>")
+        # typed at a terminal: each line is answered at once
+        size = 1 if path is None and sys.stdin.isatty() else o.batch_size * WINDOW_BATCHES
+        done = 0
+        while window := list(itertools.islice(lines, size)):
+            sentences = [line for line in window if line.strip()]
+            translated = iter(translate_corpus(
+                model, sentences, src_vocab, tgt_vocab, tokenizer, search=search,
+                batch_size=o.batch_size, unk_replace=o.unk_replace, device=device)
+                if sentences else [])
+            for line in window:
+                t = next(translated) if line.strip() else None
+                _print_translation(done, t, o.n_best, tokenizer, tgt_vocab)
+                if alignments is not None:
+                    alignments.write(_alignment_row(line, t, tokenizer).encode())
+                done += 1
+            sys.stdout.flush()
+            progress.update(done, stream)
+        progress.finish(done)
     return 0
+
+
+def _print_translation(index: int, t: Translation | None, n_best: int,
+                       tokenizer: DefaultTokenizer, tgt_vocab: Vocab) -> None:
+    """One line (its n-best lines with --n-best; none for an empty input line)."""
+    if n_best == 1:
+        print("" if t is None else t.text)
+        return
+    for hyp in [] if t is None else t.nbest:
+        text = tokenizer.detokenize(tgt_vocab.decode(hyp.tokens))
+        print(f"{index} ||| {text} ||| {hyp.score:.4f}")
+
+
+def _alignment_row(line: str, t: Translation | None, tokenizer: DefaultTokenizer) -> str:
+    """The JSON line --alignments writes for one input line."""
+    if t is None:
+        return json.dumps({"source": [], "target": [], "weights": None}) + "\n"
+    att = t.hypothesis.attention
+    return json.dumps({"source": tokenizer.tokenize(line), "target": [*t.tokens, "</s>"],
+                       "weights": None if att is None else
+                       [[round(float(x), 5) for x in row] for row in att]}) + "\n"
+
+
+class _Progress:
+    """Sentences/s (and, reading a file, an ETA from the bytes read) on stderr, only when
+    stderr is a terminal."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.enabled = sys.stderr is not None and sys.stderr.isatty()
+        self.size = path.stat().st_size if path else None
+        self.start = time.perf_counter()
+
+    def update(self, done: int, stream: Any) -> None:
+        if not self.enabled:
+            return
+        seconds = time.perf_counter() - self.start
+        line = f"{done} sentences, {done / max(seconds, 1e-9):.1f} sentences/s"
+        if self.size:
+            fraction = min(stream.tell() / self.size, 1.0)
+            if fraction > 0:
+                line += f", about {seconds * (1 - fraction) / fraction:.0f} s left"
+        print(f"\r{line}\x1b[K", end="", file=sys.stderr, flush=True)
+
+    def finish(self, done: int) -> None:
+        if self.enabled:
+            print(f"\r{done} sentences in {time.perf_counter() - self.start:.1f} s\x1b[K",
+                  file=sys.stderr, flush=True)
 
 
 def _evaluate(o: EvaluateOptions) -> int:

@@ -3,26 +3,33 @@
 The Multi30k English/French splits live in ``bahdanau/_data/multi30k`` (gzipped UTF-8, one sentence
 per line; origin, terms and checksums in the README there). Line i of ``X.en.gz`` translates line i
 of ``X.fr.gz``, so readers must never merge or split lines. Every text the library reads goes
-through :func:`decode_lines` (:func:`read_lines` for a file), which states the rules once.
+through :func:`iter_lines` (:func:`read_lines` for a file, :func:`decode_lines` for bytes), which
+states the rules once.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import io
+import itertools
 import os
 import zlib
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
+from typing import BinaryIO
 
 from bahdanau.errors import InputError
 
-__all__ = ["MULTI30K_LANGS", "MULTI30K_SPLITS", "decode_lines", "multi30k_files", "read_lines"]
+__all__ = ["MULTI30K_LANGS", "MULTI30K_SPLITS", "decode_lines", "iter_lines", "multi30k_files",
+           "read_lines"]
 
 MULTI30K_SPLITS: tuple[str, ...] = ("train", "val", "test_2016_flickr")
 MULTI30K_LANGS: tuple[str, ...] = ("en", "fr")
 
 _GZIP_MAGIC = b"\x1f\x8b"
+_BOM = "\ufeff".encode()
 # zlib's words for a gzip trailer that does not match the data.
 _ZLIB_REASONS = {"incorrect data check": "CRC-32 mismatch",
                  "incorrect length check": "length mismatch"}
@@ -57,8 +64,8 @@ def multi30k_files(split: str, lang: str) -> Path:
 def read_lines(path: str | os.PathLike[str], *, non_empty: bool = False) -> list[str]:
     """Read a UTF-8 text file, plain or gzip-compressed, as a list of lines.
 
-    The bytes are decoded by :func:`decode_lines`, by the rules given there (gzip recognised by
-    its first two bytes, a leading BOM removed, lines split on ``\\n`` only).
+    The bytes are decoded by the rules of :func:`iter_lines` (gzip recognised by its first two
+    bytes, a leading BOM removed, lines split on ``\\n`` only).
 
     Args:
         path: file to read.
@@ -72,14 +79,43 @@ def read_lines(path: str | os.PathLike[str], *, non_empty: bool = False) -> list
         OSError: the file cannot be opened or read.
     """
     path = Path(path)
-    return decode_lines(path.read_bytes(), str(path), non_empty=non_empty)
+    with path.open("rb") as stream:
+        return _all_lines(iter_lines(stream, str(path)), str(path), non_empty)
 
 
 def decode_lines(data: bytes, source: str, *, non_empty: bool = False) -> list[str]:
-    """Decode UTF-8 text, plain or gzip-compressed, into lines: the one reader of text input.
+    """Decode UTF-8 text, plain or gzip-compressed, into lines, by the rules of
+    :func:`iter_lines`.
 
-    Files (:func:`read_lines`) and standard input (``decode_lines(sys.stdin.buffer.read(),
-    "<stdin>")``) go through here, so both follow the same rules:
+    Args:
+        data: the raw bytes.
+        source: what the bytes came from (a file name, ``"<stdin>"``), for error messages.
+        non_empty: refuse input that holds no line at all.
+    Returns:
+        The lines, without their line endings; ``[]`` for empty input.
+    Raises:
+        InputError: what :func:`iter_lines` raises; no line while `non_empty` is set; `data`
+            that is not bytes (e.g. a str).
+    """
+    if not isinstance(data, (bytes, bytearray)):
+        raise InputError(f"decode_lines takes bytes (e.g. sys.stdin.buffer.read()), "
+                         f"got {type(data).__name__}")
+    return _all_lines(iter_lines(io.BytesIO(data), source), source, non_empty)
+
+
+def _all_lines(lines: Iterator[str], source: str, non_empty: bool) -> list[str]:
+    out = list(lines)
+    if non_empty and not out:
+        raise InputError(f"{source} is empty: at least one line is needed")
+    return out
+
+
+def iter_lines(stream: BinaryIO, source: str, *, chunk_size: int = 1 << 20) -> Iterator[str]:
+    """Decode UTF-8 text, plain or gzip-compressed, from a binary stream, one line at a time:
+    the one reader of text input, holding one chunk and one line in memory.
+
+    Files (:func:`read_lines`), standard input (``iter_lines(sys.stdin.buffer, "<stdin>")``) and
+    bytes (:func:`decode_lines`) go through here, so all follow the same rules:
 
     * gzip is recognised by the first two bytes (``1f 8b``, which cannot start UTF-8 text), not
       by a name; several concatenated gzip members are read one after the other, and zero bytes
@@ -91,50 +127,83 @@ def decode_lines(data: bytes, source: str, *, non_empty: bool = False) -> list[s
       without a newline is kept; input that ends with a newline yields no extra empty line.
 
     Args:
-        data: the raw bytes.
-        source: what the bytes came from (a file name, ``"<stdin>"``), for error messages.
-        non_empty: refuse input that holds no line at all.
-    Returns:
-        The lines, without their line endings; ``[]`` for empty input.
+        stream: a binary stream (an open file, ``sys.stdin.buffer``, ``io.BytesIO``).
+        source: what the bytes come from (a file name, ``"<stdin>"``), for error messages.
+        chunk_size: bytes read at a time.
+    Yields:
+        The lines, without their line endings, as soon as each is complete.
     Raises:
-        InputError: naming `source`: truncated or damaged gzip data (bad header, CRC-32 or
-            length mismatch, trailing bytes that are not gzip), text that is not valid UTF-8
-            (with the 1-based line), or no line while `non_empty` is set; `data` that is not
-            bytes (e.g. a str).
+        InputError: naming `source`, when the reader gets there: truncated or damaged gzip data
+            (bad header, CRC-32 or length mismatch, trailing bytes that are not gzip), or text
+            that is not valid UTF-8 (with the 1-based line).
     """
-    if not isinstance(data, (bytes, bytearray)):
-        raise InputError(f"decode_lines takes bytes (e.g. sys.stdin.buffer.read()), "
-                         f"got {type(data).__name__}")
-    if data[:2] == _GZIP_MAGIC:
+    # read1 returns what is there (at most one system read), so a line typed on a terminal or
+    # sent down a pipe comes out at once instead of after chunk_size more bytes
+    read = getattr(stream, "read1", stream.read)
+    chunks = iter(lambda: read(chunk_size), b"")
+    first = next(chunks, b"")
+    while 0 < len(first) < 2:           # a short read: make sure two bytes decide about gzip
+        more = next(chunks, b"")
+        if not more:
+            break
+        first += more
+    data = itertools.chain([first], chunks)
+    if first[:2] == _GZIP_MAGIC:
         data = _gunzip(data, source)
+    pending, number, start = b"", 0, True
+    for chunk in data:
+        pending += chunk
+        if start:
+            if len(pending) < len(_BOM) and _BOM.startswith(pending):
+                continue                # wait: the chunk may end inside the BOM
+            pending, start = pending.removeprefix(_BOM), False
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            number += 1
+            yield _decode_line(line, number, source)
+    if start:
+        pending = pending.removeprefix(_BOM)
+    if pending:
+        yield _decode_line(pending, number + 1, source)
+
+
+def _decode_line(line: bytes, number: int, source: str) -> str:
     try:
-        text = data.decode("utf-8")
+        text = line.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise InputError(f"{source}: line {line} is not valid UTF-8 ({err.reason})") from None
-    text = text.removeprefix("\ufeff")
-    lines = text.split("\n") if text else []
-    if lines and lines[-1] == "":
-        lines.pop()
-    if non_empty and not lines:
-        raise InputError(f"{source} is empty: at least one line is needed")
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
+        raise InputError(f"{source}: line {number} is not valid UTF-8 ({err.reason})") from None
+    return text[:-1] if text.endswith("\r") else text
 
 
-def _gunzip(data: bytes, source: str) -> bytes:
-    """Decompress every gzip member of `data`; InputError naming `source` if any is damaged."""
-    parts, rest = [], data
-    while rest:
-        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)    # gzip header and trailer
-        try:
-            parts.append(inflater.decompress(rest))
-        except zlib.error as err:
-            reason = str(err).rpartition(": ")[2]
-            reason = _ZLIB_REASONS.get(reason, reason)
-            raise InputError(f"{source}: damaged gzip data ({reason})") from None
-        if not inflater.eof:
-            raise InputError(f"{source}: truncated gzip data (the compressed stream ends early)")
-        rest = inflater.unused_data.lstrip(b"\0")
-        if rest and rest[:2] != _GZIP_MAGIC:
-            raise InputError(f"{source}: trailing data after the gzip data ({len(rest)} bytes)")
-    return b"".join(parts)
+def _gunzip(chunks: Iterator[bytes], source: str) -> Iterator[bytes]:
+    """Decompress every gzip member of the byte stream `chunks`, one chunk at a time;
+    InputError naming `source` if any member is damaged."""
+    inflater, rest = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS), b""  # gzip header, trailer
+    for chunk in chunks:
+        rest += chunk
+        while rest:
+            if inflater is None:        # between members: zero padding, then the next member
+                rest = rest.lstrip(b"\0")
+                if len(rest) < 2:
+                    break
+                if rest[:2] != _GZIP_MAGIC:
+                    size = len(rest) + sum(len(c) for c in chunks)
+                    raise InputError(f"{source}: trailing data after the gzip data "
+                                     f"({size} bytes)")
+                inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+            try:
+                out = inflater.decompress(rest)
+            except zlib.error as err:
+                reason = str(err).rpartition(": ")[2]
+                reason = _ZLIB_REASONS.get(reason, reason)
+                raise InputError(f"{source}: damaged gzip data ({reason})") from None
+            if out:
+                yield out
+            if inflater.eof:
+                rest, inflater = inflater.unused_data, None
+            else:
+                rest = b""
+    if inflater is not None:
+        raise InputError(f"{source}: truncated gzip data (the compressed stream ends early)")
+    if rest.lstrip(b"\0"):
+        raise InputError(f"{source}: trailing data after the gzip data ({len(rest)} bytes)")

@@ -23,7 +23,7 @@ from bahdanau._checks import (
     is_int,
     resolve_device,
 )
-from bahdanau.data import Tokenizer, Vocab, pad_sources
+from bahdanau.data import Tokenizer, Vocab, normalize_whitespace, pad_sources
 from bahdanau.errors import InputError
 from bahdanau.search import BeamSearch, Hypothesis, replace_unk
 
@@ -58,16 +58,24 @@ def _check_parallel(hypotheses: Sequence[str], references: Sequence[str]) -> Non
         raise InputError("no sentences to score")
 
 
-def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str]) -> float:
-    """sacrebleu corpus BLEU (13a tokenisation) of detokenised text, one reference each."""
+def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], *,
+                lowercase: bool = False) -> float:
+    """sacrebleu corpus BLEU (13a tokenisation) of detokenised text, one reference each;
+    `lowercase`: case-insensitive (sacrebleu's signature then says ``case:lc``)."""
     _check_parallel(hypotheses, references)
-    return sacrebleu.metrics.BLEU().corpus_score(list(hypotheses), [list(references)]).score
+    return sacrebleu.metrics.BLEU(lowercase=lowercase).corpus_score(
+        list(hypotheses), [list(references)]).score
 
 
-def corpus_scores(hypotheses: Sequence[str], references: Sequence[str]) -> CorpusScores:
-    """BLEU and chrF with their signatures."""
+def corpus_scores(hypotheses: Sequence[str], references: Sequence[str], *,
+                  lowercase: bool = False) -> CorpusScores:
+    """BLEU and chrF with their signatures; `lowercase`: both case-insensitive (the BLEU
+    signature then says ``case:lc``; sacrebleu's chrF has no case option and is computed on
+    lowercased text)."""
     _check_parallel(hypotheses, references)
-    bleu, chrf = sacrebleu.metrics.BLEU(), sacrebleu.metrics.CHRF()
+    if lowercase:   # sacrebleu's chrF has no lowercase option: lowercase the text itself
+        hypotheses, references = [h.lower() for h in hypotheses], [r.lower() for r in references]
+    bleu, chrf = sacrebleu.metrics.BLEU(lowercase=lowercase), sacrebleu.metrics.CHRF()
     hyps, refs = list(hypotheses), [list(references)]
     return CorpusScores(bleu.corpus_score(hyps, refs).score, chrf.corpus_score(hyps, refs).score,
                         len(hyps), str(bleu.get_signature()), str(chrf.get_signature()))
@@ -79,13 +87,15 @@ def has_unk(tokens: Sequence[str], vocab: Vocab) -> bool:
 
 
 def bleu_without_unk(hypotheses: Sequence[str], references: Sequence[str],
-                     unk_flags: Sequence[bool]) -> tuple[float | None, int]:
+                     unk_flags: Sequence[bool], *, lowercase: bool = False
+                     ) -> tuple[float | None, int]:
     """BLEU on the sentences whose flag is False (the paper's "No UNK" column).
 
     Args:
         hypotheses, references: detokenised text, line-aligned.
         unk_flags: per sentence, True if its source or reference has a word outside the
             vocabularies (see `has_unk`).
+        lowercase: case-insensitive BLEU, as `corpus_bleu`.
     Returns:
         (BLEU or None if no sentence is left, number of sentences kept).
     """
@@ -95,13 +105,15 @@ def bleu_without_unk(hypotheses: Sequence[str], references: Sequence[str],
     keep = [i for i, flag in enumerate(unk_flags) if not flag]
     if not keep:
         return None, 0
-    return corpus_bleu([hypotheses[i] for i in keep], [references[i] for i in keep]), len(keep)
+    return corpus_bleu([hypotheses[i] for i in keep], [references[i] for i in keep],
+                       lowercase=lowercase), len(keep)
 
 
 def bleu_by_length(source_lengths: Sequence[int], hypotheses: Sequence[str],
-                   references: Sequence[str], edges: Sequence[int] = (10, 20, 30, 40, 50, 60)
-                   ) -> list[LengthBucket]:
-    """BLEU per source-length bucket: [0, e1), [e1, e2), ..., [e_last, inf) (paper Figure 2)."""
+                   references: Sequence[str], edges: Sequence[int] = (10, 20, 30, 40, 50, 60),
+                   *, lowercase: bool = False) -> list[LengthBucket]:
+    """BLEU per source-length bucket: [0, e1), [e1, e2), ..., [e_last, inf) (paper Figure 2);
+    `lowercase` as for `corpus_bleu`."""
     _check_parallel(hypotheses, references)
     if len(source_lengths) != len(hypotheses):
         raise InputError(f"{len(source_lengths)} source lengths for {len(hypotheses)} sentences")
@@ -113,7 +125,8 @@ def bleu_by_length(source_lengths: Sequence[int], hypotheses: Sequence[str],
     for i, low in enumerate(bounds):
         high = bounds[i + 1] if i + 1 < len(bounds) else None
         idx = [j for j, n in enumerate(source_lengths) if n >= low and (high is None or n < high)]
-        score = (corpus_bleu([hypotheses[j] for j in idx], [references[j] for j in idx])
+        score = (corpus_bleu([hypotheses[j] for j in idx], [references[j] for j in idx],
+                             lowercase=lowercase)
                  if idx else None)
         buckets.append(LengthBucket(low, high, len(idx), score))
     return buckets
@@ -125,9 +138,10 @@ def score_test_set(hypotheses: Sequence[str], sources: Sequence[str], references
     """Every test-set score the paper reports, as a JSON-friendly dict (scores to 2 decimals).
 
     BLEU and chrF with signatures; BLEU on the pairs whose source and reference have no [UNK]
-    (Table 1's second column); BLEU by source length in tokens (Figure 2). The references are
-    passed through `tokenizer`'s round trip first, so whitespace is normalised as in the
-    hypotheses.
+    (Table 1's second column); BLEU by source length in tokens (Figure 2). The references'
+    whitespace is normalised as the tokenizer's round trip normalises the hypotheses'. A
+    tokenizer that lowercases (`lowercase=True`) makes every score case-insensitive, and the
+    BLEU signature says so (``case:lc``).
 
     Args:
         hypotheses: detokenised translations, one per source sentence.
@@ -135,13 +149,15 @@ def score_test_set(hypotheses: Sequence[str], sources: Sequence[str], references
         src_vocab, tgt_vocab, tokenizer: what the model was trained with.
         edges: bucket edges of `bleu_by_length`.
     """
-    refs = [tokenizer.detokenize(tokenizer.tokenize(r)) for r in references]
-    scores = corpus_scores(hypotheses, refs)
+    lowercase = bool(getattr(tokenizer, "lowercase", False))
+    refs = [normalize_whitespace(r) for r in references]
+    scores = corpus_scores(hypotheses, refs, lowercase=lowercase)
     src_tokens = [tokenizer.tokenize(s) for s in sources]
     flags = [has_unk(s, src_vocab) or has_unk(tokenizer.tokenize(r), tgt_vocab)
              for s, r in zip(src_tokens, refs, strict=True)]
-    no_unk, n_no_unk = bleu_without_unk(hypotheses, refs, flags)
-    buckets = bleu_by_length([len(s) for s in src_tokens], hypotheses, refs, edges=edges)
+    no_unk, n_no_unk = bleu_without_unk(hypotheses, refs, flags, lowercase=lowercase)
+    buckets = bleu_by_length([len(s) for s in src_tokens], hypotheses, refs, edges=edges,
+                             lowercase=lowercase)
     return {
         "bleu": round(scores.bleu, 2), "chrf": round(scores.chrf, 2),
         "bleu_no_unk": None if no_unk is None else round(no_unk, 2),

@@ -113,6 +113,11 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "dropout0.3": {"train": ["--dropout", "0.3"],
                    "note": "counts only beside OpenNMT-py with dropout 0.3 too, which "
                            "run_opennmt.sh fixes at 0 (not measured here)"},
+    "moses": {"train": [], "moses": True,
+              "note": "trained and decoded on the Moses-tokenised text OpenNMT-py reads "
+                      "(our tokenizer on top of it), output Moses-detokenised before scoring"},
+    "glorot": {"train": ["--init", "glorot"],
+               "note": "OpenNMT-py's initialisation (param_init_glorot) instead of the paper's"},
     "lp-average": {"base": "default", "decode": ["--length-penalty", "average"],
                    "opennmt": ["-length_penalty", "avg", "-alpha", "1.0"]},
     "gnmt0.6": {"base": "default", "decode": ["--length-penalty", "gnmt", "--alpha", "0.6"],
@@ -121,6 +126,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
                 "opennmt": ["-length_penalty", "wu", "-alpha", "1.0"]},
 }
 
+# The Moses-tokenised Multi30k files (in --onmt-data) of each split, for the "moses" setting.
+MOSES_FILES = {"val": "val.src", "test_2016_flickr": "test.src"}
 DEFAULT_OVERHEAD_S = 5.0  # our start-up, data and vocabularies before the budget counts (idle)
 IDLE_MAX_BUSY = 15        # % of the machine others may use before we start (as the peer harness)
 CONTENTION_PCT = float(os.environ.get("CONTENTION_PCT", "10"))
@@ -339,19 +346,27 @@ def checkpoint_of(run_dir: Path) -> Path:
     return found[-1]
 
 
-def evaluate(run_dir: Path, split: str, name: str, flags: list[str], raw: Path,
-             commands: list[str]) -> list[str]:
-    """Decode `split` of Multi30k with `bahdanau evaluate`; returns the hypotheses."""
+def evaluate(args: argparse.Namespace, run_dir: Path, split: str, name: str, flags: list[str],
+             commands: list[str], tokenised: bool) -> list[str]:
+    """Decode `split` of Multi30k with `bahdanau evaluate`; returns the detokenised hypotheses.
+    `tokenised`: the model was trained on the Moses-tokenised text (setting "moses"), so it reads
+    the Moses-tokenised source and its output is Moses-detokenised."""
     out = run_dir / f"{name}.{split}.hyp.txt"
+    src = (args.onmt_data / MOSES_FILES[split] if tokenised
+           else args.raw_data / f"{split}.en.gz")
     cmd = [sys.executable, "-m", "bahdanau", "evaluate", "--checkpoint",
-           str(checkpoint_of(run_dir)), "--src", str(raw / f"{split}.en.gz"),
-           "--ref", str(raw / f"{split}.fr.gz"), "--output", str(out),
+           str(checkpoint_of(run_dir)), "--src", str(src),
+           "--ref", str(args.raw_data / f"{split}.fr.gz"), "--output", str(out),
            "--json", str(run_dir / f"{name}.{split}.json"), *flags]
     commands.append(shlex.join(cmd))
     if out.exists():
         out.unlink()
     subprocess.run(cmd, cwd=REPO, check=True)
-    return read_text_lines(out)
+    return detokenised(args, read_text_lines(out), tokenised)
+
+
+def detokenised(args: argparse.Namespace, hyps: list[str], tokenised: bool) -> list[str]:
+    return moses(args.moses_python, "detok", "fr", hyps) if tokenised else hyps
 
 
 def cmd_ours(args: argparse.Namespace) -> None:
@@ -379,10 +394,11 @@ def cmd_ours(args: argparse.Namespace) -> None:
                     "wall_vs_opennmt_pct", "contended", "idle"):
             rec[key] = base.get(key)
         rec["run_dir"] = str(run_dir)
-        rec.update(score(evaluate(run_dir, "val", args.setting, decode, raw, commands),
-                         dev_refs, "dev"))
-        rec.update(score(evaluate(run_dir, "test_2016_flickr", args.setting, decode, raw,
-                                  commands), test_refs, "test"))
+        tokenised = bool(SETTINGS[setting["base"]].get("moses"))
+        rec.update(score(evaluate(args, run_dir, "val", args.setting, decode, commands,
+                                  tokenised), dev_refs, "dev"))
+        rec.update(score(evaluate(args, run_dir, "test_2016_flickr", args.setting, decode,
+                                  commands, tokenised), test_refs, "test"))
         rec["commands"] = commands
         append_record(args.results, rec)
         log(summary_line(rec))
@@ -427,9 +443,16 @@ def cmd_ours(args: argparse.Namespace) -> None:
     else:
         run_dir.mkdir(parents=True, exist_ok=True)
         saved.unlink(missing_ok=True)
+        data = []
+        if setting.get("moses"):
+            prepare_onmt_data(args)
+            d = args.onmt_data
+            data = ["--train-src", str(d / "train.src"), "--train-tgt", str(d / "train.tgt"),
+                    "--test-src", str(d / "test.src"), "--test-tgt", str(d / "test.tgt")]
         cmd = [sys.executable, "-m", "bahdanau", "train", "--seed", str(args.seed),
                "--time-budget", f"{time_budget:.4f}", "--out", str(run_dir), "--overwrite",
-               *setting["train"], *setting.get("decode", []), *shlex.split(args.extra_flags)]
+               *data, *setting["train"], *setting.get("decode", []),
+               *shlex.split(args.extra_flags)]
         commands.append(shlex.join(cmd))
         log(f"running: {commands[0]}")
         m = run_measured(cmd, run_dir / "train.log", "trained ", args.peers_bench,
@@ -452,9 +475,11 @@ def cmd_ours(args: argparse.Namespace) -> None:
         saved.write_text(json.dumps({**measured, "train_command": commands[0]}, indent=1) + "\n",
                          encoding="utf-8")
         rec.update(measured)
-    rec.update(score(evaluate(run_dir, "val", args.setting, decode, raw, commands),
+    tokenised = bool(setting.get("moses"))
+    rec.update(score(evaluate(args, run_dir, "val", args.setting, decode, commands, tokenised),
                      dev_refs, "dev"))
-    rec.update(score(read_text_lines(run_dir / "test.hyp.txt"), test_refs, "test"))
+    rec.update(score(detokenised(args, read_text_lines(run_dir / "test.hyp.txt"), tokenised),
+                     test_refs, "test"))
     rec["commands"] = commands
     append_record(args.results, rec)
     log(summary_line(rec))

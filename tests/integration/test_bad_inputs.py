@@ -285,7 +285,6 @@ CASES = [
     ("translate --checkpoint {run} --input {files}/nope.en", "no such file"),
     ("translate --checkpoint {run} --input {files}/latin1.txt", "utf-8"),
     ("translate --checkpoint {run} --input {files}/truncated.gz", "truncated.gz"),
-    ("translate --checkpoint {run} --input {files}/blank-line.en", "empty"),
     ("translate --checkpoint {run} --input {files}/te.en --alignments {files}/no/dir/a.json",
      "does not exist"),
     ("translate --checkpoint {run} --input {files}/te.en --alignments {files}/a-folder",

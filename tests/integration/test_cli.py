@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -79,6 +80,52 @@ def test_translate_evaluate_plot(trained, files, capsys, tmp_path) -> None:
     assert main(["plot", "--checkpoint", str(trained), "--input", str(files / "te.en"),
                  "--line", "3", "--output", str(image), "--max-len", "6"]) == 0
     assert image.read_bytes()[:4] == b"\x89PNG"
+
+
+def _translate(trained, path, capsys, *flags: str) -> list[str]:
+    assert main(["translate", "--checkpoint", str(trained), "--input", str(path),
+                 "--beam-size", "2", "--max-len", "6", *flags]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_translate_windows_and_empty_lines_keep_the_line_alignment(trained, files, capsys,
+                                                                   tmp_path) -> None:
+    """Windows of 20 x --batch-size lines give what one window gives; an empty (or blank) input
+    line gives an empty output line, and the other lines are translated as without it."""
+    whole = _translate(trained, files / "te.en", capsys, "--batch-size", "64")
+    assert len(whole) == 20
+    assert _translate(trained, files / "te.en", capsys, "--batch-size", "1") == whole
+    sources = (files / "te.en").read_text(encoding="utf-8").splitlines()
+    gappy = tmp_path / "gappy.en"
+    gappy.write_text("\n".join(["", *sources[:7], "   ", *sources[7:]]) + "\n", encoding="utf-8")
+    align = tmp_path / "al.jsonl"
+    out = _translate(trained, gappy, capsys, "--batch-size", "1", "--alignments", str(align))
+    assert out == ["", *whole[:7], "", *whole[7:]]
+    rows = [json.loads(row) for row in align.read_text().splitlines()]
+    assert len(rows) == 22 and rows[0]["target"] == rows[8]["target"] == []
+
+
+def test_translate_streams(trained, files) -> None:
+    """From a pipe, each window's translations come out before the input ends."""
+    sources = (files / "te.en").read_text(encoding="utf-8").splitlines()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bahdanau", "translate", "--checkpoint", str(trained),
+         "--beam-size", "1", "--max-len", "4", "--batch-size", "1", "--threads", "1"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, proc.kill)   # a translate that waits for the end hangs
+    watchdog.start()
+    try:
+        proc.stdin.write("\n".join(sources[:20]) + "\n")     # one window: 20 x batch size 1
+        proc.stdin.flush()
+        first = [proc.stdout.readline() for _ in range(20)]   # while stdin is still open
+        assert all(line.endswith("\n") for line in first)
+        proc.stdin.write(sources[0] + "\n")
+        proc.stdin.close()
+        assert proc.stdout.read().splitlines() == [first[0].rstrip("\n")]
+        assert proc.wait(timeout=60) == 0
+    finally:
+        watchdog.cancel()
+        proc.kill()
 
 
 def test_help_and_bad_option() -> None:

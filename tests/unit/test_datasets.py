@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import gzip
 import hashlib
+import io
 import struct
 import zlib
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from bahdanau.datasets import (
     MULTI30K_LANGS,
     MULTI30K_SPLITS,
     decode_lines,
+    iter_lines,
     multi30k_files,
     read_lines,
 )
@@ -244,3 +248,62 @@ def test_non_empty_refuses_no_lines(tmp_path: Path, data: bytes) -> None:
     with pytest.raises(InputError, match=r"^<stdin> is empty"):
         decode_lines(data, "<stdin>", non_empty=True)
     assert decode_lines(b"\n", "<stdin>", non_empty=True) == [""]
+
+
+def _split_text(text: str) -> list[str]:
+    """The rules of iter_lines stated on a whole str: BOM, split on \\n, no extra last line, \\r."""
+    text = text.removeprefix("\ufeff")
+    lines = text.split("\n") if text else []
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+@given(st.text(alphabet=st.sampled_from(["a", "é", "\n", "\r", "\ufeff", " ", "\x0b", "\u2028",
+                                         "\x00", "😀"]), max_size=40),
+       st.booleans(), st.integers(1, 9))
+def test_iter_lines_in_any_chunk_size_equals_splitting_the_whole_text(text, compress,
+                                                                      chunk_size) -> None:
+    data = text.encode()
+    if compress:   # two members and zero padding, as gunzip reads them
+        half = len(data) // 2
+        data = gzip.compress(data[:half]) + gzip.compress(data[half:]) + b"\0\0"
+    got = list(iter_lines(io.BytesIO(data), "<test>", chunk_size=chunk_size))
+    assert got == _split_text(text)
+
+
+class _Pipe(io.RawIOBase):
+    """A stream that hands out `parts` one read at a time, then fails: what has not been sent
+    yet must not be needed."""
+
+    def __init__(self, *parts: bytes) -> None:
+        self.parts = list(parts)
+
+    def readable(self) -> bool:
+        return True
+
+    def read1(self, size: int = -1) -> bytes:
+        if not self.parts:
+            raise AssertionError("read past what the pipe has sent")
+        return self.parts.pop(0)
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_iter_lines_yields_each_line_as_soon_as_it_is_complete(compress) -> None:
+    if compress:   # a member per line, as a gzip stream flushed after each line
+        lines = iter_lines(_Pipe(gzip.compress(b"one\n"), gzip.compress(b"two\n")), "<pipe>")
+    else:
+        lines = iter_lines(_Pipe(b"one\ntw", b"o\n"), "<pipe>")
+    assert next(lines) == "one"
+    assert next(lines) == "two"
+
+
+@pytest.mark.parametrize(("data", "match"), [
+    (b"ok\n\xff\n", "<s>: line 2 is not valid UTF-8"),
+    (gzip.compress(b"ok\n")[:-3], "<s>: truncated gzip data"),
+    (gzip.compress(b"ok\n") + b"\0\0xy", r"<s>: trailing data after the gzip data \(2 bytes\)"),
+])
+def test_iter_lines_errors_name_the_source(data, match) -> None:
+    for chunk_size in (1, 3, 1 << 20):
+        with pytest.raises(InputError, match=match):
+            list(iter_lines(io.BytesIO(data), "<s>", chunk_size=chunk_size))

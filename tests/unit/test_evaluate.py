@@ -74,6 +74,24 @@ def test_score_test_set_by_hand() -> None:
     assert got["bleu_signature"].startswith("nrefs:1|")
 
 
+def test_lowercasing_tokenizer_scores_case_insensitively_and_says_so() -> None:
+    """With a lowercasing tokenizer the hypotheses are lowercase: every score compares them
+    with the references case-insensitively, and the BLEU signature says case:lc."""
+    tok = DefaultTokenizer(lowercase=True)
+    refs = ["A man is riding a bicycle .", "Two dogs are playing in the snow", "A girl sings"]
+    vocab = Vocab(dict.fromkeys(w for r in refs + HYPS for w in tok.tokenize(r)))
+    got = score_test_set(HYPS, HYPS, refs, vocab, vocab, tok, edges=(3,))
+    lowered = [r.lower() for r in refs]
+    assert got["bleu"] == round(sacrebleu.corpus_bleu(HYPS, [lowered]).score, 2)
+    assert got["bleu"] > round(sacrebleu.corpus_bleu(HYPS, [refs]).score, 2)
+    assert got["chrf"] == round(sacrebleu.corpus_chrf(HYPS, [lowered]).score, 2)
+    assert "|case:lc|" in got["bleu_signature"]
+    assert got["bleu_no_unk"] == got["bleu"]
+    assert got["bleu_by_length"][1]["bleu"] == round(corpus_bleu(HYPS, lowered), 2)
+    mixed = score_test_set(HYPS, HYPS, refs, vocab, vocab, DefaultTokenizer(), edges=(3,))
+    assert "|case:mixed|" in mixed["bleu_signature"] and mixed["bleu"] < got["bleu"]
+
+
 @pytest.mark.parametrize(("call", "match"), [
     (lambda: corpus_bleu(HYPS, REFS[:2]), "3 hypotheses but 2 references"),
     (lambda: corpus_bleu([], []), "no sentences"),
