@@ -269,6 +269,9 @@ class TrainOptions(SearchOptions):
     vocab_size: int = option(10000, "most frequent words kept per side (the paper: 30000)",
                              low=1, on_resume="fixed")
     lowercase: bool = option(False, "lowercase both sides", on_resume="fixed")
+    joiners: Literal["prefix", "punctuation"] = option(
+        "prefix", "where the tokenizer marks glued tokens (punctuation: on the punctuation, so "
+        "words stay the same token)", on_resume="fixed")
     max_train_len: int = option(50, "drop training pairs longer than this many tokens", low=1,
                                 on_resume="fixed")
     optimizer: Literal["adadelta", "adam"] = option(

@@ -116,6 +116,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "moses": {"train": [], "moses": True,
               "note": "trained and decoded on the Moses-tokenised text OpenNMT-py reads "
                       "(our tokenizer on top of it), output Moses-detokenised before scoring"},
+    "joiners": {"train": ["--joiners", "punctuation"],
+                "note": "words stay the same token next to punctuation (l'homme: l ￭'￭ homme)"},
     "glorot": {"train": ["--init", "glorot"],
                "note": "OpenNMT-py's initialisation (param_init_glorot) instead of the paper's"},
     "lp-average": {"base": "default", "decode": ["--length-penalty", "average"],
