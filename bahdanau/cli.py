@@ -222,8 +222,8 @@ def _load(o: DecodeOptions, path: Path, device: torch.device
     if o.unk_replace and model.arch == "rnnencdec":
         raise InputError(f"--unk-replace needs attention weights; {path} is an RNNencdec model")
     settings = payload["extra"].get("tokenizer", {})
-    return model, src_vocab, tgt_vocab, DefaultTokenizer(lowercase=settings.get("lowercase",
-                                                                                False))
+    return model, src_vocab, tgt_vocab, DefaultTokenizer(
+        lowercase=settings.get("lowercase", False), joiners=settings.get("joiners", "prefix"))
 
 
 def _report(model, sources: list[str], references: list[str], src_vocab: Vocab, tgt_vocab: Vocab,
@@ -347,7 +347,7 @@ def _train(o: TrainOptions) -> int:
     if o.unk_replace and o.arch == "rnnencdec":
         raise InputError("--unk-replace needs attention weights, which --arch rnnencdec lacks")
     train_pairs, dev_pairs, test_pairs = _data(o)
-    tokenizer = DefaultTokenizer(lowercase=o.lowercase)
+    tokenizer = DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
     src_vocab = Vocab.build((tokenizer.tokenize(s) for s, _ in train_pairs),
                             max_size=o.vocab_size)
     tgt_vocab = Vocab.build((tokenizer.tokenize(t) for _, t in train_pairs),
@@ -375,7 +375,8 @@ def _train(o: TrainOptions) -> int:
         run = setup_run(model, examples, tcfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                         checkpoint_dir=out / "checkpoints", resume=o.resume and not o.overwrite,
                         device=device, extra={"tokenizer": {"name": "default",
-                                                            "lowercase": o.lowercase},
+                                                            "lowercase": o.lowercase,
+                                                            "joiners": o.joiners},
                                               "options": o.to_record()})
         finished = stop_reason(run)
         if finished and (not test_pairs or (out / "metrics.json").is_file()):

@@ -287,32 +287,45 @@ class DefaultTokenizer:
 
     Scheme. The text is split on whitespace; each piece is split further into runs of word
     characters (letters, digits, combining marks) and single other characters (punctuation,
-    symbols). A token that was glued to the token before it (no space between them in the text)
-    carries the joiner ``JOINER`` ("￭", U+FFED) as a prefix::
+    symbols). Where two tokens were glued (no space between them in the text), one of them
+    carries the joiner ``JOINER`` ("￭", U+FFED) on that side. Which one, `joiners` says:
+
+    * ``"prefix"`` (the default): the second token, as a prefix::
 
         "A dog, running." -> ["A", "dog", "￭,", "running", "￭."]
         "l'homme (2)"     -> ["l", "￭'", "￭homme", "(", "￭2", "￭)"]
 
-    `detokenize` drops one leading joiner and glues the token to the previous one, and puts one
-    space before every other token. A joiner character in the input is a symbol like any other
-    (tokens "￭", or "￭￭" when glued), and a one-character token "￭" is always that literal
-    character, so every input round-trips.
+    * ``"punctuation"``: the punctuation or symbol token (a prefix when it follows the token it
+      is glued to, a suffix when it precedes it), so that a word is the same token wherever it
+      stands ("homme" in "un homme" and in "l'homme")::
+
+        "l'homme (2)"     -> ["l", "￭'￭", "homme", "(￭", "2", "￭)"]
+
+    `detokenize` glues a token to the one before it when it starts with a joiner or the one
+    before it ends with one, and puts one space before every other token. A joiner character in
+    the input is a symbol like any other: a one-character token "￭" is always that literal
+    character, and it never takes a suffix joiner, so every input round-trips in both schemes.
 
     Args:
         lowercase: lowercase every token. The round trip then holds only up to case (and
             `str.lower` may change lengths, e.g. "İ"); references should be compared lowercased.
+        joiners: "prefix" or "punctuation", as above.
     """
 
     JOINER = "\uffed"
+    JOINERS: tuple[str, ...] = ("prefix", "punctuation")
 
-    def __init__(self, *, lowercase: bool = False) -> None:
-        self.lowercase = lowercase
+    def __init__(self, *, lowercase: bool = False, joiners: str = "prefix") -> None:
+        if joiners not in self.JOINERS:
+            raise InputError(f"joiners must be one of {self.JOINERS}, got {joiners!r}")
+        self.lowercase, self.joiners = lowercase, joiners
 
     def __repr__(self) -> str:
-        return f"DefaultTokenizer(lowercase={self.lowercase})"
+        return f"DefaultTokenizer(lowercase={self.lowercase}, joiners={self.joiners!r})"
 
     def tokenize(self, text: str) -> list[str]:
         """Split `text` into word and punctuation tokens, marking glued tokens with `JOINER`."""
+        joiner, on_punctuation = self.JOINER, self.joiners == "punctuation"
         tokens: list[str] = []
         for piece in text.split():
             start, n = 0, len(piece)
@@ -321,29 +334,39 @@ class DefaultTokenizer:
                 if _is_word_char(piece[start]):
                     while end < n and _is_word_char(piece[end]):
                         end += 1
-                token = piece[start:end]
-                if self.lowercase:
-                    token = token.lower()
-                tokens.append(token if start == 0 else self.JOINER + token)
+                token = piece[start:end].lower() if self.lowercase else piece[start:end]
+                if start > 0:                          # glued to the token before it
+                    last = tokens[-1][-1]               # a word char, punctuation, or "￭"
+                    if on_punctuation and not _is_word_char(last) and last != joiner:
+                        tokens[-1] += joiner            # a suffix on the punctuation before
+                    else:                               # (a literal "￭" takes no suffix)
+                        token = joiner + token
+                tokens.append(token)
                 start = end
         return tokens
 
     @classmethod
     def display(cls, token: str) -> str:
-        """A token as a label (e.g. on an alignment plot's axis): without its joiner mark."""
-        return token[1:] if len(token) > 1 and token[0] == cls.JOINER else token
+        """A token as a label (e.g. on an alignment plot's axis): without its joiner marks."""
+        if len(token) > 1 and token[0] == cls.JOINER:
+            token = token[1:]
+        if len(token) > 1 and token[-1] == cls.JOINER:
+            token = token[:-1]
+        return token
 
     def detokenize(self, tokens: list[str]) -> str:
-        """Inverse of `tokenize` (up to whitespace normalisation)."""
+        """Inverse of `tokenize` (up to whitespace normalisation), for either scheme."""
         parts: list[str] = []
-        joiner = self.JOINER
+        joiner, glue_next = self.JOINER, False
         for token in tokens:
-            if len(token) > 1 and token[0] == joiner:
-                parts.append(token[1:])
-            else:
-                if parts:
-                    parts.append(" ")
-                parts.append(token)
+            glue = glue_next or (len(token) > 1 and token[0] == joiner)
+            core = token[1:] if len(token) > 1 and token[0] == joiner else token
+            glue_next = len(core) > 1 and core[-1] == joiner
+            if glue_next:
+                core = core[:-1]
+            if parts and not glue:
+                parts.append(" ")
+            parts.append(core)
         return "".join(parts)
 
 

@@ -264,11 +264,15 @@ class TrainOptions(SearchOptions):
     dropout: float = option(0.0, "dropout on embeddings and the maxout output", low=0,
                             on_resume="fixed")
     init: Literal["paper", "glorot"] = option(
-        "paper", "initialisation (paper: N(0, 0.01^2), orthogonal recurrent matrices; glorot: "
-        "Xavier-uniform matrices)", on_resume="fixed")
+        "glorot", "initialisation (glorot: Xavier-uniform matrices, which Adam trains much "
+        "faster; paper: N(0, 0.01^2), N(0, 0.001^2) alignment and orthogonal recurrent "
+        "matrices)", on_resume="fixed")
     vocab_size: int = option(10000, "most frequent words kept per side (the paper: 30000)",
                              low=1, on_resume="fixed")
     lowercase: bool = option(False, "lowercase both sides", on_resume="fixed")
+    joiners: Literal["prefix", "punctuation"] = option(
+        "prefix", "where the tokenizer marks glued tokens (punctuation: on the punctuation, so "
+        "words stay the same token)", on_resume="fixed")
     max_train_len: int = option(50, "drop training pairs longer than this many tokens", low=1,
                                 on_resume="fixed")
     optimizer: Literal["adadelta", "adam"] = option(

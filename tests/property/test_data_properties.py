@@ -18,12 +18,26 @@ _TEXT = st.one_of(
 )
 
 
-@given(_TEXT)
-def test_tokenizer_round_trip(text: str) -> None:
-    tok = DefaultTokenizer()
+@given(_TEXT, st.sampled_from(DefaultTokenizer.JOINERS))
+def test_tokenizer_round_trip(text: str, joiners: str) -> None:
+    tok = DefaultTokenizer(joiners=joiners)
     tokens = tok.tokenize(text)
     assert tok.detokenize(tokens) == " ".join(text.split())
     assert all(token and not any(c.isspace() for c in token) for token in tokens)
+
+
+@given(_TEXT)
+def test_punctuation_joiners_keep_words_bare_and_split_alike(text: str) -> None:
+    """Both schemes cut at the same places; with "punctuation" a word carries a joiner only
+    after a literal joiner character."""
+    prefix = DefaultTokenizer().tokenize(text)
+    punct = DefaultTokenizer(joiners="punctuation").tokenize(text)
+    assert list(map(DefaultTokenizer.display, prefix)) == list(map(DefaultTokenizer.display,
+                                                                   punct))
+    joiner = DefaultTokenizer.JOINER
+    for before, token in zip([None, *punct[:-1]], punct, strict=True):
+        if _word_char(token[-1]) and token[0] == joiner:
+            assert before is not None and before.endswith(joiner)
 
 
 def _word_char(c: str) -> bool:

@@ -121,6 +121,24 @@ def test_default_tokenizer_examples(text: str, tokens: list[str]) -> None:
     assert tok.detokenize(tokens) == " ".join(text.split())
 
 
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [
+        ("A dog, running.", ["A", "dog", J + ",", "running", J + "."]),
+        ("l'homme (2)", ["l", J + "'" + J, "homme", "(" + J, "2", J + ")"]),
+        ("«Oui»!", ["«" + J, "Oui", J + "»" + J, "!"]),
+        ("a ￭ b￭c (￭)", ["a", "￭", "b", J + "￭", J + "c", "(" + J, "￭", J + ")"]),
+    ],
+)
+def test_default_tokenizer_punctuation_joiners(text: str, tokens: list[str]) -> None:
+    tok = DefaultTokenizer(joiners="punctuation")
+    assert tok.tokenize(text) == tokens
+    assert tok.detokenize(tokens) == " ".join(text.split())
+    assert DefaultTokenizer.display(J + "'" + J) == "'"
+    with pytest.raises(ValueError, match="joiners must be one of"):
+        DefaultTokenizer(joiners="suffix")
+
+
 def test_default_tokenizer_lowercase() -> None:
     tok = DefaultTokenizer(lowercase=True)
     assert tok.tokenize("Deux Chiens.") == ["deux", "chiens", J + "."]
