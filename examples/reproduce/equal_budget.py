@@ -1,4 +1,4 @@
-"""Quality at equal training wall time: our default job against OpenNMT-py (issue 16).
+"""Quality at equal training wall time: our default job against OpenNMT-py.
 
 One call runs ONE measurement and appends one JSON line to a results table
 (``examples/reproduce/results/equal_budget.jsonl``); a measurement already in the table is
@@ -25,7 +25,7 @@ Protocol
   line (after the last checkpoint is written), i.e. start-up, data loading, vocabularies and dev
   evaluations included, test decoding excluded. ``--time-budget`` only counts the training loop,
   so it is set to the target wall time minus the start-up overhead (``--overhead-s``; by default
-  the median overhead of our earlier runs in the table, else 5 s). The issue asks for our
+  the median overhead of our earlier runs in the table, else 5 s). The protocol asks for our
   training wall time within +-3 % of OpenNMT-py's: ``ours --match-opennmt UPDATES`` aims at the
   mean training wall time of the OpenNMT-py runs with that many updates in the table, and prints
   and records the difference (``wall_vs_opennmt_pct``).
@@ -710,7 +710,7 @@ def main(argv: list[str] | None = None) -> None:
     peers_dir = Path(os.environ.get("PEERS_DIR", Path.home() / ".cache" / "bahdanau-peers"))
     p = argparse.ArgumentParser(
         description="Equal-wall-time quality comparison of our default training job with "
-                    "OpenNMT-py (issue 16). One measurement per call, appended to a table; "
+                    "OpenNMT-py. One measurement per call, appended to a table; "
                     "a measurement already there is skipped. The module docstring gives the "
                     "protocol and the whole sequence of commands.")
     p.add_argument("--results", type=Path,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
+from itertools import pairwise
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -35,7 +36,7 @@ def test_punctuation_joiners_keep_words_bare_and_split_alike(text: str) -> None:
     assert list(map(DefaultTokenizer.display, prefix)) == list(map(DefaultTokenizer.display,
                                                                    punct))
     joiner = DefaultTokenizer.JOINER
-    for before, token in zip([None, *punct[:-1]], punct, strict=True):
+    for before, token in pairwise([None, *punct]):
         if _word_char(token[-1]) and token[0] == joiner:
             assert before is not None and before.endswith(joiner)
 
