@@ -320,11 +320,33 @@ def find(records: list[dict[str, Any]], side: str, setting: str, seed: int,
     return hits[-1] if hits else None
 
 
-def append_record(path: Path, record: dict[str, Any]) -> None:
-    """Append one JSON line and make it durable before returning."""
+def portable(value: Any, args: argparse.Namespace) -> Any:
+    """`value` (a record, recursively) with this machine's paths made relative: the interpreter
+    becomes ``python``, the repository ``.``, the peers folder ``$PEERS_DIR``, and the folder
+    beside the repository ``..``; `local_path` turns such a path back into a local one."""
+    if isinstance(value, dict):
+        return {key: portable(item, args) for key, item in value.items()}
+    if isinstance(value, list):
+        return [portable(item, args) for item in value]
+    if not isinstance(value, str):
+        return value
+    for prefix, name in ((sys.executable, "python"), (str(REPO), "."),
+                         (str(args.peers_dir), "$PEERS_DIR"), (str(REPO.parent), "..")):
+        value = value.replace(prefix, name)
+    return value
+
+
+def local_path(text: str, args: argparse.Namespace) -> Path:
+    """A path from a record (see `portable`) on this machine."""
+    path = Path(text.replace("$PEERS_DIR", str(args.peers_dir)))
+    return path if path.is_absolute() else REPO / path
+
+
+def append_record(path: Path, record: dict[str, Any], args: argparse.Namespace) -> None:
+    """Append one JSON line, its paths made portable, and make it durable before returning."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, ensure_ascii=False) + "\n")
+        f.write(json.dumps(portable(record, args), ensure_ascii=False) + "\n")
         f.flush()
         os.fsync(f.fileno())
     log(f"recorded in {path}")
@@ -401,7 +423,7 @@ def cmd_ours(args: argparse.Namespace) -> None:
         if base is None:
             raise SystemExit(f"no '{setting['base']}' run of seed {args.seed} at {budget} in "
                              f"{args.results}: run `ours --setting {setting['base']}` first")
-        run_dir = Path(base["run_dir"])
+        run_dir = local_path(base["run_dir"], args)
         for key in ("updates", "train_wall_s", "train_loop_s", "wall_target_s",
                     "wall_vs_opennmt_pct", "contended", "idle"):
             rec[key] = base.get(key)
@@ -412,7 +434,7 @@ def cmd_ours(args: argparse.Namespace) -> None:
         rec.update(score(evaluate(args, run_dir, "test_2016_flickr", args.setting, decode,
                                   commands, tokenised), test_refs, "test"))
         rec["commands"] = commands
-        append_record(args.results, rec)
+        append_record(args.results, rec, args)
         log(summary_line(rec))
         return
 
@@ -493,7 +515,7 @@ def cmd_ours(args: argparse.Namespace) -> None:
     rec.update(score(detokenised(args, read_text_lines(run_dir / "test.hyp.txt"), tokenised),
                      test_refs, "test"))
     rec["commands"] = commands
-    append_record(args.results, rec)
+    append_record(args.results, rec, args)
     log(summary_line(rec))
     msg = f"training wall time: ours {rec['train_wall_s']:.1f} s, target {target:.1f} s"
     if onmt_wall is not None:
@@ -625,8 +647,8 @@ def cmd_opennmt(args: argparse.Namespace) -> None:
         for key in ("updates", "train_wall_s", "train_loop_s", "build_vocab_s", "contended",
                     "idle"):
             rec[key] = base.get(key)
-        out = Path(base["run_dir"])
-        ckpt = Path(base["checkpoint"])
+        out = local_path(base["run_dir"], args)
+        ckpt = local_path(base["checkpoint"], args)
         flags = onmt_decode_flags(setting["opennmt"])
         test_tok = onmt_translate(args, ckpt, out / "data" / "test.src",
                                   out / f"{args.setting}.test.hyp.tok", flags, args.seed, commands)
@@ -648,7 +670,7 @@ def cmd_opennmt(args: argparse.Namespace) -> None:
     rec.update(score(dev, dev_refs, "dev"))
     rec.update(score(test, test_refs, "test"))
     rec["commands"] = commands
-    append_record(args.results, rec)
+    append_record(args.results, rec, args)
     log(summary_line(rec))
 
 
