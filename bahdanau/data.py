@@ -348,25 +348,26 @@ class DefaultTokenizer:
     @classmethod
     def display(cls, token: str) -> str:
         """A token as a label (e.g. on an alignment plot's axis): without its joiner marks."""
-        if len(token) > 1 and token[0] == cls.JOINER:
-            token = token[1:]
-        if len(token) > 1 and token[-1] == cls.JOINER:
-            token = token[:-1]
-        return token
+        return cls._marks(token)[1]
+
+    @classmethod
+    def _marks(cls, token: str) -> tuple[bool, str, bool]:
+        """(glued to the token before, the token without its marks, glued to the one after)."""
+        before = len(token) > 1 and token[0] == cls.JOINER
+        core = token[1:] if before else token
+        after = len(core) > 1 and core[-1] == cls.JOINER
+        return before, core[:-1] if after else core, after
 
     def detokenize(self, tokens: list[str]) -> str:
         """Inverse of `tokenize` (up to whitespace normalisation), for either scheme."""
         parts: list[str] = []
-        joiner, glue_next = self.JOINER, False
+        glue_next = False
         for token in tokens:
-            glue = glue_next or (len(token) > 1 and token[0] == joiner)
-            core = token[1:] if len(token) > 1 and token[0] == joiner else token
-            glue_next = len(core) > 1 and core[-1] == joiner
-            if glue_next:
-                core = core[:-1]
-            if parts and not glue:
+            glue, core, next_glue = self._marks(token)
+            if parts and not (glue or glue_next):
                 parts.append(" ")
             parts.append(core)
+            glue_next = next_glue
         return "".join(parts)
 
 
