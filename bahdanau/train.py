@@ -57,6 +57,7 @@ from bahdanau.checkpoint import (
     upgrade_payload,
 )
 from bahdanau.config import TrainConfig
+from bahdanau.corpus import PreparedCorpus
 from bahdanau.data import Batch, BucketBatchSampler, Example, Vocab, check_examples, collate
 from bahdanau.errors import InputError
 
@@ -252,6 +253,7 @@ class TrainRun:
     resume_changes: list[str] = field(default_factory=list)  # logged by train_run
     signal: str = ""                        # "sigint", "sigterm" or "sighup" once one arrived
     clock: float = field(default_factory=time.monotonic)  # when state.elapsed_s was updated
+    loader: BatchLoader | None = None       # with cfg.loader_workers: batches collated ahead
 
 
 def _broadcast(value: Any, distributed: bool) -> Any:
@@ -296,7 +298,8 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     Args:
         model: an `RNNSearch` / `RNNEncDec`, moved to `device`; it needs its `.config` (as
             `build_model` makes it) to be checkpointed.
-        examples: training examples, encoded with `src_vocab` and `tgt_vocab`.
+        examples: training examples, encoded with `src_vocab` and `tgt_vocab`: a list from
+            `encode_pairs`, or a `PreparedCorpus` (memory-mapped, the same examples).
         cfg: training settings; at least one of max_steps, max_epochs, max_time_s must be set.
         src_vocab, tgt_vocab: must match `model.config` (sizes and special ids); stored in
             checkpoints and checked on resume.
@@ -326,11 +329,14 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         raise InputError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
     if len(examples) == 0:
         raise InputError("examples is empty")
-    check_examples("examples", examples)
+    if isinstance(examples, PreparedCorpus):   # checked whole when it was opened
+        lengths, digest = examples.lengths, examples.digest()
+    else:
+        check_examples("examples", examples)
+        lengths, digest = examples, examples_digest(examples)
     check_type("src_vocab", src_vocab, Vocab, "a Vocab")
     check_type("tgt_vocab", tgt_vocab, Vocab, "a Vocab")
     device = resolve_device(device)
-    digest = examples_digest(examples)
     config = (_config_of(model) if checkpoint_dir is not None
               else getattr(_unwrap(model), "config", None))
     if config is not None:  # a model built without a config uses the Vocab ids
@@ -364,7 +370,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     model.to(device)
     optimizer = make_optimizer(model, cfg)
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
-    sampler = BucketBatchSampler(examples, batch_size=None if cfg.max_tokens else cfg.batch_size,
+    sampler = BucketBatchSampler(lengths, batch_size=None if cfg.max_tokens else cfg.batch_size,
                                  max_tokens=cfg.max_tokens, bucket=cfg.bucket, seed=cfg.seed)
     if payload is not None:
         with _named(latest):
@@ -392,21 +398,76 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
                     tgt_vocab=tgt_vocab, state=state, device=device, manager=manager,
                     extra=dict(extra or {}), distributed=distributed,
                     is_main=not distributed or dist.get_rank() == 0, resumed_from=latest,
-                    resume_changes=changes)
+                    resume_changes=changes,
+                    loader=BatchLoader(examples, sampler, cfg.loader_workers,
+                                       pin_memory=device.type == "cuda")
+                    if cfg.loader_workers else None)
+
+
+class _EpochBatches(torch.utils.data.Dataset):
+    """Item i: the collated batch i of a list of batches (what a DataLoader worker makes)."""
+
+    def __init__(self, examples: Sequence[Example], batches: Sequence[Sequence[int]]) -> None:
+        self.examples, self.batches = examples, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> Batch:
+        return collate([self.examples[j] for j in self.batches[i]])
+
+
+def _ignore_sigint(worker_id: int) -> None:
+    """Ctrl-C reaches the whole process group: the workers leave it to the main process,
+    which stops at the end of its step and saves."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class BatchLoader:
+    """Collates the run's batches ahead of the training step in `workers` processes (a
+    `torch.utils.data.DataLoader`; pinned memory when training on CUDA).
+
+    It hands out the batch at any place (epoch, position) asked for, and so knows nothing of
+    resuming: the run's `TrainState` counts the batches the optimiser consumed, and asking for
+    another place than the one after the last (a new epoch, a resumed run) restarts the workers
+    there. The batches are those `collate` makes inline, in the same order.
+    """
+
+    def __init__(self, examples: Sequence[Example], sampler: BucketBatchSampler, workers: int,
+                 pin_memory: bool) -> None:
+        self.examples, self.sampler = examples, sampler
+        self.workers, self.pin_memory = workers, pin_memory
+        self._batches: Iterator[Batch] | None = None
+        self._next: tuple[int, int] | None = None
+
+    def batch(self, epoch: int, position: int) -> Batch:
+        """The collated batch `position` of `epoch`."""
+        if self._batches is None or self._next != (epoch, position):
+            batches = self.sampler.epoch_batches(epoch)[position:]
+            self._batches = iter(torch.utils.data.DataLoader(
+                _EpochBatches(self.examples, batches), batch_size=None,
+                num_workers=self.workers, pin_memory=self.pin_memory,
+                worker_init_fn=_ignore_sigint))
+        self._next = (epoch, position + 1)
+        return next(self._batches)
 
 
 def next_batch(run: TrainRun) -> Batch:
     """The batch at the run's place in the data (`state.epoch`, `state.position`).
 
-    Does not advance the state; `run_step` does.
+    Does not advance the state; `run_step` does. With `cfg.loader_workers`, the batch comes
+    from `run.loader`, collated ahead in worker processes; otherwise it is collated here.
 
     Args:
         run: the run.
     Returns:
         The `Batch`, on `run.device`.
     """
-    positions = run.sampler.epoch_batches(run.state.epoch)[run.state.position]
-    batch = collate([run.examples[i] for i in positions])
+    if run.loader is not None:
+        batch = run.loader.batch(run.state.epoch, run.state.position)
+    else:
+        positions = run.sampler.epoch_batches(run.state.epoch)[run.state.position]
+        batch = collate([run.examples[i] for i in positions])
     return batch.to(run.device, non_blocking=True)
 
 
