@@ -47,15 +47,9 @@ import torch
 from bahdanau import presets
 from bahdanau._checks import resolve_device
 from bahdanau._files import atomic_file, atomic_write
-from bahdanau.checkpoint import (
-    CheckpointManager,
-    _named,
-    load_checkpoint,
-    model_from_checkpoint,
-    upgrade_payload,
-)
+from bahdanau.checkpoint import CheckpointManager, find_checkpoint
 from bahdanau.corpus import PreparedCorpus, TrainSentencePiece, prepare_corpus
-from bahdanau.data import DefaultTokenizer, Vocab, encode_pairs, read_parallel
+from bahdanau.data import DefaultTokenizer, Tokenizer, Vocab, encode_pairs, read_parallel
 from bahdanau.datasets import decode_lines, iter_lines, multi30k_files, read_lines
 from bahdanau.errors import InputError
 from bahdanau.evaluate import Translation, corpus_bleu, score_test_set, translate_corpus
@@ -75,6 +69,7 @@ from bahdanau.plot import PlotDependencyError
 from bahdanau.search import BeamSearch
 from bahdanau.tokenizers import SentencePieceTokenizer
 from bahdanau.train import TrainConfig, setup_run, stop_reason, train_run
+from bahdanau.translate import load
 
 RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML readers also read)
 RUN_FILES = ("checkpoints", RUN_CONFIG, "metrics.json", "test.hyp.txt", "alignment.png")
@@ -218,31 +213,17 @@ def _machine(o: TrainOptions | DecodeOptions) -> torch.device:
     return device
 
 
-def _checkpoint_file(path: str) -> Path:
-    p = Path(path)
-    if p.is_dir():
-        manager = CheckpointManager(p / "checkpoints" if (p / "checkpoints").is_dir() else p)
-        found = manager.best() or manager.latest()
-        if found is None:
-            raise InputError(f"--checkpoint {path}: no checkpoint in this folder")
-        return found
-    return _existing(path, "--checkpoint")
-
-
 def _load(o: DecodeOptions, path: Path, device: torch.device
-          ) -> tuple[torch.nn.Module, Vocab, Vocab, DefaultTokenizer]:
-    with _named(path):
-        payload = upgrade_payload(load_checkpoint(path))
-        model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=device)
-    if o.unk_replace and model.arch == "rnnencdec":
+          ) -> tuple[torch.nn.Module, Vocab, Vocab, Tokenizer]:
+    """The checkpoint's model, vocabularies and the tokenizer it was trained with."""
+    t = load(path, device=device)
+    if o.unk_replace and t.model.arch == "rnnencdec":
         raise InputError(f"--unk-replace needs attention weights; {path} is an RNNencdec model")
-    settings = payload["extra"].get("tokenizer", {})
-    return model, src_vocab, tgt_vocab, DefaultTokenizer(
-        lowercase=settings.get("lowercase", False), joiners=settings.get("joiners", "prefix"))
+    return t.model, t.src_vocab, t.tgt_vocab, t.tokenizer
 
 
 def _report(model, sources: list[str], references: list[str], src_vocab: Vocab, tgt_vocab: Vocab,
-            tokenizer: DefaultTokenizer, o: SearchOptions, search: BeamSearch,
+            tokenizer: Tokenizer, o: SearchOptions, search: BeamSearch,
             device: torch.device) -> tuple[dict[str, Any], list]:
     start = time.perf_counter()
     out = translate_corpus(model, sources, src_vocab, tgt_vocab, tokenizer, search=search,
@@ -396,10 +377,7 @@ def _train(o: TrainOptions) -> int:
             _remove_run(out)
         run = setup_run(model, examples, tcfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                         checkpoint_dir=out / "checkpoints", resume=o.resume and not o.overwrite,
-                        device=device, extra={"tokenizer": {"name": "default",
-                                                            "lowercase": o.lowercase,
-                                                            "joiners": o.joiners},
-                                              "options": o.to_record()})
+                        device=device, extra={"options": o.to_record()}, tokenizer=tokenizer)
         finished = stop_reason(run)
         if finished and (not test_pairs or (out / "metrics.json").is_file()):
             print(f"nothing to do: the run in {out} finished at step {run.state.step} "
@@ -484,7 +462,7 @@ def _translate(o: TranslateOptions) -> int:
     device = _machine(o)
     search = _search(o, o.n_best)
     path = _existing(o.input, "--input")
-    checkpoint = _checkpoint_file(o.checkpoint)
+    checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
     _check_outputs({"--alignments": o.alignments}, {"--input": path, "--checkpoint": checkpoint})
     if sys.stdout is None or (path is None and sys.stdin is None):
         raise InputError("stdin or stdout is closed: translate reads stdin (or --input) and "
@@ -518,7 +496,7 @@ def _translate(o: TranslateOptions) -> int:
 
 
 def _print_translation(index: int, t: Translation | None, n_best: int,
-                       tokenizer: DefaultTokenizer, tgt_vocab: Vocab) -> None:
+                       tokenizer: Tokenizer, tgt_vocab: Vocab) -> None:
     """One line (its n-best lines with --n-best; none for an empty input line)."""
     if n_best == 1:
         print("" if t is None else t.text)
@@ -528,7 +506,7 @@ def _print_translation(index: int, t: Translation | None, n_best: int,
         print(f"{index} ||| {text} ||| {hyp.score:.4f}")
 
 
-def _alignment_row(line: str, t: Translation | None, tokenizer: DefaultTokenizer) -> str:
+def _alignment_row(line: str, t: Translation | None, tokenizer: Tokenizer) -> str:
     """The JSON line --alignments writes for one input line."""
     if t is None:
         return json.dumps({"source": [], "target": [], "weights": None}) + "\n"
@@ -568,7 +546,7 @@ def _evaluate(o: EvaluateOptions) -> int:
     device = _machine(o)
     search = _search(o)
     src, ref = _existing(o.src, "--src"), _existing(o.ref, "--ref")
-    checkpoint = _checkpoint_file(o.checkpoint)
+    checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
     _check_outputs({"--output": o.output, "--json": o.json},
                    {"--src": src, "--ref": ref, "--checkpoint": checkpoint})
     sources, references = _sentences(src), read_lines(ref, non_empty=True)
@@ -591,7 +569,7 @@ def _plot(o: PlotOptions) -> int:
     device = _machine(o)
     search = _search(o)
     path = _existing(o.input, "--input")
-    checkpoint = _checkpoint_file(o.checkpoint)
+    checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
     _check_outputs({"--output": o.output}, {"--input": path, "--checkpoint": checkpoint})
     check_image_path(o.output)
     sentence = o.sentence
@@ -614,7 +592,8 @@ def _plot(o: PlotOptions) -> int:
     return 0
 
 
-_RUN = {"prepare": _prepare, "train": _train, "translate": _translate, "evaluate": _evaluate, "plot": _plot}
+_RUN = {"prepare": _prepare, "train": _train, "translate": _translate, "evaluate": _evaluate,
+        "plot": _plot}
 
 
 def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:

@@ -48,6 +48,7 @@ from bahdanau.datasets import iter_lines
 from bahdanau.errors import InputError
 from bahdanau.tokenizers import (
     SentencePieceTokenizer,
+    check_vocabs,
     load_tokenizer,
     save_tokenizer,
     tokenizer_to_payload,
@@ -427,9 +428,7 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
         if src_vocab is None or tgt_vocab is None:
             src_vocab, tgt_vocab = (Vocab.from_counts(side.word_counts(), vocab_size)
                                     for side in sides)
-        if isinstance(tokenizer, SentencePieceTokenizer):
-            tokenizer.check_vocab(src_vocab, "src")
-            tokenizer.check_vocab(tgt_vocab, "tgt")
+        check_vocabs(tokenizer, src_vocab, tgt_vocab)
         tokens = [side.write(folder, name, vocab)
                   for side, name, vocab in zip(sides, _SIDES, (src_vocab, tgt_vocab),
                                                strict=True)]
@@ -497,9 +496,7 @@ class PreparedCorpus(Sequence[Example]):
         self.src_vocab = Vocab.load(self._file("src_vocab.json"))
         self.tgt_vocab = Vocab.load(self._file("tgt_vocab.json"))
         self.tokenizer = load_tokenizer(self.folder)
-        if isinstance(self.tokenizer, SentencePieceTokenizer):
-            self.tokenizer.check_vocab(self.src_vocab, "src")
-            self.tokenizer.check_vocab(self.tgt_vocab, "tgt")
+        check_vocabs(self.tokenizer, self.src_vocab, self.tgt_vocab)
         pairs = self.manifest["counts"]["pairs"]
         self._ids, self._offsets = [], []
         for side, vocab in zip(_SIDES, (self.src_vocab, self.tgt_vocab), strict=True):

@@ -58,8 +58,17 @@ from bahdanau.checkpoint import (
 )
 from bahdanau.config import TrainConfig
 from bahdanau.corpus import PreparedCorpus
-from bahdanau.data import Batch, BucketBatchSampler, Example, Vocab, check_examples, collate
+from bahdanau.data import (
+    Batch,
+    BucketBatchSampler,
+    Example,
+    Tokenizer,
+    Vocab,
+    check_examples,
+    collate,
+)
 from bahdanau.errors import InputError
+from bahdanau.tokenizers import check_vocabs, tokenizer_to_payload
 
 __all__ = [
     "CheckpointManager",
@@ -247,6 +256,7 @@ class TrainRun:
     device: torch.device
     manager: CheckpointManager | None = None   # None: no checkpoints
     extra: dict[str, Any] = field(default_factory=dict)  # stored in every checkpoint
+    tokenizer: Tokenizer | None = None      # stored in every checkpoint's tokenizer section
     distributed: bool = False               # torch.distributed is initialised
     is_main: bool = True                    # rank 0: validates, logs and saves
     resumed_from: Path | None = None        # the checkpoint the state came from
@@ -285,7 +295,8 @@ def examples_digest(examples: Sequence[Example]) -> str:
 def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *,
               src_vocab: Vocab, tgt_vocab: Vocab, checkpoint_dir: str | Path | None = None,
               resume: bool = True, device: str | torch.device = "cpu",
-              extra: dict[str, Any] | None = None) -> TrainRun:
+              extra: dict[str, Any] | None = None,
+              tokenizer: Tokenizer | None = None) -> TrainRun:
     """Check the arguments, build the optimizer and sampler, and resume the latest checkpoint.
 
     With `checkpoint_dir` and `resume`, the latest checkpoint there is restored (weights,
@@ -313,15 +324,20 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
             from `cfg` (`TrainConfig.set_hyperparameters`).
         device: where to train.
         extra: checkpoint-safe entries stored in every checkpoint under "extra".
+        tokenizer: the tokenizer the examples were made with (`DefaultTokenizer`,
+            `WhitespaceTokenizer` or `SentencePieceTokenizer`), stored in every checkpoint
+            (its `tokenizer` section), so that `bahdanau.load` and the command line translate
+            with it; None stores none.
     Returns:
         The `TrainRun`.
     Raises:
         InputError: no stopping limit, no examples, vocabularies whose sizes or special ids
-            differ from `model.config`'s, a checkpoint directory with a model that has no
-            `.config`, `resume=False` with a directory holding checkpoints, or a checkpoint
-            that is damaged, malformed or does not match: model config, vocabularies or a
-            fixed `cfg` field (the file first, then what is wrong). Nothing is trained and no
-            file is written then.
+            differ from `model.config`'s, a tokenizer that cannot be stored or (SentencePiece)
+            whose pieces the vocabularies' words are not, a checkpoint directory with a model
+            that has no `.config`, `resume=False` with a directory holding checkpoints, or a
+            checkpoint that is damaged, malformed or does not match: model config,
+            vocabularies or a fixed `cfg` field (the file first, then what is wrong). Nothing
+            is trained and no file is written then.
     """
     check_type("model", model, nn.Module, "a torch.nn.Module such as RNNSearch")
     check_type("cfg", cfg, TrainConfig, "a TrainConfig")
@@ -341,6 +357,9 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
               else getattr(_unwrap(model), "config", None))
     if config is not None:  # a model built without a config uses the Vocab ids
         config.check_vocabs(src_vocab, tgt_vocab)
+    if tokenizer is not None:
+        tokenizer_to_payload(tokenizer)        # refuses, before any work, what cannot be saved
+        check_vocabs(tokenizer, src_vocab, tgt_vocab)
     manager = None
     if checkpoint_dir is not None:
         manager = CheckpointManager(checkpoint_dir, keep_last=cfg.keep_last)
@@ -396,7 +415,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     return TrainRun(model=model, step_model=step_model, optimizer=optimizer, scaler=scaler,
                     sampler=sampler, examples=examples, cfg=cfg, src_vocab=src_vocab,
                     tgt_vocab=tgt_vocab, state=state, device=device, manager=manager,
-                    extra=dict(extra or {}), distributed=distributed,
+                    extra=dict(extra or {}), tokenizer=tokenizer, distributed=distributed,
                     is_main=not distributed or dist.get_rank() == 0, resumed_from=latest,
                     resume_changes=changes,
                     loader=BatchLoader(examples, sampler, cfg.loader_workers,
@@ -542,7 +561,8 @@ def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:
         return None
     payload = checkpoint_payload(run.model, src_vocab=run.src_vocab, tgt_vocab=run.tgt_vocab,
                                  optimizer=run.optimizer, scaler=run.scaler, train_config=run.cfg,
-                                 train_state=run.state, extra=run.extra)
+                                 train_state=run.state, extra=run.extra,
+                                 tokenizer=run.tokenizer)
     return run.manager.save(run.state.step, payload, metric=metric)
 
 
@@ -657,7 +677,8 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
           tgt_vocab: Vocab, checkpoint_dir: str | Path | None = None, resume: bool = True,
           validate: Callable[[nn.Module], float] | None = None,
           log: Callable[[str], None] = print, device: str | torch.device = "cpu",
-          extra: dict[str, Any] | None = None) -> TrainResult:
+          extra: dict[str, Any] | None = None, tokenizer: Tokenizer | None = None
+          ) -> TrainResult:
     """Train `model` on `examples` until a step, epoch, time or patience limit is reached.
 
     The loop of the module docstring: `setup_run`, then `run_step` until `stop_reason`, with a
@@ -672,8 +693,8 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
     resumes from the same checkpoint directory.
 
     Args:
-        model, examples, cfg, src_vocab, tgt_vocab, checkpoint_dir, resume, device, extra:
-            as for `setup_run`.
+        model, examples, cfg, src_vocab, tgt_vocab, checkpoint_dir, resume, device, extra,
+            tokenizer: as for `setup_run`.
         validate: called as `validate(model)` (in eval mode) every `cfg.eval_every` steps and at
             the end; higher is better (e.g. dev BLEU). Drives best.pt and early stopping.
         log: receives one line every `cfg.log_every` steps and at evaluations.
@@ -683,7 +704,8 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
         InputError: as `setup_run`, before any training.
     """
     run = setup_run(model, examples, cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
-                    checkpoint_dir=checkpoint_dir, resume=resume, device=device, extra=extra)
+                    checkpoint_dir=checkpoint_dir, resume=resume, device=device, extra=extra,
+                    tokenizer=tokenizer)
     return train_run(run, validate=validate, log=log)
 
 

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from training_fixtures import tiny_model
 
 from bahdanau import corpus as corpus_module
 from bahdanau.config import TrainConfig
@@ -17,7 +18,6 @@ from bahdanau.data import BucketBatchSampler, DefaultTokenizer, Vocab, encode_pa
 from bahdanau.datasets import multi30k_files, read_lines
 from bahdanau.errors import InputError
 from bahdanau.train import examples_digest, next_batch, run_step, setup_run
-from training_fixtures import tiny_model
 
 
 def _write(path, lines, *, gz=False):
