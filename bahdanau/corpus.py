@@ -492,6 +492,7 @@ class PreparedCorpus(Sequence[Example]):
         self.folder = check_path("folder", folder)
         if max_len is not None and (not is_int(max_len) or max_len < 1):
             raise InputError(f"max_len must be a positive int or None, got {max_len!r}")
+        self.max_len = max_len
         self.manifest = _read_manifest(self.folder)
         self.src_vocab = Vocab.load(self._file("src_vocab.json"))
         self.tgt_vocab = Vocab.load(self._file("tgt_vocab.json"))
@@ -561,6 +562,10 @@ class PreparedCorpus(Sequence[Example]):
     def __repr__(self) -> str:
         return f"PreparedCorpus({str(self.folder)!r}, pairs={len(self)})"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its folder (a process started with "spawn" maps the files again)."""
+        return _reopen, (self.folder, self.max_len)
+
     @property
     def lengths(self) -> np.ndarray:
         """(N, 2) int64: each pair's source length and target length + 1, the padded lengths
@@ -595,6 +600,10 @@ class PreparedCorpus(Sequence[Example]):
             out[_ragged(at + 1, length)] = ids[_ragged(start, length)]
             at = at + 1 + length
         return out
+
+
+def _reopen(folder: Path, max_len: int | None) -> PreparedCorpus:
+    return PreparedCorpus(folder, max_len=max_len)
 
 
 def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:

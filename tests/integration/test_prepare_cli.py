@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -88,3 +89,30 @@ def test_bad_prepare_and_data_options(files, capsys, argv, message) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("model_type", ["bpe", "unigram"])
+def test_sentencepiece_prepare_train_translate(tmp_path, capsys, model_type) -> None:
+    pytest.importorskip("sentencepiece")
+    en = read_lines(multi30k_files("train", "en"))[:2020]
+    fr = read_lines(multi30k_files("train", "fr"))[:2020]
+    for name, lines in (("tr.en", en[:2000]), ("tr.fr", fr[:2000]), ("te.en", en[2000:])):
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    prepared = tmp_path / "prepared"
+    assert main(["prepare", "--train-src", str(tmp_path / "tr.en"), "--train-tgt",
+                 str(tmp_path / "tr.fr"), "--out", str(prepared), "--tokenizer", model_type,
+                 "--subword-vocab", "400", "--workers", "2"]) == 0
+    assert (prepared / "sentencepiece.model").is_file()
+    assert main(["train", "--data", str(prepared), *TRAIN, "--out", str(tmp_path / "run")]) == 0
+    capsys.readouterr()
+    assert main(["translate", "--checkpoint", str(tmp_path / "run"), "--input",
+                 str(tmp_path / "te.en"), "--max-len", "8", "--beam-size", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 20
+    assert not any("\u2581" in line for line in lines)      # detokenised: plain text
+    # the model file trained here serves a second corpus as it is
+    again = tmp_path / "again"
+    assert main(["prepare", "--train-src", str(tmp_path / "tr.en"), "--train-tgt",
+                 str(tmp_path / "tr.fr"), "--out", str(again), "--sentencepiece-model",
+                 str(prepared / "sentencepiece.model"), "--workers", "1"]) == 0
+    assert np.array_equal(np.load(prepared / "src.ids.npy"), np.load(again / "src.ids.npy"))

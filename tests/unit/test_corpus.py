@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -186,7 +187,7 @@ def test_damaged_prepared_folders_are_refused(tmp_path, damage, message) -> None
 
 def test_training_on_a_prepared_corpus_equals_training_on_the_list(sample, tmp_path) -> None:
     src, tgt = sample
-    corpus = prepare_corpus(src, tgt, tmp_path / "prep", vocab_size=60, workers=1)
+    prepare_corpus(src, tgt, tmp_path / "prep", vocab_size=60, workers=1)
     corpus = PreparedCorpus(tmp_path / "prep", max_len=10)
     examples = list(corpus)
     cfg = TrainConfig(optimizer="adam", batch_size=8, max_steps=4, seed=3)
@@ -219,3 +220,12 @@ def test_loader_workers_give_the_inline_batches_and_resume_exactly(sample, tmp_p
         a, b = next_batch(inline), next_batch(ahead)
         for name in ("src", "src_lengths", "tgt_in", "tgt_out", "indices"):
             assert torch.equal(getattr(a, name), getattr(b, name)), (epoch, position, name)
+
+
+def test_a_pickled_corpus_maps_its_folder_again(sample, tmp_path) -> None:
+    prepare_corpus(*sample, tmp_path / "prep", workers=1)
+    corpus = PreparedCorpus(tmp_path / "prep", max_len=8)
+    data = pickle.dumps(corpus)
+    assert len(data) < 1000                    # the folder, not the arrays
+    again = pickle.loads(data)
+    assert len(again) == len(corpus) < 3000 and again[10] == corpus[10]
