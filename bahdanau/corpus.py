@@ -167,7 +167,7 @@ class _Side:
         counts[:len(self.counts)] += self.counts
         self.counts = counts
         self.lengths.append(lengths[keep])
-        self.spool.write(ids.astype(np.uint32).tobytes())
+        self.spool.write(ids.tobytes())
 
     def word_counts(self) -> dict[str, int]:
         return dict(zip(self.words, self.counts.tolist(), strict=True))
@@ -179,7 +179,7 @@ class _Side:
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        np.save(folder / f"{side}.offsets.npy", offsets)
+        _save(folder / f"{side}.offsets.npy", offsets)
         lookup = np.fromiter((vocab.token_to_id(w) for w in self.words), dtype=np.uint32,
                              count=len(self.words))
         spooled = np.memmap(self.spool_path, dtype=np.uint32, mode="r") if offsets[-1] else []
@@ -189,8 +189,22 @@ class _Side:
             ids[start:start + _COPY_IDS] = lookup[spooled[start:start + _COPY_IDS]]
         ids.flush()
         del ids, spooled
+        _fsync(folder / f"{side}.ids.npy")
         self.spool_path.unlink()
         return int(offsets[-1])
+
+
+def _save(path: Path, array: np.ndarray) -> None:
+    """`np.save`, durably (the folder is renamed into place only when every file is on disk)."""
+    atomic_write(path, lambda f: np.save(f, array))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _id_dtype(vocab: Vocab) -> type:
@@ -275,15 +289,21 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
         if not path.is_file():
             raise InputError(f"{what} {path}: " + ("is a folder, not a file" if path.is_dir()
                                                    else "no such file"))
+    existing = _existing_corpus(out)
     start = time.perf_counter()
     options = {"tokenizer": _describe_tokenizer(tokenizer), "vocab_size": vocab_size,
                "src_vocab": _vocab_sha256(src_vocab), "tgt_vocab": _vocab_sha256(tgt_vocab),
                "max_len": max_len, "max_ratio": max_ratio, "strict": strict}
     inputs = [{"file": p.name, "bytes": p.stat().st_size, "sha256": _sha256(p)}
               for p in (src, tgt)]
-    if _reusable(out, inputs, options, overwrite):
+    if existing and existing["inputs"] == inputs and existing["options"] == options:
         log(f"{out} is up to date (same inputs and options): reusing it")
         return PreparedCorpus(out)
+    if existing is not None and not overwrite:
+        what = ("a prepared corpus of other inputs or options" if existing
+                else "a damaged prepared corpus")
+        raise InputError(f"{out} holds {what}: replace it with overwrite (--overwrite) or "
+                         "choose another folder")
 
     if isinstance(tokenizer, TrainSentencePiece):
         log(f"training a SentencePiece {tokenizer.model_type} model of {tokenizer.vocab_size} "
@@ -338,32 +358,22 @@ def _vocab_sha256(vocab: Vocab | None) -> str | None:
     return hashlib.sha256(json.dumps(vocab.to_dict(), ensure_ascii=False).encode()).hexdigest()
 
 
-def _reusable(out: Path, inputs: list[dict[str, Any]], options: dict[str, Any],
-              overwrite: bool) -> bool:
-    """`out` holds this very corpus. Raises when `out` holds something that may not be
-    replaced: a file, a folder of other files, or (without `overwrite`) another corpus."""
+def _existing_corpus(out: Path) -> dict[str, Any] | None:
+    """The manifest of the prepared corpus in `out` ({} if it is damaged), None if `out` is
+    missing or empty. Raises when `out` is a file or a folder of other files: never replaced."""
     if not out.exists():
-        return False
+        return None
     if not out.is_dir():
         raise InputError(f"{out} is a file, not a folder for a prepared corpus")
     if not (out / MANIFEST).is_file():
         if any(out.iterdir()):
             raise InputError(f"{out} holds files but no prepared corpus ({MANIFEST}): choose "
                              "another folder; nothing there is replaced")
-        return False
+        return None
     try:
-        manifest = _read_manifest(out)
+        return _read_manifest(out)
     except InputError:
-        manifest = None
-    if (manifest is not None and manifest["inputs"] == inputs
-            and manifest["options"] == options):
-        return True
-    if not overwrite:
-        what = ("a prepared corpus of other inputs or options" if manifest is not None
-                else "a damaged prepared corpus")
-        raise InputError(f"{out} holds {what}: replace it with overwrite (--overwrite) or "
-                         "choose another folder")
-    return False
+        return {}
 
 
 def _replace(out: Path, partial: Path) -> None:
@@ -435,7 +445,7 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
     finally:
         for side in sides:
             side.spool.close()
-    np.save(folder / "lines.npy", np.concatenate(kept_lines))
+    _save(folder / "lines.npy", np.concatenate(kept_lines))
     src_vocab.save(folder / "src_vocab.json")
     tgt_vocab.save(folder / "tgt_vocab.json")
     save_tokenizer(tokenizer, folder)
