@@ -40,6 +40,7 @@ from bahdanau.evaluate import (
 )
 from bahdanau.models import RNNEncDec, RNNSearch, build_model
 from bahdanau.search import BeamSearch, Hypothesis, greedy_search, replace_unk
+from bahdanau.tokenizers import SentencePieceTokenizer
 from bahdanau.train import (
     LossModule,
     StepStats,
@@ -48,6 +49,7 @@ from bahdanau.train import (
     make_optimizer,
     train_step,
 )
+from bahdanau.translate import Translator, load
 
 __version__ = "0.1.0"
 
@@ -106,5 +108,8 @@ __all__ = [
     "restore",
     "save_checkpoint",
     "train_step",
+    "SentencePieceTokenizer",
+    "Translator",
+    "load",
     "__version__",
 ]

@@ -22,15 +22,21 @@ Format 2 (`FORMAT_VERSION`), the payload's keys:
     optimizer     the optimizer's state_dict(), or None
     scaler        the fp16 GradScaler's state_dict(), or None
     rng           rng_state(): torch, CUDA, Python and NumPy generators
-    extra         the caller's own checkpoint-safe entries (the CLI keeps its tokenizer
-                  settings in extra["tokenizer"])
+    extra         the caller's own checkpoint-safe entries (checkpoints of earlier versions
+                  may hold the CLI's tokenizer settings in extra["tokenizer"])
 
-and two optional sections (see "Room to grow"), absent from files of earlier versions:
+and three optional sections (see "Room to grow"), absent from files of earlier versions:
 
     optimizer_class  the optimizer's class name ("Adadelta"), or None: `restore` refuses to put
                      the state of one optimizer type into another
     digest           {"algorithm": "sha256", "value": hex digest} of every other section,
                      added by `save_checkpoint` to the file it writes
+    tokenizer        the tokenizer the model was trained with, as
+                     `bahdanau.tokenizers.tokenizer_to_payload` stores it: {"name": "default",
+                     "lowercase", "joiners"}, {"name": "whitespace"} or {"name":
+                     "sentencepiece", "model": uint8 tensor of the model's bytes}. Read it
+                     with `tokenizer_of`, which falls back to extra["tokenizer"], then to
+                     DefaultTokenizer(), for checkpoints without it
 
 Damage. `load_checkpoint` recomputes the digest of what it read and refuses a file whose
 contents do not match it (a flipped bit in a tensor's bytes, which `torch.load` does not
@@ -53,10 +59,9 @@ finite, the optimizer state is of the given optimizer's type. Each failure is a 
 
 Room to grow. A later addition that a reader may ignore is a new top-level key (an optional
 section), absent from checkpoints that do not have it, and leaves `format` at 2: readers take
-the keys above and ignore any other. The names kept for the planned sections are `tokenizer`
-(what a translation needs to tokenise, replacing extra["tokenizer"]), `ema` (moving-average
-weights, a state_dict like `model`) and `best_n` (the N best evaluations, [{"step",
-"metric"}]). `format` goes up only for a change that a reader of the older format would
+the keys above and ignore any other. The names kept for the planned sections are `ema`
+(moving-average weights, a state_dict like `model`) and `best_n` (the N best evaluations,
+[{"step", "metric"}]). `format` goes up only for a change that a reader of the older format would
 misread; a reader refuses a format newer than its own with a one-line error.
 
 Format 1, written before the training state had a section of its own, is still read everywhere
@@ -86,19 +91,27 @@ from torch import Tensor, nn
 from bahdanau._checks import check_path, describe, is_finite_number, is_int, resolve_device
 from bahdanau._files import atomic_write
 from bahdanau.config import DictConfig, ModelConfig, TrainConfig
-from bahdanau.data import Vocab
+from bahdanau.data import DefaultTokenizer, Tokenizer, Vocab
 from bahdanau.errors import InputError
 from bahdanau.models import build_model
+from bahdanau.tokenizers import (
+    SentencePieceTokenizer,
+    check_vocabs,
+    tokenizer_from_payload,
+    tokenizer_to_payload,
+)
 
 __all__ = [
     "FORMAT_VERSION",
     "CheckpointManager",
     "TrainState",
     "checkpoint_payload",
+    "find_checkpoint",
     "load_checkpoint",
     "model_from_checkpoint",
     "restore",
     "save_checkpoint",
+    "tokenizer_of",
     "upgrade_payload",
 ]
 
@@ -453,7 +466,8 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
                        scaler: torch.amp.GradScaler | None = None,
                        train_config: TrainConfig | None = None,
                        train_state: TrainState | None = None,
-                       extra: dict[str, Any] | None = None) -> dict[str, Any]:
+                       extra: dict[str, Any] | None = None,
+                       tokenizer: Tokenizer | None = None) -> dict[str, Any]:
     """A checkpoint of the current format (see the module docstring), with the RNG states.
 
     Args:
@@ -463,15 +477,18 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
         train_config: the run's `TrainConfig`, or None.
         train_state: the loop's `TrainState`, or None (e.g. weights to translate with).
         extra: more checkpoint-safe entries of the caller's, stored under "extra".
+        tokenizer: the tokenizer the model is trained with, stored as the `tokenizer` section
+            (`tokenizer_to_payload`); None: no such section.
     Returns:
         A dict that `save_checkpoint` accepts.
     Raises:
-        InputError: the model has no `.config`, or its vocabulary sizes or special ids differ
-            from the vocabularies'.
+        InputError: the model has no `.config`, its vocabulary sizes or special ids differ
+            from the vocabularies', or `tokenizer` is not one of bahdanau's tokenizers.
     """
     model = _unwrap(model)
     config = _config_of(model)
     config.check_vocabs(src_vocab, tgt_vocab)
+    sections = {} if tokenizer is None else {"tokenizer": tokenizer_to_payload(tokenizer)}
     return {
         "format": FORMAT_VERSION,
         "model": model.state_dict(),
@@ -485,6 +502,7 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "rng": rng_state(),
         "extra": dict(extra or {}),
+        **sections,
     }
 
 
@@ -744,3 +762,74 @@ def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *
         _check_weights(payload["model"], model)
     model.load_state_dict(payload["model"])
     return model.to(device).eval(), src_vocab, tgt_vocab
+
+
+def tokenizer_of(payload: dict[str, Any]) -> Tokenizer:
+    """The tokenizer that a checkpoint's model was trained with.
+
+    The payload's `tokenizer` section; for a checkpoint without one (written by an earlier
+    version, or without a tokenizer given), a `DefaultTokenizer` with the settings that the
+    command line kept in extra["tokenizer"] ("lowercase", "joiners"; missing ones take their
+    defaults), else `DefaultTokenizer()`. A SentencePiece tokenizer is checked against both
+    stored vocabularies.
+
+    Args:
+        payload: a checkpoint dict (format 1 or 2), e.g. from `load_checkpoint`.
+    Returns:
+        The tokenizer.
+    Raises:
+        InputError: the section (or extra["tokenizer"]) is malformed or names a tokenizer that
+            bahdanau does not store, its SentencePiece model does not load (or sentencepiece is
+            not installed), or a stored vocabulary holds a word that is not a piece of that
+            model; one line each.
+    """
+    payload = upgrade_payload(payload)
+    section, data = "tokenizer", payload.get("tokenizer")
+    if data is None:
+        extra = payload["extra"] if isinstance(payload["extra"], dict) else {}
+        section, data = "extra['tokenizer']", extra.get("tokenizer")
+        if data is None:
+            return DefaultTokenizer()
+        if isinstance(data, dict) and data.get("name", "default") == "default":
+            data = {"lowercase": False, "joiners": "prefix", **data, "name": "default"}
+    try:
+        tokenizer = tokenizer_from_payload(data)
+    except InputError as err:
+        raise InputError(f"checkpoint {section}: {err}") from None
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        src_vocab = _parse(payload, "src_vocab", Vocab.from_dict)
+        tgt_vocab = _parse(payload, "tgt_vocab", Vocab.from_dict)
+        try:
+            check_vocabs(tokenizer, src_vocab, tgt_vocab)
+        except InputError as err:
+            raise InputError(f"checkpoint {section} does not fit its vocabularies: {err}"
+                             ) from None
+    return tokenizer
+
+
+def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> Path:
+    """The checkpoint file that `path` stands for.
+
+    Args:
+        path: a checkpoint file, or a training output folder: its ``checkpoints`` subfolder
+            (or the folder itself, if it has none) gives ``best.pt``, else the latest
+            numbered checkpoint.
+        name: what to call `path` in the message (e.g. "--checkpoint").
+    Returns:
+        The file.
+    Raises:
+        InputError: no such file, a file that cannot be read, or a folder without checkpoints.
+    """
+    p = check_path(name, path)
+    if p.is_dir():
+        folder = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+        manager = CheckpointManager(folder)
+        found = manager.best() or manager.latest()
+        if found is None:
+            raise InputError(f"{name} {path}: no checkpoint in this folder")
+        return found
+    if not p.exists():
+        raise InputError(f"{name} {path}: no such file")
+    if not os.access(p, os.R_OK):
+        raise InputError(f"{name} {path}: not readable")
+    return p

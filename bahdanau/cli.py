@@ -1,4 +1,4 @@
-"""The `bahdanau` command: train, translate, evaluate, plot.
+"""The `bahdanau` command: prepare, train, translate, evaluate, plot.
 
 `bahdanau train` with no options is the default job: a small RNNsearch trained on the shipped
 Multi30k English->French data within a time budget, then evaluated on test_2016_flickr (BLEU with
@@ -9,6 +9,10 @@ Every option is declared once, in `bahdanau.options`, and checked with the files
 run folder before any work. A user's mistake (`bahdanau.InputError`, a usage error, a file that
 cannot be read or written) ends with one ``bahdanau: error: ...`` line and exit status 2; any
 other exception is a bug and keeps its traceback.
+
+`bahdanau prepare` tokenises and encodes a corpus of any size once, into a memory-mapped folder
+(`bahdanau.corpus`); `bahdanau train --data FOLDER` trains on it, with its tokenizer and
+vocabularies.
 
 `bahdanau train --config FILE` reads options from a YAML (with PyYAML) or JSON file; flags given
 on the command line override it.
@@ -43,14 +47,9 @@ import torch
 from bahdanau import presets
 from bahdanau._checks import resolve_device
 from bahdanau._files import atomic_file, atomic_write
-from bahdanau.checkpoint import (
-    CheckpointManager,
-    _named,
-    load_checkpoint,
-    model_from_checkpoint,
-    upgrade_payload,
-)
-from bahdanau.data import DefaultTokenizer, Vocab, encode_pairs, read_parallel
+from bahdanau.checkpoint import CheckpointManager, find_checkpoint
+from bahdanau.corpus import PreparedCorpus, TrainSentencePiece, prepare_corpus
+from bahdanau.data import DefaultTokenizer, Tokenizer, Vocab, encode_pairs, read_parallel
 from bahdanau.datasets import decode_lines, iter_lines, multi30k_files, read_lines
 from bahdanau.errors import InputError
 from bahdanau.evaluate import Translation, corpus_bleu, score_test_set, translate_corpus
@@ -59,6 +58,7 @@ from bahdanau.options import (
     DecodeOptions,
     EvaluateOptions,
     PlotOptions,
+    PrepareOptions,
     SearchOptions,
     TrainOptions,
     TranslateOptions,
@@ -67,7 +67,9 @@ from bahdanau.options import (
 )
 from bahdanau.plot import PlotDependencyError
 from bahdanau.search import BeamSearch
+from bahdanau.tokenizers import SentencePieceTokenizer
 from bahdanau.train import TrainConfig, setup_run, stop_reason, train_run
+from bahdanau.translate import load
 
 RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML readers also read)
 RUN_FILES = ("checkpoints", RUN_CONFIG, "metrics.json", "test.hyp.txt", "alignment.png")
@@ -78,7 +80,11 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"bahdanau: error: {message} (see '{self.prog} --help')\n")
 
 
-_COMMANDS: dict[str, tuple[type[SearchOptions], str, str]] = {
+_COMMANDS: dict[str, tuple[type[Any], str, str]] = {
+    "prepare": (PrepareOptions, "tokenise and encode a parallel corpus once, for train --data",
+                "Tokenise, filter and encode a parallel corpus (plain or gzip files, any size) "
+                "into a memory-mapped prepared folder that train --data reads. Without "
+                "--train-src: the shipped Multi30k training data."),
     "train": (TrainOptions, "train a model, then evaluate it on the test set",
               "Train RNNsearch/RNNencdec and evaluate it. Without options: the default job on "
               "the shipped Multi30k en->fr data."),
@@ -160,18 +166,22 @@ def _shipped(split: str, src_lang: str, tgt_lang: str) -> list[tuple[str, str]]:
     return read_parallel(multi30k_files(name, src_lang), multi30k_files(name, tgt_lang))
 
 
-def _data(o: TrainOptions) -> tuple[list, list, list]:
-    """(train, dev, test) pairs. The shipped Multi30k is used only when no --train-src is
-    given; with the user's own files, dev and test come only from --dev-*/--test-* (or are
+def _data(o: TrainOptions, corpus: PreparedCorpus | None) -> tuple[list, list, list]:
+    """(train, dev, test) pairs; train is [] with a prepared `corpus` (--data). The shipped
+    Multi30k is used only when no --train-src is given (or the prepared corpus is the shipped
+    one); with the user's own files, dev and test come only from --dev-*/--test-* (or are
     empty)."""
-    src_lang, tgt_lang = o.src_lang or "en", o.tgt_lang or "fr"
+    shipped = None if o.own_data else {"src_lang": o.src_lang or "en",
+                                       "tgt_lang": o.tgt_lang or "fr"}
+    if corpus is not None:
+        shipped = corpus.manifest.get("shipped")
     sets = []
     for split in ("train", "dev", "test"):
         src, tgt = getattr(o, f"{split}_src"), getattr(o, f"{split}_tgt")
         if src is not None:
             sets.append(_pairs(src, tgt, split))
-        elif not o.own_data:
-            sets.append(_shipped(split, src_lang, tgt_lang))
+        elif shipped is not None and not (split == "train" and corpus is not None):
+            sets.append(_shipped(split, shipped["src_lang"], shipped["tgt_lang"]))
         else:
             sets.append([])
     if o.eval_every and not sets[1]:
@@ -203,31 +213,17 @@ def _machine(o: TrainOptions | DecodeOptions) -> torch.device:
     return device
 
 
-def _checkpoint_file(path: str) -> Path:
-    p = Path(path)
-    if p.is_dir():
-        manager = CheckpointManager(p / "checkpoints" if (p / "checkpoints").is_dir() else p)
-        found = manager.best() or manager.latest()
-        if found is None:
-            raise InputError(f"--checkpoint {path}: no checkpoint in this folder")
-        return found
-    return _existing(path, "--checkpoint")
-
-
 def _load(o: DecodeOptions, path: Path, device: torch.device
-          ) -> tuple[torch.nn.Module, Vocab, Vocab, DefaultTokenizer]:
-    with _named(path):
-        payload = upgrade_payload(load_checkpoint(path))
-        model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=device)
-    if o.unk_replace and model.arch == "rnnencdec":
+          ) -> tuple[torch.nn.Module, Vocab, Vocab, Tokenizer]:
+    """The checkpoint's model, vocabularies and the tokenizer it was trained with."""
+    t = load(path, device=device)
+    if o.unk_replace and t.model.arch == "rnnencdec":
         raise InputError(f"--unk-replace needs attention weights; {path} is an RNNencdec model")
-    settings = payload["extra"].get("tokenizer", {})
-    return model, src_vocab, tgt_vocab, DefaultTokenizer(
-        lowercase=settings.get("lowercase", False), joiners=settings.get("joiners", "prefix"))
+    return t.model, t.src_vocab, t.tgt_vocab, t.tokenizer
 
 
 def _report(model, sources: list[str], references: list[str], src_vocab: Vocab, tgt_vocab: Vocab,
-            tokenizer: DefaultTokenizer, o: SearchOptions, search: BeamSearch,
+            tokenizer: Tokenizer, o: SearchOptions, search: BeamSearch,
             device: torch.device) -> tuple[dict[str, Any], list]:
     start = time.perf_counter()
     out = translate_corpus(model, sources, src_vocab, tgt_vocab, tokenizer, search=search,
@@ -346,14 +342,20 @@ def _train(o: TrainOptions) -> int:
     changes = resume_changes(stored, o) if stored is not None else []
     if o.unk_replace and o.arch == "rnnencdec":
         raise InputError("--unk-replace needs attention weights, which --arch rnnencdec lacks")
-    train_pairs, dev_pairs, test_pairs = _data(o)
-    tokenizer = DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
-    src_vocab = Vocab.build((tokenizer.tokenize(s) for s, _ in train_pairs),
-                            max_size=o.vocab_size)
-    tgt_vocab = Vocab.build((tokenizer.tokenize(t) for _, t in train_pairs),
-                            max_size=o.vocab_size)
-    examples = encode_pairs(train_pairs, src_vocab, tgt_vocab, tokenizer,
-                            max_len=o.max_train_len)
+    corpus = PreparedCorpus(o.data, max_len=o.max_train_len) if o.data else None
+    train_pairs, dev_pairs, test_pairs = _data(o, corpus)
+    if corpus is not None:
+        tokenizer, src_vocab, tgt_vocab = corpus.tokenizer, corpus.src_vocab, corpus.tgt_vocab
+        examples, n_pairs = corpus, corpus.manifest["counts"]["pairs"]
+    else:
+        tokenizer = DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
+        src_vocab = Vocab.build((tokenizer.tokenize(s) for s, _ in train_pairs),
+                                max_size=o.vocab_size)
+        tgt_vocab = Vocab.build((tokenizer.tokenize(t) for _, t in train_pairs),
+                                max_size=o.vocab_size)
+        examples = encode_pairs(train_pairs, src_vocab, tgt_vocab, tokenizer,
+                                max_len=o.max_train_len)
+        n_pairs = len(train_pairs)
     if not examples:
         raise InputError(f"no training pair has at most --max-train-len {o.max_train_len} "
                          "tokens on both sides")
@@ -365,7 +367,8 @@ def _train(o: TrainOptions) -> int:
                        max_steps=o.max_steps, max_epochs=o.max_epochs,
                        max_time_s=o.time_budget * 60 if o.time_budget else None,
                        eval_every=o.eval_every or 10**12, save_every=o.save_every,
-                       patience=o.patience, amp=o.amp, log_every=o.log_every, seed=o.seed)
+                       patience=o.patience, amp=o.amp, log_every=o.log_every, seed=o.seed,
+                       loader_workers=o.loader_workers)
     if not test_pairs:
         print("no test set: the model is trained and saved but not scored (give --test-src "
               "and --test-tgt to score it)", flush=True)
@@ -374,10 +377,7 @@ def _train(o: TrainOptions) -> int:
             _remove_run(out)
         run = setup_run(model, examples, tcfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                         checkpoint_dir=out / "checkpoints", resume=o.resume and not o.overwrite,
-                        device=device, extra={"tokenizer": {"name": "default",
-                                                            "lowercase": o.lowercase,
-                                                            "joiners": o.joiners},
-                                              "options": o.to_record()})
+                        device=device, extra={"options": o.to_record()}, tokenizer=tokenizer)
         finished = stop_reason(run)
         if finished and (not test_pairs or (out / "metrics.json").is_file()):
             print(f"nothing to do: the run in {out} finished at step {run.state.step} "
@@ -386,7 +386,7 @@ def _train(o: TrainOptions) -> int:
         if stored is not None:
             run.resume_changes = changes                 # in the command line's terms
         _write_text(out / RUN_CONFIG, json.dumps(o.to_record(), indent=2) + "\n")
-        print(f"data: {len(examples)} training pairs (of {len(train_pairs)}), vocabularies "
+        print(f"data: {len(examples)} training pairs (of {n_pairs}), vocabularies "
               f"{len(src_vocab)} / {len(tgt_vocab)}; model {o.arch} ({o.preset}), "
               f"{sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
         dev_sources = [s for s, _ in dev_pairs[: o.dev_size]]
@@ -396,7 +396,8 @@ def _train(o: TrainOptions) -> int:
             hyps = translate_corpus(m, dev_sources, src_vocab, tgt_vocab, tokenizer,
                                     search=BeamSearch(beam_size=1, max_len=o.max_len),
                                     batch_size=o.batch_size, device=device)
-            return corpus_bleu([h.text for h in hyps], dev_refs, lowercase=o.lowercase)
+            return corpus_bleu([h.text for h in hyps], dev_refs,
+                               lowercase=getattr(tokenizer, "lowercase", False))
 
         result = train_run(run, validate=validate if o.eval_every else None,
                            log=lambda line: print(line, flush=True))
@@ -427,6 +428,29 @@ def _train(o: TrainOptions) -> int:
         return 0
 
 
+def _prepare(o: PrepareOptions) -> int:
+    if o.train_src is not None:
+        src, tgt = _existing(o.train_src, "--train-src"), _existing(o.train_tgt, "--train-tgt")
+        shipped = None
+    else:
+        src_lang, tgt_lang = o.src_lang or "en", o.tgt_lang or "fr"
+        src, tgt = multi30k_files("train", src_lang), multi30k_files("train", tgt_lang)
+        shipped = {"corpus": "multi30k", "src_lang": src_lang, "tgt_lang": tgt_lang}
+    if o.sentencepiece_model is not None:
+        tokenizer: Any = SentencePieceTokenizer.load(
+            _existing(o.sentencepiece_model, "--sentencepiece-model"))
+    elif o.tokenizer != "default":
+        tokenizer = TrainSentencePiece(model_type=o.tokenizer, vocab_size=o.subword_vocab,
+                                       max_sentences=o.sample_sentences)
+    else:
+        tokenizer = DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
+    prepare_corpus(src, tgt, o.out, tokenizer=tokenizer, vocab_size=o.vocab_size,
+                   max_len=o.max_len, max_ratio=o.max_ratio, strict=o.strict,
+                   workers=o.workers, overwrite=o.overwrite, shipped=shipped,
+                   log=lambda line: print(line, flush=True))
+    return 0
+
+
 # Sentences translated together: the paper's 20 batches, sorted by length within the window.
 WINDOW_BATCHES = 20
 
@@ -438,7 +462,7 @@ def _translate(o: TranslateOptions) -> int:
     device = _machine(o)
     search = _search(o, o.n_best)
     path = _existing(o.input, "--input")
-    checkpoint = _checkpoint_file(o.checkpoint)
+    checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
     _check_outputs({"--alignments": o.alignments}, {"--input": path, "--checkpoint": checkpoint})
     if sys.stdout is None or (path is None and sys.stdin is None):
         raise InputError("stdin or stdout is closed: translate reads stdin (or --input) and "
@@ -472,7 +496,7 @@ def _translate(o: TranslateOptions) -> int:
 
 
 def _print_translation(index: int, t: Translation | None, n_best: int,
-                       tokenizer: DefaultTokenizer, tgt_vocab: Vocab) -> None:
+                       tokenizer: Tokenizer, tgt_vocab: Vocab) -> None:
     """One line (its n-best lines with --n-best; none for an empty input line)."""
     if n_best == 1:
         print("" if t is None else t.text)
@@ -482,7 +506,7 @@ def _print_translation(index: int, t: Translation | None, n_best: int,
         print(f"{index} ||| {text} ||| {hyp.score:.4f}")
 
 
-def _alignment_row(line: str, t: Translation | None, tokenizer: DefaultTokenizer) -> str:
+def _alignment_row(line: str, t: Translation | None, tokenizer: Tokenizer) -> str:
     """The JSON line --alignments writes for one input line."""
     if t is None:
         return json.dumps({"source": [], "target": [], "weights": None}) + "\n"
@@ -522,7 +546,7 @@ def _evaluate(o: EvaluateOptions) -> int:
     device = _machine(o)
     search = _search(o)
     src, ref = _existing(o.src, "--src"), _existing(o.ref, "--ref")
-    checkpoint = _checkpoint_file(o.checkpoint)
+    checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
     _check_outputs({"--output": o.output, "--json": o.json},
                    {"--src": src, "--ref": ref, "--checkpoint": checkpoint})
     sources, references = _sentences(src), read_lines(ref, non_empty=True)
@@ -545,7 +569,7 @@ def _plot(o: PlotOptions) -> int:
     device = _machine(o)
     search = _search(o)
     path = _existing(o.input, "--input")
-    checkpoint = _checkpoint_file(o.checkpoint)
+    checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
     _check_outputs({"--output": o.output}, {"--input": path, "--checkpoint": checkpoint})
     check_image_path(o.output)
     sentence = o.sentence
@@ -568,7 +592,8 @@ def _plot(o: PlotOptions) -> int:
     return 0
 
 
-_RUN = {"train": _train, "translate": _translate, "evaluate": _evaluate, "plot": _plot}
+_RUN = {"prepare": _prepare, "train": _train, "translate": _translate, "evaluate": _evaluate,
+        "plot": _plot}
 
 
 def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:

@@ -189,6 +189,7 @@ class TrainConfig(DictConfig):
     batch_size: int = 80              # sentences per batch (the paper); ignored with max_tokens
     max_tokens: int | None = None     # padded tokens per batch instead of batch_size
     bucket: int = 20                  # minibatches sorted by length together (the paper)
+    loader_workers: int = 0           # processes collating batches ahead of the step; 0: inline
     max_steps: int | None = None      # stop after this many updates in total
     max_epochs: int | None = None     # stop after this many passes over the data
     max_time_s: float | None = None   # stop after this much training time (across resumes)
@@ -235,6 +236,8 @@ class TrainConfig(DictConfig):
             if not is_int(value) or value < 1:
                 raise InputError(f"{name} must be a positive int"
                                  f"{' or None' if name in optional_ints else ''}, got {value!r}")
+        if not (is_int(self.loader_workers) and self.loader_workers >= 0):
+            raise InputError(f"loader_workers must be an int >= 0, got {self.loader_workers!r}")
         if not (is_int(self.seed) and 0 <= self.seed < 2**63):
             raise InputError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
 

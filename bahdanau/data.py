@@ -25,7 +25,7 @@ import operator
 import os
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -95,10 +95,7 @@ class Vocab:
     @classmethod
     def build(cls, token_lists: Iterable[list[str]], max_size: int | None = None,
               min_freq: int = 1, *, specials: Sequence[str] = SPECIALS) -> Vocab:
-        """Count tokens and keep the most frequent ones.
-
-        Order is deterministic: by decreasing count, ties broken alphabetically (by code point).
-        Tokens equal to a special are not counted as words.
+        """Count tokens and keep the most frequent ones (`from_counts` of the counts).
 
         Args:
             token_lists: tokenised sentences.
@@ -109,22 +106,36 @@ class Vocab:
         Returns:
             The vocabulary.
         Raises:
-            InputError: `max_size` < 1 or `min_freq` < 1.
+            InputError: `max_size` < 1, `min_freq` < 1, or an item that is a str, not a list.
         """
-        if max_size is not None and (not is_int(max_size) or max_size < 1):
-            raise InputError(f"max_size must be a positive int or None, got {max_size!r}")
-        if not is_int(min_freq) or min_freq < 1:
-            raise InputError(f"min_freq must be a positive int, got {min_freq!r}")
+        _check_limits(max_size, min_freq)
         counts: Counter[str] = Counter()
         for tokens in token_lists:
             if isinstance(tokens, str):
                 raise InputError("Vocab.build takes token lists (tokenize each sentence first), "
                                  f"got the str {tokens[:40]!r}")
             counts.update(tokens)
-        for special in specials:
-            counts.pop(special, None)
-        counts.pop("", None)
-        ranked = sorted((t for t, c in counts.items() if c >= min_freq),
+        return cls.from_counts(counts, max_size, min_freq, specials=specials)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[str, int], max_size: int | None = None,
+                    min_freq: int = 1, *, specials: Sequence[str] = SPECIALS) -> Vocab:
+        """The most frequent words of `counts` (token -> count).
+
+        Order is deterministic: by decreasing count, ties broken alphabetically (by code point).
+        Tokens equal to a special, and the empty string, are not words.
+
+        Args:
+            counts: how often each token was seen.
+            max_size, min_freq, specials: as for `build`.
+        Returns:
+            The vocabulary.
+        Raises:
+            InputError: `max_size` < 1 or `min_freq` < 1.
+        """
+        _check_limits(max_size, min_freq)
+        skip = {*specials, ""}
+        ranked = sorted((t for t, c in counts.items() if c >= min_freq and t not in skip),
                         key=lambda t: (-counts[t], t))
         if max_size is not None:
             ranked = ranked[:max_size]
@@ -241,6 +252,13 @@ class Vocab:
             return cls.from_dict(data)
         except (ValueError, UnicodeDecodeError) as err:
             raise InputError(f"{path}: not a vocabulary file ({err})") from None
+
+
+def _check_limits(max_size: object, min_freq: object) -> None:
+        if max_size is not None and (not is_int(max_size) or max_size < 1):
+            raise InputError(f"max_size must be a positive int or None, got {max_size!r}")
+        if not is_int(min_freq) or min_freq < 1:
+            raise InputError(f"min_freq must be a positive int, got {min_freq!r}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -512,6 +530,13 @@ class Batch:
         return Batch(move(self.src), move(self.src_lengths), move(self.tgt_in),
                      move(self.tgt_out), move(self.indices), self.pad_id)
 
+    def pin_memory(self) -> Batch:
+        """A copy in pinned (page-locked) memory, for a faster, asynchronous copy to a GPU
+        (`torch.utils.data.DataLoader(pin_memory=True)` calls this)."""
+        return Batch(self.src.pin_memory(), self.src_lengths.pin_memory(),
+                     self.tgt_in.pin_memory(), self.tgt_out.pin_memory(),
+                     self.indices.pin_memory(), self.pad_id)
+
 
 def pad_sources(sequences: Sequence[Sequence[int]], pad_id: int = Vocab.pad_id
                 ) -> tuple[Tensor, Tensor]:
@@ -562,16 +587,23 @@ def collate(examples: Sequence[Example]) -> Batch:
 # Length-bucketed batch sampler
 
 
-def _lengths(items: Sequence[Any]) -> np.ndarray:
-    """(N, 2) padded lengths (source S, target T) of Examples, (src, tgt) pairs or ints."""
-    out = np.empty((len(items), 2), dtype=np.int64)
-    for i, item in enumerate(items):
-        if isinstance(item, Example):
-            out[i] = (len(item.src), len(item.tgt) + 1)  # tgt_in/tgt_out carry bos/eos
-        elif isinstance(item, (int, np.integer)):
-            out[i] = (item, item)
-        else:
-            out[i] = tuple(item)
+def _lengths(items: Sequence[Any] | np.ndarray) -> np.ndarray:
+    """(N, 2) padded lengths (source S, target T) of Examples, (src, tgt) pairs or ints, or of
+    an (N, 2) integer array of them (taken whole, as `PreparedCorpus.lengths` is)."""
+    if isinstance(items, np.ndarray):
+        if items.ndim != 2 or items.shape[1] != 2 or items.dtype.kind not in "iu":
+            raise InputError(f"a lengths array must be (N, 2) integers, got {items.dtype} "
+                             f"{items.shape}")
+        out = np.asarray(items, dtype=np.int64)   # no copy of an int64 array
+    else:
+        out = np.empty((len(items), 2), dtype=np.int64)
+        for i, item in enumerate(items):
+            if isinstance(item, Example):
+                out[i] = (len(item.src), len(item.tgt) + 1)  # tgt_in/tgt_out carry bos/eos
+            elif isinstance(item, (int, np.integer)):
+                out[i] = (item, item)
+            else:
+                out[i] = tuple(item)
     if len(out) and out.min() < 1:
         raise InputError(f"lengths must be >= 1, got {int(out.min())} at position "
                          f"{int(np.argwhere(out < 1)[0][0])}")
@@ -601,7 +633,8 @@ class BucketBatchSampler:
     as `torch.utils.data.DistributedSampler` does.
 
     Args:
-        lengths: one entry per example: an `Example`, a (source, target) length pair, or an int.
+        lengths: one entry per example: an `Example`, a (source, target) length pair, or an int;
+            or an (N, 2) integer array of (source, target) lengths, e.g. `PreparedCorpus.lengths`.
         batch_size: most sentences per batch (the paper: 80); None for no sentence cap.
         max_tokens: most padded tokens per batch (see Budget); None for no token cap.
         bucket: minibatches per sorted chunk (the paper: 20); 1 gives no sorting across batches.
@@ -614,7 +647,7 @@ class BucketBatchSampler:
             or fewer examples than replicas.
     """
 
-    def __init__(self, lengths: Sequence[Any], *, batch_size: int | None = 80,
+    def __init__(self, lengths: Sequence[Any] | np.ndarray, *, batch_size: int | None = 80,
                  max_tokens: int | None = None, bucket: int = 20, shuffle: bool = True,
                  seed: int = 0, num_replicas: int | None = None, rank: int | None = None) -> None:
         if batch_size is None and max_tokens is None:
@@ -679,10 +712,10 @@ class BucketBatchSampler:
         batches = self.epoch_batches(self.epoch)
         while self.position < len(batches):
             self.position += 1
-            yield list(batches[self.position - 1])
+            yield batches[self.position - 1].tolist()
         self.position = 0
 
-    def epoch_batches(self, epoch: int) -> tuple[tuple[int, ...], ...]:
+    def epoch_batches(self, epoch: int) -> tuple[np.ndarray, ...]:
         """All of this rank's batches of `epoch`, in order: what iterating that epoch yields.
 
         Does not change the sampler's `epoch` or `position`: `bahdanau.train` keeps its place
@@ -692,28 +725,29 @@ class BucketBatchSampler:
         Args:
             epoch: the epoch (0-based).
         Returns:
-            The batches, each a tuple of positions into `lengths`.
+            The batches, each an int64 array of positions into `lengths` (arrays, not Python
+            lists: 12M examples cost 96 MB, not half a gigabyte).
         """
         epoch = int(epoch)
         if self._cache is None or self._cache[0] != epoch:
             self._cache = (epoch, self._make(epoch))
         return self._cache[1]
 
-    def _make(self, epoch: int) -> tuple[tuple[int, ...], ...]:
+    def _make(self, epoch: int) -> tuple[np.ndarray, ...]:
         rng = np.random.default_rng([self.seed % 2**64, int(epoch) % 2**64])
         lengths = self._lengths
         n = len(lengths)
         order = rng.permutation(n) if self.shuffle else np.arange(n)
         longest = lengths.max(axis=1)
-        batches: list[list[int]] = []
+        batches: list[np.ndarray] = []
         for chunk in self._chunks(order, longest):
             keys = lengths[chunk]
             chunk = chunk[np.lexsort((keys[:, 1], keys[:, 0]))]
-            batches.extend(self._split(chunk, longest))
+            batches.extend(np.split(chunk, self._cuts(chunk, longest)))
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         batches = self._divisible(batches)
-        return tuple(tuple(b) for b in batches[self.rank::self.num_replicas])
+        return tuple(batches[self.rank::self.num_replicas])
 
     def _chunks(self, order: np.ndarray, longest: np.ndarray) -> Iterator[np.ndarray]:
         if self.batch_size is not None:
@@ -731,24 +765,23 @@ class BucketBatchSampler:
             yield order[start:stop]
             start = stop
 
-    def _split(self, chunk: np.ndarray, longest: np.ndarray) -> list[list[int]]:
-        batches: list[list[int]] = []
-        current: list[int] = []
-        width = 0
-        for i in chunk.tolist():
-            new_width = max(width, int(longest[i]))
-            fits = (self.batch_size is None or len(current) < self.batch_size) and (
-                self.max_tokens is None or new_width * (len(current) + 1) <= self.max_tokens)
-            if current and not fits:
-                batches.append(current)
-                current, new_width = [], int(longest[i])
-            current.append(i)
+    def _cuts(self, chunk: np.ndarray, longest: np.ndarray) -> list[int]:
+        """Where the sorted `chunk` splits into batches: the positions that start a new one."""
+        if self.max_tokens is None:
+            return list(range(self.batch_size, len(chunk), self.batch_size))
+        cuts: list[int] = []
+        start = width = 0
+        for j, size in enumerate(longest[chunk].tolist()):
+            count, new_width = j - start, max(width, size)
+            fits = (self.batch_size is None or count < self.batch_size) and (
+                new_width * (count + 1) <= self.max_tokens)
+            if count and not fits:
+                cuts.append(j)
+                start, new_width = j, size
             width = new_width
-        if current:
-            batches.append(current)
-        return batches
+        return cuts
 
-    def _divisible(self, batches: list[list[int]]) -> list[list[int]]:
+    def _divisible(self, batches: list[np.ndarray]) -> list[np.ndarray]:
         r = self.num_replicas
         while len(batches) % r:
             sizes = [len(b) for b in batches]

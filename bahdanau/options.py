@@ -35,6 +35,7 @@ __all__ = [
     "EvaluateOptions",
     "Option",
     "PlotOptions",
+    "PrepareOptions",
     "TrainOptions",
     "TranslateOptions",
     "add_arguments",
@@ -210,6 +211,17 @@ def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
     return changes
 
 
+def _check_shipped_languages(src_lang: str | None, tgt_lang: str | None, own: bool) -> None:
+    """--src-lang/--tgt-lang pick the shipped Multi30k's languages, and only when it is used."""
+    for name, value in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
+        if value not in (None, *MULTI30K_LANGS):
+            raise InputError(f"{flag(name)} must be one of {', '.join(MULTI30K_LANGS)} "
+                             f"(the shipped Multi30k), got {value!r}")
+    if own and (src_lang is not None or tgt_lang is not None):
+        raise InputError("--src-lang/--tgt-lang choose the shipped Multi30k languages; "
+                         "they do nothing with --train-src/--train-tgt")
+
+
 # ----------------------------------------------------------------------------------------------
 # The commands' options
 
@@ -246,6 +258,8 @@ class TrainOptions(SearchOptions):
     tgt_lang: str | None = option(None, "target language of the shipped Multi30k data "
                                         "(fr when no --train-src)", on_resume="fixed")
     # The training files may move on resume; their examples may not (the run checks a digest).
+    data: str | None = option(None, "a prepared corpus (bahdanau prepare) to train on, instead "
+                                    "of --train-src/--train-tgt", metavar="DIR")
     train_src: str | None = option(None, "training source file (default: shipped Multi30k)",
                                    metavar="FILE")
     train_tgt: str | None = option(None, "training target file", metavar="FILE")
@@ -293,6 +307,8 @@ class TrainOptions(SearchOptions):
                                   low=1)
     save_every: int = option(500, "checkpoint every N updates", low=1)
     log_every: int = option(100, "a log line every N updates", low=1)
+    loader_workers: int = option(0, "processes collating batches ahead of the training step "
+                                    "(0: on the training thread)", low=0)
     threads: int = option(2, "torch CPU threads", low=1)
     device: str = option("cpu", "cpu, cuda or cuda:N")
     amp: Literal["none", "bf16", "fp16"] = option("none", "mixed precision (GPU)")
@@ -311,13 +327,17 @@ class TrainOptions(SearchOptions):
         for split in ("train", "dev", "test"):
             if (getattr(self, f"{split}_src") is None) != (getattr(self, f"{split}_tgt") is None):
                 raise InputError(f"give both --{split}-src and --{split}-tgt, or neither")
-        for name in ("src_lang", "tgt_lang"):
-            if getattr(self, name) not in (None, *MULTI30K_LANGS):
-                raise InputError(f"{flag(name)} must be one of {', '.join(MULTI30K_LANGS)} "
-                                 f"(the shipped Multi30k), got {getattr(self, name)!r}")
-        if own and (self.src_lang is not None or self.tgt_lang is not None):
-            raise InputError("--src-lang/--tgt-lang choose the shipped Multi30k languages; "
-                             "they do nothing with --train-src/--train-tgt")
+        _check_shipped_languages(self.src_lang, self.tgt_lang, own)
+        if self.data is not None:
+            if own:
+                raise InputError("--data is the training corpus: give it or --train-src/"
+                                 "--train-tgt, not both")
+            fixed = [name for name in ("vocab_size", "lowercase", "joiners", "src_lang",
+                                       "tgt_lang")
+                     if getattr(self, name) != TrainOptions.__dataclass_fields__[name].default]
+            if fixed:
+                raise InputError(f"{flag(fixed[0])} is fixed by the prepared corpus (--data): "
+                                 "set it when running bahdanau prepare")
         if self.max_steps is None and self.max_epochs is None and not self.time_budget:
             raise InputError("set --max-steps, --max-epochs or a non-zero --time-budget")
         if not 0 <= self.dropout < 1:
@@ -393,3 +413,54 @@ class PlotOptions(DecodeOptions):
         if self.line is not None and self.input is None:
             raise InputError("--line picks a line of --input; with --sentence it does nothing")
 
+
+
+@dataclass(frozen=True)
+class PrepareOptions(_Options):
+    """`bahdanau prepare`: a parallel corpus tokenised and encoded once, for `train --data`."""
+
+    out: str | None = option(None, "the prepared corpus folder to write", required=True,
+                             metavar="DIR")
+    train_src: str | None = option(None, "source file, plain or gzip (default: the shipped "
+                                         "Multi30k training data)", metavar="FILE")
+    train_tgt: str | None = option(None, "target file, line-aligned with --train-src",
+                                   metavar="FILE")
+    src_lang: str | None = option(None, "source language of the shipped Multi30k data "
+                                        "(en when no --train-src)")
+    tgt_lang: str | None = option(None, "target language of the shipped Multi30k data "
+                                        "(fr when no --train-src)")
+    tokenizer: Literal["default", "bpe", "unigram"] = option(
+        "default", "default: words and punctuation; bpe or unigram: a SentencePiece model "
+        "trained on the corpus (needs the sentencepiece extra)")
+    sentencepiece_model: str | None = option(
+        None, "use this trained SentencePiece model (instead of --tokenizer)", metavar="FILE")
+    subword_vocab: int = option(8000, "pieces of a SentencePiece model trained here", low=1)
+    sample_sentences: int = option(1_000_000, "most sentences a side that SentencePiece "
+                                              "training reads", low=1)
+    vocab_size: int = option(10000, "most frequent tokens kept per side (the paper: 30000)",
+                             low=1)
+    lowercase: bool = option(False, "lowercase both sides (default tokenizer)")
+    joiners: Literal["prefix", "punctuation"] = option(
+        "prefix", "where the default tokenizer marks glued tokens")
+    max_len: int | None = option(None, "drop pairs with a side longer than this many tokens "
+                                       "(default: keep all; train's --max-train-len applies "
+                                       "too)", low=1)
+    max_ratio: float | None = option(None, "drop pairs whose longer side has more than RATIO "
+                                           "times the tokens of the shorter", low=1)
+    strict: bool = option(False, "an empty line is an error instead of a dropped pair")
+    workers: int | None = option(None, "tokenising processes (default: the usable cores, at "
+                                       "most 8)", low=1)
+    overwrite: bool = option(False, "replace a prepared corpus of other inputs or options in "
+                                    "OUT")
+
+    def check(self) -> None:
+        if (self.train_src is None) != (self.train_tgt is None):
+            raise InputError("give both --train-src and --train-tgt, or neither")
+        _check_shipped_languages(self.src_lang, self.tgt_lang, self.train_src is not None)
+        if self.sentencepiece_model is not None and self.tokenizer != "default":
+            raise InputError("--sentencepiece-model uses a trained model; --tokenizer "
+                             f"{self.tokenizer} would train another: give one of them")
+        subwords = self.sentencepiece_model is not None or self.tokenizer != "default"
+        if subwords and (self.lowercase or self.joiners != "prefix"):
+            raise InputError("--lowercase and --joiners set the default tokenizer, not "
+                             "SentencePiece")

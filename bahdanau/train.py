@@ -57,8 +57,18 @@ from bahdanau.checkpoint import (
     upgrade_payload,
 )
 from bahdanau.config import TrainConfig
-from bahdanau.data import Batch, BucketBatchSampler, Example, Vocab, check_examples, collate
+from bahdanau.corpus import PreparedCorpus
+from bahdanau.data import (
+    Batch,
+    BucketBatchSampler,
+    Example,
+    Tokenizer,
+    Vocab,
+    check_examples,
+    collate,
+)
 from bahdanau.errors import InputError
+from bahdanau.tokenizers import check_vocabs, tokenizer_to_payload
 
 __all__ = [
     "CheckpointManager",
@@ -246,12 +256,14 @@ class TrainRun:
     device: torch.device
     manager: CheckpointManager | None = None   # None: no checkpoints
     extra: dict[str, Any] = field(default_factory=dict)  # stored in every checkpoint
+    tokenizer: Tokenizer | None = None      # stored in every checkpoint's tokenizer section
     distributed: bool = False               # torch.distributed is initialised
     is_main: bool = True                    # rank 0: validates, logs and saves
     resumed_from: Path | None = None        # the checkpoint the state came from
     resume_changes: list[str] = field(default_factory=list)  # logged by train_run
     signal: str = ""                        # "sigint", "sigterm" or "sighup" once one arrived
     clock: float = field(default_factory=time.monotonic)  # when state.elapsed_s was updated
+    loader: BatchLoader | None = None       # with cfg.loader_workers: batches collated ahead
 
 
 def _broadcast(value: Any, distributed: bool) -> Any:
@@ -283,7 +295,8 @@ def examples_digest(examples: Sequence[Example]) -> str:
 def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *,
               src_vocab: Vocab, tgt_vocab: Vocab, checkpoint_dir: str | Path | None = None,
               resume: bool = True, device: str | torch.device = "cpu",
-              extra: dict[str, Any] | None = None) -> TrainRun:
+              extra: dict[str, Any] | None = None,
+              tokenizer: Tokenizer | None = None) -> TrainRun:
     """Check the arguments, build the optimizer and sampler, and resume the latest checkpoint.
 
     With `checkpoint_dir` and `resume`, the latest checkpoint there is restored (weights,
@@ -296,7 +309,8 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     Args:
         model: an `RNNSearch` / `RNNEncDec`, moved to `device`; it needs its `.config` (as
             `build_model` makes it) to be checkpointed.
-        examples: training examples, encoded with `src_vocab` and `tgt_vocab`.
+        examples: training examples, encoded with `src_vocab` and `tgt_vocab`: a list from
+            `encode_pairs`, or a `PreparedCorpus` (memory-mapped, the same examples).
         cfg: training settings; at least one of max_steps, max_epochs, max_time_s must be set.
         src_vocab, tgt_vocab: must match `model.config` (sizes and special ids); stored in
             checkpoints and checked on resume.
@@ -310,15 +324,20 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
             from `cfg` (`TrainConfig.set_hyperparameters`).
         device: where to train.
         extra: checkpoint-safe entries stored in every checkpoint under "extra".
+        tokenizer: the tokenizer the examples were made with (`DefaultTokenizer`,
+            `WhitespaceTokenizer` or `SentencePieceTokenizer`), stored in every checkpoint
+            (its `tokenizer` section), so that `bahdanau.load` and the command line translate
+            with it; None stores none.
     Returns:
         The `TrainRun`.
     Raises:
         InputError: no stopping limit, no examples, vocabularies whose sizes or special ids
-            differ from `model.config`'s, a checkpoint directory with a model that has no
-            `.config`, `resume=False` with a directory holding checkpoints, or a checkpoint
-            that is damaged, malformed or does not match: model config, vocabularies or a
-            fixed `cfg` field (the file first, then what is wrong). Nothing is trained and no
-            file is written then.
+            differ from `model.config`'s, a tokenizer that cannot be stored or (SentencePiece)
+            whose pieces the vocabularies' words are not, a checkpoint directory with a model
+            that has no `.config`, `resume=False` with a directory holding checkpoints, or a
+            checkpoint that is damaged, malformed or does not match: model config,
+            vocabularies or a fixed `cfg` field (the file first, then what is wrong). Nothing
+            is trained and no file is written then.
     """
     check_type("model", model, nn.Module, "a torch.nn.Module such as RNNSearch")
     check_type("cfg", cfg, TrainConfig, "a TrainConfig")
@@ -326,15 +345,21 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         raise InputError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
     if len(examples) == 0:
         raise InputError("examples is empty")
-    check_examples("examples", examples)
+    if isinstance(examples, PreparedCorpus):   # checked whole when it was opened
+        lengths, digest = examples.lengths, examples.digest()
+    else:
+        check_examples("examples", examples)
+        lengths, digest = examples, examples_digest(examples)
     check_type("src_vocab", src_vocab, Vocab, "a Vocab")
     check_type("tgt_vocab", tgt_vocab, Vocab, "a Vocab")
     device = resolve_device(device)
-    digest = examples_digest(examples)
     config = (_config_of(model) if checkpoint_dir is not None
               else getattr(_unwrap(model), "config", None))
     if config is not None:  # a model built without a config uses the Vocab ids
         config.check_vocabs(src_vocab, tgt_vocab)
+    if tokenizer is not None:
+        tokenizer_to_payload(tokenizer)        # refuses, before any work, what cannot be saved
+        check_vocabs(tokenizer, src_vocab, tgt_vocab)
     manager = None
     if checkpoint_dir is not None:
         manager = CheckpointManager(checkpoint_dir, keep_last=cfg.keep_last)
@@ -364,7 +389,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     model.to(device)
     optimizer = make_optimizer(model, cfg)
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
-    sampler = BucketBatchSampler(examples, batch_size=None if cfg.max_tokens else cfg.batch_size,
+    sampler = BucketBatchSampler(lengths, batch_size=None if cfg.max_tokens else cfg.batch_size,
                                  max_tokens=cfg.max_tokens, bucket=cfg.bucket, seed=cfg.seed)
     if payload is not None:
         with _named(latest):
@@ -390,23 +415,78 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     return TrainRun(model=model, step_model=step_model, optimizer=optimizer, scaler=scaler,
                     sampler=sampler, examples=examples, cfg=cfg, src_vocab=src_vocab,
                     tgt_vocab=tgt_vocab, state=state, device=device, manager=manager,
-                    extra=dict(extra or {}), distributed=distributed,
+                    extra=dict(extra or {}), tokenizer=tokenizer, distributed=distributed,
                     is_main=not distributed or dist.get_rank() == 0, resumed_from=latest,
-                    resume_changes=changes)
+                    resume_changes=changes,
+                    loader=BatchLoader(examples, sampler, cfg.loader_workers,
+                                       pin_memory=device.type == "cuda")
+                    if cfg.loader_workers else None)
+
+
+class _EpochBatches(torch.utils.data.Dataset):
+    """Item i: the collated batch i of a list of batches (what a DataLoader worker makes)."""
+
+    def __init__(self, examples: Sequence[Example], batches: Sequence[Sequence[int]]) -> None:
+        self.examples, self.batches = examples, batches
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, i: int) -> Batch:
+        return collate([self.examples[j] for j in self.batches[i]])
+
+
+def _ignore_sigint(worker_id: int) -> None:
+    """Ctrl-C reaches the whole process group: the workers leave it to the main process,
+    which stops at the end of its step and saves."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+class BatchLoader:
+    """Collates the run's batches ahead of the training step in `workers` processes (a
+    `torch.utils.data.DataLoader`; pinned memory when training on CUDA).
+
+    It hands out the batch at any place (epoch, position) asked for, and so knows nothing of
+    resuming: the run's `TrainState` counts the batches the optimiser consumed, and asking for
+    another place than the one after the last (a new epoch, a resumed run) restarts the workers
+    there. The batches are those `collate` makes inline, in the same order.
+    """
+
+    def __init__(self, examples: Sequence[Example], sampler: BucketBatchSampler, workers: int,
+                 pin_memory: bool) -> None:
+        self.examples, self.sampler = examples, sampler
+        self.workers, self.pin_memory = workers, pin_memory
+        self._batches: Iterator[Batch] | None = None
+        self._next: tuple[int, int] | None = None
+
+    def batch(self, epoch: int, position: int) -> Batch:
+        """The collated batch `position` of `epoch`."""
+        if self._batches is None or self._next != (epoch, position):
+            batches = self.sampler.epoch_batches(epoch)[position:]
+            self._batches = iter(torch.utils.data.DataLoader(
+                _EpochBatches(self.examples, batches), batch_size=None,
+                num_workers=self.workers, pin_memory=self.pin_memory,
+                worker_init_fn=_ignore_sigint))
+        self._next = (epoch, position + 1)
+        return next(self._batches)
 
 
 def next_batch(run: TrainRun) -> Batch:
     """The batch at the run's place in the data (`state.epoch`, `state.position`).
 
-    Does not advance the state; `run_step` does.
+    Does not advance the state; `run_step` does. With `cfg.loader_workers`, the batch comes
+    from `run.loader`, collated ahead in worker processes; otherwise it is collated here.
 
     Args:
         run: the run.
     Returns:
         The `Batch`, on `run.device`.
     """
-    positions = run.sampler.epoch_batches(run.state.epoch)[run.state.position]
-    batch = collate([run.examples[i] for i in positions])
+    if run.loader is not None:
+        batch = run.loader.batch(run.state.epoch, run.state.position)
+    else:
+        positions = run.sampler.epoch_batches(run.state.epoch)[run.state.position]
+        batch = collate([run.examples[i] for i in positions])
     return batch.to(run.device, non_blocking=True)
 
 
@@ -481,7 +561,8 @@ def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:
         return None
     payload = checkpoint_payload(run.model, src_vocab=run.src_vocab, tgt_vocab=run.tgt_vocab,
                                  optimizer=run.optimizer, scaler=run.scaler, train_config=run.cfg,
-                                 train_state=run.state, extra=run.extra)
+                                 train_state=run.state, extra=run.extra,
+                                 tokenizer=run.tokenizer)
     return run.manager.save(run.state.step, payload, metric=metric)
 
 
@@ -596,7 +677,8 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
           tgt_vocab: Vocab, checkpoint_dir: str | Path | None = None, resume: bool = True,
           validate: Callable[[nn.Module], float] | None = None,
           log: Callable[[str], None] = print, device: str | torch.device = "cpu",
-          extra: dict[str, Any] | None = None) -> TrainResult:
+          extra: dict[str, Any] | None = None, tokenizer: Tokenizer | None = None
+          ) -> TrainResult:
     """Train `model` on `examples` until a step, epoch, time or patience limit is reached.
 
     The loop of the module docstring: `setup_run`, then `run_step` until `stop_reason`, with a
@@ -611,8 +693,8 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
     resumes from the same checkpoint directory.
 
     Args:
-        model, examples, cfg, src_vocab, tgt_vocab, checkpoint_dir, resume, device, extra:
-            as for `setup_run`.
+        model, examples, cfg, src_vocab, tgt_vocab, checkpoint_dir, resume, device, extra,
+            tokenizer: as for `setup_run`.
         validate: called as `validate(model)` (in eval mode) every `cfg.eval_every` steps and at
             the end; higher is better (e.g. dev BLEU). Drives best.pt and early stopping.
         log: receives one line every `cfg.log_every` steps and at evaluations.
@@ -622,7 +704,8 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
         InputError: as `setup_run`, before any training.
     """
     run = setup_run(model, examples, cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
-                    checkpoint_dir=checkpoint_dir, resume=resume, device=device, extra=extra)
+                    checkpoint_dir=checkpoint_dir, resume=resume, device=device, extra=extra,
+                    tokenizer=tokenizer)
     return train_run(run, validate=validate, log=log)
 
 

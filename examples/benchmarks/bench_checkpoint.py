@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
+from bahdanau._files import atomic_write
 from bahdanau.checkpoint import (
-    _atomic_write,
     _digest,
     checkpoint_payload,
     load_checkpoint,
@@ -72,7 +72,7 @@ def main() -> None:
         path = Path(tmp) / "c.pt"
 
         def plain(payload: dict) -> None:
-            _atomic_write(path, lambda f: torch.save(payload, f))
+            atomic_write(path, lambda f: torch.save(payload, f))
             torch.load(path, map_location="cpu", weights_only=True)
 
         def digest(payload: dict) -> None:

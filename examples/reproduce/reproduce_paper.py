@@ -171,7 +171,7 @@ def train_one(name: str, arch: str, max_len: int, cfg: ModelConfig, settings: Se
     result = train(model, examples, tcfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                    checkpoint_dir=run_dir / "checkpoints", resume=True,
                    log=lambda line: _log(f"{name}: {line}"),
-                   extra={"tokenizer": {"name": "default", "lowercase": False}})
+                   tokenizer=tokenizer)
     wall = time.perf_counter() - start
     info = {"model": name, "arch": arch, "max_train_len": max_len, "parameters": n_params,
             "training_pairs": len(examples), "updates": result.step,

@@ -1,0 +1,84 @@
+"""A trained model ready to translate: `load` a checkpoint, call `translate`.
+
+    translator = bahdanau.load("runs/default")         # a run folder or a checkpoint file
+    translator.translate(["A man is riding a bicycle."])  # e.g. ['Un homme fait du vélo.']
+
+The checkpoint gives the model, its vocabularies and the tokenizer it was trained with
+(`bahdanau.checkpoint.tokenizer_of`: a SentencePiece model is restored from the checkpoint
+itself). `translate` is `bahdanau.evaluate.translate_corpus` returning text; call that for the
+hypotheses, n-best lists and attention weights.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from bahdanau.checkpoint import (
+    _named,
+    find_checkpoint,
+    load_checkpoint,
+    model_from_checkpoint,
+    tokenizer_of,
+    upgrade_payload,
+)
+from bahdanau.data import Tokenizer, Vocab
+from bahdanau.evaluate import translate_corpus
+from bahdanau.search import BeamSearch
+
+__all__ = ["Translator", "load"]
+
+
+@dataclass(frozen=True)
+class Translator:
+    """A model with what it needs to translate raw text (`load` builds one)."""
+
+    model: torch.nn.Module    # in eval mode, on the device it translates on
+    tokenizer: Tokenizer      # tokenises the source, detokenises the target
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+
+    def translate(self, sentences: Sequence[str], *, search: BeamSearch | None = None,
+                  batch_size: int = 64) -> list[str]:
+        """Translate raw sentences, in order.
+
+        Args:
+            sentences: source sentences (not one str).
+            search: a `BeamSearch` (default: beam 5, at most 100 tokens).
+            batch_size: sentences per batch.
+        Returns:
+            One detokenised translation per sentence.
+        Raises:
+            InputError: as `translate_corpus` (an empty sentence, a bad argument).
+        """
+        device = next(self.model.parameters()).device
+        return [t.text for t in translate_corpus(self.model, sentences, self.src_vocab,
+                                                 self.tgt_vocab, self.tokenizer, search=search,
+                                                 batch_size=batch_size, device=device)]
+
+
+def load(checkpoint: str | os.PathLike[str], *, device: str | torch.device = "cpu"
+         ) -> Translator:
+    """The `Translator` of a checkpoint.
+
+    Args:
+        checkpoint: a checkpoint file, or a training output folder (``bahdanau train --out``,
+            or a folder of checkpoints): its ``best.pt``, else its latest checkpoint
+            (`bahdanau.checkpoint.find_checkpoint`).
+        device: where the model goes.
+    Returns:
+        The model (eval mode), its tokenizer and vocabularies.
+    Raises:
+        InputError: no checkpoint there, or one that `model_from_checkpoint` or `tokenizer_of`
+            refuses (the file is named first); a SentencePiece tokenizer needs the
+            sentencepiece package.
+    """
+    path = find_checkpoint(checkpoint)
+    with _named(path):
+        payload = upgrade_payload(load_checkpoint(path))
+        model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=device)
+        tokenizer = tokenizer_of(payload)
+    return Translator(model=model, tokenizer=tokenizer, src_vocab=src_vocab, tgt_vocab=tgt_vocab)
