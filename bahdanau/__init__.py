@@ -2,6 +2,7 @@
 
 from bahdanau import engine, functional, presets
 from bahdanau.attention import AdditiveAttention, Attention, AttentionStep, LuongAttention
+from bahdanau.averaging import average_checkpoints
 from bahdanau.checkpoint import (
     CheckpointManager,
     TrainState,
@@ -27,6 +28,7 @@ from bahdanau.data import (
 )
 from bahdanau.decoder import AttentiveDecoder, DecoderMemory, DecoderState, StepOutput
 from bahdanau.encoder import BiRNNEncoder
+from bahdanau.ensemble import Ensemble
 from bahdanau.errors import InputError
 from bahdanau.evaluate import (
     CorpusScores,
@@ -111,5 +113,7 @@ __all__ = [
     "SentencePieceTokenizer",
     "Translator",
     "load",
+    "Ensemble",
+    "average_checkpoints",
     "__version__",
 ]

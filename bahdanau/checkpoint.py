@@ -25,7 +25,7 @@ Format 2 (`FORMAT_VERSION`), the payload's keys:
     extra         the caller's own checkpoint-safe entries (checkpoints of earlier versions
                   may hold the CLI's tokenizer settings in extra["tokenizer"])
 
-and three optional sections (see "Room to grow"), absent from files of earlier versions:
+and five optional sections (see "Room to grow"), absent from files of earlier versions:
 
     optimizer_class  the optimizer's class name ("Adadelta"), or None: `restore` refuses to put
                      the state of one optimizer type into another
@@ -37,6 +37,16 @@ and three optional sections (see "Room to grow"), absent from files of earlier v
                      "sentencepiece", "model": uint8 tensor of the model's bytes}. Read it
                      with `tokenizer_of`, which falls back to extra["tokenizer"], then to
                      DefaultTokenizer(), for checkpoints without it
+    ema              the exponential moving average of the weights kept during training
+                     (`TrainConfig.ema_decay`, `bahdanau.ema.WeightEMA`), a state_dict like
+                     `model`. What translates (`model_from_checkpoint`, `bahdanau.load`, the
+                     command line, averaging, ensembles) takes these weights when they are
+                     there (`translation_weights`); `model` keeps the trained weights that
+                     `restore` resumes from
+    best_n           [{"step": int, "metric": float}, ...]: the best evaluations so far, best
+                     first, whose numbered checkpoints `CheckpointManager` keeps; written by a
+                     manager with keep_best > 1 (`TrainConfig.keep_best`), and read back by
+                     `CheckpointManager.best_n` (averaging the best N checkpoints)
 
 Damage. `load_checkpoint` recomputes the digest of what it read and refuses a file whose
 contents do not match it (a flipped bit in a tensor's bytes, which `torch.load` does not
@@ -59,10 +69,13 @@ finite, the optimizer state is of the given optimizer's type. Each failure is a 
 
 Room to grow. A later addition that a reader may ignore is a new top-level key (an optional
 section), absent from checkpoints that do not have it, and leaves `format` at 2: readers take
-the keys above and ignore any other. The names kept for the planned sections are `ema`
-(moving-average weights, a state_dict like `model`) and `best_n` (the N best evaluations,
-[{"step", "metric"}]). `format` goes up only for a change that a reader of the older format would
+the keys above and ignore any other (a reader older than the `ema` section translates with
+the trained weights). `format` goes up only for a change that a reader of the older format would
 misread; a reader refuses a format newer than its own with a one-line error.
+
+A checkpoint made by averaging others (`bahdanau.averaging.average_checkpoints`) is of the same
+format, with the averaged weights as `model`, no `ema`, and None for `train_config`,
+`train_state`, `optimizer`, `scaler` and `rng`: it translates, but does not resume.
 
 Format 1, written before the training state had a section of its own, is still read everywhere
 through `upgrade_payload`: its top-level step, epoch, sampler position, best metric, bad
@@ -92,6 +105,7 @@ from bahdanau._checks import check_path, describe, is_finite_number, is_int, res
 from bahdanau._files import atomic_write
 from bahdanau.config import DictConfig, ModelConfig, TrainConfig
 from bahdanau.data import DefaultTokenizer, Tokenizer, Vocab
+from bahdanau.ema import WeightEMA
 from bahdanau.errors import InputError
 from bahdanau.models import build_model
 from bahdanau.tokenizers import (
@@ -105,6 +119,7 @@ __all__ = [
     "FORMAT_VERSION",
     "CheckpointManager",
     "TrainState",
+    "check_members",
     "checkpoint_payload",
     "find_checkpoint",
     "load_checkpoint",
@@ -112,6 +127,7 @@ __all__ = [
     "restore",
     "save_checkpoint",
     "tokenizer_of",
+    "translation_weights",
     "upgrade_payload",
 ]
 
@@ -119,6 +135,7 @@ FORMAT_VERSION = 2
 _SECTIONS = ("model", "model_config", "src_vocab", "tgt_vocab", "train_config", "train_state",
              "optimizer", "scaler", "rng", "extra")   # the keys of format 2, besides "format"
 _PRIMITIVES = (bool, int, float, str, type(None))
+_BULKY = ("model", "ema", "optimizer", "scaler", "rng")   # the sections check_members ignores
 
 
 def _check_payload(obj: Any, where: str) -> None:
@@ -229,7 +246,10 @@ class CheckpointManager:
 
     Files are ``step_00001000.pt`` (one per saved step) and ``best.pt``, a byte copy of the
     checkpoint with the highest metric so far (higher is better, e.g. dev BLEU); ``best.json``
-    records that metric and step so a resumed run keeps comparing against it. Each save first
+    records that metric and step so a resumed run keeps comparing against it. With
+    `keep_best` > 1 the numbered checkpoints of the `keep_best` best evaluations are kept too,
+    whatever their age, and each checkpoint saved records that ranking in its `best_n` section
+    (see the module docstring), from which `best_n` reads it back. Each save first
     removes the temporary files of these names that a process killed while writing left behind;
     no other file in the directory is touched. Only one process should save into a directory.
 
@@ -243,22 +263,27 @@ class CheckpointManager:
     Args:
         directory: where the files go; created if missing.
         keep_last: numbered checkpoints kept (older ones are deleted after each save); >= 1.
+        keep_best: numbered checkpoints of the best evaluations also kept; >= 1. With 1 (the
+            default) ``best.pt`` alone keeps the best, and no `best_n` section is written.
     Raises:
-        InputError: `keep_last` < 1, or a damaged ``best.json`` that ``best.pt`` cannot rebuild
-            (the file and the problem are named).
+        InputError: `keep_last` or `keep_best` < 1, or a damaged ``best.json`` that ``best.pt``
+            cannot rebuild (the file and the problem are named).
     """
 
     _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
     _TEMP_FILE = re.compile(r"^\.(step_\d+\.pt|best\.pt|best\.json)\..+\.tmp$")  # atomic_write's
 
-    def __init__(self, directory: str | os.PathLike[str], *, keep_last: int = 3) -> None:
-        if not is_int(keep_last) or keep_last < 1:
-            raise InputError(f"keep_last must be a positive int, got {keep_last!r}")
+    def __init__(self, directory: str | os.PathLike[str], *, keep_last: int = 3,
+                 keep_best: int = 1) -> None:
+        for name, value in (("keep_last", keep_last), ("keep_best", keep_best)):
+            if not is_int(value) or value < 1:
+                raise InputError(f"{name} must be a positive int, got {value!r}")
         self.directory = check_path("directory", directory)
-        self.keep_last = keep_last
+        self.keep_last, self.keep_best = keep_last, keep_best
         self.best_metric: float | None = None
         self.best_step: int | None = None
         self._recorded: tuple[float, int] | None = None   # what best.json holds, if it is sound
+        self._ranking: list[tuple[int, float]] | None = None   # best_n(), read when first needed
         self._read_best()
 
     def _read_best(self) -> None:
@@ -318,15 +343,70 @@ class CheckpointManager:
         path = self.directory / "best.pt"
         return path if path.is_file() else None
 
+    def best_n(self) -> list[tuple[int, float]]:
+        """The best evaluations as (step, metric), best first (ties: the earlier step first).
+
+        Read once from the latest numbered checkpoint's `best_n` section, and kept up to date
+        by `save`; a directory whose checkpoints have no such section (saved with
+        `keep_best` 1, or by an earlier version) gives the one best of ``best.json``.
+
+        Raises:
+            InputError: the latest checkpoint cannot be read or its `best_n` is malformed.
+        """
+        if self._ranking is None:
+            latest, section = self.latest(), None
+            if latest is not None:
+                with _named(latest):
+                    section = _parse_best_n(load_checkpoint(latest).get("best_n"))
+            if section is None:
+                section = [] if self.best_step is None else [(self.best_step, self.best_metric)]
+            self._ranking = section
+        return list(self._ranking)
+
+    def best_checkpoints(self, n: int) -> list[Path]:
+        """The files of the `n` best evaluations, best first: their numbered checkpoints, or
+        ``best.pt`` for the best one when its numbered file is gone.
+
+        Raises:
+            InputError: fewer than `n` evaluations are ranked (the run kept fewer: train with
+                `keep_best` >= n), or the checkpoint of one of them is gone.
+        """
+        ranking = self.best_n()
+        if len(ranking) < n:
+            raise InputError(f"{self.directory} ranks {len(ranking)} evaluated checkpoint"
+                             f"{'s' if len(ranking) != 1 else ''}, not {n}: train with "
+                             f"--keep-best {n} (keep_best={n}) to keep the {n} best")
+        files = []
+        for rank, (step, metric) in enumerate(ranking[:n]):
+            path = self.path_for(step)
+            if not path.is_file() and step == self.best_step and self.best() is not None:
+                path = self.directory / "best.pt"
+            if not path.is_file():
+                raise InputError(f"{self.path_for(step)}: no such file; it held the "
+                                 f"evaluation ranked {rank + 1} (step {step}, metric {metric:g})")
+            files.append(path)
+        return files
+
+    def would_keep(self, metric: float) -> bool:
+        """Whether a checkpoint with this metric would rank among the `keep_best` best (with
+        `keep_best` 1: whether it beats the best so far)."""
+        if self.keep_best == 1:
+            return self.best_metric is None or metric > self.best_metric
+        ranking = self.best_n()
+        return len(ranking) < self.keep_best or metric > ranking[self.keep_best - 1][1]
+
     def save(self, step: int, payload: dict[str, Any], *, metric: float | None = None) -> Path:
         """Write the checkpoint of `step`; also as ``best.pt`` if `metric` beats the best so far.
 
         Then the numbered checkpoints older than the last `keep_last` are deleted (never the
-        one just written). See the class docstring for the order of the writes.
+        one just written, nor, with `keep_best` > 1, those of the `keep_best` best evaluations).
+        See the class docstring for the order of the writes.
 
         Args:
             step: the training step, which names the file.
-            payload: the checkpoint, e.g. from `checkpoint_payload`.
+            payload: the checkpoint, e.g. from `checkpoint_payload`. With `keep_best` > 1 the
+                file also holds the ranking of the best evaluations, this one's included, as
+                its `best_n` section (which replaces any of `payload`'s).
             metric: this step's validation metric (higher is better), or None.
         Returns:
             The path of the numbered checkpoint.
@@ -339,12 +419,24 @@ class CheckpointManager:
             for stale in self.directory.iterdir():
                 if self._TEMP_FILE.match(stale.name):
                     stale.unlink(missing_ok=True)
+        kept: set[int] = set()
+        if self.keep_best > 1:
+            ranking = [(s, m) for s, m in self.best_n() if s != step]
+            if metric is not None:
+                ranking.append((step, float(metric)))
+            ranking = sorted(ranking, key=lambda entry: (-entry[1], entry[0]))[:self.keep_best]
+            payload = {**payload, "best_n": [{"step": s, "metric": m} for s, m in ranking]}
+            kept = {s for s, _ in ranking}
         path = self.path_for(step)
         save_checkpoint(path, payload)
+        if self.keep_best > 1:
+            self._ranking = ranking
+        else:
+            self._ranking = None          # best_n() reads the files again if asked
         if metric is not None and (self.best_metric is None or metric > self.best_metric):
             self._record_best(path, float(metric), step)
         for old_step, old in self._numbered()[:-self.keep_last]:
-            if old_step < step:
+            if old_step < step and old_step not in kept:
                 old.unlink(missing_ok=True)
         return path
 
@@ -379,6 +471,20 @@ class CheckpointManager:
         atomic_write(self.directory / "best.json", lambda f: f.write(info))
         self.best_metric, self.best_step = metric, step
         self._recorded = (metric, step)
+
+
+def _parse_best_n(section: Any) -> list[tuple[int, float]] | None:
+    """A `best_n` section as (step, metric) pairs; None for a checkpoint without one."""
+    if section is None:
+        return None
+    entries = section if isinstance(section, list) else [None]
+    for entry in entries:
+        if not (isinstance(entry, dict) and set(entry) == {"step", "metric"}
+                and is_int(entry["step"]) and entry["step"] >= 0
+                and is_finite_number(entry["metric"])):
+            raise InputError(f'checkpoint best_n is malformed: it must be a list of '
+                             f'{{"step": int, "metric": number}}, got {describe(section)}')
+    return [(entry["step"], float(entry["metric"])) for entry in entries]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -467,7 +573,8 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
                        train_config: TrainConfig | None = None,
                        train_state: TrainState | None = None,
                        extra: dict[str, Any] | None = None,
-                       tokenizer: Tokenizer | None = None) -> dict[str, Any]:
+                       tokenizer: Tokenizer | None = None,
+                       ema: WeightEMA | None = None) -> dict[str, Any]:
     """A checkpoint of the current format (see the module docstring), with the RNG states.
 
     Args:
@@ -479,6 +586,8 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
         extra: more checkpoint-safe entries of the caller's, stored under "extra".
         tokenizer: the tokenizer the model is trained with, stored as the `tokenizer` section
             (`tokenizer_to_payload`); None: no such section.
+        ema: the moving average of the weights (`bahdanau.ema.WeightEMA`), stored as the `ema`
+            section; None: no such section.
     Returns:
         A dict that `save_checkpoint` accepts.
     Raises:
@@ -489,6 +598,8 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
     config = _config_of(model)
     config.check_vocabs(src_vocab, tgt_vocab)
     sections = {} if tokenizer is None else {"tokenizer": tokenizer_to_payload(tokenizer)}
+    if ema is not None:
+        sections["ema"] = ema.state_dict()
     return {
         "format": FORMAT_VERSION,
         "model": model.state_dict(),
@@ -633,32 +744,34 @@ def _stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig, Vocab, Vocab]:
     return config, src_vocab, tgt_vocab
 
 
-def _check_weights(stored: Any, model: nn.Module) -> None:
-    """Refuse stored weights that `model.load_state_dict` would refuse or that are not finite.
+def _check_weights(stored: Any, model: nn.Module, section: str = "model") -> None:
+    """Refuse stored weights (the payload's `section`: "model" or "ema") that
+    `model.load_state_dict` would refuse or that are not finite.
 
     Checked before loading because `load_state_dict` copies the weights that fit before it
     raises for the ones that do not.
     """
     if not isinstance(stored, dict):
-        raise InputError(f"checkpoint model is a {type(stored).__name__}, not a state_dict")
+        raise InputError(f"checkpoint {section} is a {type(stored).__name__}, not a state_dict")
+    what = "checkpoint" if section == "model" else f"checkpoint {section}"
     expected = model.state_dict()
     for key, ours in expected.items():
         if key not in stored:
-            raise InputError(f"checkpoint weights do not fit the model: {key!r} is missing")
+            raise InputError(f"{what} weights do not fit the model: {key!r} is missing")
         theirs = stored[key]
         if not isinstance(theirs, Tensor):
-            raise InputError(f"checkpoint weights do not fit the model: {key!r} is a "
+            raise InputError(f"{what} weights do not fit the model: {key!r} is a "
                              f"{type(theirs).__name__}, not a tensor")
         if theirs.shape != ours.shape:
-            raise InputError(f"checkpoint weights do not fit the model: {key!r} has shape "
+            raise InputError(f"{what} weights do not fit the model: {key!r} has shape "
                              f"{tuple(theirs.shape)}, the model's has {tuple(ours.shape)}")
     for key in stored:
         if key not in expected:
-            raise InputError(f"checkpoint weights do not fit the model: {key!r} is not one of "
+            raise InputError(f"{what} weights do not fit the model: {key!r} is not one of "
                              "its weights")
     for key, tensor in stored.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise InputError(f"checkpoint weight {key!r} holds NaN or inf")
+            raise InputError(f"{what} weight {key!r} holds NaN or inf")
 
 
 def _check_optimizer(payload: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
@@ -683,13 +796,15 @@ def _check_optimizer(payload: dict[str, Any], optimizer: torch.optim.Optimizer) 
 def restore(payload: dict[str, Any], model: nn.Module,
             optimizer: torch.optim.Optimizer | None = None, *,
             scaler: torch.amp.GradScaler | None = None, src_vocab: Vocab | None = None,
-            tgt_vocab: Vocab | None = None, restore_rng: bool = True) -> TrainState | None:
+            tgt_vocab: Vocab | None = None, restore_rng: bool = True,
+            ema: WeightEMA | None = None) -> TrainState | None:
     """Load a checkpoint payload (format 1 or 2) into live objects.
 
     Everything is checked before anything changes: the stored model config against
     `model.config` and against the stored vocabularies, the stored vocabularies against the
-    given ones, the train state, the weights against the model (keys, shapes, NaN/inf) and the
-    optimizer state against `optimizer` (its type, where the checkpoint records it).
+    given ones, the train state, the weights (and, with `ema`, the `ema` section's) against the
+    model (keys, shapes, NaN/inf) and the optimizer state against `optimizer` (its type, where
+    the checkpoint records it).
 
     Args:
         payload: the checkpoint dict, e.g. from `load_checkpoint`.
@@ -697,6 +812,8 @@ def restore(payload: dict[str, Any], model: nn.Module,
         optimizer, scaler: receive their states when given (and stored).
         src_vocab, tgt_vocab: expected vocabularies; None skips the check.
         restore_rng: also restore the global torch/CUDA/Python/NumPy RNG states.
+        ema: a `WeightEMA` of `model`: receives the `ema` section, or, from a checkpoint
+            without one, starts again from the restored weights.
     Returns:
         The stored `TrainState`, whole; None if the checkpoint has none.
     Raises:
@@ -719,9 +836,14 @@ def restore(payload: dict[str, Any], model: nn.Module,
                              + _vocab_difference(name, stored, given))
     state = _stored_state(payload)
     _check_weights(payload["model"], model)
+    stored_ema = payload.get("ema") if ema is not None else None
+    if stored_ema is not None:
+        _check_weights(stored_ema, model, "ema")
     if optimizer is not None and payload["optimizer"] is not None:
         _check_optimizer(payload, optimizer)
     model.load_state_dict(payload["model"])
+    if ema is not None:
+        ema.load_state_dict(stored_ema if stored_ema is not None else model.state_dict())
     if optimizer is not None and payload["optimizer"] is not None:
         optimizer.load_state_dict(payload["optimizer"])
     if scaler is not None and payload["scaler"] is not None:
@@ -732,15 +854,17 @@ def restore(payload: dict[str, Any], model: nn.Module,
 
 
 def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *,
-                          device: str | torch.device = "cpu"
+                          device: str | torch.device = "cpu", ema: bool = True
                           ) -> tuple[nn.Module, Vocab, Vocab]:
     """Rebuild the model (eval mode) and its vocabularies from a checkpoint file or payload.
 
-    Reads formats 1 and 2 (see the module docstring).
+    Reads formats 1 and 2 (see the module docstring). The weights are those the checkpoint
+    translates with (`translation_weights`): its `ema` section when it has one, else `model`.
 
     Args:
         checkpoint: a checkpoint file, or a payload from `load_checkpoint`.
         device: where the model goes.
+        ema: False takes the trained weights (`model`) even where there are EMA weights.
     Returns:
         (model, src_vocab, tgt_vocab).
     Raises:
@@ -759,9 +883,26 @@ def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *
         payload = upgrade_payload(checkpoint if path is None else load_checkpoint(path))
         config, src_vocab, tgt_vocab = _stored_parts(payload)
         model = build_model(config)
-        _check_weights(payload["model"], model)
-    model.load_state_dict(payload["model"])
+        section, weights = translation_weights(payload, ema=ema)
+        _check_weights(weights, model, section)
+    model.load_state_dict(weights)
     return model.to(device).eval(), src_vocab, tgt_vocab
+
+
+def translation_weights(payload: dict[str, Any], *, ema: bool = True
+                        ) -> tuple[str, dict[str, Tensor]]:
+    """The weights a checkpoint translates with: its `ema` section (the moving average of
+    training, `bahdanau.ema`) when it has one and `ema` is True, else its `model` section.
+
+    Args:
+        payload: a checkpoint dict of the current format (`upgrade_payload`).
+        ema: False always takes `model`.
+    Returns:
+        (the section's name, its state_dict), unchecked.
+    """
+    if ema and payload.get("ema") is not None:
+        return "ema", payload["ema"]
+    return "model", payload["model"]
 
 
 def tokenizer_of(payload: dict[str, Any]) -> Tokenizer:
@@ -784,14 +925,9 @@ def tokenizer_of(payload: dict[str, Any]) -> Tokenizer:
             model; one line each.
     """
     payload = upgrade_payload(payload)
-    section, data = "tokenizer", payload.get("tokenizer")
+    section, data = _tokenizer_data(payload)
     if data is None:
-        extra = payload["extra"] if isinstance(payload["extra"], dict) else {}
-        section, data = "extra['tokenizer']", extra.get("tokenizer")
-        if data is None:
-            return DefaultTokenizer()
-        if isinstance(data, dict) and data.get("name", "default") == "default":
-            data = {"lowercase": False, "joiners": "prefix", **data, "name": "default"}
+        return DefaultTokenizer()
     try:
         tokenizer = tokenizer_from_payload(data)
     except InputError as err:
@@ -805,6 +941,75 @@ def tokenizer_of(payload: dict[str, Any]) -> Tokenizer:
             raise InputError(f"checkpoint {section} does not fit its vocabularies: {err}"
                              ) from None
     return tokenizer
+
+
+def _tokenizer_data(payload: dict[str, Any]) -> tuple[str, Any]:
+    """(where, what) a payload stores of its tokenizer, as `tokenizer_of` reads it: the
+    `tokenizer` section, else extra["tokenizer"] with the missing default settings filled in;
+    None for neither (`DefaultTokenizer()`)."""
+    data = payload.get("tokenizer")
+    if data is not None:
+        return "tokenizer", data
+    extra = payload["extra"] if isinstance(payload["extra"], dict) else {}
+    data = extra.get("tokenizer")
+    if isinstance(data, dict) and data.get("name", "default") == "default":
+        data = {"lowercase": False, "joiners": "prefix", **data, "name": "default"}
+    return "extra['tokenizer']", data
+
+
+def _tokenizer_summary(payload: dict[str, Any]) -> tuple[Any, str]:
+    """A payload's tokenizer as a comparable value and a short description."""
+    data = _tokenizer_data(payload)[1]
+    if data is None:
+        data = tokenizer_to_payload(DefaultTokenizer())
+    if not isinstance(data, dict):
+        return data, repr(data)
+    model = data.get("model")
+    if isinstance(model, Tensor):        # SentencePiece: compared by its bytes
+        return ({**data, "model": bytes(model.cpu().numpy())},
+                f"{data.get('name')}, a {model.numel()}-byte model")
+    settings = ", ".join(f"{k}={v!r}" for k, v in data.items() if k != "name")
+    return data, f"{data.get('name')}{f' ({settings})' if settings else ''}"
+
+
+def check_members(members: list[tuple[Path, dict[str, Any]]], *, same_config: bool) -> None:
+    """Refuse checkpoints that cannot be averaged or ensembled together.
+
+    Every member must have the first one's vocabularies and tokenizer (an ensemble's models
+    read the same source ids and vote on the same target ids); members to be averaged must also
+    have its model config (the same weights, element for element).
+
+    Args:
+        members: (file, payload of the current format) pairs, at least one.
+        same_config: also require the first member's model config (averaging).
+    Raises:
+        InputError: a payload that is inconsistent in itself, or a member that differs from the
+            first: one line naming its file, what differs and the first file.
+    """
+    first_path, first = members[0]
+    with _named(first_path):
+        config, src_vocab, tgt_vocab = _stored_parts(first)
+    tokenizer, described = _tokenizer_summary(first)
+    for path, payload in members[1:]:
+        with _named(path):
+            other_config, other_src, other_tgt = _stored_parts(payload)
+        if same_config and other_config != config:
+            diff = [f"{k}={v!r} vs {config.to_dict()[k]!r}"
+                    for k, v in other_config.to_dict().items() if v != config.to_dict()[k]]
+            raise InputError(f"{path}: its model config differs from {first_path}'s "
+                             f"({'; '.join(diff)}): only checkpoints of one model can be "
+                             "averaged")
+        for side, ours, theirs in (("source", src_vocab, other_src),
+                                   ("target", tgt_vocab, other_tgt)):
+            if ours != theirs:
+                raise InputError(f"{path}: its {side} vocabulary ({len(theirs)} entries) "
+                                 f"differs from {first_path}'s ({len(ours)} entries): the "
+                                 "checkpoints must share their vocabularies")
+        other, other_described = _tokenizer_summary(payload)
+        if other != tokenizer:
+            raise InputError(f"{path}: its tokenizer ({other_described}) differs from "
+                             f"{first_path}'s ({described}): the checkpoints must share their "
+                             "tokenizer")
 
 
 def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> Path:

@@ -1,4 +1,4 @@
-"""The `bahdanau` command: prepare, train, translate, evaluate, plot.
+"""The `bahdanau` command: prepare, train, translate, evaluate, plot, average.
 
 `bahdanau train` with no options is the default job: a small RNNsearch trained on the shipped
 Multi30k English->French data within a time budget, then evaluated on test_2016_flickr (BLEU with
@@ -16,6 +16,10 @@ vocabularies.
 
 `bahdanau train --config FILE` reads options from a YAML (with PyYAML) or JSON file; flags given
 on the command line override it.
+
+`bahdanau average` writes one checkpoint whose weights are the mean of several (the last N of a
+run, its N best, or files), which the other commands load like any checkpoint; translate,
+evaluate and plot given several checkpoints decode with their ensemble.
 
 A run folder (``--out``) holds one run: its options (``config.yaml``), its checkpoints and its
 results. Running the same command again resumes it; options that define the model, the data or
@@ -47,7 +51,8 @@ import torch
 from bahdanau import presets
 from bahdanau._checks import resolve_device
 from bahdanau._files import atomic_file, atomic_write
-from bahdanau.checkpoint import CheckpointManager, find_checkpoint
+from bahdanau.averaging import average_checkpoints, select_checkpoints
+from bahdanau.checkpoint import CheckpointManager, find_checkpoint, save_checkpoint
 from bahdanau.corpus import PreparedCorpus, TrainSentencePiece, prepare_corpus
 from bahdanau.data import DefaultTokenizer, Tokenizer, Vocab, encode_pairs, read_parallel
 from bahdanau.datasets import decode_lines, iter_lines, multi30k_files, read_lines
@@ -55,6 +60,7 @@ from bahdanau.errors import InputError
 from bahdanau.evaluate import Translation, corpus_bleu, score_test_set, translate_corpus
 from bahdanau.models import build_model
 from bahdanau.options import (
+    AverageOptions,
     DecodeOptions,
     EvaluateOptions,
     PlotOptions,
@@ -94,6 +100,9 @@ _COMMANDS: dict[str, tuple[type[Any], str, str]] = {
                  "BLEU/chrF of a checkpoint on a test set."),
     "plot": (PlotOptions, "alignment heat map of one sentence",
              "Alignment heat map of one sentence."),
+    "average": (AverageOptions, "average the weights of several checkpoints into one",
+                "Write one checkpoint whose weights are the mean of several: the last N or "
+                "best N of a training output folder, or the files given."),
 }
 
 
@@ -213,12 +222,25 @@ def _machine(o: TrainOptions | DecodeOptions) -> torch.device:
     return device
 
 
-def _load(o: DecodeOptions, path: Path, device: torch.device
+def _checkpoints(o: DecodeOptions) -> dict[str, Path]:
+    """The --checkpoint files (each a file, or a folder's best or latest), named for
+    `_check_outputs`: "--checkpoint", or "--checkpoint FILE" for each of several."""
+    paths = [find_checkpoint(p, "--checkpoint") for p in o.checkpoint]
+    if len(paths) == 1:
+        return {"--checkpoint": paths[0]}
+    return {f"--checkpoint {p}": p for p in paths}
+
+
+def _load(o: DecodeOptions, paths: dict[str, Path], device: torch.device
           ) -> tuple[torch.nn.Module, Vocab, Vocab, Tokenizer]:
-    """The checkpoint's model, vocabularies and the tokenizer it was trained with."""
-    t = load(path, device=device)
+    """The checkpoint's model (the ensemble of several), vocabularies and the tokenizer it was
+    trained with."""
+    files = list(paths.values())
+    t = load(files[0] if len(files) == 1 else files, device=device)
     if o.unk_replace and t.model.arch == "rnnencdec":
-        raise InputError(f"--unk-replace needs attention weights; {path} is an RNNencdec model")
+        what = "is an RNNencdec model" if len(files) == 1 else "are RNNencdec models"
+        raise InputError(f"--unk-replace needs attention weights; {' '.join(map(str, files))} "
+                         f"{what}")
     return t.model, t.src_vocab, t.tgt_vocab, t.tokenizer
 
 
@@ -368,7 +390,8 @@ def _train(o: TrainOptions) -> int:
                        max_time_s=o.time_budget * 60 if o.time_budget else None,
                        eval_every=o.eval_every or 10**12, save_every=o.save_every,
                        patience=o.patience, amp=o.amp, log_every=o.log_every, seed=o.seed,
-                       loader_workers=o.loader_workers)
+                       loader_workers=o.loader_workers, keep_last=o.keep_last,
+                       keep_best=o.keep_best, ema_decay=o.ema_decay)
     if not test_pairs:
         print("no test set: the model is trained and saved but not scored (give --test-src "
               "and --test-tgt to score it)", flush=True)
@@ -410,6 +433,8 @@ def _train(o: TrainOptions) -> int:
         if not test_pairs:
             print(f"checkpoints: {out / 'checkpoints'}")
             return 0
+        if run.ema is not None:          # the test scores the weights the checkpoints hold
+            run.ema.copy_to(model)
         model.eval()
         sources, references = [s for s, _ in test_pairs], [t for _, t in test_pairs]
         metrics, translations = _report(model, sources, references, src_vocab, tgt_vocab, tokenizer,
@@ -462,12 +487,12 @@ def _translate(o: TranslateOptions) -> int:
     device = _machine(o)
     search = _search(o, o.n_best)
     path = _existing(o.input, "--input")
-    checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
-    _check_outputs({"--alignments": o.alignments}, {"--input": path, "--checkpoint": checkpoint})
+    checkpoints = _checkpoints(o)
+    _check_outputs({"--alignments": o.alignments}, {"--input": path, **checkpoints})
     if sys.stdout is None or (path is None and sys.stdin is None):
         raise InputError("stdin or stdout is closed: translate reads stdin (or --input) and "
                          "writes stdout")
-    model, src_vocab, tgt_vocab, tokenizer = _load(o, checkpoint, device)
+    model, src_vocab, tgt_vocab, tokenizer = _load(o, checkpoints, device)
     with ExitStack() as stack:
         stream = stack.enter_context(path.open("rb")) if path else sys.stdin.buffer
         alignments = (stack.enter_context(atomic_file(Path(o.alignments)))
@@ -546,13 +571,13 @@ def _evaluate(o: EvaluateOptions) -> int:
     device = _machine(o)
     search = _search(o)
     src, ref = _existing(o.src, "--src"), _existing(o.ref, "--ref")
-    checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
+    checkpoints = _checkpoints(o)
     _check_outputs({"--output": o.output, "--json": o.json},
-                   {"--src": src, "--ref": ref, "--checkpoint": checkpoint})
+                   {"--src": src, "--ref": ref, **checkpoints})
     sources, references = _sentences(src), read_lines(ref, non_empty=True)
     if len(sources) != len(references):
         raise InputError(f"--src has {len(sources)} lines but --ref has {len(references)}")
-    model, src_vocab, tgt_vocab, tokenizer = _load(o, checkpoint, device)
+    model, src_vocab, tgt_vocab, tokenizer = _load(o, checkpoints, device)
     metrics, out = _report(model, sources, references, src_vocab, tgt_vocab, tokenizer, o,
                            search, device)
     _print_metrics(metrics)
@@ -569,8 +594,8 @@ def _plot(o: PlotOptions) -> int:
     device = _machine(o)
     search = _search(o)
     path = _existing(o.input, "--input")
-    checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
-    _check_outputs({"--output": o.output}, {"--input": path, "--checkpoint": checkpoint})
+    checkpoints = _checkpoints(o)
+    _check_outputs({"--output": o.output}, {"--input": path, **checkpoints})
     check_image_path(o.output)
     sentence = o.sentence
     if sentence is None:
@@ -581,9 +606,11 @@ def _plot(o: PlotOptions) -> int:
         sentence = lines[line - 1]
         if not sentence.strip():
             raise InputError(f"--input {o.input}: line {line} is empty")
-    model, src_vocab, tgt_vocab, tokenizer = _load(o, checkpoint, device)
+    model, src_vocab, tgt_vocab, tokenizer = _load(o, checkpoints, device)
     if model.arch == "rnnencdec":
-        raise InputError(f"{o.checkpoint} is an RNNencdec model: it has no alignment to plot")
+        what = ("is an RNNencdec model: it has" if len(o.checkpoint) == 1
+                else "are RNNencdec models: they have")
+        raise InputError(f"{' '.join(o.checkpoint)} {what} no alignment to plot")
     [translation] = translate_corpus(model, [sentence], src_vocab, tgt_vocab, tokenizer,
                                      search=search, unk_replace=o.unk_replace, device=device)
     note = _plot_one(Path(o.output), translation, tokenizer.tokenize(sentence))
@@ -592,8 +619,17 @@ def _plot(o: PlotOptions) -> int:
     return 0
 
 
+def _average(o: AverageOptions) -> int:
+    paths = select_checkpoints(o.checkpoint, last=o.last, best=o.best)
+    _check_outputs({"--output": o.output}, {f"--checkpoint {p}": p for p in paths})
+    save_checkpoint(o.output, average_checkpoints(paths))
+    print(f"averaged {len(paths)} checkpoint{'s' if len(paths) > 1 else ''} "
+          f"({', '.join(map(str, paths))}) into {o.output}")
+    return 0
+
+
 _RUN = {"prepare": _prepare, "train": _train, "translate": _translate, "evaluate": _evaluate,
-        "plot": _plot}
+        "plot": _plot, "average": _average}
 
 
 def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:

@@ -196,6 +196,8 @@ class TrainConfig(DictConfig):
     eval_every: int = 1000            # call validate() every this many steps
     save_every: int = 1000            # checkpoint every this many steps (and at the end)
     keep_last: int = 3                # numbered checkpoints kept (plus best.pt)
+    keep_best: int = 1                # also keep the checkpoints of the N best evaluations
+    ema_decay: float | None = None    # keep an EMA of the weights (bahdanau.ema); None: none
     patience: int | None = None       # stop after this many evaluations without improvement
     label_smoothing: float = 0.0      # 0 in the paper
     amp: Amp = "none"                 # autocast dtype (fp16 adds a GradScaler)
@@ -227,7 +229,8 @@ class TrainConfig(DictConfig):
             raise InputError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
         positive_ints = {"batch_size": self.batch_size, "bucket": self.bucket,
                          "eval_every": self.eval_every, "save_every": self.save_every,
-                         "keep_last": self.keep_last, "log_every": self.log_every}
+                         "keep_last": self.keep_last, "keep_best": self.keep_best,
+                         "log_every": self.log_every}
         optional_ints = {"max_tokens": self.max_tokens, "max_steps": self.max_steps,
                          "max_epochs": self.max_epochs, "patience": self.patience}
         for name, value in {**positive_ints, **optional_ints}.items():
@@ -236,6 +239,9 @@ class TrainConfig(DictConfig):
             if not is_int(value) or value < 1:
                 raise InputError(f"{name} must be a positive int"
                                  f"{' or None' if name in optional_ints else ''}, got {value!r}")
+        if self.ema_decay is not None and not (is_finite_number(self.ema_decay)
+                                               and 0.0 < self.ema_decay < 1.0):
+            raise InputError(f"ema_decay must be in (0, 1) or None, got {self.ema_decay!r}")
         if not (is_int(self.loader_workers) and self.loader_workers >= 0):
             raise InputError(f"loader_workers must be an int >= 0, got {self.loader_workers!r}")
         if not (is_int(self.seed) and 0 <= self.seed < 2**63):

@@ -4,7 +4,8 @@ Each command's options are a frozen dataclass (`TrainOptions`, `TranslateOptions
 `EvaluateOptions`, `PlotOptions`); each field is one option, with its type, default, help text
 and bounds in `option(...)`. From this one declaration:
 
-- `add_arguments` builds the argparse options (``train_batch_size`` is ``--train-batch-size``);
+- `add_arguments` builds the argparse options (``train_batch_size`` is ``--train-batch-size``;
+  a `tuple[str, ...]` field takes one or more values, ``--checkpoint A B``);
 - `from_mapping` turns what argparse parsed (strings) or what a file holds (JSON / YAML values)
   into the dataclass, and construction validates every field, so an option is checked the same
   way whatever it came from, with one `InputError` naming it;
@@ -32,6 +33,7 @@ from bahdanau.datasets import MULTI30K_LANGS
 from bahdanau.errors import InputError
 
 __all__ = [
+    "AverageOptions",
     "EvaluateOptions",
     "Option",
     "PlotOptions",
@@ -79,7 +81,14 @@ def _base_type(annotation: Any) -> tuple[Any, bool]:
     return annotation, False
 
 
+def _is_list(base: Any) -> bool:
+    """A `tuple[str, ...]` option: one or more strings."""
+    return typing.get_origin(base) is tuple
+
+
 def _describe(base: Any) -> str:
+    if _is_list(base):
+        return "one or more strings"
     if typing.get_origin(base) is Literal:
         return "one of " + ", ".join(map(str, typing.get_args(base)))
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[base]
@@ -117,6 +126,8 @@ class _Options:
         for name, value in values.items():
             if value is None:
                 continue
+            if isinstance(value, list) and _is_list(_base_type(hints[name])[0]):
+                value = tuple(value)                        # argparse's nargs, a JSON list
             kwargs[name] = _from_text(name, hints[name], value) if text else value
         return cls(**kwargs)
 
@@ -145,6 +156,11 @@ def _check_value(field: dataclasses.Field, annotation: Any, value: Any) -> None:
     if typing.get_origin(base) is Literal:
         if value not in typing.get_args(base):
             raise InputError(f"{name} must be {_describe(base)}, got {value!r}")
+        return
+    if _is_list(base):
+        if not (isinstance(value, tuple) and value
+                and all(isinstance(v, str) and v.strip() for v in value)):
+            raise InputError(f"{name} must be {_describe(base)} (not empty), got {value!r}")
         return
     kind_ok = {int: is_int, float: is_finite_number, bool: lambda v: isinstance(v, bool),
                str: lambda v: isinstance(v, str)}[base](value)
@@ -181,6 +197,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[_Options]) -> None:
             kwargs["choices"] = typing.get_args(base)
         else:
             kwargs["metavar"] = spec.metavar or field.name.split("_")[-1].upper()
+            if _is_list(base):
+                kwargs["nargs"] = "+"
         parser.add_argument(flag(field.name), dest=field.name, **kwargs)
 
 
@@ -306,6 +324,13 @@ class TrainOptions(SearchOptions):
     patience: int | None = option(None, "stop after N dev evaluations without improvement",
                                   low=1)
     save_every: int = option(500, "checkpoint every N updates", low=1)
+    keep_last: int = option(3, "numbered checkpoints kept: the last N", low=1)
+    keep_best: int = option(1, "also keep the checkpoints of the N best dev evaluations (for "
+                               "bahdanau average --best N; 1: best.pt alone)", low=1)
+    ema_decay: float | None = option(
+        None, "keep an exponential moving average of the weights with this decay (e.g. 0.999); "
+        "dev evaluations, the test score and every checkpoint's translations use it",
+        low=0, above=True)
     log_every: int = option(100, "a log line every N updates", low=1)
     loader_workers: int = option(0, "processes collating batches ahead of the training step "
                                     "(0: on the training thread)", low=0)
@@ -347,6 +372,8 @@ class TrainOptions(SearchOptions):
                              "leave the dev files out")
         if self.eval_every == 0 and self.patience is not None:
             raise InputError("--patience counts dev evaluations: it needs --eval-every")
+        if self.ema_decay is not None and self.ema_decay >= 1:
+            raise InputError(f"--ema-decay must be < 1, got {self.ema_decay!r}")
 
     def to_record(self) -> dict[str, Any]:
         """The options a run folder records (its config.yaml, and every checkpoint): all but
@@ -364,9 +391,9 @@ class TrainOptions(SearchOptions):
 class DecodeOptions(SearchOptions):
     """What every command that loads a checkpoint takes."""
 
-    checkpoint: str | None = option(None, "a checkpoint file, or a training output folder "
-                                          "(its best, else latest checkpoint)", required=True,
-                                    metavar="PATH")
+    checkpoint: tuple[str, ...] | None = option(
+        None, "a checkpoint file, or a training output folder (its best, else latest "
+        "checkpoint); several decode as an ensemble", required=True, metavar="PATH")
     device: str = option("cpu", "cpu, cuda or cuda:N")
     threads: int = option(2, "torch CPU threads", low=1)
 
@@ -413,6 +440,24 @@ class PlotOptions(DecodeOptions):
         if self.line is not None and self.input is None:
             raise InputError("--line picks a line of --input; with --sentence it does nothing")
 
+
+
+@dataclass(frozen=True)
+class AverageOptions(_Options):
+    """`bahdanau average`: one checkpoint whose weights are the mean of several."""
+
+    checkpoint: tuple[str, ...] | None = option(
+        None, "checkpoint files to average, or one training output folder (with --last or "
+        "--best)", required=True, metavar="PATH")
+    last: int | None = option(None, "average the folder's last N numbered checkpoints", low=1)
+    best: int | None = option(None, "average the checkpoints of the folder's N best dev "
+                                    "evaluations (train with --keep-best N)", low=1)
+    output: str | None = option(None, "the averaged checkpoint to write", required=True,
+                                metavar="FILE")
+
+    def check(self) -> None:
+        if self.last is not None and self.best is not None:
+            raise InputError("give --last N or --best N, not both")
 
 
 @dataclass(frozen=True)

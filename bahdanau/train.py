@@ -8,10 +8,13 @@ with the same parts (as torchtune's recipes do):
         stats = run_step(run)                   # one update on the next batch
         if run.state.step % 500 == 0:
             metric, improved = validate_run(run, validate)
-            save_run(run, metric=metric if improved else None)
+            save_run(run, metric=metric)         # best.pt if it is the best so far
 
 `setup_run` builds a `TrainRun` (the model, optimizer, sampler, checkpoint manager, ...) and
 resumes its `TrainState` (step, place in the data, best metric, time) from the latest checkpoint.
+With `cfg.ema_decay`, `run.ema` keeps a moving average of the weights (`bahdanau.ema`):
+`run_step` updates it, `validate_run` scores it and `save_run` stores it (what translates
+from a checkpoint uses it), while `run.model` keeps the trained weights.
 Lower still, `make_optimizer`, `train_step` (one update of any model on any batch) and
 `evaluate_loss` work without a run, and `bahdanau.checkpoint`'s utilities are re-exported here.
 `train` is `setup_run` then `train_run`: the loop above with a periodic log line, early
@@ -67,6 +70,7 @@ from bahdanau.data import (
     check_examples,
     collate,
 )
+from bahdanau.ema import WeightEMA
 from bahdanau.errors import InputError
 from bahdanau.tokenizers import check_vocabs, tokenizer_to_payload
 
@@ -264,6 +268,7 @@ class TrainRun:
     signal: str = ""                        # "sigint", "sigterm" or "sighup" once one arrived
     clock: float = field(default_factory=time.monotonic)  # when state.elapsed_s was updated
     loader: BatchLoader | None = None       # with cfg.loader_workers: batches collated ahead
+    ema: WeightEMA | None = None            # with cfg.ema_decay: the weights' moving average
 
 
 def _broadcast(value: Any, distributed: bool) -> Any:
@@ -362,7 +367,8 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         check_vocabs(tokenizer, src_vocab, tgt_vocab)
     manager = None
     if checkpoint_dir is not None:
-        manager = CheckpointManager(checkpoint_dir, keep_last=cfg.keep_last)
+        manager = CheckpointManager(checkpoint_dir, keep_last=cfg.keep_last,
+                                    keep_best=cfg.keep_best)
         if not resume and (manager.latest() or manager.best()):
             raise InputError(f"{checkpoint_dir} holds checkpoints of an earlier run: resume it, "
                              "or start over in another directory (nothing is deleted)")
@@ -388,13 +394,14 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     distributed = dist.is_available() and dist.is_initialized()
     model.to(device)
     optimizer = make_optimizer(model, cfg)
+    ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay is not None else None
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
     sampler = BucketBatchSampler(lengths, batch_size=None if cfg.max_tokens else cfg.batch_size,
                                  max_tokens=cfg.max_tokens, bucket=cfg.bucket, seed=cfg.seed)
     if payload is not None:
         with _named(latest):
             state = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
-                            tgt_vocab=tgt_vocab)
+                            tgt_vocab=tgt_vocab, ema=ema)
         cfg.set_hyperparameters(optimizer)
         if not distributed or dist.get_rank() == 0:   # one process writes the directory
             manager.complete_save(latest, state)   # a crash may have cut its save short
@@ -420,7 +427,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
                     resume_changes=changes,
                     loader=BatchLoader(examples, sampler, cfg.loader_workers,
                                        pin_memory=device.type == "cuda")
-                    if cfg.loader_workers else None)
+                    if cfg.loader_workers else None, ema=ema)
 
 
 class _EpochBatches(torch.utils.data.Dataset):
@@ -493,7 +500,9 @@ def next_batch(run: TrainRun) -> Batch:
 def run_step(run: TrainRun) -> StepStats:
     """One update (`train_step`) on `next_batch(run)`; the state moves on by a step and a batch.
 
-    After an epoch's last batch, `state.epoch` is the next epoch and `state.position` 0.
+    After an epoch's last batch, `state.epoch` is the next epoch and `state.position` 0. With
+    `run.ema`, the moving average then takes the new weights (`WeightEMA.update`; also after an
+    update skipped for a non-finite gradient, which left the weights as they were).
 
     Args:
         run: the run.
@@ -504,6 +513,8 @@ def run_step(run: TrainRun) -> StepStats:
     stats = train_step(run.step_model, next_batch(run), run.optimizer, clip_norm=cfg.clip_norm,
                        label_smoothing=cfg.label_smoothing, amp_dtype=_AMP_DTYPES[cfg.amp],
                        scaler=run.scaler)
+    if run.ema is not None:
+        run.ema.update(run.model)
     state.step += 1
     state.position += 1
     if state.position == len(run.sampler.epoch_batches(state.epoch)):
@@ -516,8 +527,10 @@ def validate_run(run: TrainRun, validate: Callable[[nn.Module], float]) -> tuple
     """Score the model with `validate(model)` (higher is better) and update the best metric.
 
     `validate` runs on rank 0 only, in eval mode (the model is back in train mode afterwards),
-    and its result is broadcast to every rank. An improvement records the metric and step as
-    the best and resets `state.bad_evals`; otherwise `bad_evals` grows by one.
+    and its result is broadcast to every rank. With `run.ema`, the model holds the averaged
+    weights while `validate` runs (`WeightEMA.applied_to`): what is scored is what the
+    checkpoints translate with. An improvement records the metric and step as the best and
+    resets `state.bad_evals`; otherwise `bad_evals` grows by one.
 
     Args:
         run: the run.
@@ -529,7 +542,8 @@ def validate_run(run: TrainRun, validate: Callable[[nn.Module], float]) -> tuple
     if run.is_main:
         run.model.eval()
         try:
-            metric = validate(run.model)
+            with run.ema.applied_to(run.model) if run.ema is not None else nullcontext():
+                metric = validate(run.model)
         finally:
             run.model.train()
         if not is_finite_number(metric):      # nan would never be beaten, nor beat anything
@@ -552,7 +566,8 @@ def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:
 
     Args:
         run: the run.
-        metric: this step's validation metric if it should be considered for ``best.pt``.
+        metric: this step's validation metric, if it was evaluated: the manager ranks it for
+            ``best.pt`` and its kept best checkpoints (`TrainConfig.keep_best`).
     Returns:
         The numbered checkpoint's path; None without a checkpoint directory or off rank 0.
     """
@@ -562,7 +577,7 @@ def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:
     payload = checkpoint_payload(run.model, src_vocab=run.src_vocab, tgt_vocab=run.tgt_vocab,
                                  optimizer=run.optimizer, scaler=run.scaler, train_config=run.cfg,
                                  train_state=run.state, extra=run.extra,
-                                 tokenizer=run.tokenizer)
+                                 tokenizer=run.tokenizer, ema=run.ema)
     return run.manager.save(run.state.step, payload, metric=metric)
 
 
@@ -683,7 +698,8 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
 
     The loop of the module docstring: `setup_run`, then `run_step` until `stop_reason`, with a
     log line every `cfg.log_every` steps, `validate_run` every `cfg.eval_every` steps and
-    `save_run` every `cfg.save_every` steps and on every improvement; at the end a last
+    `save_run` every `cfg.save_every` steps and at every evaluation whose checkpoint is kept
+    (an improvement, or with `cfg.keep_best` > 1 one of the best so far); at the end a last
     evaluation and checkpoint unless this step already had them. `examples` are used as given
     (the longest sentence is a data setting: `encode_pairs(..., max_len=50)`).
 
@@ -775,16 +791,22 @@ def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
             metric, improved = _evaluate(run, validate, result, log)
             last_eval = state.step
         stopped = stop_reason(run)
-        if state.step % cfg.save_every == 0 or improved:
-            save_run(run, metric=metric if improved else None)
+        if state.step % cfg.save_every == 0 or improved or _kept(run, metric):
+            save_run(run, metric=metric)
             last_saved = state.step
 
     if window_tokens:
         result.train_loss = window_loss / window_tokens
     final_metric = None
     if validate is not None and last_eval != state.step and stopped in _LIMITS:
-        metric, improved = _evaluate(run, validate, result, log)
-        final_metric = metric if improved else None
-    if last_saved != state.step or final_metric is not None:
+        final_metric, _ = _evaluate(run, validate, result, log)
+    if last_saved != state.step or _kept(run, final_metric):
         save_run(run, metric=final_metric)
     return stopped
+
+
+def _kept(run: TrainRun, metric: float | None) -> bool:
+    """Whether the checkpoint manager would keep a checkpoint of this evaluation (it beats the
+    best, or ranks among the `keep_best` best): then the step is saved even off `save_every`."""
+    return (metric is not None and run.manager is not None and run.is_main
+            and run.manager.would_keep(metric))

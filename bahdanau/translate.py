@@ -7,6 +7,11 @@ The checkpoint gives the model, its vocabularies and the tokenizer it was traine
 (`bahdanau.checkpoint.tokenizer_of`: a SentencePiece model is restored from the checkpoint
 itself). `translate` is `bahdanau.evaluate.translate_corpus` returning text; call that for the
 hypotheses, n-best lists and attention weights.
+
+Several checkpoints make an ensemble (`bahdanau.ensemble.Ensemble`), which decodes with the
+mean of its members' probabilities:
+
+    translator = bahdanau.load(["runs/a", "runs/b", "runs/c"])
 """
 
 from __future__ import annotations
@@ -17,8 +22,11 @@ from dataclasses import dataclass
 
 import torch
 
+from bahdanau._checks import describe
 from bahdanau.checkpoint import (
+    _BULKY,
     _named,
+    check_members,
     find_checkpoint,
     load_checkpoint,
     model_from_checkpoint,
@@ -26,6 +34,8 @@ from bahdanau.checkpoint import (
     upgrade_payload,
 )
 from bahdanau.data import Tokenizer, Vocab
+from bahdanau.ensemble import Ensemble
+from bahdanau.errors import InputError
 from bahdanau.evaluate import translate_corpus
 from bahdanau.search import BeamSearch
 
@@ -60,25 +70,41 @@ class Translator:
                                                  batch_size=batch_size, device=device)]
 
 
-def load(checkpoint: str | os.PathLike[str], *, device: str | torch.device = "cpu"
-         ) -> Translator:
-    """The `Translator` of a checkpoint.
+def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
+         device: str | torch.device = "cpu") -> Translator:
+    """The `Translator` of a checkpoint, or of an ensemble of several.
 
     Args:
         checkpoint: a checkpoint file, or a training output folder (``bahdanau train --out``,
             or a folder of checkpoints): its ``best.pt``, else its latest checkpoint
-            (`bahdanau.checkpoint.find_checkpoint`).
+            (`bahdanau.checkpoint.find_checkpoint`). A list of them (two or more) gives an
+            `Ensemble` of their models; a list of one is that one checkpoint.
         device: where the model goes.
     Returns:
-        The model (eval mode), its tokenizer and vocabularies.
+        The model (eval mode), its tokenizer and vocabularies. A checkpoint with EMA weights
+        translates with them (`model_from_checkpoint`).
     Raises:
         InputError: no checkpoint there, or one that `model_from_checkpoint` or `tokenizer_of`
-            refuses (the file is named first); a SentencePiece tokenizer needs the
-            sentencepiece package.
+            refuses (the file is named first), or ensemble members whose vocabularies or
+            tokenizers differ (`bahdanau.checkpoint.check_members`); a SentencePiece tokenizer
+            needs the sentencepiece package.
     """
-    path = find_checkpoint(checkpoint)
-    with _named(path):
-        payload = upgrade_payload(load_checkpoint(path))
-        model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=device)
-        tokenizer = tokenizer_of(payload)
+    if isinstance(checkpoint, (str, os.PathLike)):
+        checkpoint = [checkpoint]
+    elif not isinstance(checkpoint, Sequence) or not checkpoint:
+        raise InputError(f"checkpoint must be a path or a non-empty list of paths, got "
+                         f"{describe(checkpoint)}")
+    paths = [find_checkpoint(given) for given in checkpoint]
+    models, first = [], None
+    for path in paths:                       # one payload in memory at a time
+        with _named(path):
+            payload = upgrade_payload(load_checkpoint(path))
+            if first is None:
+                tokenizer = tokenizer_of(payload)
+                first = {k: v for k, v in payload.items() if k not in _BULKY}
+            else:
+                check_members([(paths[0], first), (path, payload)], same_config=False)
+            model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=device)
+        models.append(model)
+    model = models[0] if len(models) == 1 else Ensemble(models).eval()
     return Translator(model=model, tokenizer=tokenizer, src_vocab=src_vocab, tgt_vocab=tgt_vocab)

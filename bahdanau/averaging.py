@@ -1,0 +1,163 @@
+"""Checkpoint averaging: one model whose weights are the mean of several checkpoints' weights.
+
+    paths = select_checkpoints(["runs/big"], last=4)     # or best=4, or a list of files
+    save_checkpoint("runs/big/average.pt", average_checkpoints(paths))
+
+Averaging the last few checkpoints of a run (or those of its best dev evaluations, kept with
+`TrainConfig.keep_best`) gives weights that usually translate a little better than any one of
+them, at no training cost (Junczys-Dowmunt et al. 2016; Vaswani et al. 2017). The average of each
+weight is taken over the members in float64 and cast back to the weight's dtype, so averaging one
+checkpoint gives its weights unchanged. Each member contributes the weights it translates with:
+its `ema` section when it has one, else `model` (`bahdanau.checkpoint.translation_weights`).
+
+The result is a checkpoint like any other for `bahdanau.load`, `model_from_checkpoint` and the
+command line (translate, evaluate, plot): the averaged weights as `model`, the members' model
+config, vocabularies and tokenizer, and no training state (it does not resume); its
+extra["averaged_from"] lists the members' files and steps.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from bahdanau._checks import check_path, describe
+from bahdanau.checkpoint import (
+    _BULKY,
+    FORMAT_VERSION,
+    CheckpointManager,
+    _check_weights,
+    _named,
+    _stored_parts,
+    _tokenizer_data,
+    check_members,
+    load_checkpoint,
+    translation_weights,
+    upgrade_payload,
+)
+from bahdanau.errors import InputError
+from bahdanau.models import build_model
+
+__all__ = ["average_checkpoints", "select_checkpoints"]
+
+
+def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | None = None,
+                       best: int | None = None) -> list[Path]:
+    """The checkpoint files that ``bahdanau average --checkpoint PATH... [--last N | --best N]``
+    averages.
+
+    Args:
+        paths: checkpoint files; with `last` or `best`, one training output folder instead
+            (``bahdanau train --out``, whose ``checkpoints`` subfolder is used, or a folder of
+            checkpoints).
+        last: the folder's last `last` numbered checkpoints (highest steps).
+        best: the checkpoints of the folder's `best` best dev evaluations
+            (`CheckpointManager.best_checkpoints`; a run keeps them with `keep_best` >= `best`).
+    Returns:
+        The files: as given; the last ones oldest first; the best ones best first.
+    Raises:
+        InputError: both `last` and `best`, a count < 1, `last`/`best` without exactly one
+            folder, a folder without them, a missing file, or fewer checkpoints than asked for.
+    """
+    if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence) or not paths:
+        raise InputError(f"paths must be a non-empty list of paths, got {describe(paths)}")
+    files = [check_path("checkpoint", p) for p in paths]
+    if last is not None and best is not None:
+        raise InputError("give --last N or --best N, not both")
+    count = last if last is not None else best
+    if count is None:
+        for path in files:
+            if path.is_dir():
+                raise InputError(f"--checkpoint {path} is a folder: give --last N or --best N "
+                                 "to pick its checkpoints, or name checkpoint files")
+            if not path.is_file():
+                raise InputError(f"--checkpoint {path}: no such file")
+        return files
+    flag = "--last" if last is not None else "--best"
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise InputError(f"{flag} must be an int >= 1, got {count!r}")
+    if len(files) != 1 or not files[0].is_dir():
+        raise InputError(f"{flag} picks checkpoints from one training output folder; got "
+                         f"{', '.join(map(str, files))}")
+    folder = files[0] / "checkpoints" if (files[0] / "checkpoints").is_dir() else files[0]
+    manager = CheckpointManager(folder)
+    if best is not None:
+        return manager.best_checkpoints(best)
+    numbered = manager.checkpoints()
+    if len(numbered) < last:
+        raise InputError(f"{folder} holds {len(numbered)} numbered checkpoints, not the {last} "
+                         f"of --last {last} (a run keeps its last --keep-last)")
+    return numbered[-last:]
+
+
+def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
+    """The checkpoint whose weights are the element-wise mean of the members' weights.
+
+    Members are read one at a time (one member's payload and a float64 sum are in memory at
+    once). Floating-point weights are summed in float64, divided by the number of members and
+    cast back to the first member's dtypes; other tensors are the first member's.
+
+    Args:
+        paths: the members' checkpoint files (formats 1 and 2), each once.
+    Returns:
+        A payload for `save_checkpoint` (see the module docstring).
+    Raises:
+        FileNotFoundError: a member does not exist.
+        InputError: no paths, a file listed twice, a damaged or malformed member, weights that
+            do not fit the model config or are not finite, or a member whose model config,
+            vocabularies or tokenizer differ from the first's (one line naming both files).
+    """
+    if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence) or not paths:
+        raise InputError(f"paths must be a non-empty list of checkpoint files, got "
+                         f"{describe(paths)}")
+    files = [check_path("checkpoint", p) for p in paths]
+    seen: dict[str, Path] = {}
+    for path in files:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise InputError(f"{path} is listed twice (also as {seen[real]}): average each "
+                             "checkpoint once")
+        seen[real] = path
+    first: dict[str, Any] = {}        # the first member without its weights and states
+    model, dtypes = None, {}
+    total: dict[str, Tensor] = {}
+    members = []
+    for path in files:
+        with _named(path):
+            payload = upgrade_payload(load_checkpoint(path))
+            section, weights = translation_weights(payload)
+            if model is None:
+                first = {k: v for k, v in payload.items() if k not in _BULKY}
+                model = build_model(_stored_parts(first)[0])
+            else:
+                check_members([(files[0], first), (path, payload)], same_config=True)
+            _check_weights(weights, model, section)
+        for key, value in weights.items():
+            dtypes.setdefault(key, value.dtype)
+            if not value.is_floating_point():
+                total.setdefault(key, value.clone())
+            elif key in total:
+                total[key] += value.double()
+            else:
+                total[key] = value.to(torch.float64, copy=True)
+        state = payload["train_state"]
+        members.append({"file": str(path), "weights": section,
+                        "step": state.get("step") if isinstance(state, dict) else None})
+        del payload, weights
+    averaged = {key: (value / len(files)).to(dtypes[key]) if value.is_floating_point() else value
+                for key, value in total.items()}
+    tokenizer = _tokenizer_data(first)[1]
+    return {
+        "format": FORMAT_VERSION,
+        "model": averaged,
+        **{key: first[key] for key in ("model_config", "src_vocab", "tgt_vocab")},
+        "train_config": None, "train_state": None, "optimizer": None, "optimizer_class": None,
+        "scaler": None, "rng": None,
+        "extra": {"averaged_from": members},
+        **({} if tokenizer is None else {"tokenizer": tokenizer}),
+    }

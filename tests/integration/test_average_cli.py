@@ -1,0 +1,97 @@
+"""The command line end to end on a tiny model: train with several checkpoints kept (and an EMA),
+`bahdanau average --last/--best`, then translate and evaluate with the average and with an
+ensemble."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from bahdanau.checkpoint import load_checkpoint
+from bahdanau.cli import main
+from bahdanau.datasets import multi30k_files, read_lines
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("average")
+    en = read_lines(multi30k_files("train", "en"))[:60]
+    fr = read_lines(multi30k_files("train", "fr"))[:60]
+    for name, lines in (("tr.en", en[:50]), ("tr.fr", fr[:50]), ("te.en", en[50:]),
+                        ("te.fr", fr[50:])):
+        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    argv = ["train", "--train-src", str(root / "tr.en"), "--train-tgt", str(root / "tr.fr"),
+            "--dev-src", str(root / "te.en"), "--dev-tgt", str(root / "te.fr"),
+            "--preset", "tiny", "--max-steps", "8", "--time-budget", "0",
+            "--out", str(root / "run"), "--eval-every", "2", "--save-every", "2",
+            "--keep-last", "2", "--keep-best", "3", "--ema-decay", "0.9",
+            "--train-batch-size", "16", "--max-len", "6", "--threads", "1"]
+    assert main(argv) == 0
+    return root
+
+
+def test_train_keeps_the_last_and_the_best_with_their_ema(run) -> None:
+    folder = run / "run" / "checkpoints"
+    numbered = sorted(p.name for p in folder.glob("step_*.pt"))
+    last = load_checkpoint(folder / "step_00000008.pt")
+    ranked = [entry["step"] for entry in last["best_n"]]
+    assert len(ranked) == 3
+    assert set(numbered) == {f"step_{s:08d}.pt" for s in {6, 8, *ranked}}
+    assert last["ema"].keys() == last["model"].keys()
+    assert last["train_config"]["ema_decay"] == 0.9 and last["train_config"]["keep_best"] == 3
+
+
+def test_average_last_and_best_then_translate(run, capsys) -> None:
+    folder = run / "run" / "checkpoints"
+    out = run / "last2.pt"
+    assert main(["average", "--checkpoint", str(run / "run"), "--last", "2",
+                 "--output", str(out)]) == 0
+    assert "averaged 2 checkpoints" in capsys.readouterr().out
+    members = [load_checkpoint(folder / f"step_{s:08d}.pt")["ema"] for s in (6, 8)]
+    averaged = load_checkpoint(out)
+    for key, value in averaged["model"].items():
+        expected = (members[0][key].double() + members[1][key].double()) / 2
+        torch.testing.assert_close(value.double(), expected, rtol=2**-24, atol=0)
+    best = run / "best3.pt"
+    assert main(["average", "--checkpoint", str(run / "run"), "--best", "3",
+                 "--output", str(best)]) == 0
+    assert len(load_checkpoint(best)["extra"]["averaged_from"]) == 3
+    capsys.readouterr()
+
+    assert main(["translate", "--checkpoint", str(out), "--input", str(run / "te.en"),
+                 "--beam-size", "2", "--max-len", "6"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 10
+    assert main(["translate", "--checkpoint", str(out), str(run / "run"),
+                 "--input", str(run / "te.en"), "--beam-size", "2", "--max-len", "6"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 10
+    scores = run / "scores.json"
+    assert main(["evaluate", "--checkpoint", str(out), str(best), "--src", str(run / "te.en"),
+                 "--ref", str(run / "te.fr"), "--beam-size", "1", "--max-len", "6",
+                 "--json", str(scores)]) == 0
+    assert json.loads(scores.read_text())["sentences"] == 10
+
+
+def test_average_refuses_what_it_cannot_do(run, capsys) -> None:
+    folder = run / "run" / "checkpoints"
+    latest = folder / "step_00000008.pt"
+    before = latest.read_bytes()
+    kept = len(list(folder.glob("step_*.pt")))
+    cases = [
+        (["--checkpoint", str(folder / "step_00000006.pt"), str(latest), "--output", str(latest)],
+         f"--output {latest} is also --checkpoint {latest}: writing it would destroy it"),
+        (["--checkpoint", str(run / "run"), "--last", "5", "--output", str(run / "x.pt")],
+         f"holds {kept} numbered checkpoints, not the 5 of --last 5"),
+        (["--checkpoint", str(run / "run"), "--best", "4", "--output", str(run / "x.pt")],
+         "ranks 3 evaluated checkpoints, not 4"),
+        (["--checkpoint", str(run / "run"), "--output", str(run / "x.pt")],
+         "is a folder: give --last N or --best N"),
+        (["--checkpoint", str(run / "run"), "--last", "2", "--best", "2", "--output",
+          str(run / "x.pt")], "give --last N or --best N, not both"),
+    ]
+    for argv, message in cases:
+        assert main(["average", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err
+    assert latest.read_bytes() == before and not (run / "x.pt").exists()
