@@ -5,7 +5,10 @@ Three measurements, each printed as it finishes:
 1. prepare: a synthetic corpus (Zipfian words, about 15 a side; `--pairs`, default 2M) is
    written as text to `--dir` (not kept), then prepared in a child process with the default
    tokenizer (`--workers` processes). Prints the wall time, the peak RSS of the preparing
-   process and of its largest worker, and the bytes per pair of the folder.
+   process and of its largest worker, and the bytes per pair of the folder. With
+   `--sentencepiece N`, also the time and peak RSS of training a SentencePiece unigram model
+   of N pieces on at most 1M sentences a side of the same files (as `prepare --tokenizer
+   unigram` does), timed on its own.
 2. loader: batches/s that `bahdanau.train.BatchLoader` delivers from that folder with 0, 1 and
    2 worker processes, at the default job's batch (64 sentences), beside the default job's
    training step rate on this machine (`--step-rate`, updates/s; 1,570 updates in 500 s on
@@ -123,6 +126,17 @@ PREPARE = """
         "worker_peak_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))
 """
 
+SENTENCEPIECE = """
+    import json, resource, sys, time
+    from pathlib import Path
+    from bahdanau.corpus import TrainSentencePiece, _train_sentencepiece
+    start = time.perf_counter()
+    spec = TrainSentencePiece(model_type="unigram", vocab_size=int(sys.argv[3]))
+    tokenizer = _train_sentencepiece(Path(sys.argv[1]), Path(sys.argv[2]), spec)
+    print(json.dumps({"seconds": time.perf_counter() - start, "pieces": len(tokenizer.pieces),
+                      "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
 TRAIN = """
     import json, sys, time, torch
     from dataclasses import replace
@@ -187,6 +201,8 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=12_000_000,
                         help="pairs of the directly written folder (0: skip)")
     parser.add_argument("--workers", type=int, default=None, help="prepare's processes")
+    parser.add_argument("--sentencepiece", type=int, default=0, metavar="PIECES",
+                        help="also time training a SentencePiece model of this many pieces")
     parser.add_argument("--loader-workers", type=int, default=1)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--step-rate", type=float, default=1570 / 500,
@@ -217,6 +233,10 @@ def run(args: argparse.Namespace, scratch: Path) -> None:
           f"({r['pairs'] / r['seconds']:,.0f} pairs/s); peak RSS {r['peak_rss_mb']:,.0f} MB "
           f"(largest worker {r['worker_peak_rss_mb']:,.0f} MB); folder {size / 2**20:,.0f} MB, "
           f"{arrays / r['pairs']:.1f} bytes per pair in the arrays")
+    if args.sentencepiece:
+        r = run_child(SENTENCEPIECE, str(src), str(tgt), str(args.sentencepiece))
+        print(f"SentencePiece unigram training, {r['pieces']:,} pieces on at most 1,000,000 "
+              f"sentences a side: {r['seconds']:.1f} s, peak RSS {r['peak_rss_mb']:,.0f} MB")
     src.unlink()
     tgt.unlink()
 
