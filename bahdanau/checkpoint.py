@@ -18,7 +18,9 @@ Format 2 (`FORMAT_VERSION`), the payload's keys:
     tgt_vocab     Vocab.to_dict() of the target vocabulary
     train_config  TrainConfig.to_dict(), or None
     train_state   TrainState.to_dict() (step, epoch and batch position, best metric and its
-                  step, evaluations without improvement, training time), or None
+                  step, evaluations without improvement, training time, learning-rate decays
+                  of the plateau schedule), or None; a field added later (`lr_decays`) is
+                  absent from the files of earlier versions and reads as its default
     optimizer     the optimizer's state_dict(), or None
     scaler        the fp16 GradScaler's state_dict(), or None
     rng           rng_state(): torch, CUDA, Python and NumPy generators
@@ -546,9 +548,10 @@ class TrainState(DictConfig):
     bad_evals: int = 0                 # evaluations since the last improvement
     elapsed_s: float = 0.0             # training time so far, resumed runs included
     examples_digest: str | None = None  # sha256 of the training examples' ids (None: unknown)
+    lr_decays: int = 0                 # decays of the plateau schedule (bahdanau.schedules)
 
     def __post_init__(self) -> None:
-        for name in ("step", "epoch", "position", "bad_evals"):
+        for name in ("step", "epoch", "position", "bad_evals", "lr_decays"):
             value = getattr(self, name)
             if not is_int(value) or value < 0:
                 raise InputError(f"TrainState.{name} must be an int >= 0, got {value!r}")

@@ -352,6 +352,20 @@ def _remove_run(out: Path) -> None:
 
 
 # --------------------------------------------------------------------------------- commands
+def _train_config(o: TrainOptions) -> TrainConfig:
+    """The `TrainConfig` of the options (built before any work, so that it checks them first)."""
+    return TrainConfig(
+        optimizer=o.optimizer, lr=o.lr, schedule=o.schedule, warmup_steps=o.warmup_steps,
+        decay_factor=o.decay_factor, decay_patience=o.decay_patience, min_lr=o.min_lr,
+        batch_size=o.train_batch_size, max_tokens=o.max_tokens, accumulation=o.accumulation,
+        max_steps=o.max_steps, max_epochs=o.max_epochs,
+        max_time_s=o.time_budget * 60 if o.time_budget else None,
+        eval_every=o.eval_every or 10**12, save_every=o.save_every, patience=o.patience,
+        label_smoothing=o.label_smoothing, amp=o.amp, log_every=o.log_every, seed=o.seed,
+        loader_workers=o.loader_workers, keep_last=o.keep_last, keep_best=o.keep_best,
+        ema_decay=o.ema_decay)
+
+
 def _train(o: TrainOptions) -> int:
     if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
         raise InputError("the train command runs one process; for several GPUs call "
@@ -364,6 +378,7 @@ def _train(o: TrainOptions) -> int:
     changes = resume_changes(stored, o) if stored is not None else []
     if o.unk_replace and o.arch == "rnnencdec":
         raise InputError("--unk-replace needs attention weights, which --arch rnnencdec lacks")
+    tcfg = _train_config(o)
     corpus = PreparedCorpus(o.data, max_len=o.max_train_len) if o.data else None
     train_pairs, dev_pairs, test_pairs = _data(o, corpus)
     if corpus is not None:
@@ -382,16 +397,11 @@ def _train(o: TrainOptions) -> int:
         raise InputError(f"no training pair has at most --max-train-len {o.max_train_len} "
                          "tokens on both sides")
     cfg = getattr(presets, o.preset)(len(src_vocab), len(tgt_vocab))
-    cfg = replace(cfg, arch=o.arch, gru_form=o.gru_form, dropout=o.dropout, init=o.init)
+    cfg = replace(cfg, arch=o.arch, gru_form=o.gru_form, dropout=o.dropout,
+                  dropout_rnn_inputs=o.dropout_rnn_inputs,
+                  dropout_deep_output=o.dropout_deep_output, init=o.init)
     torch.manual_seed(o.seed)
     model = build_model(cfg)
-    tcfg = TrainConfig(optimizer=o.optimizer, lr=o.lr, batch_size=o.train_batch_size,
-                       max_steps=o.max_steps, max_epochs=o.max_epochs,
-                       max_time_s=o.time_budget * 60 if o.time_budget else None,
-                       eval_every=o.eval_every or 10**12, save_every=o.save_every,
-                       patience=o.patience, amp=o.amp, log_every=o.log_every, seed=o.seed,
-                       loader_workers=o.loader_workers, keep_last=o.keep_last,
-                       keep_best=o.keep_best, ema_decay=o.ema_decay)
     if not test_pairs:
         print("no test set: the model is trained and saved but not scored (give --test-src "
               "and --test-tgt to score it)", flush=True)

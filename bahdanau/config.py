@@ -37,6 +37,7 @@ Engine = Literal["fast", "reference"]
 GRUForm = Literal["torch", "paper"]
 Init = Literal["paper", "glorot"]
 Amp = Literal["none", "bf16", "fp16"]
+Schedule = Literal["constant", "inverse_sqrt", "plateau"]
 
 ARCHS: tuple[str, ...] = ("rnnsearch", "rnnencdec")
 ATTENTIONS: tuple[str, ...] = ("additive", "luong_general", "luong_dot")
@@ -45,6 +46,7 @@ ENGINES: tuple[str, ...] = ("fast", "reference")
 GRU_FORMS: tuple[str, ...] = ("torch", "paper")
 INITS: tuple[str, ...] = ("paper", "glorot")
 AMP_MODES: tuple[str, ...] = ("none", "bf16", "fp16")
+SCHEDULES: tuple[str, ...] = ("constant", "inverse_sqrt", "plateau")
 SPECIAL_IDS: tuple[str, ...] = ("pad_id", "bos_id", "eos_id", "unk_id")
 
 
@@ -105,7 +107,10 @@ class ModelConfig(DictConfig):
     attention_impl: AttentionImpl = "auto"  # additive only; see AdditiveAttention's `impl`
     engine: Engine = "fast"           # "reference": the paper-shaped decoder alone (see engine)
     gru_form: GRUForm = "torch"       # "paper": reset gate applied before U (eq. of appendix A)
-    dropout: float = 0.0              # on embeddings and the maxout output; the paper uses none
+    dropout: float = 0.0              # on embeddings and the maxout output t_i; the paper uses none
+    dropout_rnn_inputs: float = 0.0   # on every GRU input: the encoder's x_j, the decoder's
+                                      # E y_{i-1} and c_i (after `dropout` on the embeddings)
+    dropout_deep_output: float = 0.0  # on the deep output t~_i, before the maxout
     init: Init = "paper"              # "glorot": Xavier-uniform matrices (see build_model)
     pad_id: int = Vocab.pad_id        # special ids: the vocabularies' (see check_vocabs)
     bos_id: int = Vocab.bos_id        # y_0, the decoder's first input
@@ -138,8 +143,10 @@ class ModelConfig(DictConfig):
             raise InputError(f"gru_form must be one of {GRU_FORMS}, got {self.gru_form!r}")
         if self.init not in INITS:
             raise InputError(f"init must be one of {INITS}, got {self.init!r}")
-        if not (is_finite_number(self.dropout) and 0.0 <= self.dropout < 1.0):
-            raise InputError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        for name in ("dropout", "dropout_rnn_inputs", "dropout_deep_output"):
+            value = getattr(self, name)
+            if not (is_finite_number(value) and 0.0 <= value < 1.0):
+                raise InputError(f"{name} must be in [0, 1), got {value!r}")
         specials = {name: getattr(self, name) for name in SPECIAL_IDS}
         if len(set(specials.values())) != len(specials):
             raise InputError(f"special token ids must be distinct, got {specials}")
@@ -185,10 +192,20 @@ class TrainConfig(DictConfig):
     lr: float | None = None           # None: 1.0 for Adadelta (the paper), 1e-3 for Adam
     rho: float = 0.95                 # Adadelta decay (the paper)
     eps: float = 1e-6                 # Adadelta / Adam epsilon (the paper's Adadelta value)
+    # The learning rate of each update: `bahdanau.schedules.LRSchedule` has the formulas.
+    schedule: Schedule = "constant"   # the paper's; "inverse_sqrt": lr * sqrt(W / step) after
+                                      # the warm-up; "plateau": lr * decay_factor after every
+                                      # decay_patience evaluations without improvement
+    warmup_steps: int = 0             # W: lr rises linearly over the first W updates; 0: none
+    decay_factor: float = 0.5         # plateau: what each decay multiplies the lr by
+    decay_patience: int = 2           # plateau: evaluations without improvement per decay
+    min_lr: float = 0.0               # the decayed lr never goes below this (warm-up aside)
     clip_norm: float | None = 1.0     # max L2 norm of the whole gradient; None: no clipping
     batch_size: int = 80              # sentences per batch (the paper); ignored with max_tokens
     max_tokens: int | None = None     # padded tokens per batch instead of batch_size
     bucket: int = 20                  # minibatches sorted by length together (the paper)
+    accumulation: int = 1             # batches per update: the gradient of their summed loss
+                                      # over their total sentence count (one big batch's)
     loader_workers: int = 0           # processes collating batches ahead of the step; 0: inline
     max_steps: int | None = None      # stop after this many updates in total
     max_epochs: int | None = None     # stop after this many passes over the data
@@ -209,7 +226,9 @@ class TrainConfig(DictConfig):
     _removed_fields: ClassVar[tuple[str, ...]] = ("max_len",)
     # What a resumed run may not change: the optimizer type (its state is of that type) and
     # what defines the batches (their order is a function of the seed and the epoch). The
-    # other fields (learning rate, limits, cadence, ...) are applied from the resumed call on.
+    # other fields (learning rate and schedule, limits, cadence, ...) are applied from the
+    # resumed call on; `accumulation` too: the state counts batches, and checkpoints are only
+    # written between updates, so the next update groups the batches from the same place.
     FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = ("optimizer", "batch_size", "max_tokens",
                                                   "bucket", "seed")
 
@@ -227,7 +246,17 @@ class TrainConfig(DictConfig):
             raise InputError(f"rho must be in (0, 1), got {self.rho!r}")
         if not (is_finite_number(self.label_smoothing) and 0.0 <= self.label_smoothing < 1.0):
             raise InputError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
+        if self.schedule not in SCHEDULES:
+            raise InputError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if not (is_int(self.warmup_steps) and self.warmup_steps >= 0):
+            raise InputError(f"warmup_steps must be an int >= 0, got {self.warmup_steps!r}")
+        if not (is_finite_number(self.decay_factor) and 0.0 < self.decay_factor < 1.0):
+            raise InputError(f"decay_factor must be in (0, 1), got {self.decay_factor!r}")
+        if not (is_finite_number(self.min_lr) and 0.0 <= self.min_lr < self.learning_rate):
+            raise InputError(f"min_lr must be in [0, lr) = [0, {self.learning_rate:g}), got "
+                             f"{self.min_lr!r}")
         positive_ints = {"batch_size": self.batch_size, "bucket": self.bucket,
+                         "decay_patience": self.decay_patience, "accumulation": self.accumulation,
                          "eval_every": self.eval_every, "save_every": self.save_every,
                          "keep_last": self.keep_last, "keep_best": self.keep_best,
                          "log_every": self.log_every}

@@ -85,13 +85,17 @@ class AttentiveDecoder(nn.Module):
             gives RNNencdec's fixed context c = tanh(W_c [fwd h_{T_x}; bwd h_1]) from the encoder
             (Cho et al. 2014a, with the bidirectional encoder's two final states).
         pad_id: padding id of the target vocabulary.
-        dropout: dropout on target embeddings and on the maxout output (0 in the paper).
+        dropout: dropout on target embeddings and on the maxout output t_i (0 in the paper).
+        dropout_rnn_inputs: dropout on the GRU's inputs E y_{i-1} (after `dropout`) and c_i,
+            where they enter the GRU (the deep output reads them undropped); 0 in the paper.
+        dropout_deep_output: dropout on the deep output t~_i, before the maxout (0 in the paper).
         gru_form: "torch" (r * (U s + b)) or "paper" (U (r * s)); see `functional.gru_update`.
     """
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, context_size: int,
                  maxout_size: int, *, attention: Attention | None, pad_id: int = 0,
-                 dropout: float = 0.0, gru_form: str = "torch") -> None:
+                 dropout: float = 0.0, dropout_rnn_inputs: float = 0.0,
+                 dropout_deep_output: float = 0.0, gru_form: str = "torch") -> None:
         super().__init__()
         if gru_form not in GRU_FORMS:
             raise InputError(f"gru_form must be one of {GRU_FORMS}, got {gru_form!r}")
@@ -111,6 +115,8 @@ class AttentiveDecoder(nn.Module):
         D, C, L = hidden_size, context_size, maxout_size
         self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=pad_id)   # E
         self.dropout = nn.Dropout(dropout)
+        self.rnn_input_dropout = nn.Dropout(dropout_rnn_inputs)
+        self.deep_output_dropout = nn.Dropout(dropout_deep_output)
         self.init_proj = nn.Linear(C // 2, D)                     # W_s on bwd h_1
         self.input_gates = nn.Linear(embed_size, 3 * D)           # [W_r; W_z; W] E y_{i-1} + b
         self.context_gates = nn.Linear(C, 3 * D, bias=False)      # [C_r; C_z; C] c_i
@@ -201,7 +207,8 @@ class AttentiveDecoder(nn.Module):
         """
         embedded = self.dropout(self.embedding(prev_tokens))      # (N, E) E y_{i-1}
         context, weights, attention_state = self.context(state, memory)   # (N, 2H) c_i
-        x_gates = self.input_gates(embedded) + self.context_gates(context)
+        x_gates = (self.input_gates(self.rnn_input_dropout(embedded))
+                   + self.context_gates(self.rnn_input_dropout(context)))
         hidden = self.update(x_gates, F.linear(state.hidden, *self.recurrent_weights()),
                              state.hidden)                        # (N, D) s_i
         features = self.readout(state.hidden, embedded, self.readout_context(context))
@@ -246,6 +253,7 @@ class AttentiveDecoder(nn.Module):
         """Deep output t_i from s_{i-1}, E y_{i-1} and C_o c_i (any leading shape): (..., L)."""
         t_tilde = (self.readout_state(hidden) + self.readout_embed(embedded)
                    + context_readout)                             # (..., 2L)
+        t_tilde = self.deep_output_dropout(t_tilde)
         return self.dropout(functional.maxout(t_tilde))           # (..., L); logits: W_o t_i
 
     # ------------------------------------------------------------------ teacher forcing

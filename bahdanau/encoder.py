@@ -127,6 +127,8 @@ class BiRNNEncoder(nn.Module):
         hidden_size: H per direction; annotations have 2H features.
         pad_id: padding id (its embedding is kept at 0).
         dropout: dropout on the embeddings (0 in the paper).
+        dropout_rnn_inputs: dropout on the GRU's inputs, after `dropout` (the inputs are the
+            embeddings, so the two compose: a unit is kept with (1 - p1)(1 - p2)); 0 in the paper.
         gru_form: "torch" uses `torch.nn.GRU` (reset gate applied after U: r * (U h + b)), the
             fast path; "paper" runs the paper's GRU (U (r * h)) in a Python loop over positions,
             both directions at once. See `bahdanau.functional.gru_update`.
@@ -147,7 +149,8 @@ class BiRNNEncoder(nn.Module):
     """
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, *, pad_id: int = 0,
-                 dropout: float = 0.0, gru_form: str = "torch") -> None:
+                 dropout: float = 0.0, dropout_rnn_inputs: float = 0.0,
+                 gru_form: str = "torch") -> None:
         super().__init__()
         if gru_form not in GRU_FORMS:
             raise InputError(f"gru_form must be one of {GRU_FORMS}, got {gru_form!r}")
@@ -155,6 +158,7 @@ class BiRNNEncoder(nn.Module):
         self.pad_id, self.gru_form = pad_id, gru_form
         self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=pad_id)
         self.dropout = nn.Dropout(dropout)
+        self.rnn_input_dropout = nn.Dropout(dropout_rnn_inputs)
         # Parameters named as torch.nn.GRU names them, so both forms load the same state dict.
         self.rnn = nn.GRU(embed_size, hidden_size, batch_first=True, bidirectional=True)
         self.reset_parameters()
@@ -197,7 +201,7 @@ class BiRNNEncoder(nn.Module):
         self._check(src, src_lengths, values=check and not torch.compiler.is_compiling())
         lengths = src_lengths.to(src.device)
         mask = functional.lengths_to_mask(lengths, src.shape[1])
-        embedded = self.dropout(self.embedding(src))              # (B, S, E)
+        embedded = self.rnn_input_dropout(self.dropout(self.embedding(src)))   # (B, S, E)
         if torch.compiler.is_compiling():
             return self._padded_gru(embedded, lengths, mask), mask
         if self.gru_form == "paper":

@@ -69,13 +69,17 @@ class RNNSearch(nn.Module):
         check_type("cfg", cfg, ModelConfig, "a ModelConfig")
         cfg = replace(cfg, arch=cls.arch)
         encoder = BiRNNEncoder(cfg.src_vocab_size, cfg.embed_size, cfg.hidden_size,
-                               pad_id=cfg.pad_id, dropout=cfg.dropout, gru_form=cfg.gru_form)
+                               pad_id=cfg.pad_id, dropout=cfg.dropout,
+                               dropout_rnn_inputs=cfg.dropout_rnn_inputs, gru_form=cfg.gru_form)
         attention = None
         if cls.arch == "rnnsearch":
             attention = _attention(cfg)
         decoder = AttentiveDecoder(cfg.tgt_vocab_size, cfg.embed_size, cfg.decoder_size,
                                    2 * cfg.hidden_size, cfg.maxout_size, attention=attention,
-                                   pad_id=cfg.pad_id, dropout=cfg.dropout, gru_form=cfg.gru_form)
+                                   pad_id=cfg.pad_id, dropout=cfg.dropout,
+                                   dropout_rnn_inputs=cfg.dropout_rnn_inputs,
+                                   dropout_deep_output=cfg.dropout_deep_output,
+                                   gru_form=cfg.gru_form)
         model = cls(encoder, decoder, engine=cfg.engine, config=cfg)
         if cfg.init == "glorot":
             glorot_init_(model)

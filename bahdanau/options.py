@@ -12,8 +12,9 @@ and bounds in `option(...)`. From this one declaration:
 - a run folder stores `TrainOptions.to_record()` as its ``config.yaml``, and `resume_changes`
   sorts the options a resumed run changes into those it must refuse (`Option.on_resume` is
   "fixed": the model, the data and its tokenisation, the batches, the seed, the optimizer type)
-  and those it applies and records ("applied": learning rate, limits, cadence, threads, device,
-  evaluation and decoding settings).
+  and those it applies and records ("applied": learning rate and schedule, gradient
+  accumulation, label smoothing, limits, cadence, threads, device, evaluation and decoding
+  settings).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any, Literal
 from typing_extensions import Self
 
 from bahdanau._checks import is_finite_number, is_int
+from bahdanau.config import TrainConfig
 from bahdanau.datasets import MULTI30K_LANGS
 from bahdanau.errors import InputError
 
@@ -58,6 +60,7 @@ class Option:
     low: float | None = None      # smallest allowed value (numbers)
     high: float | None = None     # largest allowed value (numbers)
     above: bool = False           # the value must be strictly greater than `low`
+    below: bool = False           # the value must be strictly less than `high`
     required: bool = False        # must be given (its default None means "missing")
     on_resume: OnResume = "applied"   # see the module docstring; train options only
     metavar: str | None = None
@@ -174,8 +177,9 @@ def _check_value(field: dataclasses.Field, annotation: Any, value: Any) -> None:
             bound = f"> {spec.low:g}" if spec.above else f">= {spec.low:g}"
             raise InputError(f"{name} must be {bound}, got {value!r}")
     high = spec.high if spec.high is not None or base is not int else _INT_MAX
-    if high is not None and value > high:
-        raise InputError(f"{name} must be <= {high:g}, got {value!r}")
+    if high is not None and (value > high or (spec.below and value == high)):
+        bound = f"< {high:g}" if spec.below else f"<= {high:g}"
+        raise InputError(f"{name} must be {bound}, got {value!r}")
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type[_Options]) -> None:
@@ -293,8 +297,14 @@ class TrainOptions(SearchOptions):
     arch: Literal["rnnsearch", "rnnencdec"] = option("rnnsearch", "model", on_resume="fixed")
     gru_form: Literal["torch", "paper"] = option(
         "torch", "GRU form (paper: reset gate before U)", on_resume="fixed")
-    dropout: float = option(0.0, "dropout on embeddings and the maxout output", low=0,
-                            on_resume="fixed")
+    dropout: float = option(0.0, "dropout on embeddings and the maxout output", low=0, high=1,
+                            below=True, on_resume="fixed")
+    dropout_rnn_inputs: float = option(
+        0.0, "dropout on the GRU inputs (source and target embeddings, after --dropout, and the "
+        "decoder's context)", low=0, high=1, below=True, on_resume="fixed", metavar="P")
+    dropout_deep_output: float = option(
+        0.0, "dropout on the deep output, before the maxout", low=0, high=1, below=True,
+        on_resume="fixed", metavar="P")
     init: Literal["paper", "glorot"] = option(
         "glorot", "initialisation (glorot: Xavier-uniform matrices, which Adam trains much "
         "faster; paper: N(0, 0.01^2), N(0, 0.001^2) alignment and orthogonal recurrent "
@@ -312,7 +322,27 @@ class TrainOptions(SearchOptions):
         "eps 1e-6)", on_resume="fixed")
     lr: float | None = option(None, "learning rate (default 1e-3 for adam, 1.0 for adadelta)",
                               low=0, above=True)
-    train_batch_size: int = option(64, "sentences per update", low=1, on_resume="fixed")
+    schedule: Literal["constant", "inverse_sqrt", "plateau"] = option(
+        "constant", "learning-rate schedule: inverse_sqrt multiplies the rate by sqrt(W / step) "
+        "after W = --warmup-steps updates; plateau multiplies it by --decay-factor after every "
+        "--decay-patience dev evaluations without improvement (needs --eval-every)")
+    warmup_steps: int = option(0, "updates over which the learning rate rises linearly from 0, "
+                                  "with any --schedule", low=0)
+    decay_factor: float = option(0.5, "plateau: what each decay multiplies the learning rate by",
+                                 low=0, above=True, high=1, below=True)
+    decay_patience: int = option(2, "plateau: dev evaluations without improvement per decay",
+                                 low=1)
+    min_lr: float = option(0.0, "the decayed learning rate never goes below this", low=0)
+    label_smoothing: float = option(0.0, "label smoothing of the loss (0: none, as in the paper)",
+                                    low=0, high=1, below=True)
+    train_batch_size: int = option(64, "sentences per batch (ignored with --max-tokens)", low=1,
+                                   on_resume="fixed")
+    max_tokens: int | None = option(
+        None, "batches by a budget of padded tokens, sentences x max(longest source, longest "
+        "target + 1), instead of --train-batch-size", low=1, on_resume="fixed")
+    accumulation: int = option(1, "batches per update: their gradients add up to that of one "
+                                  "batch N times larger (gradient accumulation)", low=1,
+                               metavar="N")
     seed: int = option(1234, "seed of the weights and the batch order", low=0, high=2**63 - 1,
                        on_resume="fixed")
     max_steps: int | None = option(None, "stop after this many updates", low=1)
@@ -365,8 +395,6 @@ class TrainOptions(SearchOptions):
                                  "set it when running bahdanau prepare")
         if self.max_steps is None and self.max_epochs is None and not self.time_budget:
             raise InputError("set --max-steps, --max-epochs or a non-zero --time-budget")
-        if not 0 <= self.dropout < 1:
-            raise InputError(f"--dropout must be in [0, 1), got {self.dropout!r}")
         if self.eval_every == 0 and self.dev_src is not None:
             raise InputError("--dev-src/--dev-tgt are read only for --eval-every N: give it, or "
                              "leave the dev files out")
@@ -374,6 +402,13 @@ class TrainOptions(SearchOptions):
             raise InputError("--patience counts dev evaluations: it needs --eval-every")
         if self.ema_decay is not None and self.ema_decay >= 1:
             raise InputError(f"--ema-decay must be < 1, got {self.ema_decay!r}")
+        if self.eval_every == 0 and self.schedule == "plateau":
+            raise InputError("--schedule plateau decays after dev evaluations: it needs "
+                             "--eval-every")
+        lr = TrainConfig(optimizer=self.optimizer, lr=self.lr).learning_rate
+        if self.min_lr >= lr:
+            raise InputError(f"--min-lr ({self.min_lr:g}) must be below the learning rate "
+                             f"({lr:g})")
 
     def to_record(self) -> dict[str, Any]:
         """The options a run folder records (its config.yaml, and every checkpoint): all but

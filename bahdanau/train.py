@@ -24,7 +24,10 @@ it trains with data parallelism.
 
 Paper settings (Bahdanau et al. 2015, appendix B.2): Adadelta with rho 0.95 and eps 1e-6,
 minibatches of 80 sentences, the gradient's L2 norm clipped to 1, training sentences up to 50
-words for RNNsearch-50.
+words for RNNsearch-50. Beyond the paper, `TrainConfig` offers Adam, label smoothing, batches
+by a token budget, learning-rate schedules with warm-up (`bahdanau.schedules`: `run_step` sets
+each update's rate, `validate_run` counts the plateau decays) and gradient accumulation (one
+update per `accumulation` consecutive batches, as if they were one batch).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from bahdanau.data import (
 )
 from bahdanau.ema import WeightEMA
 from bahdanau.errors import InputError
+from bahdanau.schedules import LRSchedule, set_lr
 from bahdanau.tokenizers import check_vocabs, tokenizer_to_payload
 
 __all__ = [
@@ -164,40 +168,55 @@ class StepStats(NamedTuple):
     grad_norm: float   # L2 norm of the gradient before clipping (inf/nan: update skipped)
 
 
-def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer, *,
-               clip_norm: float | None = 1.0, label_smoothing: float = 0.0,
-               amp_dtype: torch.dtype | None = None,
+def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
+               optimizer: torch.optim.Optimizer, *, clip_norm: float | None = 1.0,
+               label_smoothing: float = 0.0, amp_dtype: torch.dtype | None = None,
                scaler: torch.amp.GradScaler | None = None) -> StepStats:
     """One update: loss, backward, clip the gradient norm, optimizer step.
 
     The gradient is that of the summed loss divided by B, the minibatch average of sentence
     negative log-likelihoods as in the paper (so longer sentences weigh more than in a
-    per-token average).
+    per-token average). Several batches (gradient accumulation) make one update with the
+    gradient of their summed loss divided by their total sentence count: what one batch of all
+    their sentences gives, with the activations of one batch at a time in memory. Under DDP
+    the gradients are synchronised once, after the last batch.
 
     Args:
         model: an `RNNSearch` (or anything with its `loss`), a `LossModule`, or DDP of either.
-        batch: a `Batch` on the model's device.
+        batch: a `Batch` on the model's device, or a sequence of them for one update.
         optimizer: the optimizer of the model's parameters.
         clip_norm: rescale the gradient to at most this L2 norm; None: no clipping.
         label_smoothing: passed to the loss.
         amp_dtype: run the loss under `torch.autocast` with this dtype; None: no autocast.
         scaler: a `torch.amp.GradScaler` (for fp16).
     Returns:
-        `StepStats`. A non-finite gradient norm skips the update (the GradScaler also lowers its
-        scale then).
+        `StepStats` of all the batches. A non-finite gradient norm skips the update (the
+        GradScaler also lowers its scale then).
+    Raises:
+        InputError: an empty sequence of batches, or an optimizer without the parameters the
+            loss depends on.
     """
+    batches = [batch] if isinstance(batch, Batch) else list(batch)
+    if not batches:
+        raise InputError("train_step needs a batch, got an empty sequence of batches")
+    sentences = sum(b.src.shape[0] for b in batches)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    autocast = (torch.autocast(batch.src.device.type, dtype=amp_dtype)
+    autocast = (torch.autocast(batches[0].src.device.type, dtype=amp_dtype)
                 if amp_dtype is not None else nullcontext())
-    with autocast:
-        loss_sum, n_tokens = _batch_loss(model, batch, label_smoothing)
-    loss = loss_sum.float() / batch.src.shape[0]
+    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    losses, counts = [], []
+    for i, b in enumerate(batches):
+        last = i == len(batches) - 1
+        with model.no_sync() if ddp and not last else nullcontext():  # type: ignore[operator]
+            with autocast:
+                loss_sum, n_tokens = _batch_loss(model, b, label_smoothing)
+            loss = loss_sum.float() / sentences
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        losses.append(loss_sum.detach())
+        counts.append(n_tokens)
     if scaler is not None:
-        scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
-    else:
-        loss.backward()
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if all(p.grad is None for p in params):
         raise InputError("the optimizer holds none of the parameters the loss depends on: "
@@ -209,7 +228,7 @@ def train_step(model: nn.Module, batch: Batch, optimizer: torch.optim.Optimizer,
         scaler.update()
     elif math.isfinite(grad_norm):
         optimizer.step()
-    return StepStats(float(loss_sum.detach()), int(n_tokens), grad_norm)
+    return StepStats(sum(float(x) for x in losses), sum(int(n) for n in counts), grad_norm)
 
 
 @torch.no_grad()
@@ -254,6 +273,7 @@ class TrainRun:
     sampler: BucketBatchSampler             # the batches of each epoch
     examples: Sequence[Example]
     cfg: TrainConfig
+    schedule: LRSchedule                    # each update's learning rate, from cfg
     src_vocab: Vocab
     tgt_vocab: Vocab
     state: TrainState
@@ -325,8 +345,9 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
             resumed run keeps its examples (`examples_digest`), the stored optimizer type,
             batch definition and seed (`TrainConfig.FIXED_ON_RESUME`; a change is refused), and
             it applies every other
-            changed field of `cfg`, listed in `run.resume_changes`; the learning rate is set
-            from `cfg` (`TrainConfig.set_hyperparameters`).
+            changed field of `cfg`, listed in `run.resume_changes`; the optimizer's settings
+            are set from `cfg` (`TrainConfig.set_hyperparameters`), and each update's learning
+            rate from `cfg`'s schedule and the stored plateau decays (`TrainState.lr_decays`).
         device: where to train.
         extra: checkpoint-safe entries stored in every checkpoint under "extra".
         tokenizer: the tokenizer the examples were made with (`DefaultTokenizer`,
@@ -420,7 +441,8 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
             device_ids = [device.index if device.index is not None else torch.cuda.current_device()]
         step_model = nn.parallel.DistributedDataParallel(LossModule(model), device_ids=device_ids)
     return TrainRun(model=model, step_model=step_model, optimizer=optimizer, scaler=scaler,
-                    sampler=sampler, examples=examples, cfg=cfg, src_vocab=src_vocab,
+                    sampler=sampler, examples=examples, cfg=cfg,
+                    schedule=LRSchedule.from_config(cfg), src_vocab=src_vocab,
                     tgt_vocab=tgt_vocab, state=state, device=device, manager=manager,
                     extra=dict(extra or {}), tokenizer=tokenizer, distributed=distributed,
                     is_main=not distributed or dist.get_rank() == 0, resumed_from=latest,
@@ -489,20 +511,35 @@ def next_batch(run: TrainRun) -> Batch:
     Returns:
         The `Batch`, on `run.device`.
     """
+    return _batch_at(run, run.state.epoch, run.state.position)
+
+
+def _batch_at(run: TrainRun, epoch: int, position: int) -> Batch:
+    """The batch `position` of `epoch`, on `run.device`."""
     if run.loader is not None:
-        batch = run.loader.batch(run.state.epoch, run.state.position)
+        batch = run.loader.batch(epoch, position)
     else:
-        positions = run.sampler.epoch_batches(run.state.epoch)[run.state.position]
+        positions = run.sampler.epoch_batches(epoch)[position]
         batch = collate([run.examples[i] for i in positions])
     return batch.to(run.device, non_blocking=True)
 
 
-def run_step(run: TrainRun) -> StepStats:
-    """One update (`train_step`) on `next_batch(run)`; the state moves on by a step and a batch.
+def _place_after(run: TrainRun, epoch: int, position: int) -> tuple[int, int]:
+    """The (epoch, position) of the batch after batch `position` of `epoch`."""
+    if position + 1 == len(run.sampler.epoch_batches(epoch)):
+        return epoch + 1, 0
+    return epoch, position + 1
 
-    After an epoch's last batch, `state.epoch` is the next epoch and `state.position` 0. With
-    `run.ema`, the moving average then takes the new weights (`WeightEMA.update`; also after an
-    update skipped for a non-finite gradient, which left the weights as they were).
+
+def run_step(run: TrainRun) -> StepStats:
+    """One update (`train_step`) on the next `cfg.accumulation` batches from `next_batch`'s
+    place, at the learning rate `run.schedule` gives it; the state moves on by a step and by
+    those batches.
+
+    After an epoch's last batch, `state.epoch` is the next epoch and `state.position` 0; the
+    batches of one update may come from two epochs. With `run.ema`, the moving average then
+    takes the new weights (`WeightEMA.update`; also after an update skipped for a non-finite
+    gradient, which left the weights as they were).
 
     Args:
         run: the run.
@@ -510,15 +547,18 @@ def run_step(run: TrainRun) -> StepStats:
         The step's `StepStats`.
     """
     cfg, state = run.cfg, run.state
-    stats = train_step(run.step_model, next_batch(run), run.optimizer, clip_norm=cfg.clip_norm,
+    place, batches = (state.epoch, state.position), []
+    for _ in range(cfg.accumulation):
+        batches.append(_batch_at(run, *place))
+        place = _place_after(run, *place)
+    set_lr(run.optimizer, run.schedule(state.step + 1, state.lr_decays))
+    stats = train_step(run.step_model, batches, run.optimizer, clip_norm=cfg.clip_norm,
                        label_smoothing=cfg.label_smoothing, amp_dtype=_AMP_DTYPES[cfg.amp],
                        scaler=run.scaler)
     if run.ema is not None:
         run.ema.update(run.model)
     state.step += 1
-    state.position += 1
-    if state.position == len(run.sampler.epoch_batches(state.epoch)):
-        state.epoch, state.position = state.epoch + 1, 0
+    state.epoch, state.position = place
     _tick(run)
     return stats
 
@@ -530,7 +570,8 @@ def validate_run(run: TrainRun, validate: Callable[[nn.Module], float]) -> tuple
     and its result is broadcast to every rank. With `run.ema`, the model holds the averaged
     weights while `validate` runs (`WeightEMA.applied_to`): what is scored is what the
     checkpoints translate with. An improvement records the metric and step as the best and
-    resets `state.bad_evals`; otherwise `bad_evals` grows by one.
+    resets `state.bad_evals`; otherwise `bad_evals` grows by one, and when the schedule decays
+    after that many (`LRSchedule.decays_after`), `state.lr_decays` too.
 
     Args:
         run: the run.
@@ -557,6 +598,8 @@ def validate_run(run: TrainRun, validate: Callable[[nn.Module], float]) -> tuple
         state.best_metric, state.best_step, state.bad_evals = metric, state.step, 0
     else:
         state.bad_evals += 1
+        if run.schedule.decays_after(state.bad_evals):
+            state.lr_decays += 1
     _tick(run)
     return metric, improved
 
@@ -672,19 +715,22 @@ def _eta(run: TrainRun, seconds_per_step: float) -> str:
     if cfg.max_epochs is not None:
         per_epoch = len(run.sampler.epoch_batches(state.epoch))
         left.append(((cfg.max_epochs - state.epoch) * per_epoch - state.position)
-                    * seconds_per_step)
+                    / cfg.accumulation * seconds_per_step)
     return _format_eta(min(left)) if left else "?"
 
 
 def _evaluate(run: TrainRun, validate: Callable[[nn.Module], float], result: TrainResult,
               log: Callable[[str], None]) -> tuple[float, bool]:
     """`validate_run`, recorded in `result` and logged."""
-    metric, improved = validate_run(run, validate)
     state = run.state
+    lr = run.schedule(state.step + 1, state.lr_decays)
+    metric, improved = validate_run(run, validate)
     result.evals.append((state.step, metric))
     if run.is_main:
+        new_lr = run.schedule(state.step + 1, state.lr_decays)
+        decayed = f" | lr decayed to {new_lr:.3g}" if new_lr < lr else ""
         log(f"step {state.step} | eval {metric:.4f} | best {state.best_metric:.4f} at step "
-            f"{state.best_step}")
+            f"{state.best_step}{decayed}")
     return metric, improved
 
 
@@ -740,7 +786,13 @@ def train_run(run: TrainRun, *, validate: Callable[[nn.Module], float] | None = 
         validate, log: as for `train`.
     Returns:
         A `TrainResult`.
+    Raises:
+        InputError: `run.cfg.schedule` is "plateau" (it decays on evaluations) and `validate`
+            is None; nothing is trained then.
     """
+    if run.cfg.schedule == "plateau" and validate is None:
+        raise InputError("schedule 'plateau' decays the learning rate after evaluations "
+                         "without improvement: give validate")
     state = run.state
     if run.resumed_from is not None and run.is_main:
         log(f"resumed from {run.resumed_from} at step {state.step}, epoch {state.epoch}")
@@ -777,14 +829,15 @@ def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
             loss = window_loss / max(window_tokens, 1)
             entry = {"step": state.step, "epoch": state.epoch, "loss": loss,
                      "ppl": math.exp(min(loss, 700.0)), "grad_norm": stats.grad_norm,
-                     "tokens_per_s": window_tokens / max(now - window_start, 1e-9)}
+                     "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
+                     "lr": run.optimizer.param_groups[0]["lr"]}
             result.history.append(entry)
             result.train_loss = loss
             if run.is_main:
                 eta = _eta(run, (now - start) / (state.step - first_step))
                 log(f"step {state.step} | epoch {state.epoch} | loss {loss:.4f} | "
                     f"ppl {entry['ppl']:.2f} | {entry['tokens_per_s']:.0f} tgt tok/s | "
-                    f"grad {stats.grad_norm:.3f} | eta {eta}")
+                    f"grad {stats.grad_norm:.3f} | lr {entry['lr']:.3g} | eta {eta}")
             window_start, window_loss, window_tokens = now, 0.0, 0
         metric, improved = None, False
         if validate is not None and state.step % cfg.eval_every == 0:

@@ -15,6 +15,10 @@ What it does differently from the reference decoder, and why it is the same func
 * Sequence-level gradient sums (`bahdanau.engine.sequence_grads`) for the step weight and the
   values, and the chunked cross-entropy (`bahdanau.engine.cross_entropy`) for the loss.
 
+Dropout on the GRU inputs (`AttentiveDecoder`'s `dropout_rnn_inputs`) drops units of c_i itself,
+which C then maps: while it is active (training, p > 0) the values are [h_j; C_o h_j] instead,
+and each step applies C to the dropped c_i (one matmul per step, as the reference decoder).
+
 Under `torch.compile` and `torch.export` the engine uses traceable twins of the last two: plain
 autograd and `torch.nn.functional.cross_entropy` over every position. tests/unit/test_engine.py
 holds every path equal to the reference decoder in float64.
@@ -41,6 +45,7 @@ class EngineMemory(NamedTuple):
     values: Tensor                # (B, S, 3D + 2L) [C; C_o] h_j; RNNencdec: (B, 3D + 2L) [C; C_o] c
     step_weight: Tensor           # (P + R, D) [query_weight; U] (P = 0 without one), R = 3D | 2D
     step_bias: Tensor             # (P + R,) 0 for the query rows, then the GRU's recurrent bias
+    drop_context: bool = False    # values are [h_j; C_o h_j] (2H + 2L): C c_i after dropout
 
     def select(self, keep: Tensor) -> EngineMemory:
         """The memory of sentences `keep` (the step weight is shared by all sentences)."""
@@ -62,17 +67,22 @@ class DecoderEngine:
         self.sequence_grads = sequence_grads
 
     def prepare(self, memory: DecoderMemory) -> EngineMemory:
-        """Once per batch: the values [C; C_o] h_j and the fused step weight."""
+        """Once per batch: the values [C; C_o] h_j (or [h_j; C_o h_j] while the GRU-input
+        dropout is active, see the module docstring) and the fused step weight."""
         dec = self.decoder
-        value_weight = torch.cat([dec.context_gates.weight, dec.readout_context.weight])
         source = memory.context if dec.attention is None else memory.annotations
-        values = F.linear(source, value_weight)                   # (B, [S,] 3D + 2L)
+        drop_context = dec.training and dec.rnn_input_dropout.p > 0
+        if drop_context:
+            values = torch.cat([source, F.linear(source, dec.readout_context.weight)], -1)
+        else:
+            value_weight = torch.cat([dec.context_gates.weight, dec.readout_context.weight])
+            values = F.linear(source, value_weight)               # (B, [S,] 3D + 2L)
         weight, bias = dec.recurrent_weights()
         query_weight = None if dec.attention is None else dec.attention.query_weight()
         if query_weight is not None:
             weight = torch.cat([query_weight, weight])
             bias = torch.cat([bias.new_zeros(query_weight.shape[0]), bias])
-        return EngineMemory(memory, values, weight, bias)
+        return EngineMemory(memory, values, weight, bias, drop_context)
 
     def step(self, prev_tokens: Tensor, state: DecoderState, memory: EngineMemory
              ) -> StepOutput:
@@ -81,7 +91,8 @@ class DecoderEngine:
         embedded = dec.dropout(dec.embedding(prev_tokens))        # (N, E)
         h_gates, gate_terms, readout_terms, weights, attention_state = self._attend(
             state, memory, None)
-        hidden = dec.update(dec.input_gates(embedded) + gate_terms, h_gates, state.hidden)
+        x_gates = dec.input_gates(dec.rnn_input_dropout(embedded)) + gate_terms
+        hidden = dec.update(x_gates, h_gates, state.hidden)
         logits = dec.output(dec.readout(state.hidden, embedded, readout_terms))
         return StepOutput(logits, DecoderState(hidden, attention_state), weights)
 
@@ -104,7 +115,7 @@ class DecoderEngine:
         dec = self.decoder
         dec.check_targets(tgt_in, state.hidden.shape[0], check=check)
         embedded = dec.dropout(dec.embedding(tgt_in))             # (B, T, E)
-        x_gates = dec.input_gates(embedded)                       # (B, T, 3D) hoisted
+        x_gates = dec.input_gates(dec.rnn_input_dropout(embedded))   # (B, T, 3D) hoisted
         grads = self._sequence_grads(memory)
         hiddens, readouts, weights = [], [], []
         last = tgt_in.shape[1] - 1
@@ -151,7 +162,8 @@ class DecoderEngine:
     def _attend(self, state: DecoderState, memory: EngineMemory, grads: SequenceGrads | None
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
         """From s_{i-1} (N rows): U s_{i-1}, C c_i (N, 3D), C_o c_i (N, 2L), a_ij and the
-        attention's next state. With `grads`, the step matmul and the value mix go through it."""
+        attention's next state. With `grads`, the step matmul and the value mix go through it.
+        With `memory.drop_context`, C c_i is C of the dropped c_i."""
         dec, hidden = self.decoder, state.hidden
         if grads is None:
             projected = F.linear(hidden, memory.step_weight, memory.step_bias)
@@ -176,8 +188,13 @@ class DecoderEngine:
                 context_terms, weights = attention.attend(query, attention_memory, memory.values,
                                                           state.attention)
             attention_state = attention.next_state(state.attention, weights)
-        gate_terms, readout_terms = context_terms.split(
-            [3 * dec.hidden_size, 2 * dec.maxout_size], 1)
+        if memory.drop_context:                                   # [c_i; C_o c_i]
+            context, readout_terms = context_terms.split(
+                [dec.context_size, 2 * dec.maxout_size], 1)
+            gate_terms = dec.context_gates(dec.rnn_input_dropout(context))
+        else:
+            gate_terms, readout_terms = context_terms.split(
+                [3 * dec.hidden_size, 2 * dec.maxout_size], 1)
         return h_gates, gate_terms, readout_terms, weights, attention_state
 
     def _sequence_grads(self, memory: EngineMemory) -> SequenceGrads | None:

@@ -44,8 +44,9 @@ def _worker(rank: int, out_dir: str, port: int) -> None:
         model = build_model(tiny())
         eval_batches = [collate(examples)]
         lines: list[str] = []
+        # accumulation: the first batch of each update runs under no_sync, the second syncs
         cfg = TrainConfig(optimizer="adam", lr=0.01, batch_size=6, bucket=2, max_steps=12,
-                          log_every=4, save_every=100)
+                          accumulation=2, log_every=4, save_every=100)
         result = train(model, examples, cfg, src_vocab=vocab, tgt_vocab=vocab,
                        checkpoint_dir=Path(out_dir) / "ckpt", log=lines.append)
         torch.manual_seed(0)

@@ -243,6 +243,12 @@ CASES = [
     ("train --out {new} --max-steps 1 --dropout 1", "--dropout"),
     ("train --out {new} --max-steps 1 --dropout 1.5", "--dropout"),
     ("train --out {new} --max-steps 1 --patience 2", "--patience"),
+    ("train --out {new} --max-steps 1 --schedule plateau", "--eval-every"),
+    ("train --out {new} --max-steps 1 --min-lr 0.001", "--min-lr"),
+    ("train --out {new} --max-steps 1 --optimizer adadelta --min-lr 2", "--min-lr"),
+    ("train --out {new} --max-steps 1 --label-smoothing 1", "--label-smoothing"),
+    ("train --out {new} --max-steps 1 --decay-factor 1", "--decay-factor"),
+    ("train --schedule cosine", "invalid choice"),
     ("train --out {new} --max-steps 1 --arch rnnencdec --unk-replace", "--unk-replace"),
     ("plot --output {new}.png --checkpoint {run}", "--sentence"),
     ("plot --output {new}.png --checkpoint {run} --sentence a --input {files}/te.en", "--sentence"),
@@ -350,6 +356,8 @@ CASES = [
     ("resume --lowercase", "--lowercase"),
     ("resume --max-train-len 20", "--max-train-len"),
     ("resume --dropout 0.2", "--dropout"),
+    ("resume --dropout-rnn-inputs 0.2", "--dropout-rnn-inputs"),
+    ("resume --max-tokens 300", "--max-tokens"),
     ("resume --gru-form paper", "--gru-form"),
     ("train --out {run} " + " ".join(TRAIN), "training examples differ"),  # shipped data now
     # outputs that would destroy an input or each other

@@ -81,6 +81,40 @@ def test_resume_applies_and_records_changed_options(data, tmp_path, capsys) -> N
     assert json.loads((out / "config.yaml").read_text())["lr"] == 0.0005
 
 
+def test_optimisation_and_dropout_options_reach_the_run(data, tmp_path, capsys) -> None:
+    """Label smoothing, token batches, accumulation, the schedule and the dropout placements
+    go from the command line into the run's TrainConfig and ModelConfig; on resume the
+    accumulation and schedule may change, the dropout may not."""
+    out = tmp_path / "run"
+    options = ["--label-smoothing", "0.1", "--max-tokens", "120", "--accumulation", "2",
+               "--schedule", "inverse_sqrt", "--warmup-steps", "4", "--min-lr", "0.0001",
+               "--dropout-rnn-inputs", "0.2", "--dropout-deep-output", "0.3"]
+    assert main(_argv(data, out, "--max-steps", "2", *options, test=False)) == 0
+    payload = torch.load(out / "checkpoints" / "step_00000002.pt", weights_only=True)
+    assert {k: payload["train_config"][k] for k in (
+        "label_smoothing", "max_tokens", "accumulation", "schedule", "warmup_steps", "min_lr")
+            } == {"label_smoothing": 0.1, "max_tokens": 120, "accumulation": 2,
+                  "schedule": "inverse_sqrt", "warmup_steps": 4, "min_lr": 1e-4}
+    assert (payload["model_config"]["dropout_rnn_inputs"],
+            payload["model_config"]["dropout_deep_output"]) == (0.2, 0.3)
+    assert payload["train_state"]["position"] == 4                  # 2 updates of 2 batches
+    assert [g["lr"] for g in payload["optimizer"]["param_groups"]] == [pytest.approx(5e-4)]
+    capsys.readouterr()
+    resumed = [*options[:4], "--accumulation", "1", "--schedule", "constant",
+               *options[8:]]
+    assert main(_argv(data, out, "--max-steps", "3", *resumed, test=False)) == 0
+    said = capsys.readouterr().out
+    assert "changed on resume: --accumulation 2 -> 1" in said
+    assert "changed on resume: --schedule 'inverse_sqrt' -> 'constant'" in said
+    payload = torch.load(out / "checkpoints" / "step_00000003.pt", weights_only=True)
+    assert payload["train_state"]["position"] == 5
+    assert [g["lr"] for g in payload["optimizer"]["param_groups"]] == [pytest.approx(7.5e-4)]
+    before = _files(out)
+    changed = [*resumed[:-2], "--dropout-deep-output", "0.1"]
+    assert main(_argv(data, out, "--max-steps", "4", *changed, test=False)) == 2
+    assert "--dropout-deep-output" in capsys.readouterr().err and _files(out) == before
+
+
 def test_no_resume_refuses_and_overwrite_replaces_the_run(data, tmp_path, capsys) -> None:
     out = tmp_path / "run"
     assert main(_argv(data, out, "--max-steps", "3", "--save-every", "1")) == 0

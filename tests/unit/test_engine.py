@@ -200,6 +200,46 @@ def test_sequence_level_gradients_with_retained_graph() -> None:
         torch.testing.assert_close(p.grad, 2 * g, rtol=1e-12, atol=1e-12, msg=name)
 
 
+class FixedMask(nn.Module):
+    """A deterministic stand-in for the decoder's GRU-input dropout: every row's features are
+    scaled by the same fixed factors, so the engine and the reference, which drop different
+    tensors in a different order, must compute the same function."""
+
+    p = 0.5  # what the engine reads to know that the dropout is active
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * torch.linspace(0.0, 2.0, x.shape[-1], dtype=x.dtype)
+
+
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_engine_with_gru_input_dropout_equals_the_reference(attention) -> None:
+    """While the GRU-input dropout is active the engine mixes h_j, not C h_j, and applies C to
+    the dropped c_i at each step: losses, gradients, logits and its own steps still agree."""
+    fast, reference = twins(attention, "torch")
+    for model in (fast, reference):
+        model.decoder.rnn_input_dropout = FixedMask()
+        model.train()
+    loss, _, grads = gradients(fast)
+    ref_loss, _, ref_grads = gradients(reference)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
+    for (name, _), g, r in zip(fast.named_parameters(), grads, ref_grads, strict=True):
+        if r is None:
+            assert g is None or not g.any(), name
+        else:
+            torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12, msg=name)
+    src, src_lengths, tgt_in, _ = batch()
+    logits = reference(src, src_lengths, tgt_in)
+    torch.testing.assert_close(fast(src, src_lengths, tgt_in), logits, rtol=1e-10, atol=1e-10)
+    state, memory = fast.encode(src, src_lengths)
+    assert memory.drop_context and memory.values.shape[-1] == 16 + 2 * 6   # [h_j; C_o h_j]
+    for i in range(tgt_in.shape[1]):
+        out = fast.step(tgt_in[:, i], state, memory)
+        torch.testing.assert_close(out.logits, logits[:, i], rtol=1e-10, atol=1e-10)
+        state = out.state
+    fast.eval()
+    assert not fast.encode(src, src_lengths)[1].drop_context          # decoding: [C; C_o] h_j
+
+
 def test_engine_is_chosen_once_at_construction() -> None:
     fast, reference = twins("additive/reference", "torch")
     assert isinstance(fast.engine, DecoderEngine) and fast.engine.decoder is fast.decoder

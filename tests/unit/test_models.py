@@ -289,6 +289,10 @@ def test_build_model_dispatch_and_config_round_trip() -> None:
     ("attention_impl", "cuda", "attention_impl"),
     ("gru_form", "lstm", "gru_form"),
     ("dropout", 1.0, "dropout"),
+    ("dropout_rnn_inputs", 1.0, "^dropout_rnn_inputs must be in"),
+    ("dropout_rnn_inputs", -0.1, "^dropout_rnn_inputs must be in"),
+    ("dropout_deep_output", "0.1", "^dropout_deep_output must be in"),
+    ("dropout_deep_output", float("nan"), "^dropout_deep_output must be in"),
     ("eos_id", 1, "distinct"),
     ("unk_id", 16, "unk_id"),
 ])
@@ -300,6 +304,37 @@ def test_config_validation(field, value, match) -> None:
 def test_config_from_dict_unknown_field() -> None:
     with pytest.raises(ValueError, match="unknown ModelConfig fields"):
         ModelConfig.from_dict({**presets.tiny().to_dict(), "layers": 2})
+
+
+def test_config_from_dict_of_an_earlier_version_takes_the_later_fields_defaults() -> None:
+    stored = presets.tiny().to_dict()
+    del stored["dropout_rnn_inputs"], stored["dropout_deep_output"]
+    assert ModelConfig.from_dict(stored) == presets.tiny()
+
+
+DROPOUTS = ["dropout", "dropout_rnn_inputs", "dropout_deep_output"]
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+@pytest.mark.parametrize(("cls", "form"), MODELS[::3])
+@pytest.mark.parametrize("field", DROPOUTS)
+def test_dropout_changes_outputs_in_train_mode_only(field, cls, form, engine) -> None:
+    """Each placement is the identity in eval mode, and dropout 0 (the paper) is the identity
+    in train mode too: bit for bit the paper model's outputs."""
+    weights = random_model(cls, form)
+    paper, dropped = (cls.from_config(replace(weights.config, engine=engine, **changes)).double()
+                      for changes in ({}, {field: 0.5}))
+    for model in (paper, dropped):
+        model.load_state_dict(weights.state_dict())
+    src, src_lengths, tgt_in, _ = batch()
+    expected = paper.eval()(src, src_lengths, tgt_in)
+    assert torch.equal(dropped.eval()(src, src_lengths, tgt_in), expected)
+    assert torch.equal(paper.train()(src, src_lengths, tgt_in), expected)
+    torch.manual_seed(0)
+    changed = dropped.train()(src, src_lengths, tgt_in)
+    assert not torch.allclose(changed, expected)
+    torch.manual_seed(0)
+    assert torch.equal(dropped(src, src_lengths, tgt_in), changed)   # a function of the RNG
 
 
 def test_padding_never_gives_nan() -> None:

@@ -609,3 +609,128 @@ def test_resume_refuses_other_vocabulary(tmp_path) -> None:
     with pytest.raises(ValueError, match="src_vocab: id 4 is 'w0' in the checkpoint but 'v0'"):
         train(tiny_model(), random_examples(16), replace(cfg, max_steps=4), src_vocab=other,
               tgt_vocab=VOCAB, checkpoint_dir=tmp_path, log=lambda s: None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Gradient accumulation and learning-rate schedules
+
+
+def test_accumulated_update_equals_one_big_batch() -> None:
+    """k batches in one update == one update on their concatenation (float64): the gradient
+    is their summed loss over their total sentence count."""
+    examples = random_examples(12)
+    parts = [collate(examples[:4]), collate(examples[4:9]), collate(examples[9:])]
+    whole = collate(examples)
+    accumulated, big = tiny_model().double(), tiny_model().double()
+    assert _equal_weights(accumulated, big)
+    stats = train_step(accumulated, parts, torch.optim.SGD(accumulated.parameters(), lr=0.5),
+                       clip_norm=None)
+    one = train_step(big, whole, torch.optim.SGD(big.parameters(), lr=0.5), clip_norm=None)
+    assert stats.n_tokens == one.n_tokens == whole.n_tokens
+    assert stats.loss_sum == pytest.approx(one.loss_sum, rel=1e-12)
+    assert stats.grad_norm == pytest.approx(one.grad_norm, rel=1e-10)
+    for (name, p), q in zip(accumulated.named_parameters(), big.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-10, atol=1e-14), name
+        assert torch.allclose(p, q, rtol=1e-12, atol=1e-14), name
+    assert not _equal_weights(accumulated, tiny_model().double())  # the update did something
+    with pytest.raises(ValueError, match="empty sequence of batches"):
+        train_step(big, [], torch.optim.SGD(big.parameters(), lr=0.5))
+
+
+def test_run_step_takes_accumulation_batches_per_update(tmp_path) -> None:
+    examples = random_examples(40)  # 5 batches per epoch: the 2nd update spans two epochs
+    cfg = TrainConfig(batch_size=8, bucket=2, accumulation=3, max_steps=2, log_every=100)
+    mine = tiny_model()
+    run = setup_run(mine, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB)
+    batches = [collate([examples[i] for i in b]) for epoch in (0, 1)
+               for b in run.sampler.epoch_batches(epoch)]
+    run_step(run)
+    assert (run.state.step, run.state.epoch, run.state.position) == (1, 0, 3)
+    run_step(run)
+    assert (run.state.step, run.state.epoch, run.state.position) == (2, 1, 1)
+    by_hand = tiny_model()
+    optimizer = make_optimizer(by_hand, cfg)
+    for group in (batches[:3], batches[3:6]):
+        train_step(by_hand, group, optimizer)
+    assert _equal_weights(mine, by_hand)
+
+
+@pytest.mark.parametrize("schedule", ["inverse_sqrt", "plateau"])
+def test_exact_resume_with_schedule_and_accumulation(tmp_path, schedule: str) -> None:
+    """12 updates of 2 batches in one run == 6, then a fresh model resumed for 6 more: the
+    same weights and learning rate (the plateau's decays come back from the checkpoint)."""
+    examples = random_examples(40)
+    cfg = TrainConfig(batch_size=8, bucket=2, accumulation=2, schedule=schedule,
+                      warmup_steps=3, decay_patience=2, max_steps=12, eval_every=2,
+                      save_every=100, log_every=100)
+    metrics = [1.0, 2.0, 2.0, 2.0, 2.0, 2.0]   # evaluations at steps 2, 4, ..., 12
+
+    def run(model, cfg, directory, scores):
+        return train(model, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                     checkpoint_dir=directory, validate=lambda m: next(scores),
+                     log=lambda s: None)
+
+    straight = tiny_model(0, dropout=0.2)
+    run(straight, cfg, tmp_path / "straight", iter(metrics))
+    scores = iter(metrics)
+    assert run(tiny_model(0, dropout=0.2), replace(cfg, max_steps=6), tmp_path / "split",
+               scores).step == 6
+    torch.manual_seed(12345)
+    resumed = tiny_model(99, dropout=0.2)
+    result = run(resumed, cfg, tmp_path / "split", scores)
+    assert result.step == 12 and _equal_weights(resumed, straight)
+    states = [load_checkpoint(CheckpointManager(tmp_path / name).latest())
+              for name in ("straight", "split")]
+    # plateau: 2 bad evaluations (steps 6, 8) decay once, 4 (steps 6-12) twice; update 12
+    # ran at 1.0 * 0.5; inverse_sqrt: sqrt(3 / 12) = 0.5 at update 12
+    decays = 2 if schedule == "plateau" else 0
+    for payload in states:
+        assert payload["train_state"]["lr_decays"] == decays
+        assert payload["train_state"]["position"] == 24 % 5 and payload["train_state"]["epoch"] == 4
+        assert [g["lr"] for g in payload["optimizer"]["param_groups"]] == [pytest.approx(0.5)]
+
+
+def test_accumulation_may_change_on_resume(tmp_path) -> None:
+    """The state counts batches, so a resumed run may group them differently."""
+    examples = random_examples(40)
+    cfg = TrainConfig(batch_size=8, bucket=2, max_steps=4, log_every=100)
+    train(tiny_model(), examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+          checkpoint_dir=tmp_path, log=lambda s: None)
+    run = setup_run(tiny_model(), examples, replace(cfg, accumulation=2, max_steps=6),
+                    src_vocab=VOCAB, tgt_vocab=VOCAB, checkpoint_dir=tmp_path)
+    assert "accumulation: 1 -> 2" in run.resume_changes
+    while not stop_reason(run):
+        run_step(run)
+    assert (run.state.step, run.state.epoch, run.state.position) == (6, 1, 3)  # 4 + 2 * 2
+
+
+def test_plateau_schedule_needs_validate(tmp_path) -> None:
+    cfg = TrainConfig(batch_size=8, max_steps=2, schedule="plateau", log_every=100)
+    with pytest.raises(ValueError, match="schedule 'plateau' decays .*: give validate"):
+        train(tiny_model(), random_examples(16), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+              checkpoint_dir=tmp_path, log=lambda s: None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_checkpoint_of_an_earlier_version_resumes_with_the_new_defaults(tmp_path) -> None:
+    """Checkpoints written before the schedules, accumulation and dropout placements (no such
+    fields in their configs and train state) load and resume."""
+    examples = random_examples(16)
+    cfg = TrainConfig(batch_size=8, max_steps=2, log_every=100)
+    train(tiny_model(), examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+          checkpoint_dir=tmp_path, log=lambda s: None)
+    path = CheckpointManager(tmp_path).latest()
+    payload = load_checkpoint(path)
+    for section, later in (("train_state", ["lr_decays"]),
+                           ("model_config", ["dropout_rnn_inputs", "dropout_deep_output"]),
+                           ("train_config", ["schedule", "warmup_steps", "decay_factor",
+                                             "decay_patience", "min_lr", "accumulation"])):
+        for key in later:
+            del payload[section][key]
+    save_checkpoint(path, payload)
+    model, _, _ = model_from_checkpoint(path)
+    assert model.config == tiny_model().config
+    run = setup_run(tiny_model(), examples, replace(cfg, max_steps=3), src_vocab=VOCAB,
+                    tgt_vocab=VOCAB, checkpoint_dir=tmp_path)
+    assert run.state.step == 2 and run.state.lr_decays == 0 and run.resume_changes == [
+        "max_steps: 2 -> 3"]
