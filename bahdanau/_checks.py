@@ -1,7 +1,8 @@
 """Input validation shared by the modules: every failure is an `InputError` naming the argument.
 
 Besides the tensor checks the models use, `resolve_device` checks a device string against what
-this machine has.
+this machine has, and `default_device` / `default_threads` say what the command line uses when
+--device / --threads are not given.
 """
 
 from __future__ import annotations
@@ -108,6 +109,32 @@ def resolve_device(device: str | torch.device, name: str = "device") -> torch.de
                              f"{resolved.index}, only {count} ({resolved.type}:0 to "
                              f"{resolved.type}:{count - 1})")
     return resolved
+
+
+def default_device() -> str:
+    """What --device auto means: "cuda" when torch sees a CUDA device, else "cpu"."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """Torch CPU threads when --threads is not given: the usable cores shared by the processes
+    of this machine (LOCAL_WORLD_SIZE, set by torchrun; 1 without it), at least 1.
+
+    Raises:
+        InputError: LOCAL_WORLD_SIZE is set but is not a positive integer.
+    """
+    value = os.environ.get("LOCAL_WORLD_SIZE", "").strip() or "1"
+    if not value.isdigit() or int(value) < 1:
+        raise InputError(f"LOCAL_WORLD_SIZE must be a positive integer (processes on this "
+                         f"machine), got {value!r}")
+    return max(1, usable_cores() // int(value))
 
 
 def shape_str(t: Tensor) -> str:

@@ -1,9 +1,10 @@
 """The `bahdanau` command: prepare, train, translate, evaluate, plot, average.
 
 `bahdanau train` with no options is the default job: a small RNNsearch trained on the shipped
-Multi30k English->French data within a time budget, then evaluated on test_2016_flickr (BLEU with
-sacrebleu's signature, BLEU without [UNK], BLEU by length), with translations and an alignment
-plot written to the output folder.
+Multi30k English->French data for 5 epochs (`bahdanau.options.DEFAULT_EPOCHS`), then evaluated
+on test_2016_flickr (BLEU with sacrebleu's signature, BLEU without [UNK], BLEU by length), with
+translations and an alignment plot written to the output folder. What it prints also goes to
+the run's ``train.log``; ``--tensorboard`` also writes TensorBoard events (`bahdanau.runlog`).
 
 Every option is declared once, in `bahdanau.options`, and checked with the files, devices and
 run folder before any work. A user's mistake (`bahdanau.InputError`, a usage error, a file that
@@ -24,9 +25,10 @@ evaluate and plot given several checkpoints decode with their ensemble.
 A run folder (``--out``) holds one run: its options (``config.yaml``), its checkpoints and its
 results. Running the same command again resumes it; options that define the model, the data or
 the batches cannot change on resume, the others (learning rate, limits, cadence, decoding,
-threads, device) are applied and logged. ``--overwrite`` starts a new run there, deleting the
-old one first. SIGINT (Ctrl-C) or SIGTERM saves a checkpoint at the end of the current step and
-exits; a finished run is not trained further.
+threads, device) are applied and logged; a --time-budget not given keeps the run's own.
+``--overwrite`` starts a new run there, deleting the old one first (its train.log and
+tensorboard/ too). SIGINT (Ctrl-C) or SIGTERM saves a checkpoint at the end of the current step
+and exits; a finished run is not trained further.
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ import dataclasses
 import itertools
 import json
 import os
+import shlex
 import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -49,7 +52,7 @@ from typing import Any, NoReturn
 import torch
 
 from bahdanau import presets
-from bahdanau._checks import resolve_device
+from bahdanau._checks import default_device, default_threads, resolve_device
 from bahdanau._files import atomic_file, atomic_write
 from bahdanau.averaging import average_checkpoints, select_checkpoints
 from bahdanau.checkpoint import CheckpointManager, find_checkpoint, save_checkpoint
@@ -70,15 +73,18 @@ from bahdanau.options import (
     TranslateOptions,
     add_arguments,
     resume_changes,
+    resumed_options,
 )
 from bahdanau.plot import PlotDependencyError
+from bahdanau.runlog import TensorBoardLog, TrainLog, require_tensorboard
 from bahdanau.search import BeamSearch
 from bahdanau.tokenizers import SentencePieceTokenizer
 from bahdanau.train import TrainConfig, setup_run, stop_reason, train_run
 from bahdanau.translate import load
 
 RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML readers also read)
-RUN_FILES = ("checkpoints", RUN_CONFIG, "metrics.json", "test.hyp.txt", "alignment.png")
+RUN_FILES = ("checkpoints", RUN_CONFIG, "metrics.json", "test.hyp.txt", "alignment.png",
+             "train.log", "tensorboard")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -216,9 +222,10 @@ def _search(o: SearchOptions, n_best: int = 1) -> BeamSearch:
 
 
 def _machine(o: TrainOptions | DecodeOptions) -> torch.device:
-    """Check --device and set --threads; returns the device."""
-    device = resolve_device(o.device, "--device")
-    torch.set_num_threads(o.threads)
+    """Check --device (auto: cuda when available, else cpu) and set --threads (default: the
+    usable cores divided by LOCAL_WORLD_SIZE); returns the device."""
+    device = resolve_device(default_device() if o.device == "auto" else o.device, "--device")
+    torch.set_num_threads(o.threads or default_threads())
     return device
 
 
@@ -257,19 +264,30 @@ def _report(model, sources: list[str], references: list[str], src_vocab: Vocab, 
     return metrics, out
 
 
-def _print_metrics(metrics: dict[str, Any]) -> None:
-    print(f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  "
-          f"({metrics['sentences']} sentences, beam {metrics['beam_size']}, "
-          f"{metrics['decode_seconds']:.1f} s)")
-    print(f"  {metrics['bleu_signature']}")
+def _print_metrics(metrics: dict[str, Any], say: Callable[[str], None] = print) -> None:
+    say(f"BLEU {metrics['bleu']:.2f}  chrF {metrics['chrf']:.2f}  "
+        f"({metrics['sentences']} sentences, beam {metrics['beam_size']}, "
+        f"{metrics['decode_seconds']:.1f} s)")
+    say(f"  {metrics['bleu_signature']}")
     no_unk = metrics["bleu_no_unk"]
-    print(f"BLEU without [UNK]: {'-' if no_unk is None else f'{no_unk:.2f}'} "
-          f"({metrics['sentences_no_unk']} sentences)")
-    print("BLEU by source length:")
+    say(f"BLEU without [UNK]: {'-' if no_unk is None else f'{no_unk:.2f}'} "
+        f"({metrics['sentences_no_unk']} sentences)")
+    say("BLEU by source length:")
     for b in metrics["bleu_by_length"]:
         if b["sentences"]:
             span = f"{b['low']}-{b['high'] - 1}" if b["high"] is not None else f"{b['low']}+"
-            print(f"  {span:>7} tokens: {b['bleu']:6.2f}  ({b['sentences']} sentences)")
+            say(f"  {span:>7} tokens: {b['bleu']:6.2f}  ({b['sentences']} sentences)")
+
+
+def _typical(sources: list[str], tokenizer: Tokenizer) -> int:
+    """The index of the sentence whose alignment a run shows: the first of about 12 tokens."""
+    return min(range(len(sources)), key=lambda i: abs(len(tokenizer.tokenize(sources[i])) - 12))
+
+
+def _labels(translation: Translation, src_tokens: list[str]) -> tuple[list[str], list[str]]:
+    """The source and target axis labels of an alignment (without the attachment mark)."""
+    label = DefaultTokenizer.display
+    return [label(t) for t in src_tokens], [*map(label, translation.tokens), "</s>"]
 
 
 def _plot_one(out_path: Path, translation, src_tokens: list[str]) -> str:
@@ -277,10 +295,9 @@ def _plot_one(out_path: Path, translation, src_tokens: list[str]) -> str:
 
     if translation.hypothesis.attention is None:
         return "no alignment plot: the model has no attention"
-    label = DefaultTokenizer.display                           # drop the attachment mark
     try:
-        plot_alignment(translation.hypothesis.attention, [label(t) for t in src_tokens],
-                       [*map(label, translation.tokens), "</s>"], out_path)
+        plot_alignment(translation.hypothesis.attention, *_labels(translation, src_tokens),
+                       out_path)
     except PlotDependencyError as exc:
         return f"no alignment plot: {exc}"
     return f"alignment plot: {out_path}"
@@ -353,20 +370,20 @@ def _remove_run(out: Path) -> None:
 
 # --------------------------------------------------------------------------------- commands
 def _train_config(o: TrainOptions) -> TrainConfig:
-    """The `TrainConfig` of the options (built before any work, so that it checks them first)."""
+    """The `TrainConfig` of the options (built before any work, so that it checks them first;
+    `TrainOptions.limits` says when training stops)."""
     return TrainConfig(
         optimizer=o.optimizer, lr=o.lr, schedule=o.schedule, warmup_steps=o.warmup_steps,
         decay_factor=o.decay_factor, decay_patience=o.decay_patience, min_lr=o.min_lr,
         batch_size=o.train_batch_size, max_tokens=o.max_tokens, accumulation=o.accumulation,
-        max_steps=o.max_steps, max_epochs=o.max_epochs,
-        max_time_s=o.time_budget * 60 if o.time_budget else None,
-        eval_every=o.eval_every or 10**12, save_every=o.save_every, patience=o.patience,
-        label_smoothing=o.label_smoothing, amp=o.amp, log_every=o.log_every, seed=o.seed,
+        **o.limits, eval_every=o.eval_every or 10**12, save_every=o.save_every,
+        patience=o.patience, label_smoothing=o.label_smoothing, amp=o.amp, log_every=o.log_every, seed=o.seed,
         loader_workers=o.loader_workers, keep_last=o.keep_last, keep_best=o.keep_best,
         ema_decay=o.ema_decay)
 
 
-def _train(o: TrainOptions) -> int:
+def _train(o: TrainOptions, command: str = "bahdanau train") -> int:
+    """`bahdanau train`; `command` is the command line, for the header of train.log."""
     if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
         raise InputError("the train command runs one process; for several GPUs call "
                          "bahdanau.train.train under torchrun (docs/guides/multi-gpu.md)")
@@ -375,6 +392,10 @@ def _train(o: TrainOptions) -> int:
     search = _search(o)
     out = Path(o.out)
     stored = _stored_options(out, o)
+    if stored is not None:
+        o = resumed_options(stored, o)
+    if o.tensorboard:
+        require_tensorboard()
     changes = resume_changes(stored, o) if stored is not None else []
     if o.unk_replace and o.arch == "rnnencdec":
         raise InputError("--unk-replace needs attention weights, which --arch rnnencdec lacks")
@@ -402,46 +423,57 @@ def _train(o: TrainOptions) -> int:
                   dropout_deep_output=o.dropout_deep_output, init=o.init)
     torch.manual_seed(o.seed)
     model = build_model(cfg)
+    say = TrainLog()                     # prints, and writes OUT/train.log once the run starts
     if not test_pairs:
-        print("no test set: the model is trained and saved but not scored (give --test-src "
-              "and --test-tgt to score it)", flush=True)
-    with _locked(out):
+        say("no test set: the model is trained and saved but not scored (give --test-src "
+            "and --test-tgt to score it)")
+    with _locked(out), say, ExitStack() as stack:
         if o.overwrite and _holds_run(out):
             _remove_run(out)
         run = setup_run(model, examples, tcfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                         checkpoint_dir=out / "checkpoints", resume=o.resume and not o.overwrite,
                         device=device, extra={"options": o.to_record()}, tokenizer=tokenizer)
-        finished = stop_reason(run)
+        finished = stop_reason(run)       # then the folder, train.log too, is left as it is
         if finished and (not test_pairs or (out / "metrics.json").is_file()):
             print(f"nothing to do: the run in {out} finished at step {run.state.step} "
                   f"({finished}); raise its limit to train on, or score it with bahdanau evaluate")
             return 0
         if stored is not None:
             run.resume_changes = changes                 # in the command line's terms
+        say.open(out / "train.log", command)
+        board = None
+        if o.tensorboard:        # a resumed run drops the events a crash left past its step
+            board = stack.enter_context(TensorBoardLog(
+                out / "tensorboard", tags={"dev/metric": "dev/bleu"},
+                purge_step=run.state.step if run.resumed_from else None))
         _write_text(out / RUN_CONFIG, json.dumps(o.to_record(), indent=2) + "\n")
-        print(f"data: {len(examples)} training pairs (of {n_pairs}), vocabularies "
-              f"{len(src_vocab)} / {len(tgt_vocab)}; model {o.arch} ({o.preset}), "
-              f"{sum(p.numel() for p in model.parameters()):,} parameters", flush=True)
+        say(f"data: {len(examples)} training pairs (of {n_pairs}), vocabularies "
+            f"{len(src_vocab)} / {len(tgt_vocab)}; model {o.arch} ({o.preset}), "
+            f"{sum(p.numel() for p in model.parameters()):,} parameters")
         dev_sources = [s for s, _ in dev_pairs[: o.dev_size]]
         dev_refs = [t for _, t in dev_pairs[: o.dev_size]]
+        shown = _typical(dev_sources, tokenizer) if board is not None and dev_sources else None
 
         def validate(m: torch.nn.Module) -> float:
             hyps = translate_corpus(m, dev_sources, src_vocab, tgt_vocab, tokenizer,
                                     search=BeamSearch(beam_size=1, max_len=o.max_len),
                                     batch_size=o.batch_size, device=device)
+            if shown is not None and hyps[shown].hypothesis.attention is not None:
+                board.alignment(run.state.step, hyps[shown].hypothesis.attention,
+                                *_labels(hyps[shown], tokenizer.tokenize(dev_sources[shown])))
             return corpus_bleu([h.text for h in hyps], dev_refs,
                                lowercase=getattr(tokenizer, "lowercase", False))
 
-        result = train_run(run, validate=validate if o.eval_every else None,
-                           log=lambda line: print(line, flush=True))
+        result = train_run(run, validate=validate if o.eval_every else None, log=say,
+                           scalars=board.scalars if board is not None else None)
         if result.stopped in ("sigint", "sigterm", "sighup"):
-            print(f"stopped by {result.stopped.upper()} at step {result.step}; checkpoint "
-                  f"{result.last_checkpoint}; run the same command to continue", flush=True)
+            say(f"stopped by {result.stopped.upper()} at step {result.step}; checkpoint "
+                f"{result.last_checkpoint}; run the same command to continue")
             return 128 + int(getattr(signal, result.stopped.upper()))
-        print(f"trained {result.step} updates, stopped by {result.stopped}, "
-              f"{result.elapsed_s / 60:.1f} min", flush=True)
+        say(f"trained {result.step} updates, stopped by {result.stopped}, "
+            f"{result.elapsed_s / 60:.1f} min")
         if not test_pairs:
-            print(f"checkpoints: {out / 'checkpoints'}")
+            say(f"checkpoints: {out / 'checkpoints'}")
             return 0
         if run.ema is not None:          # the test scores the weights the checkpoints hold
             run.ema.copy_to(model)
@@ -450,16 +482,16 @@ def _train(o: TrainOptions) -> int:
         metrics, translations = _report(model, sources, references, src_vocab, tgt_vocab, tokenizer,
                                         o, search, device)
         _write_text(out / "test.hyp.txt", "".join(t.text + "\n" for t in translations))
-        pick = min(range(len(sources)), key=lambda i: abs(len(tokenizer.tokenize(sources[i])) - 12))
+        pick = _typical(sources, tokenizer)
         plot_note = _plot_one(out / "alignment.png", translations[pick],
                               tokenizer.tokenize(sources[pick]))
         metrics.update(updates=result.step, train_minutes=round(result.elapsed_s / 60, 2),
                        wall_minutes=round((time.perf_counter() - start) / 60, 2),
                        arch=o.arch, preset=o.preset)
         _write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-        _print_metrics(metrics)
-        print(f"translations: {out / 'test.hyp.txt'}; {plot_note}; metrics: {out / 'metrics.json'}")
-        print(f"total wall time {metrics['wall_minutes']:.1f} min")
+        _print_metrics(metrics, say)
+        say(f"translations: {out / 'test.hyp.txt'}; {plot_note}; metrics: {out / 'metrics.json'}")
+        say(f"total wall time {metrics['wall_minutes']:.1f} min")
         return 0
 
 
@@ -681,6 +713,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             given = {name: value for name, value in args.items() if value is not None}
             args = {**_config_file(config, _COMMANDS[command][0]), **given}
         options = _COMMANDS[command][0].from_mapping(args, text=True)
+        if command == "train":                   # its log file names the command line
+            line = sys.argv[1:] if argv is None else list(argv)
+            return _train(options, shlex.join(["bahdanau", *line]))
         return _RUN[command](options)
     except (InputError, OSError, PlotDependencyError) as exc:
         message = " ".join(str(exc).split("\n"))

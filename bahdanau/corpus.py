@@ -41,7 +41,14 @@ from typing import Any, Literal, overload
 
 import numpy as np
 
-from bahdanau._checks import check_path, check_tokenizer, check_type, describe, is_int
+from bahdanau._checks import (
+    check_path,
+    check_tokenizer,
+    check_type,
+    describe,
+    is_int,
+    usable_cores,
+)
 from bahdanau._files import atomic_write, fsync_dir
 from bahdanau.data import DefaultTokenizer, Example, Tokenizer, Vocab
 from bahdanau.datasets import iter_lines
@@ -335,9 +342,7 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
 
 def _workers(workers: int | None) -> int:
     if workers is None:
-        usable = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                  else os.cpu_count() or 1)
-        return max(1, min(usable, 8))
+        return max(1, min(usable_cores(), 8))
     if not is_int(workers) or workers < 1:
         raise InputError(f"workers must be a positive int or None, got {workers!r}")
     return workers

@@ -14,7 +14,11 @@ and bounds in `option(...)`. From this one declaration:
   "fixed": the model, the data and its tokenisation, the batches, the seed, the optimizer type)
   and those it applies and records ("applied": learning rate and schedule, gradient
   accumulation, label smoothing, limits, cadence, threads, device, evaluation and decoding
-  settings).
+  settings); `resumed_options` keeps a run's own --time-budget when none is given.
+
+A default that depends on more than the option is resolved in one place: `TrainOptions.limits`
+(the default job trains `DEFAULT_EPOCHS` epochs), and, for every command, --device auto and the
+--threads default in `bahdanau.cli` (`bahdanau._checks.default_device`, `default_threads`).
 """
 
 from __future__ import annotations
@@ -45,11 +49,16 @@ __all__ = [
     "add_arguments",
     "option",
     "resume_changes",
+    "resumed_options",
 ]
 
 OnResume = Literal["fixed", "applied", "not_recorded"]
 _INT_MAX = 2**31 - 1     # the largest integer option unless declared otherwise (thread counts,
                          # lengths and steps are C ints somewhere below)
+# Epochs of a default job (the shipped Multi30k, no limit given): about 453 updates of 64
+# sentences each over its 28,999 pairs, at about 3.1 updates/s with the small preset on a
+# 2-core CPU, so 5 epochs (about 2,265 updates) take about 12 minutes there.
+DEFAULT_EPOCHS = 5
 
 
 @dataclass(frozen=True)
@@ -233,6 +242,18 @@ def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
     return changes
 
 
+def resumed_options(stored: Mapping[str, Any], given: TrainOptions) -> TrainOptions:
+    """`given` as it resumes the run that recorded `stored`: a --time-budget not given is the
+    run's own, so that a run begun under an older default (12 minutes) keeps the length it had.
+
+    Raises:
+        InputError: the stored --time-budget is not a valid value (a damaged config.yaml).
+    """
+    if given.time_budget is not None or stored.get("time_budget") is None:
+        return given
+    return dataclasses.replace(given, time_budget=stored["time_budget"])
+
+
 def _check_shipped_languages(src_lang: str | None, tgt_lang: str | None, own: bool) -> None:
     """--src-lang/--tgt-lang pick the shipped Multi30k's languages, and only when it is used."""
     for name, value in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
@@ -248,6 +269,10 @@ def _check_shipped_languages(src_lang: str | None, tgt_lang: str | None, own: bo
 # The commands' options
 
 LengthPenalty = Literal["none", "average", "gnmt"]
+# --device and --threads of every command (resolved by the command: `bahdanau.cli._machine`)
+_DEVICE_HELP = "auto (cuda when available, else cpu), cpu, cuda or cuda:N"
+_THREADS_HELP = ("torch CPU threads (default: the usable cores divided by LOCAL_WORLD_SIZE, the "
+                 "processes on this machine)")
 
 
 @dataclass(frozen=True)
@@ -346,8 +371,12 @@ class TrainOptions(SearchOptions):
     seed: int = option(1234, "seed of the weights and the batch order", low=0, high=2**63 - 1,
                        on_resume="fixed")
     max_steps: int | None = option(None, "stop after this many updates", low=1)
-    max_epochs: int | None = option(None, "stop after this many epochs", low=1)
-    time_budget: float = option(12.0, "minutes of training (0: no limit)", low=0, high=1e9)
+    max_epochs: int | None = option(None, "stop after this many epochs (default: "
+                                          f"{DEFAULT_EPOCHS} on the shipped Multi30k when no "
+                                          "limit is given)", low=1)
+    time_budget: float | None = option(None, "stop after this many minutes of training; 0: no "
+                                             "time limit (default: none for a new run, a "
+                                             "resumed run keeps its own)", low=0, high=1e9)
     eval_every: int = option(0, "dev BLEU (greedy, --dev-size sentences) every N updates "
                                 "(0: never)", low=0)
     dev_size: int = option(500, "dev sentences scored at each evaluation", low=1)
@@ -362,10 +391,14 @@ class TrainOptions(SearchOptions):
         "dev evaluations, the test score and every checkpoint's translations use it",
         low=0, above=True)
     log_every: int = option(100, "a log line every N updates", low=1)
+    tensorboard: bool = option(False, "also write TensorBoard events to OUT/tensorboard: each "
+                                      "log line's numbers, and dev BLEU and a dev sentence's "
+                                      "alignment image per evaluation (needs the tensorboard "
+                                      "extra)")
     loader_workers: int = option(0, "processes collating batches ahead of the training step "
                                     "(0: on the training thread)", low=0)
-    threads: int = option(2, "torch CPU threads", low=1)
-    device: str = option("cpu", "cpu, cuda or cuda:N")
+    threads: int | None = option(None, _THREADS_HELP, low=1)
+    device: str = option("auto", _DEVICE_HELP)
     amp: Literal["none", "bf16", "fp16"] = option("none", "mixed precision (GPU)")
     out: str = option("runs/multi30k-en-fr", "output folder", on_resume="not_recorded",
                       metavar="DIR")
@@ -393,8 +426,6 @@ class TrainOptions(SearchOptions):
             if fixed:
                 raise InputError(f"{flag(fixed[0])} is fixed by the prepared corpus (--data): "
                                  "set it when running bahdanau prepare")
-        if self.max_steps is None and self.max_epochs is None and not self.time_budget:
-            raise InputError("set --max-steps, --max-epochs or a non-zero --time-budget")
         if self.eval_every == 0 and self.dev_src is not None:
             raise InputError("--dev-src/--dev-tgt are read only for --eval-every N: give it, or "
                              "leave the dev files out")
@@ -417,6 +448,27 @@ class TrainOptions(SearchOptions):
                 if f.metadata["option"].on_resume != "not_recorded"}
 
     @property
+    def limits(self) -> dict[str, int | float | None]:
+        """When training stops, as `TrainConfig` fields (max_steps, max_epochs, max_time_s).
+
+        The limits given (--max-steps, --max-epochs, a non-zero --time-budget) and only they;
+        with none, the shipped Multi30k trains for `DEFAULT_EPOCHS` epochs. The user's own
+        corpus (--train-src or --data) has no default length: it needs a limit. A resumed run
+        calls this once its stored --time-budget is known (`bahdanau.cli`).
+
+        Raises:
+            InputError: no limit is given and the corpus is the user's own.
+        """
+        given = {"max_steps": self.max_steps, "max_epochs": self.max_epochs,
+                 "max_time_s": self.time_budget * 60 if self.time_budget else None}
+        if any(value is not None for value in given.values()):
+            return given
+        if self.own_data or self.data is not None:
+            raise InputError("set --max-steps, --max-epochs or a non-zero --time-budget: your "
+                             "own corpus has no default training length")
+        return {**given, "max_epochs": DEFAULT_EPOCHS}
+
+    @property
     def own_data(self) -> bool:
         """Trains on the user's files, not the shipped Multi30k."""
         return self.train_src is not None
@@ -429,8 +481,8 @@ class DecodeOptions(SearchOptions):
     checkpoint: tuple[str, ...] | None = option(
         None, "a checkpoint file, or a training output folder (its best, else latest "
         "checkpoint); several decode as an ensemble", required=True, metavar="PATH")
-    device: str = option("cpu", "cpu, cuda or cuda:N")
-    threads: int = option(2, "torch CPU threads", low=1)
+    device: str = option("auto", _DEVICE_HELP)
+    threads: int | None = option(None, _THREADS_HELP, low=1)
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,10 @@ _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "S
                       if hasattr(signal, name))
 _LIMITS = ("max_steps", "max_time", "max_epochs")   # stops after which a last evaluation runs
 _AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# What a log line's numbers are called in `train_run`'s `scalars` (history key -> tag).
+_SCALAR_TAGS = {"loss": "train/loss", "ppl": "train/ppl", "lr": "train/lr",
+                "grad_norm": "train/grad_norm", "tokens_per_s": "train/tgt_tokens_per_s"}
+_Scalars = Callable[[int, dict[str, float]], None]    # train_run's `scalars` callback
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -720,7 +724,7 @@ def _eta(run: TrainRun, seconds_per_step: float) -> str:
 
 
 def _evaluate(run: TrainRun, validate: Callable[[nn.Module], float], result: TrainResult,
-              log: Callable[[str], None]) -> tuple[float, bool]:
+              log: Callable[[str], None], scalars: _Scalars | None) -> tuple[float, bool]:
     """`validate_run`, recorded in `result` and logged."""
     state = run.state
     lr = run.schedule(state.step + 1, state.lr_decays)
@@ -731,6 +735,8 @@ def _evaluate(run: TrainRun, validate: Callable[[nn.Module], float], result: Tra
         decayed = f" | lr decayed to {new_lr:.3g}" if new_lr < lr else ""
         log(f"step {state.step} | eval {metric:.4f} | best {state.best_metric:.4f} at step "
             f"{state.best_step}{decayed}")
+        if scalars is not None:
+            scalars(state.step, {"dev/metric": metric})
     return metric, improved
 
 
@@ -738,8 +744,8 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
           tgt_vocab: Vocab, checkpoint_dir: str | Path | None = None, resume: bool = True,
           validate: Callable[[nn.Module], float] | None = None,
           log: Callable[[str], None] = print, device: str | torch.device = "cpu",
-          extra: dict[str, Any] | None = None, tokenizer: Tokenizer | None = None
-          ) -> TrainResult:
+          extra: dict[str, Any] | None = None, tokenizer: Tokenizer | None = None,
+          scalars: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
     """Train `model` on `examples` until a step, epoch, time or patience limit is reached.
 
     The loop of the module docstring: `setup_run`, then `run_step` until `stop_reason`, with a
@@ -760,6 +766,11 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
         validate: called as `validate(model)` (in eval mode) every `cfg.eval_every` steps and at
             the end; higher is better (e.g. dev BLEU). Drives best.pt and early stopping.
         log: receives one line every `cfg.log_every` steps and at evaluations.
+        scalars: called as `scalars(step, values)` with a log line's numbers by tag
+            ("train/loss" and "train/ppl" per target token over the steps since the last line,
+            "train/lr", "train/grad_norm" of the last step, "train/tgt_tokens_per_s") and at
+            each evaluation with {"dev/metric": validate's value}; for TensorBoard, pass
+            `bahdanau.runlog.TensorBoardLog(folder).scalars`. On rank 0 only, as `log`.
     Returns:
         A `TrainResult`.
     Raises:
@@ -768,11 +779,12 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
     run = setup_run(model, examples, cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                     checkpoint_dir=checkpoint_dir, resume=resume, device=device, extra=extra,
                     tokenizer=tokenizer)
-    return train_run(run, validate=validate, log=log)
+    return train_run(run, validate=validate, log=log, scalars=scalars)
 
 
 def train_run(run: TrainRun, *, validate: Callable[[nn.Module], float] | None = None,
-              log: Callable[[str], None] = print) -> TrainResult:
+              log: Callable[[str], None] = print,
+              scalars: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
     """The loop of `train` over a run from `setup_run`.
 
     It first logs where a resumed run starts and what the resume changed
@@ -783,7 +795,7 @@ def train_run(run: TrainRun, *, validate: Callable[[nn.Module], float] | None = 
 
     Args:
         run: the run.
-        validate, log: as for `train`.
+        validate, log, scalars: as for `train`.
     Returns:
         A `TrainResult`.
     Raises:
@@ -801,7 +813,7 @@ def train_run(run: TrainRun, *, validate: Callable[[nn.Module], float] | None = 
     result = TrainResult(step=state.step, epoch=state.epoch, stopped="",
                          elapsed_s=state.elapsed_s, start_step=state.step)
     with _stop_on_signals(run, log):
-        stopped = _loop(run, validate, log, result)
+        stopped = _loop(run, validate, log, result, scalars)
     if run.distributed:          # every rank returns once rank 0 has written the last checkpoint
         torch.distributed.barrier()
     result.step, result.epoch, result.stopped = state.step, state.epoch, stopped
@@ -813,7 +825,7 @@ def train_run(run: TrainRun, *, validate: Callable[[nn.Module], float] | None = 
 
 
 def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
-          log: Callable[[str], None], result: TrainResult) -> str:
+          log: Callable[[str], None], result: TrainResult, scalars: _Scalars | None) -> str:
     """`train_run`'s steps, evaluations and checkpoints; returns the stop reason."""
     cfg, state = run.cfg, run.state
     first_step, start = state.step, time.monotonic()
@@ -830,7 +842,7 @@ def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
             entry = {"step": state.step, "epoch": state.epoch, "loss": loss,
                      "ppl": math.exp(min(loss, 700.0)), "grad_norm": stats.grad_norm,
                      "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
-                     "lr": run.optimizer.param_groups[0]["lr"]}
+                     "lr": float(run.optimizer.param_groups[0]["lr"])}
             result.history.append(entry)
             result.train_loss = loss
             if run.is_main:
@@ -838,10 +850,12 @@ def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
                 log(f"step {state.step} | epoch {state.epoch} | loss {loss:.4f} | "
                     f"ppl {entry['ppl']:.2f} | {entry['tokens_per_s']:.0f} tgt tok/s | "
                     f"grad {stats.grad_norm:.3f} | lr {entry['lr']:.3g} | eta {eta}")
+                if scalars is not None:
+                    scalars(state.step, {tag: entry[key] for key, tag in _SCALAR_TAGS.items()})
             window_start, window_loss, window_tokens = now, 0.0, 0
         metric, improved = None, False
         if validate is not None and state.step % cfg.eval_every == 0:
-            metric, improved = _evaluate(run, validate, result, log)
+            metric, improved = _evaluate(run, validate, result, log, scalars)
             last_eval = state.step
         stopped = stop_reason(run)
         if state.step % cfg.save_every == 0 or improved or _kept(run, metric):
@@ -852,7 +866,7 @@ def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
         result.train_loss = window_loss / window_tokens
     final_metric = None
     if validate is not None and last_eval != state.step and stopped in _LIMITS:
-        final_metric, _ = _evaluate(run, validate, result, log)
+        final_metric, _ = _evaluate(run, validate, result, log, scalars)
     if last_saved != state.step or _kept(run, final_metric):
         save_run(run, metric=final_metric)
     return stopped

@@ -489,13 +489,14 @@ def cmd_ours(args: argparse.Namespace) -> None:
                *shlex.split(args.extra_flags)]
         commands.append(shlex.join(cmd))
         log(f"running: {commands[0]}")
-        m = run_measured(cmd, run_dir / "train.log", "trained ", args.peers_bench,
+        output = run_dir / "equal_budget.log"   # stdout and stderr; not the run's own train.log,
+        m = run_measured(cmd, output, "trained ", args.peers_bench,   # which --overwrite deletes
                          args.idle_wait_max)
         if m["rc"] != 0 or m["mark_s"] is None:
-            raise SystemExit(f"bahdanau train failed (rc {m['rc']}); log: {run_dir}/train.log")
+            raise SystemExit(f"bahdanau train failed (rc {m['rc']}); log: {output}")
         metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
         rates = [float(x) for x in re.findall(r"\| (\d+) tgt tok/s",
-                                              (run_dir / "train.log").read_text("utf-8"))]
+                                              output.read_text("utf-8"))]
         measured = dict(
             updates=metrics["updates"], train_wall_s=round(m["mark_s"], 2),
             train_loop_s=round(metrics["train_minutes"] * 60, 1),

@@ -239,7 +239,9 @@ CASES = [
     # values that contradict each other
     ("train --out {new} --max-steps 1 --min-len 9 --max-len 5", "--min-len"),
     ("translate --checkpoint {run} --n-best 3 --beam-size 2", "--n-best"),
-    ("train --out {new} --time-budget 0", "--max-steps"),
+    ("train --out {new} --time-budget 0 --train-src {files}/tr.en --train-tgt {files}/tr.fr",
+     "--max-steps"),                       # the user's own corpus has no default length
+    ("train --out {new} --data {files}/a-folder", "--max-steps"),
     ("train --out {new} --max-steps 1 --dropout 1", "--dropout"),
     ("train --out {new} --max-steps 1 --dropout 1.5", "--dropout"),
     ("train --out {new} --max-steps 1 --patience 2", "--patience"),

@@ -72,7 +72,7 @@ def test_prepared_shipped_multi30k_keeps_its_dev_and_test_sets(tmp_path, capsys)
      "--vocab-size is fixed by the prepared corpus"),
     (["train", "--data", "{p}", "--train-src", "{f}/tr.en", "--train-tgt", "{f}/tr.fr"],
      "--data is the training corpus: give it or --train-src"),
-    (["train", "--data", "{f}"], "is not a prepared corpus"),
+    (["train", "--data", "{f}", "--max-steps", "1"], "is not a prepared corpus"),
     (["prepare", "--out", "{f}/x", "--tokenizer", "bpe", "--lowercase"],
      "--lowercase and --joiners set the default tokenizer"),
     (["prepare", "--out", "{f}/x", "--train-src", "{f}/tr.en"],

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from bahdanau.options import DEFAULT_EPOCHS, TrainOptions
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 
@@ -19,3 +21,14 @@ def test_quick_start_runs(capsys) -> None:
     out = capsys.readouterr().out.splitlines()
     assert out[0] == "80451000"                                  # the documented count
     assert "torch.Size([" in out[1]
+
+
+def test_main_job_section_states_the_defaults() -> None:
+    """The main job's length, its log file and TensorBoard, as the options define them."""
+    if not README.is_file():
+        pytest.skip("README.md is not next to the tests (installed package)")
+    text = " ".join(README.read_text(encoding="utf-8").split())
+    section = text.split("## Train and evaluate (the main job)")[1].split("## ")[0]
+    assert TrainOptions().limits["max_epochs"] == DEFAULT_EPOCHS
+    assert f"for {DEFAULT_EPOCHS} epochs" in section and "about 12 minutes" in section
+    assert "`train.log`" in section and "--tensorboard" in section

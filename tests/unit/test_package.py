@@ -11,7 +11,7 @@ import bahdanau
 
 def test_import_is_lean() -> None:
     code = ("import sys, torch, bahdanau\n"
-            "optional = ('triton', 'matplotlib', 'sentencepiece')\n"
+            "optional = ('triton', 'matplotlib', 'sentencepiece', 'tensorboard')\n"
             "print(sorted(m for m in optional if m in sys.modules), torch.cuda.is_initialized())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)

@@ -1,0 +1,230 @@
+"""What a training run records and assumes: train.log, TensorBoard events, the device and thread
+defaults, the default job's length, and run folders written under the old defaults.
+
+The command line on a tiny model trained on 50 Multi30k pairs, as in test_runs.py.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bahdanau import InputError
+from bahdanau._checks import default_device, default_threads
+from bahdanau.cli import _machine, main
+from bahdanau.datasets import multi30k_files, read_lines
+from bahdanau.options import DEFAULT_EPOCHS, TrainOptions, TranslateOptions, resumed_options
+
+BASE = ["--preset", "tiny", "--beam-size", "1", "--max-len", "5", "--threads", "1",
+        "--log-every", "1", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("run-logs")
+    en = read_lines(multi30k_files("train", "en"))[:60]
+    fr = read_lines(multi30k_files("train", "fr"))[:60]
+    for name, lines in (("tr.en", en[:50]), ("tr.fr", fr[:50]), ("te.en", en[50:]),
+                        ("te.fr", fr[50:])):
+        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def _argv(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--train-src", str(data / "tr.en"), "--train-tgt", str(data / "tr.fr"),
+            "--test-src", str(data / "te.en"), "--test-tgt", str(data / "te.fr"), *BASE,
+            "--out", str(out), *extra]
+
+
+def _starts(log: Path) -> list[tuple[str, list[str]]]:
+    """train.log as (header, lines) per start."""
+    starts: list[tuple[str, list[str]]] = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# "):
+            starts.append((line, []))
+        else:
+            starts[-1][1].append(line)
+    return starts
+
+
+# ----------------------------------------------------------------------------- train.log
+
+
+def test_train_log_holds_what_was_printed_and_appends(data, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    first = _argv(data, out, "--max-steps", "2")
+    assert main(first) == 0
+    printed = [capsys.readouterr().out.splitlines()]
+    assert main(_argv(data, out, "--max-steps", "3")) == 0
+    printed.append(capsys.readouterr().out.splitlines())
+    starts = _starts(out / "train.log")
+    assert [lines for _, lines in starts] == printed
+    assert starts[0][0].endswith(": bahdanau train " + " ".join(first[1:]))
+    assert "--max-steps 3" in starts[1][0] and printed[1][1].startswith("resumed from")
+    assert any(line.startswith("step 3 | epoch") for line in printed[1])
+    assert main(_argv(data, out, "--max-steps", "1", "--overwrite")) == 0   # a new run: a
+    [(header, lines)] = _starts(out / "train.log")                          # new log
+    assert "--overwrite" in header and lines == capsys.readouterr().out.splitlines()
+
+
+# ----------------------------------------------------------------------------- TensorBoard
+
+
+def test_tensorboard_writes_scalars_and_alignments(data, tmp_path) -> None:
+    accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator")
+    out = tmp_path / "run"
+    dev = ["--dev-src", str(data / "te.en"), "--dev-tgt", str(data / "te.fr")]
+    assert main(_argv(data, out, "--max-steps", "4", "--eval-every", "2", *dev,
+                      "--tensorboard")) == 0
+    events = accumulator.EventAccumulator(str(out / "tensorboard"),
+                                          size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    tags = events.Tags()
+    expected = {"train/loss", "train/ppl", "train/lr", "train/grad_norm",
+                "train/tgt_tokens_per_s", "dev/bleu"}
+    assert expected <= set(tags["scalars"])
+    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
+    assert [e.value for e in events.Scalars("train/lr")] == pytest.approx([1e-3] * 4)
+    assert [e.step for e in events.Scalars("dev/bleu")] == [2, 4]
+    assert tags["images"] == ["dev/alignment"]
+    assert [e.step for e in events.Images("dev/alignment")] == [2, 4]
+
+
+def test_alignment_image_without_matplotlib(tmp_path, monkeypatch) -> None:
+    """Without matplotlib the alignment is the weight matrix itself, one pixel a weight."""
+    accumulator = pytest.importorskip(
+        "tensorboard.backend.event_processing.event_accumulator")
+    from bahdanau import plot
+    from bahdanau.runlog import TensorBoardLog
+
+    def missing():
+        raise plot.PlotDependencyError("plots need matplotlib")
+
+    monkeypatch.setattr(plot, "_pyplot", missing)
+    weights = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.2, 0.8]])         # (T=3, S=2)
+    with TensorBoardLog(tmp_path) as board:
+        board.alignment(3, weights, ["a", "b"], ["x", "y", "</s>"])
+    events = accumulator.EventAccumulator(str(tmp_path))
+    events.Reload()
+    [image] = events.Images("dev/alignment")
+    assert (image.step, image.width, image.height) == (3, 2, 3)
+
+
+def test_tensorboard_missing_is_one_error_line(data, tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "tensorboard", None)          # not installed
+    out = tmp_path / "run"
+    assert main(_argv(data, out, "--max-steps", "1", "--tensorboard")) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'bahdanau[tensorboard]'" in err
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- defaults
+
+
+def test_device_defaults_to_cuda_when_available(monkeypatch) -> None:
+    assert TrainOptions().device == TranslateOptions(checkpoint="x").device == "auto"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_device() == "cpu"
+    assert _machine(TranslateOptions(checkpoint="x", threads=1)) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_device() == "cuda"
+    assert _machine(TrainOptions(threads=1)) == torch.device("cuda")   # nothing touches it
+    assert _machine(TrainOptions(threads=1, device="cpu")) == torch.device("cpu")
+
+
+def test_threads_default_to_the_cores_per_local_process(monkeypatch) -> None:
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert default_threads() == 8
+    for local, threads in (("3", 2), ("8", 1), ("16", 1), ("", 8)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+        assert default_threads() == threads
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", bad)
+        with pytest.raises(InputError, match="LOCAL_WORLD_SIZE"):
+            default_threads()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    before = torch.get_num_threads()
+    try:
+        _machine(TranslateOptions(checkpoint="x", device="cpu"))
+        assert torch.get_num_threads() == 2
+        _machine(TranslateOptions(checkpoint="x", device="cpu", threads=3))   # given: kept
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------------------- limits
+
+
+def test_the_default_job_is_bounded_by_epochs() -> None:
+    assert DEFAULT_EPOCHS == 5
+    assert TrainOptions().limits == {"max_steps": None, "max_epochs": 5, "max_time_s": None}
+    assert TrainOptions(time_budget=0).limits["max_epochs"] == 5      # 0: no time limit
+    assert TrainOptions(src_lang="fr", tgt_lang="en").limits["max_epochs"] == 5
+
+
+@pytest.mark.parametrize(("given", "limits"), [
+    ({"max_steps": 7}, {"max_steps": 7, "max_epochs": None, "max_time_s": None}),
+    ({"max_epochs": 2}, {"max_steps": None, "max_epochs": 2, "max_time_s": None}),
+    ({"time_budget": 1.5}, {"max_steps": None, "max_epochs": None, "max_time_s": 90.0}),
+    ({"max_steps": 3, "time_budget": 2}, {"max_steps": 3, "max_epochs": None,
+                                          "max_time_s": 120}),
+])
+def test_limits_given_win(given, limits) -> None:
+    assert TrainOptions(**given).limits == limits
+    own = TrainOptions(train_src="a", train_tgt="b", **given)
+    assert own.limits == limits
+
+
+@pytest.mark.parametrize("own", [{"train_src": "a", "train_tgt": "b"}, {"data": "prepared"}])
+def test_own_corpus_needs_a_limit(own) -> None:
+    for time_budget in (None, 0):
+        with pytest.raises(InputError, match="--max-steps, --max-epochs or a non-zero "
+                                             "--time-budget"):
+            TrainOptions(**own, time_budget=time_budget).limits  # noqa: B018
+
+
+# ----------------------------------------------------------------------------- old run folders
+
+OLD_DEFAULTS = {"time_budget": 12.0, "threads": 2, "device": "cpu"}    # before epochs and auto
+
+
+def test_a_resumed_run_keeps_its_time_budget() -> None:
+    own = {"train_src": "a", "train_tgt": "b"}
+    assert resumed_options(OLD_DEFAULTS, TrainOptions(**own)).limits["max_time_s"] == 720.0
+    assert resumed_options(OLD_DEFAULTS, TrainOptions()).limits == {
+        "max_steps": None, "max_epochs": None, "max_time_s": 720.0}     # not 5 epochs
+    given = TrainOptions(**own, time_budget=0, max_steps=9)              # given: applied
+    assert resumed_options(OLD_DEFAULTS, given) is given
+    assert resumed_options({"time_budget": None}, TrainOptions()).limits["max_epochs"] == 5
+
+
+def test_a_run_folder_of_the_old_defaults_resumes(data, tmp_path, capsys) -> None:
+    """A config.yaml written when --time-budget defaulted to 12 minutes, --threads to 2 and
+    --device to cpu (and without --tensorboard): the same kind of command resumes it, the run
+    keeps its 12 minutes, and the new device and thread defaults are applied and logged."""
+    out = tmp_path / "run"
+    argv = ["train", "--train-src", str(data / "tr.en"), "--train-tgt", str(data / "tr.fr"),
+            "--preset", "tiny", "--log-every", "1", "--out", str(out)]
+    assert main([*argv, "--max-steps", "1", "--time-budget", "12", "--threads", "2",
+                 "--device", "cpu"]) == 0
+    config = json.loads((out / "config.yaml").read_text())
+    assert {k: config[k] for k in OLD_DEFAULTS} == OLD_DEFAULTS
+    config.pop("tensorboard")
+    (out / "config.yaml").write_text(json.dumps(config, indent=2) + "\n")
+    capsys.readouterr()
+    assert main([*argv, "--max-steps", "2"]) == 0
+    said = capsys.readouterr().out
+    assert "resumed from" in said and "trained 2 updates" in said
+    assert "--time-budget" not in said and "changed on resume: --device 'cpu' -> 'auto'" in said
+    stored = json.loads((out / "config.yaml").read_text())
+    assert stored["time_budget"] == 12.0 and stored["max_steps"] == 2
+    payload = torch.load(out / "checkpoints" / "step_00000002.pt", weights_only=True)
+    assert payload["train_config"]["max_time_s"] == 720.0
