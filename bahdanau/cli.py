@@ -377,9 +377,9 @@ def _train_config(o: TrainOptions) -> TrainConfig:
         decay_factor=o.decay_factor, decay_patience=o.decay_patience, min_lr=o.min_lr,
         batch_size=o.train_batch_size, max_tokens=o.max_tokens, accumulation=o.accumulation,
         **o.limits, eval_every=o.eval_every or 10**12, save_every=o.save_every,
-        patience=o.patience, label_smoothing=o.label_smoothing, amp=o.amp, log_every=o.log_every, seed=o.seed,
-        loader_workers=o.loader_workers, keep_last=o.keep_last, keep_best=o.keep_best,
-        ema_decay=o.ema_decay)
+        patience=o.patience, label_smoothing=o.label_smoothing, amp=o.amp,
+        log_every=o.log_every, seed=o.seed, loader_workers=o.loader_workers,
+        keep_last=o.keep_last, keep_best=o.keep_best, ema_decay=o.ema_decay)
 
 
 def _train(o: TrainOptions, command: str = "bahdanau train") -> int:
