@@ -296,10 +296,13 @@ def _plot_one(out_path: Path, translation, src_tokens: list[str]) -> str:
     if translation.hypothesis.attention is None:
         return "no alignment plot: the model has no attention"
     try:
-        plot_alignment(translation.hypothesis.attention, *_labels(translation, src_tokens),
-                       out_path)
+        figure = plot_alignment(translation.hypothesis.attention,
+                                *_labels(translation, src_tokens), out_path)
     except PlotDependencyError as exc:
         return f"no alignment plot: {exc}"
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)                        # saved: pyplot would otherwise keep it open
     return f"alignment plot: {out_path}"
 
 

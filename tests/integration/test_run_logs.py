@@ -128,10 +128,10 @@ def test_tensorboard_missing_is_one_error_line(data, tmp_path, capsys, monkeypat
 
 
 def test_device_defaults_to_cuda_when_available(monkeypatch) -> None:
-    assert TrainOptions().device == TranslateOptions(checkpoint="x").device == "auto"
+    assert TrainOptions().device == TranslateOptions(checkpoint=("x",)).device == "auto"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert default_device() == "cpu"
-    assert _machine(TranslateOptions(checkpoint="x", threads=1)) == torch.device("cpu")
+    assert _machine(TranslateOptions(checkpoint=("x",), threads=1)) == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert default_device() == "cuda"
     assert _machine(TrainOptions(threads=1)) == torch.device("cuda")   # nothing touches it
@@ -152,9 +152,9 @@ def test_threads_default_to_the_cores_per_local_process(monkeypatch) -> None:
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     before = torch.get_num_threads()
     try:
-        _machine(TranslateOptions(checkpoint="x", device="cpu"))
+        _machine(TranslateOptions(checkpoint=("x",), device="cpu"))
         assert torch.get_num_threads() == 2
-        _machine(TranslateOptions(checkpoint="x", device="cpu", threads=3))   # given: kept
+        _machine(TranslateOptions(checkpoint=("x",), device="cpu", threads=3))   # given: kept
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
