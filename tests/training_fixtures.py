@@ -5,11 +5,17 @@ Importable from any test module (`pythonpath = ["tests"]` in pyproject.toml).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
+import pytest
 import torch
 
 from bahdanau.data import Example
+from bahdanau.datasets import multi30k_files, read_lines
+from bahdanau.errors import InputError
 from bahdanau.models import RNNSearch, build_model
 from bahdanau.presets import tiny
 
@@ -29,3 +35,26 @@ def tiny_model(seed: int = 0, **changes) -> RNNSearch:
     """`presets.tiny()` with `changes`, its weights drawn after `torch.manual_seed(seed)`."""
     torch.manual_seed(seed)
     return build_model(replace(tiny(), **changes))
+
+
+def write_multi30k_slice(root: Path, n_train: int, n_test: int) -> Path:
+    """`root` with tr.en/tr.fr (the first `n_train` shipped Multi30k training pairs) and
+    te.en/te.fr (the `n_test` pairs after them), plain text, one sentence per line."""
+    n = n_train + n_test
+    en = read_lines(multi30k_files("train", "en"))[:n]
+    fr = read_lines(multi30k_files("train", "fr"))[:n]
+    for name, lines in (("tr.en", en[:n_train]), ("tr.fr", fr[:n_train]),
+                        ("te.en", en[n_train:]), ("te.fr", fr[n_train:])):
+        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return root
+
+
+def one_line_error(call: Callable[[], Any], *fragments: str) -> str:
+    """The message of the `InputError` that `call()` raises: one line, holding `fragments`."""
+    with pytest.raises(InputError) as info:
+        call()
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message

@@ -8,20 +8,16 @@ import json
 
 import pytest
 import torch
+from training_fixtures import write_multi30k_slice
 
 from bahdanau.checkpoint import load_checkpoint
 from bahdanau.cli import main
-from bahdanau.datasets import multi30k_files, read_lines
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("average")
-    en = read_lines(multi30k_files("train", "en"))[:60]
-    fr = read_lines(multi30k_files("train", "fr"))[:60]
-    for name, lines in (("tr.en", en[:50]), ("tr.fr", fr[:50]), ("te.en", en[50:]),
-                        ("te.fr", fr[50:])):
-        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_multi30k_slice(root, 50, 10)
     argv = ["train", "--train-src", str(root / "tr.en"), "--train-tgt", str(root / "tr.fr"),
             "--dev-src", str(root / "te.en"), "--dev-tgt", str(root / "te.fr"),
             "--preset", "tiny", "--max-steps", "8", "--time-budget", "0",

@@ -9,19 +9,15 @@ import sys
 import threading
 
 import pytest
+from training_fixtures import write_multi30k_slice
 
 from bahdanau.cli import main
-from bahdanau.datasets import multi30k_files, read_lines
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("cli")
-    en = read_lines(multi30k_files("train", "en"))[:120]
-    fr = read_lines(multi30k_files("train", "fr"))[:120]
-    for name, lines in (("tr.en", en[:100]), ("tr.fr", fr[:100]), ("te.en", en[100:]),
-                        ("te.fr", fr[100:])):
-        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_multi30k_slice(root, 100, 20)
     return root
 
 

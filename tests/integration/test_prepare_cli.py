@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from training_fixtures import write_multi30k_slice
 
 from bahdanau.checkpoint import CheckpointManager, load_checkpoint
 from bahdanau.cli import main
@@ -17,11 +18,7 @@ from bahdanau.datasets import multi30k_files, read_lines
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     root = tmp_path_factory.mktemp("prepare")
-    en = read_lines(multi30k_files("train", "en"))[:220]
-    fr = read_lines(multi30k_files("train", "fr"))[:220]
-    for name, lines in (("tr.en", en[:200]), ("tr.fr", fr[:200]), ("te.en", en[200:]),
-                        ("te.fr", fr[200:])):
-        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_multi30k_slice(root, 200, 20)
     return root
 
 

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_fixtures import write_multi30k_slice
 
 from bahdanau import InputError
 from bahdanau._checks import default_device, default_threads
 from bahdanau.cli import _machine, main
-from bahdanau.datasets import multi30k_files, read_lines
 from bahdanau.options import DEFAULT_EPOCHS, TrainOptions, TranslateOptions, resumed_options
 
 BASE = ["--preset", "tiny", "--beam-size", "1", "--max-len", "5", "--threads", "1",
@@ -26,11 +26,7 @@ BASE = ["--preset", "tiny", "--beam-size", "1", "--max-len", "5", "--threads", "
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("run-logs")
-    en = read_lines(multi30k_files("train", "en"))[:60]
-    fr = read_lines(multi30k_files("train", "fr"))[:60]
-    for name, lines in (("tr.en", en[:50]), ("tr.fr", fr[:50]), ("te.en", en[50:]),
-                        ("te.fr", fr[50:])):
-        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_multi30k_slice(root, 50, 10)
     return root
 
 

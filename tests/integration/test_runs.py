@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from training_fixtures import write_multi30k_slice
 
 from bahdanau import InputError, TrainConfig, Vocab, build_model, presets
 from bahdanau.cli import main
 from bahdanau.data import DefaultTokenizer, encode_pairs
-from bahdanau.datasets import multi30k_files, read_lines
+from bahdanau.datasets import read_lines
 from bahdanau.train import setup_run, train
 
 BASE = ["--preset", "tiny", "--time-budget", "0", "--beam-size", "1", "--max-len", "5",
@@ -30,11 +31,7 @@ BASE = ["--preset", "tiny", "--time-budget", "0", "--beam-size", "1", "--max-len
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("runs")
-    en = read_lines(multi30k_files("train", "en"))[:60]
-    fr = read_lines(multi30k_files("train", "fr"))[:60]
-    for name, lines in (("tr.en", en[:50]), ("tr.fr", fr[:50]), ("te.en", en[50:]),
-                        ("te.fr", fr[50:])):
-        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_multi30k_slice(root, 50, 10)
     return root
 
 

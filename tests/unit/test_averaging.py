@@ -7,9 +7,8 @@ gives its weights unchanged; `--last`/`--best` pick the files a hand-made rankin
 
 from __future__ import annotations
 
-import pytest
 import torch
-from training_fixtures import random_examples, tiny_model
+from training_fixtures import one_line_error, random_examples, tiny_model
 
 from bahdanau.averaging import average_checkpoints, select_checkpoints
 from bahdanau.checkpoint import (
@@ -22,7 +21,6 @@ from bahdanau.checkpoint import (
 )
 from bahdanau.data import DefaultTokenizer, Vocab
 from bahdanau.ema import WeightEMA
-from bahdanau.errors import InputError
 from bahdanau.train import TrainConfig, train
 from bahdanau.translate import load
 
@@ -34,16 +32,6 @@ def _save(path, model, **kwargs):
     save_checkpoint(path, checkpoint_payload(model, src_vocab=kwargs.pop("src_vocab", VOCAB),
                                              tgt_vocab=VOCAB, **kwargs))
     return path
-
-
-def _one_line(call, *fragments: str) -> str:
-    with pytest.raises(InputError) as info:
-        call()
-    message = str(info.value)
-    assert "\n" not in message
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
 
 
 def test_average_of_two_is_the_hand_mean(tmp_path) -> None:
@@ -99,19 +87,19 @@ def test_members_contribute_their_ema_weights(tmp_path) -> None:
 def test_mismatched_members_are_refused_in_one_line(tmp_path) -> None:
     a = _save(tmp_path / "a.pt", tiny_model(0))
     other_size = _save(tmp_path / "wide.pt", tiny_model(0, hidden_size=10))
-    _one_line(lambda: average_checkpoints([a, other_size]),
-              f"{other_size}: its model config differs from {a}'s", "hidden_size=10 vs 8")
+    one_line_error(lambda: average_checkpoints([a, other_size]),
+                   f"{other_size}: its model config differs from {a}'s", "hidden_size=10 vs 8")
     vocab = Vocab([f"v{i}" for i in range(12)])
     other_vocab = _save(tmp_path / "vocab.pt", tiny_model(0), src_vocab=vocab)
-    _one_line(lambda: average_checkpoints([a, other_vocab]),
-              f"{other_vocab}: its source vocabulary", f"differs from {a}'s")
+    one_line_error(lambda: average_checkpoints([a, other_vocab]),
+                   f"{other_vocab}: its source vocabulary", f"differs from {a}'s")
     other_tok = _save(tmp_path / "tok.pt", tiny_model(0), tokenizer=DefaultTokenizer())
-    _one_line(lambda: average_checkpoints([a, other_tok]),
-              f"{other_tok}: its tokenizer (default (lowercase=False, joiners='prefix')) "
-              f"differs from {a}'s (default (lowercase=True, joiners='prefix'))")
-    _one_line(lambda: average_checkpoints([a, tmp_path / "." / "a.pt"]), "is listed twice")
-    _one_line(lambda: average_checkpoints([]), "non-empty list")
-    _one_line(lambda: average_checkpoints(str(a)), "non-empty list")
+    one_line_error(lambda: average_checkpoints([a, other_tok]),
+                   f"{other_tok}: its tokenizer (default (lowercase=False, joiners='prefix')) "
+                   f"differs from {a}'s (default (lowercase=True, joiners='prefix'))")
+    one_line_error(lambda: average_checkpoints([a, tmp_path / "." / "a.pt"]), "is listed twice")
+    one_line_error(lambda: average_checkpoints([]), "non-empty list")
+    one_line_error(lambda: average_checkpoints(str(a)), "non-empty list")
 
 
 def test_manager_keeps_the_best_n(tmp_path) -> None:
@@ -130,12 +118,12 @@ def test_manager_keeps_the_best_n(tmp_path) -> None:
     assert again.best_n() == ranking
     assert again.best_checkpoints(2) == [tmp_path / "step_00000002.pt",
                                          tmp_path / "step_00000004.pt"]
-    _one_line(lambda: again.best_checkpoints(4), "ranks 3 evaluated checkpoints, not 4",
-              "--keep-best 4")
+    one_line_error(lambda: again.best_checkpoints(4), "ranks 3 evaluated checkpoints, not 4",
+                   "--keep-best 4")
     assert manager.would_keep(2.5) and not manager.would_keep(2.0)
     (tmp_path / "step_00000004.pt").unlink()
-    _one_line(lambda: again.best_checkpoints(2), "step_00000004.pt: no such file",
-              "ranked 2 (step 4, metric 4)")
+    one_line_error(lambda: again.best_checkpoints(2), "step_00000004.pt: no such file",
+                   "ranked 2 (step 4, metric 4)")
 
 
 def test_keep_best_one_writes_no_section_and_falls_back_to_best_pt(tmp_path) -> None:
@@ -146,7 +134,7 @@ def test_keep_best_one_writes_no_section_and_falls_back_to_best_pt(tmp_path) -> 
     assert manager.best_n() == [(2, 3.0)]
     assert manager.best_checkpoints(1) == [tmp_path / "best.pt"]
     assert manager.would_keep(3.5) and not manager.would_keep(3.0)
-    _one_line(lambda: CheckpointManager(tmp_path, keep_best=0), "keep_best must be a positive")
+    one_line_error(lambda: CheckpointManager(tmp_path, keep_best=0), "keep_best must be a positive")
 
 
 def test_select_last_and_best(tmp_path) -> None:
@@ -159,13 +147,13 @@ def test_select_last_and_best(tmp_path) -> None:
     assert select_checkpoints([run], last=2) == [files[8], files[10]]
     assert select_checkpoints([folder], last=3) == [files[6], files[8], files[10]]
     assert select_checkpoints([run], best=2) == [files[4], files[6]]
-    _one_line(lambda: select_checkpoints([run], last=5), "holds 4 numbered checkpoints",
-              "--last 5")
-    _one_line(lambda: select_checkpoints([run], last=1, best=1), "not both")
-    _one_line(lambda: select_checkpoints([run]), f"--checkpoint {run} is a folder",
-              "--last N or --best N")
-    _one_line(lambda: select_checkpoints([files[4], files[6]], last=2), "one training output")
-    _one_line(lambda: select_checkpoints([tmp_path / "nope.pt"]), "nope.pt: no such file")
+    one_line_error(lambda: select_checkpoints([run], last=5), "holds 4 numbered checkpoints",
+                   "--last 5")
+    one_line_error(lambda: select_checkpoints([run], last=1, best=1), "not both")
+    one_line_error(lambda: select_checkpoints([run]), f"--checkpoint {run} is a folder",
+                   "--last N or --best N")
+    one_line_error(lambda: select_checkpoints([files[4], files[6]], last=2), "one training output")
+    one_line_error(lambda: select_checkpoints([tmp_path / "nope.pt"]), "nope.pt: no such file")
     assert select_checkpoints([files[4], files[6]]) == [files[4], files[6]]
 
 

@@ -14,10 +14,10 @@ import sys
 
 import pytest
 import torch
+from training_fixtures import one_line_error
 
 from bahdanau.data import DefaultTokenizer, Vocab, WhitespaceTokenizer
 from bahdanau.datasets import multi30k_files, read_lines
-from bahdanau.errors import InputError
 from bahdanau.tokenizers import (
     SENTENCEPIECE_FILE,
     TOKENIZER_FILE,
@@ -42,16 +42,6 @@ def _sample() -> list[str]:
 def sp(request) -> SentencePieceTokenizer:
     pytest.importorskip("sentencepiece")
     return SentencePieceTokenizer.train(_sample(), vocab_size=300, model_type=request.param)
-
-
-def _one_line_error(call, *fragments: str) -> str:
-    with pytest.raises(InputError) as info:
-        call()
-    message = str(info.value)
-    assert "\n" not in message
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
 
 
 def _normalized(text: str) -> str:
@@ -135,10 +125,10 @@ def test_check_vocab_accepts_its_own_and_names_a_foreign_word(sp) -> None:
     sp.check_vocab(Vocab.build(sp.tokenize(s) for s in sample), "src")
     words = Vocab.build(DefaultTokenizer().tokenize(s) for s in sample)
     first = next(i for i, w in enumerate(words.tokens, start=4) if w not in set(sp.pieces))
-    _one_line_error(lambda: sp.check_vocab(words, "tgt"),
-                    f"tgt vocabulary entry {words.id_to_token(first)!r} (id {first}) is not a "
-                    "piece of the SentencePiece model: the vocabulary was built with another "
-                    "tokenizer")
+    one_line_error(lambda: sp.check_vocab(words, "tgt"),
+                   f"tgt vocabulary entry {words.id_to_token(first)!r} (id {first}) is not a "
+                   "piece of the SentencePiece model: the vocabulary was built with another "
+                   "tokenizer")
 
 
 def test_save_load_and_pickle_keep_the_model(sp, tmp_path) -> None:
@@ -156,14 +146,14 @@ def test_a_model_that_makes_our_special_strings_from_text_is_refused() -> None:
     spm.SentencePieceTrainer.train(sentence_iterator=iter(_sample()[:200]), model_writer=model,
                                    vocab_size=200, bos_id=-1, eos_id=-1,
                                    user_defined_symbols=["<s>"], minloglevel=2)
-    _one_line_error(lambda: SentencePieceTokenizer(model.getvalue()), "'<s>'", "special")
+    one_line_error(lambda: SentencePieceTokenizer(model.getvalue()), "'<s>'", "special")
 
 
 def test_missing_package_is_one_line(monkeypatch, sp) -> None:
     monkeypatch.setitem(sys.modules, "sentencepiece", None)          # import fails
-    _one_line_error(lambda: SentencePieceTokenizer.train(["a b"], vocab_size=10), MISSING)
-    _one_line_error(lambda: SentencePieceTokenizer(sp.model_proto), MISSING)
-    _one_line_error(lambda: tokenizer_from_payload(tokenizer_to_payload(sp)), MISSING)
+    one_line_error(lambda: SentencePieceTokenizer.train(["a b"], vocab_size=10), MISSING)
+    one_line_error(lambda: SentencePieceTokenizer(sp.model_proto), MISSING)
+    one_line_error(lambda: tokenizer_from_payload(tokenizer_to_payload(sp)), MISSING)
 
 
 @pytest.mark.parametrize("contents", [b"not a model", b""], ids=["garbage", "empty"])
@@ -171,10 +161,10 @@ def test_a_file_that_is_no_model_is_one_line_naming_it(tmp_path, contents: bytes
     pytest.importorskip("sentencepiece")
     path = tmp_path / "x.model"
     path.write_bytes(contents)
-    _one_line_error(lambda: SentencePieceTokenizer.load(path),
-                    f"{path}: not a SentencePiece model")
-    _one_line_error(lambda: SentencePieceTokenizer.load(tmp_path / "none.model"),
-                    f"{tmp_path / 'none.model'}: no such file")
+    one_line_error(lambda: SentencePieceTokenizer.load(path),
+                   f"{path}: not a SentencePiece model")
+    one_line_error(lambda: SentencePieceTokenizer.load(tmp_path / "none.model"),
+                   f"{tmp_path / 'none.model'}: no such file")
 
 
 @pytest.mark.parametrize(("arguments", "fragment"), [
@@ -190,7 +180,7 @@ def test_a_file_that_is_no_model_is_one_line_naming_it(tmp_path, contents: bytes
 ])
 def test_bad_training_arguments_are_one_line(arguments: dict, fragment: str) -> None:
     pytest.importorskip("sentencepiece")
-    _one_line_error(lambda: SentencePieceTokenizer.train(**arguments), fragment)
+    one_line_error(lambda: SentencePieceTokenizer.train(**arguments), fragment)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,13 +226,13 @@ def test_sentencepiece_round_trips_through_a_checkpoint_payload(sp) -> None:
     ({"name": "sentencepiece", "model": torch.zeros(3)}, "1-D uint8 tensor"),
 ])
 def test_malformed_payloads_are_one_line(payload, fragment: str) -> None:
-    _one_line_error(lambda: tokenizer_from_payload(payload), fragment)
+    one_line_error(lambda: tokenizer_from_payload(payload), fragment)
 
 
 def test_a_payload_with_a_damaged_model_is_one_line() -> None:
     pytest.importorskip("sentencepiece")
     payload = {"name": "sentencepiece", "model": torch.tensor(list(b"junk"), dtype=torch.uint8)}
-    _one_line_error(lambda: tokenizer_from_payload(payload), "not a SentencePiece model")
+    one_line_error(lambda: tokenizer_from_payload(payload), "not a SentencePiece model")
 
 
 class _Lowercase(DefaultTokenizer):
@@ -252,8 +242,8 @@ class _Lowercase(DefaultTokenizer):
 @pytest.mark.parametrize("tokenizer", [_Lowercase(), object()], ids=["subclass", "other"])
 def test_only_our_tokenizers_can_be_stored(tokenizer, tmp_path) -> None:
     fragment = "only bahdanau's tokenizers"
-    _one_line_error(lambda: tokenizer_to_payload(tokenizer), fragment)
-    _one_line_error(lambda: save_tokenizer(tokenizer, tmp_path), fragment)
+    one_line_error(lambda: tokenizer_to_payload(tokenizer), fragment)
+    one_line_error(lambda: save_tokenizer(tokenizer, tmp_path), fragment)
     assert not (tmp_path / TOKENIZER_FILE).exists()
 
 
@@ -288,7 +278,7 @@ def test_bad_tokenizer_json_is_one_line_naming_it(tmp_path, contents, fragment: 
         path.write_text(contents, encoding="utf-8")
     elif contents is not None:
         path.write_bytes(contents)
-    message = _one_line_error(lambda: load_tokenizer(tmp_path), fragment)
+    message = one_line_error(lambda: load_tokenizer(tmp_path), fragment)
     assert message.startswith(str(path))
 
 
@@ -299,6 +289,6 @@ def test_bad_model_beside_tokenizer_json_is_one_line_naming_it(tmp_path, model) 
         json.dumps({"name": "sentencepiece", "model": SENTENCEPIECE_FILE}), encoding="utf-8")
     if model is not None:
         (tmp_path / SENTENCEPIECE_FILE).write_bytes(model)
-    message = _one_line_error(lambda: load_tokenizer(tmp_path),
-                              "no such file" if model is None else "not a SentencePiece model")
+    message = one_line_error(lambda: load_tokenizer(tmp_path),
+                             "no such file" if model is None else "not a SentencePiece model")
     assert message.startswith(str(tmp_path / SENTENCEPIECE_FILE))

@@ -13,7 +13,7 @@ import json
 
 import pytest
 import torch
-from training_fixtures import random_examples, tiny_model
+from training_fixtures import one_line_error, random_examples, tiny_model
 
 import bahdanau
 from bahdanau import presets
@@ -27,7 +27,6 @@ from bahdanau.checkpoint import (
 from bahdanau.cli import main
 from bahdanau.data import DefaultTokenizer, Vocab, WhitespaceTokenizer, encode_pairs
 from bahdanau.datasets import multi30k_files, read_lines
-from bahdanau.errors import InputError
 from bahdanau.evaluate import translate_corpus
 from bahdanau.models import build_model
 from bahdanau.search import BeamSearch
@@ -73,16 +72,6 @@ def _through_torch(payload: dict) -> dict:
     torch.save(payload, buffer)
     buffer.seek(0)
     return torch.load(buffer, weights_only=True)
-
-
-def _one_line_error(call, *fragments: str) -> str:
-    with pytest.raises(InputError) as info:
-        call()
-    message = str(info.value)
-    assert "\n" not in message
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,10 +135,10 @@ def test_unknown_tokenizers_are_one_line() -> None:
     payload = checkpoint_payload(tiny_model(), src_vocab=VOCAB, tgt_vocab=VOCAB,
                                  extra={"tokenizer": {"name": "sentencepiece",
                                                       "src": "sp_en.model"}})
-    _one_line_error(lambda: tokenizer_of(payload), "checkpoint extra['tokenizer']:", "keys")
+    one_line_error(lambda: tokenizer_of(payload), "checkpoint extra['tokenizer']:", "keys")
     payload = {**payload, "tokenizer": {"name": "moses"}}
-    _one_line_error(lambda: tokenizer_of(payload),
-                    "checkpoint tokenizer: unknown tokenizer 'moses'")
+    one_line_error(lambda: tokenizer_of(payload),
+                   "checkpoint tokenizer: unknown tokenizer 'moses'")
 
 
 def test_sentencepiece_with_foreign_vocabularies_is_one_line(sp_run, tmp_path) -> None:
@@ -157,19 +146,19 @@ def test_sentencepiece_with_foreign_vocabularies_is_one_line(sp_run, tmp_path) -
                                  tokenizer=sp_run["tok"])
     expected = ("checkpoint tokenizer does not fit its vocabularies: src vocabulary entry 'w0' "
                 "(id 4) is not a piece of the SentencePiece model")
-    _one_line_error(lambda: tokenizer_of(payload), expected)
+    one_line_error(lambda: tokenizer_of(payload), expected)
     save_checkpoint(tmp_path / "bad.pt", payload)
-    message = _one_line_error(lambda: bahdanau.load(tmp_path / "bad.pt"), expected)
+    message = one_line_error(lambda: bahdanau.load(tmp_path / "bad.pt"), expected)
     assert message.startswith(str(tmp_path / "bad.pt"))
 
 
 def test_setup_run_refuses_a_tokenizer_it_cannot_store_or_that_misfits(sp_run, tmp_path) -> None:
     args = (tiny_model(), random_examples(4), TrainConfig(max_steps=1))
     kwargs = {"src_vocab": VOCAB, "tgt_vocab": VOCAB, "checkpoint_dir": tmp_path / "c"}
-    _one_line_error(lambda: setup_run(*args, **kwargs, tokenizer=object()),
-                    "only bahdanau's tokenizers")
-    _one_line_error(lambda: setup_run(*args, **kwargs, tokenizer=sp_run["tok"]),
-                    "src vocabulary entry 'w0' (id 4) is not a piece")
+    one_line_error(lambda: setup_run(*args, **kwargs, tokenizer=object()),
+                   "only bahdanau's tokenizers")
+    one_line_error(lambda: setup_run(*args, **kwargs, tokenizer=sp_run["tok"]),
+                   "src vocabulary entry 'w0' (id 4) is not a piece")
     assert not (tmp_path / "c").exists()
 
 
@@ -208,12 +197,12 @@ def test_translate_command_restores_the_sentencepiece_tokenizer(sp_run, tmp_path
 
 
 def test_load_without_a_checkpoint_is_one_line(tmp_path) -> None:
-    _one_line_error(lambda: bahdanau.load(tmp_path), f"checkpoint {tmp_path}: no checkpoint "
-                    "in this folder")
-    _one_line_error(lambda: bahdanau.load(tmp_path / "x.pt"), "no such file")
-    _one_line_error(lambda: find_checkpoint(tmp_path, "--checkpoint"),
-                    f"--checkpoint {tmp_path}: no checkpoint in this folder")
+    one_line_error(lambda: bahdanau.load(tmp_path), f"checkpoint {tmp_path}: no checkpoint "
+                   "in this folder")
+    one_line_error(lambda: bahdanau.load(tmp_path / "x.pt"), "no such file")
+    one_line_error(lambda: find_checkpoint(tmp_path, "--checkpoint"),
+                   f"--checkpoint {tmp_path}: no checkpoint in this folder")
     (tmp_path / "x.pt").write_bytes(b"not a checkpoint")
     assert find_checkpoint(tmp_path / "x.pt") == tmp_path / "x.pt"
-    message = _one_line_error(lambda: bahdanau.load(tmp_path / "x.pt"))
+    message = one_line_error(lambda: bahdanau.load(tmp_path / "x.pt"))
     assert message.startswith(str(tmp_path / "x.pt"))
