@@ -70,11 +70,12 @@ budget of U OpenNMT-py updates (300 updates ~ 3.3 min of training, 920 ~ 9.4 min
 Our run folders go to runs/equal_budget/ (git-ignored), OpenNMT-py's too. A quick smoke test of
 the plumbing, writing nowhere near the real table::
 
-    python $S --results /tmp/eb/results.jsonl --runs /tmp/eb/runs ours --seed 1 --minutes 0.5 \
+    E=runs/eb-smoke      # git-ignored, like every run folder
+    python $S --results $E/results.jsonl --runs $E/runs ours --seed 1 --minutes 0.5 \
         --extra-flags='--max-steps 20 --max-len 20' --extra-decode-flags='--max-len 20'
-    python $S --results /tmp/eb/results.jsonl --runs /tmp/eb/runs opennmt --seed 1 \
+    python $S --results $E/results.jsonl --runs $E/runs opennmt --seed 1 \
         --updates 10 --warmup 5 --idle-wait-max 60
-    python $S --results /tmp/eb/results.jsonl table
+    python $S --results $E/results.jsonl table
 """
 
 from __future__ import annotations
