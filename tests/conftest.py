@@ -9,7 +9,8 @@ import torch
 from hypothesis import HealthCheck, settings
 
 # Test models are tiny: one thread avoids OpenMP spin-waiting, which on a busy 2-core runner
-# made small backward passes up to 100x slower than on one thread.
+# made small backward passes up to 100x slower than on one thread. Set again before every test
+# (`_one_thread`), since a command-line run inside a test sets the threads it is given.
 torch.set_num_threads(1)
 
 settings.register_profile(
@@ -21,6 +22,15 @@ settings.register_profile(
 )
 settings.register_profile("dev", deadline=None, max_examples=50)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Every test starts on one torch thread, and the thread count is put back after it."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 @pytest.fixture

@@ -31,14 +31,6 @@ CFG = TrainConfig(batch_size=8, bucket=2, max_steps=14, log_every=100, save_ever
                   ema_decay=0.9)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 

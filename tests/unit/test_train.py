@@ -43,15 +43,6 @@ from bahdanau.train import (
 VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny models: one thread avoids contention on shared small machines.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _equal_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)

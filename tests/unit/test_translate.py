@@ -37,14 +37,6 @@ VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
 SEARCH = BeamSearch(beam_size=2, max_len=8)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def sp_run(tmp_path_factory):
     """A tiny model trained 4 steps on SentencePiece pieces of 200 Multi30k pairs."""
