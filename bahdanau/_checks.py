@@ -23,6 +23,12 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def check_optional_positive_int(name: str, value: object) -> None:
+    """`value` is None or an int >= 1 (not a bool); InputError naming `name` otherwise."""
+    if value is not None and (not is_int(value) or value < 1):
+        raise InputError(f"{name} must be a positive int or None, got {value!r}")
+
+
 def is_finite_number(value: object) -> bool:
     """True for a finite int or float that is not a bool (nan and inf are not)."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -12,6 +12,15 @@ from typing import Any, BinaryIO
 from bahdanau.errors import InputError
 
 
+def fsync_file(path: Path) -> None:
+    """Flush a written file's data to disk (errors raise: the data must be there)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def fsync_dir(directory: Path) -> None:
     """Make a rename inside `directory` durable (where the platform allows it)."""
     try:

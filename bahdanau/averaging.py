@@ -36,6 +36,7 @@ from bahdanau.checkpoint import (
     _stored_parts,
     _tokenizer_data,
     check_members,
+    checkpoints_folder,
     load_checkpoint,
     translation_weights,
     upgrade_payload,
@@ -84,7 +85,7 @@ def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | N
     if len(files) != 1 or not files[0].is_dir():
         raise InputError(f"{flag} picks checkpoints from one training output folder; got "
                          f"{', '.join(map(str, files))}")
-    folder = files[0] / "checkpoints" if (files[0] / "checkpoints").is_dir() else files[0]
+    folder = checkpoints_folder(files[0])
     manager = CheckpointManager(folder)
     if best is not None:
         return manager.best_checkpoints(best)

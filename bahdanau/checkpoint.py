@@ -123,6 +123,7 @@ __all__ = [
     "TrainState",
     "check_members",
     "checkpoint_payload",
+    "checkpoints_folder",
     "find_checkpoint",
     "load_checkpoint",
     "model_from_checkpoint",
@@ -1015,6 +1016,12 @@ def check_members(members: list[tuple[Path, dict[str, Any]]], *, same_config: bo
                              "tokenizer")
 
 
+def checkpoints_folder(folder: Path) -> Path:
+    """Where a training output folder keeps its checkpoints: its ``checkpoints`` subfolder, or
+    the folder itself if it has none (a folder of checkpoints)."""
+    return folder / "checkpoints" if (folder / "checkpoints").is_dir() else folder
+
+
 def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> Path:
     """The checkpoint file that `path` stands for.
 
@@ -1030,8 +1037,7 @@ def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> P
     """
     p = check_path(name, path)
     if p.is_dir():
-        folder = p / "checkpoints" if (p / "checkpoints").is_dir() else p
-        manager = CheckpointManager(folder)
+        manager = CheckpointManager(checkpoints_folder(p))
         found = manager.best() or manager.latest()
         if found is None:
             raise InputError(f"{name} {path}: no checkpoint in this folder")

@@ -42,6 +42,7 @@ from typing import Any, Literal, overload
 import numpy as np
 
 from bahdanau._checks import (
+    check_optional_positive_int,
     check_path,
     check_tokenizer,
     check_type,
@@ -49,7 +50,7 @@ from bahdanau._checks import (
     is_int,
     usable_cores,
 )
-from bahdanau._files import atomic_write, fsync_dir
+from bahdanau._files import atomic_write, fsync_dir, fsync_file
 from bahdanau.data import DefaultTokenizer, Example, Tokenizer, Vocab
 from bahdanau.datasets import iter_lines
 from bahdanau.errors import InputError
@@ -196,7 +197,7 @@ class _Side:
             ids[start:start + _COPY_IDS] = lookup[spooled[start:start + _COPY_IDS]]
         ids.flush()
         del ids, spooled
-        _fsync(folder / f"{side}.ids.npy")
+        fsync_file(folder / f"{side}.ids.npy")
         self.spool_path.unlink()
         return int(offsets[-1])
 
@@ -204,14 +205,6 @@ class _Side:
 def _save(path: Path, array: np.ndarray) -> None:
     """`np.save`, durably (the folder is renamed into place only when every file is on disk)."""
     atomic_write(path, lambda f: np.save(f, array))
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _id_dtype(vocab: Vocab) -> type:
@@ -283,10 +276,8 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
     for name, vocab in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
         if vocab is not None:
             check_type(name, vocab, Vocab, "a Vocab or None")
-    if vocab_size is not None and (not is_int(vocab_size) or vocab_size < 1):
-        raise InputError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
-    if max_len is not None and (not is_int(max_len) or max_len < 1):
-        raise InputError(f"max_len must be a positive int or None, got {max_len!r}")
+    check_optional_positive_int("vocab_size", vocab_size)
+    check_optional_positive_int("max_len", max_len)
     if max_ratio is not None and (isinstance(max_ratio, bool) or not isinstance(
             max_ratio, (int, float)) or not 1 <= max_ratio < float("inf")):
         raise InputError(f"max_ratio must be a number >= 1 or None, got {max_ratio!r}")
@@ -505,8 +496,7 @@ class PreparedCorpus(Sequence[Example]):
 
     def __init__(self, folder: str | os.PathLike[str], *, max_len: int | None = None) -> None:
         self.folder = check_path("folder", folder)
-        if max_len is not None and (not is_int(max_len) or max_len < 1):
-            raise InputError(f"max_len must be a positive int or None, got {max_len!r}")
+        check_optional_positive_int("max_len", max_len)
         self.max_len = max_len
         self.manifest = _read_manifest(self.folder)
         self.src_vocab = Vocab.load(self._file("src_vocab.json"))

@@ -33,7 +33,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from bahdanau._checks import check_path, check_tokenizer, check_type, describe, is_int
+from bahdanau._checks import (
+    check_optional_positive_int,
+    check_path,
+    check_tokenizer,
+    check_type,
+    describe,
+    is_int,
+)
 from bahdanau._files import atomic_write
 from bahdanau.datasets import read_lines
 from bahdanau.errors import InputError
@@ -255,10 +262,9 @@ class Vocab:
 
 
 def _check_limits(max_size: object, min_freq: object) -> None:
-        if max_size is not None and (not is_int(max_size) or max_size < 1):
-            raise InputError(f"max_size must be a positive int or None, got {max_size!r}")
-        if not is_int(min_freq) or min_freq < 1:
-            raise InputError(f"min_freq must be a positive int, got {min_freq!r}")
+    check_optional_positive_int("max_size", max_size)
+    if not is_int(min_freq) or min_freq < 1:
+        raise InputError(f"min_freq must be a positive int, got {min_freq!r}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -461,8 +467,7 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: 
     Raises:
         InputError: `max_len` < 1, or a side tokenises to nothing (the pair index is named).
     """
-    if max_len is not None and (not is_int(max_len) or max_len < 1):
-        raise InputError(f"max_len must be a positive int or None, got {max_len!r}")
+    check_optional_positive_int("max_len", max_len)
     check_type("src_vocab", src_vocab, Vocab, "a Vocab")
     check_type("tgt_vocab", tgt_vocab, Vocab, "a Vocab")
     src_tok, tgt_tok = tokenizer if isinstance(tokenizer, tuple) else (tokenizer, tokenizer)
@@ -653,8 +658,7 @@ class BucketBatchSampler:
         if batch_size is None and max_tokens is None:
             raise InputError("set batch_size, max_tokens, or both")
         for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
-            if value is not None and (not is_int(value) or value < 1):
-                raise InputError(f"{name} must be a positive int or None, got {value!r}")
+            check_optional_positive_int(name, value)
         if not is_int(bucket) or bucket < 1:
             raise InputError(f"bucket must be a positive int, got {bucket!r}")
         if not (is_int(seed) or isinstance(seed, np.integer)):
