@@ -136,11 +136,27 @@ def default_threads() -> int:
     Raises:
         InputError: LOCAL_WORLD_SIZE is set but is not a positive integer.
     """
-    value = os.environ.get("LOCAL_WORLD_SIZE", "").strip() or "1"
-    if not value.isdigit() or int(value) < 1:
-        raise InputError(f"LOCAL_WORLD_SIZE must be a positive integer (processes on this "
-                         f"machine), got {value!r}")
-    return max(1, usable_cores() // int(value))
+    return max(1, usable_cores() // launcher_value("LOCAL_WORLD_SIZE"))
+
+
+# What torchrun tells each process it starts (its environment variables), and their unset value.
+_LAUNCHER = {"WORLD_SIZE": ("processes in all", 1), "LOCAL_WORLD_SIZE": ("processes on this "
+             "machine", 1), "RANK": ("this process's rank", 0), "LOCAL_RANK": ("this process's "
+             "rank on this machine", 0)}
+
+
+def launcher_value(variable: str) -> int:
+    """WORLD_SIZE, LOCAL_WORLD_SIZE, RANK or LOCAL_RANK as torchrun sets it; unset: 1 for the
+    sizes, 0 for the ranks.
+
+    Raises:
+        InputError: the variable is set to something else than an integer >= its unset value.
+    """
+    meaning, unset = _LAUNCHER[variable]
+    value = os.environ.get(variable, "").strip() or str(unset)
+    if not value.isdigit() or int(value) < unset:
+        raise InputError(f"{variable} must be an integer >= {unset} ({meaning}), got {value!r}")
+    return int(value)
 
 
 def shape_str(t: Tensor) -> str:

@@ -19,8 +19,9 @@ Format 2 (`FORMAT_VERSION`), the payload's keys:
     train_config  TrainConfig.to_dict(), or None
     train_state   TrainState.to_dict() (step, epoch and batch position, best metric and its
                   step, evaluations without improvement, training time, learning-rate decays
-                  of the plateau schedule), or None; a field added later (`lr_decays`) is
-                  absent from the files of earlier versions and reads as its default
+                  of the plateau schedule, processes), or None; fields added later
+                  (`lr_decays`, `processes`) are absent from the files of earlier versions and
+                  read as their defaults
     optimizer     the optimizer's state_dict(), or None
     scaler        the fp16 GradScaler's state_dict(), or None
     rng           rng_state(): torch, CUDA, Python and NumPy generators
@@ -536,8 +537,9 @@ class TrainState(DictConfig):
 
     `bahdanau.train` keeps one in its `TrainRun`, updates it after every step and evaluation,
     saves it whole in every checkpoint and gets it back whole from `restore`. The batch order is
-    a function of (seed, epoch), so (`epoch`, `position`) is the place in the data; a loop that
-    iterates a `BucketBatchSampler` itself resumes it with
+    a function of (seed, epoch), so (`epoch`, `position`) is the place in the data, counted in
+    the batches of the whole run whatever the number of processes (`bahdanau.train.BatchPlan`);
+    a loop that iterates a one-process `BucketBatchSampler` itself resumes it with
     `sampler.load_state_dict({"epoch": state.epoch, "position": state.position})`.
     """
 
@@ -550,12 +552,15 @@ class TrainState(DictConfig):
     elapsed_s: float = 0.0             # training time so far, resumed runs included
     examples_digest: str | None = None  # sha256 of the training examples' ids (None: unknown)
     lr_decays: int = 0                 # decays of the plateau schedule (bahdanau.schedules)
+    processes: int = 1                 # processes (DDP world size) that took the last step
 
     def __post_init__(self) -> None:
         for name in ("step", "epoch", "position", "bad_evals", "lr_decays"):
             value = getattr(self, name)
             if not is_int(value) or value < 0:
                 raise InputError(f"TrainState.{name} must be an int >= 0, got {value!r}")
+        if not is_int(self.processes) or self.processes < 1:
+            raise InputError(f"TrainState.processes must be an int >= 1, got {self.processes!r}")
         if self.best_step is not None and not (is_int(self.best_step) and self.best_step >= 0):
             raise InputError(f"TrainState.best_step must be an int >= 0 or None, got "
                              f"{self.best_step!r}")

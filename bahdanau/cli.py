@@ -22,6 +22,10 @@ on the command line override it.
 run, its N best, or files), which the other commands load like any checkpoint; translate,
 evaluate and plot given several checkpoints decode with their ensemble.
 
+Under ``torchrun --nproc-per-node N -m bahdanau train ...`` the N processes train one run with
+DDP (NCCL on CUDA, each process on cuda:LOCAL_RANK; gloo on CPU): rank 0 alone holds and writes
+the run folder, logs, evaluates and scores the test set (docs/guides/multi-gpu.md).
+
 A run folder (``--out``) holds one run: its options (``config.yaml``), its checkpoints and its
 results. Running the same command again resumes it; options that define the model, the data or
 the batches cannot change on resume, the others (learning rate, limits, cadence, decoding,
@@ -52,7 +56,7 @@ from typing import Any, NoReturn
 import torch
 
 from bahdanau import presets
-from bahdanau._checks import default_device, default_threads, resolve_device
+from bahdanau._checks import default_device, default_threads, launcher_value, resolve_device
 from bahdanau._files import atomic_file, atomic_write
 from bahdanau.averaging import average_checkpoints, select_checkpoints
 from bahdanau.checkpoint import CheckpointManager, find_checkpoint, save_checkpoint
@@ -223,10 +227,44 @@ def _search(o: SearchOptions, n_best: int = 1) -> BeamSearch:
 
 def _machine(o: TrainOptions | DecodeOptions) -> torch.device:
     """Check --device (auto: cuda when available, else cpu) and set --threads (default: the
-    usable cores divided by LOCAL_WORLD_SIZE); returns the device."""
+    usable cores divided by LOCAL_WORLD_SIZE); returns the device. Under torchrun, cuda is
+    each process's own GPU, cuda:LOCAL_RANK."""
     device = resolve_device(default_device() if o.device == "auto" else o.device, "--device")
+    if launcher_value("WORLD_SIZE") > 1 and device.type == "cuda":
+        if device.index is not None:
+            raise InputError(f"--device {o.device}: under torchrun each process trains on "
+                             "cuda:LOCAL_RANK; give --device cuda (or auto)")
+        device = resolve_device(f"cuda:{launcher_value('LOCAL_RANK')}", "cuda:LOCAL_RANK")
+        torch.cuda.set_device(device)
     torch.set_num_threads(o.threads or default_threads())
     return device
+
+
+def _check_launcher() -> None:
+    """Several processes (WORLD_SIZE > 1) need what torchrun sets beside it."""
+    world = launcher_value("WORLD_SIZE")
+    missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
+    if world > 1 and missing:
+        raise InputError(f"WORLD_SIZE is {world} but {', '.join(missing)} not set: start the "
+                         "processes with torchrun")
+
+
+@contextmanager
+def _processes(device: torch.device) -> Iterator[bool]:
+    """Under torchrun (WORLD_SIZE > 1), the process group of the run's processes (NCCL on
+    CUDA, gloo on CPU) while inside; yields whether this process is rank 0, the one that
+    writes the run folder, logs and scores the test set."""
+    if launcher_value("WORLD_SIZE") == 1:
+        yield True
+        return
+    dist = torch.distributed
+    if not dist.is_available():
+        raise InputError("torchrun started this train, but this torch has no torch.distributed")
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    try:
+        yield dist.get_rank() == 0
+    finally:
+        dist.destroy_process_group()
 
 
 def _checkpoints(o: DecodeOptions) -> dict[str, Path]:
@@ -385,12 +423,14 @@ def _train_config(o: TrainOptions) -> TrainConfig:
         keep_last=o.keep_last, keep_best=o.keep_best, ema_decay=o.ema_decay)
 
 
+def _quiet(line: str) -> None:
+    """The log of a process other than rank 0 under torchrun."""
+
+
 def _train(o: TrainOptions, command: str = "bahdanau train") -> int:
     """`bahdanau train`; `command` is the command line, for the header of train.log."""
-    if os.environ.get("WORLD_SIZE", "1").strip() not in ("", "1"):
-        raise InputError("the train command runs one process; for several GPUs call "
-                         "bahdanau.train.train under torchrun (docs/guides/multi-gpu.md)")
     start = time.perf_counter()
+    _check_launcher()
     device = _machine(o)
     search = _search(o)
     out = Path(o.out)
@@ -426,33 +466,44 @@ def _train(o: TrainOptions, command: str = "bahdanau train") -> int:
                   dropout_deep_output=o.dropout_deep_output, init=o.init)
     torch.manual_seed(o.seed)
     model = build_model(cfg)
-    say = TrainLog()                     # prints, and writes OUT/train.log once the run starts
-    if not test_pairs:
-        say("no test set: the model is trained and saved but not scored (give --test-src "
-            "and --test-tgt to score it)")
-    with _locked(out), say, ExitStack() as stack:
-        if o.overwrite and _holds_run(out):
-            _remove_run(out)
+    with _processes(device) as main, ExitStack() as stack:
+        # rank 0 prints and writes OUT/train.log once the run starts; the others say nothing
+        say = stack.enter_context(TrainLog()) if main else _quiet
+        if not test_pairs:
+            say("no test set: the model is trained and saved but not scored (give --test-src "
+                "and --test-tgt to score it)")
+        if main:
+            stack.enter_context(_locked(out))
+            if o.overwrite and _holds_run(out):
+                _remove_run(out)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()            # the others read --out once rank 0 holds it
         run = setup_run(model, examples, tcfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                         checkpoint_dir=out / "checkpoints", resume=o.resume and not o.overwrite,
                         device=device, extra={"options": o.to_record()}, tokenizer=tokenizer)
         finished = stop_reason(run)       # then the folder, train.log too, is left as it is
         if finished and (not test_pairs or (out / "metrics.json").is_file()):
-            print(f"nothing to do: the run in {out} finished at step {run.state.step} "
-                  f"({finished}); raise its limit to train on, or score it with bahdanau evaluate")
+            if main:
+                print(f"nothing to do: the run in {out} finished at step {run.state.step} "
+                      f"({finished}); raise its limit to train on, or score it with bahdanau "
+                      "evaluate")
             return 0
         if stored is not None:
             run.resume_changes = changes                 # in the command line's terms
-        say.open(out / "train.log", command)
         board = None
-        if o.tensorboard:        # a resumed run drops the events a crash left past its step
-            board = stack.enter_context(TensorBoardLog(
-                out / "tensorboard", tags={"dev/metric": "dev/bleu"},
-                purge_step=run.state.step if run.resumed_from else None))
-        _write_text(out / RUN_CONFIG, json.dumps(o.to_record(), indent=2) + "\n")
+        if main:
+            say.open(out / "train.log", command)
+            if o.tensorboard:    # a resumed run drops the events a crash left past its step
+                board = stack.enter_context(TensorBoardLog(
+                    out / "tensorboard", tags={"dev/metric": "dev/bleu"},
+                    purge_step=run.state.step if run.resumed_from else None))
+            _write_text(out / RUN_CONFIG, json.dumps(o.to_record(), indent=2) + "\n")
         say(f"data: {len(examples)} training pairs (of {n_pairs}), vocabularies "
             f"{len(src_vocab)} / {len(tgt_vocab)}; model {o.arch} ({o.preset}), "
             f"{sum(p.numel() for p in model.parameters()):,} parameters")
+        if run.plan.processes > 1:
+            say(f"{run.plan.processes} processes x accumulation {o.accumulation} = "
+                f"{run.plan.size} batches per update")
         dev_sources = [s for s, _ in dev_pairs[: o.dev_size]]
         dev_refs = [t for _, t in dev_pairs[: o.dev_size]]
         shown = _typical(dev_sources, tokenizer) if board is not None and dev_sources else None
@@ -475,6 +526,8 @@ def _train(o: TrainOptions, command: str = "bahdanau train") -> int:
             return 128 + int(getattr(signal, result.stopped.upper()))
         say(f"trained {result.step} updates, stopped by {result.stopped}, "
             f"{result.elapsed_s / 60:.1f} min")
+        if not main:                                     # rank 0 scores the test set
+            return 0
         if not test_pairs:
             say(f"checkpoints: {out / 'checkpoints'}")
             return 0

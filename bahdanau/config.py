@@ -204,7 +204,7 @@ class TrainConfig(DictConfig):
     batch_size: int = 80              # sentences per batch (the paper); ignored with max_tokens
     max_tokens: int | None = None     # padded tokens per batch instead of batch_size
     bucket: int = 20                  # minibatches sorted by length together (the paper)
-    accumulation: int = 1             # batches per update: the gradient of their summed loss
+    accumulation: int = 1             # batches per process per update: the gradient of their loss
                                       # over their total sentence count (one big batch's)
     loader_workers: int = 0           # processes collating batches ahead of the step; 0: inline
     max_steps: int | None = None      # stop after this many updates in total
@@ -227,8 +227,8 @@ class TrainConfig(DictConfig):
     # What a resumed run may not change: the optimizer type (its state is of that type) and
     # what defines the batches (their order is a function of the seed and the epoch). The
     # other fields (learning rate and schedule, limits, cadence, ...) are applied from the
-    # resumed call on; `accumulation` too: the state counts batches, and checkpoints are only
-    # written between updates, so the next update groups the batches from the same place.
+    # resumed call on; `accumulation` only with another number of processes, keeping
+    # processes x accumulation, the batches of an update (`bahdanau.train.setup_run` checks).
     FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = ("optimizer", "batch_size", "max_tokens",
                                                   "bucket", "seed")
 

@@ -683,7 +683,7 @@ class BucketBatchSampler:
         self.shuffle, self.seed = shuffle, int(seed)
         self.num_replicas, self.rank = num_replicas, rank
         self.epoch, self.position = 0, 0
-        self._cache: tuple[int, tuple[tuple[int, ...], ...]] | None = None
+        self._cache: dict[int, tuple[np.ndarray, ...]] = {}   # two epochs' batches
 
     # epoch and resumption ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -724,7 +724,8 @@ class BucketBatchSampler:
 
         Does not change the sampler's `epoch` or `position`: `bahdanau.train` keeps its place
         in its own `TrainState` and reads batch `position` of epoch `epoch` here. The batches of
-        the last epoch asked for are kept, so reading one batch at a time costs nothing extra.
+        the last two epochs asked for are kept, so reading one batch at a time, on either side
+        of an epoch's end, costs nothing extra.
 
         Args:
             epoch: the epoch (0-based).
@@ -733,9 +734,11 @@ class BucketBatchSampler:
             lists: 12M examples cost 96 MB, not half a gigabyte).
         """
         epoch = int(epoch)
-        if self._cache is None or self._cache[0] != epoch:
-            self._cache = (epoch, self._make(epoch))
-        return self._cache[1]
+        if epoch not in self._cache:
+            if len(self._cache) == 2:
+                del self._cache[next(iter(self._cache))]     # the earlier made of the two
+            self._cache[epoch] = self._make(epoch)
+        return self._cache[epoch]
 
     def _make(self, epoch: int) -> tuple[np.ndarray, ...]:
         rng = np.random.default_rng([self.seed % 2**64, int(epoch) % 2**64])

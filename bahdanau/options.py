@@ -222,7 +222,8 @@ def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
         stored: the options the run was last started with (its ``config.yaml``).
         given: the options of this start.
     Returns:
-        One line per changed "applied" option, to log.
+        One line per changed "applied" option, to log ("--threads 2 -> default" when it is
+        no longer given).
     Raises:
         InputError: a "fixed" option differs (named, with both values).
     """
@@ -238,8 +239,13 @@ def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
             raise InputError(f"{flag(field.name)} was {old!r} when this run began and is {new!r} "
                              "now; a resumed run keeps it (start a new run with another --out, "
                              "or --overwrite this one)")
-        changes.append(f"{flag(field.name)} {old!r} -> {new!r}")
+        changes.append(f"{flag(field.name)} {_shown(old)} -> {_shown(new)}")
     return changes
+
+
+def _shown(value: Any) -> str:
+    """An option's value in a resume change: "default" for an option left unset."""
+    return "default" if value is None else repr(value)
 
 
 def resumed_options(stored: Mapping[str, Any], given: TrainOptions) -> TrainOptions:

@@ -20,7 +20,9 @@ Lower still, `make_optimizer`, `train_step` (one update of any model on any batc
 `train` is `setup_run` then `train_run`: the loop above with a periodic log line, early
 stopping, a final evaluation and checkpoint, and SIGINT/SIGTERM turned into a checkpoint and a
 clean stop; an interrupted run resumes exactly, and under `torch.distributed` (e.g. `torchrun`)
-it trains with data parallelism.
+it trains with data parallelism: `BatchPlan` makes each update `processes x accumulation`
+consecutive batches, each process training on its share, and `train_step` gives it the
+gradient of the update's summed loss over its sentence count, as one process would.
 
 Paper settings (Bahdanau et al. 2015, appendix B.2): Adadelta with rho 0.95 and eps 1e-6,
 minibatches of 80 sentences, the gradient's L2 norm clipped to 1, training sentences up to 50
@@ -48,12 +50,13 @@ import torch
 from torch import Tensor, nn
 
 from bahdanau import functional
-from bahdanau._checks import check_type, is_finite_number, resolve_device
+from bahdanau._checks import check_type, is_finite_number, is_int, resolve_device
 from bahdanau.checkpoint import (
     CheckpointManager,
     TrainState,
     _config_of,
     _named,
+    _parse,
     _unwrap,
     checkpoint_payload,
     load_checkpoint,
@@ -80,7 +83,10 @@ from bahdanau.tokenizers import check_vocabs, tokenizer_to_payload
 
 __all__ = [
     "CheckpointManager",
+    "BatchLoader",
+    "BatchPlan",
     "LossModule",
+    "PlannedUpdate",
     "StepStats",
     "TrainConfig",
     "TrainResult",
@@ -92,7 +98,7 @@ __all__ = [
     "load_checkpoint",
     "make_optimizer",
     "model_from_checkpoint",
-    "next_batch",
+    "next_batches",
     "restore",
     "run_step",
     "save_checkpoint",
@@ -175,7 +181,8 @@ class StepStats(NamedTuple):
 def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
                optimizer: torch.optim.Optimizer, *, clip_norm: float | None = 1.0,
                label_smoothing: float = 0.0, amp_dtype: torch.dtype | None = None,
-               scaler: torch.amp.GradScaler | None = None) -> StepStats:
+               scaler: torch.amp.GradScaler | None = None,
+               update_sentences: int | None = None) -> StepStats:
     """One update: loss, backward, clip the gradient norm, optimizer step.
 
     The gradient is that of the summed loss divided by B, the minibatch average of sentence
@@ -183,7 +190,10 @@ def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
     per-token average). Several batches (gradient accumulation) make one update with the
     gradient of their summed loss divided by their total sentence count: what one batch of all
     their sentences gives, with the activations of one batch at a time in memory. Under DDP
-    the gradients are synchronised once, after the last batch.
+    the gradients are synchronised once, after the last batch; with `update_sentences`, the
+    sentences of the whole update on all processes, the gradient is that of the update's
+    summed loss divided by that count, however its batches are shared among the processes
+    (each scales its loss by processes / `update_sentences`, which DDP's mean undoes).
 
     Args:
         model: an `RNNSearch` (or anything with its `loss`), a `LossModule`, or DDP of either.
@@ -193,29 +203,42 @@ def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
         label_smoothing: passed to the loss.
         amp_dtype: run the loss under `torch.autocast` with this dtype; None: no autocast.
         scaler: a `torch.amp.GradScaler` (for fp16).
+        update_sentences: under DDP, the sentence count of the update's batches on every
+            process together; None: each process divides by its own batches' count (the
+            gradient is then the mean of the processes' per-sentence averages).
     Returns:
-        `StepStats` of all the batches. A non-finite gradient norm skips the update (the
-        GradScaler also lowers its scale then).
+        `StepStats` of all the batches (this process's). A non-finite gradient norm skips the
+        update (the GradScaler also lowers its scale then).
     Raises:
-        InputError: an empty sequence of batches, or an optimizer without the parameters the
-            loss depends on.
+        InputError: an empty sequence of batches, `update_sentences` without DDP or below
+            these batches' sentence count, or an optimizer without the parameters the loss
+            depends on.
     """
     batches = [batch] if isinstance(batch, Batch) else list(batch)
     if not batches:
         raise InputError("train_step needs a batch, got an empty sequence of batches")
     sentences = sum(b.src.shape[0] for b in batches)
+    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    if update_sentences is not None:
+        if not ddp:
+            raise InputError("update_sentences is for a DistributedDataParallel model; one "
+                             "process divides by its batches' own sentence count")
+        if not is_int(update_sentences) or update_sentences < sentences:
+            raise InputError(f"update_sentences must be an int >= these batches' {sentences} "
+                             f"sentences, got {update_sentences!r}")
+        sentences = update_sentences / torch.distributed.get_world_size(model.process_group)
     model.train()
     optimizer.zero_grad(set_to_none=True)
     autocast = (torch.autocast(batches[0].src.device.type, dtype=amp_dtype)
                 if amp_dtype is not None else nullcontext())
-    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
     losses, counts = [], []
     for i, b in enumerate(batches):
         last = i == len(batches) - 1
         with model.no_sync() if ddp and not last else nullcontext():  # type: ignore[operator]
             with autocast:
                 loss_sum, n_tokens = _batch_loss(model, b, label_smoothing)
-            loss = loss_sum.float() / sentences
+            # fp16/bf16 losses (autocast) are scaled in float32, float64 ones stay float64
+            loss = loss_sum.to(torch.promote_types(loss_sum.dtype, torch.float32)) / sentences
             (scaler.scale(loss) if scaler is not None else loss).backward()
         losses.append(loss_sum.detach())
         counts.append(n_tokens)
@@ -265,7 +288,7 @@ def evaluate_loss(model: nn.Module, batches: Iterable[Batch]) -> tuple[float, fl
 class TrainRun:
     """One training run: the live objects and the `TrainState` that the loop's pieces share.
 
-    Built by `setup_run`; `next_batch`, `run_step`, `validate_run`, `save_run` and `stop_reason`
+    Built by `setup_run`; `next_batches`, `run_step`, `validate_run`, `save_run` and `stop_reason`
     read it and update `state`. Only `state` (with the model, optimizer, scaler and RNG states)
     goes into checkpoints; the rest is rebuilt by `setup_run`.
     """
@@ -274,7 +297,7 @@ class TrainRun:
     step_model: nn.Module                   # what train_step calls: model or DDP(LossModule)
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler | None     # fp16 only
-    sampler: BucketBatchSampler             # the batches of each epoch
+    plan: BatchPlan                         # each update's batches (plan.sampler: each epoch's)
     examples: Sequence[Example]
     cfg: TrainConfig
     schedule: LRSchedule                    # each update's learning rate, from cfg
@@ -333,7 +356,8 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     save of it that a crash may have cut short is completed (`CheckpointManager.complete_save`);
     otherwise torch's RNG is seeded with `cfg.seed` and the state starts at step 0. Under
     `torch.distributed` the model is wrapped in `DistributedDataParallel` (as
-    `run.step_model`) and the sampler gives each rank its shard of every epoch.
+    `run.step_model`), and each update is `processes x cfg.accumulation` batches of which
+    every process takes its share (`BatchPlan`).
 
     Args:
         model: an `RNNSearch` / `RNNEncDec`, moved to `device`; it needs its `.config` (as
@@ -347,8 +371,9 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         resume: continue from the latest checkpoint in `checkpoint_dir`, if any. False needs a
             directory without checkpoints: an earlier run's files are never overwritten. A
             resumed run keeps its examples (`examples_digest`), the stored optimizer type,
-            batch definition and seed (`TrainConfig.FIXED_ON_RESUME`; a change is refused), and
-            it applies every other
+            batch definition and seed (`TrainConfig.FIXED_ON_RESUME`; a change is refused) and
+            the batches of an update, processes x accumulation (another number of processes
+            needs the accumulation that keeps the product), and it applies every other
             changed field of `cfg`, listed in `run.resume_changes`; the optimizer's settings
             are set from `cfg` (`TrainConfig.set_hyperparameters`), and each update's learning
             rate from `cfg`'s schedule and the stored plateau decays (`TrainState.lr_decays`).
@@ -366,7 +391,8 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
             whose pieces the vocabularies' words are not, a checkpoint directory with a model
             that has no `.config`, `resume=False` with a directory holding checkpoints, or a
             checkpoint that is damaged, malformed or does not match: model config,
-            vocabularies or a fixed `cfg` field (the file first, then what is wrong). Nothing
+            vocabularies, a fixed `cfg` field or the batches of an update (the file first,
+            then what is wrong). Nothing
             is trained and no file is written then.
     """
     check_type("model", model, nn.Module, "a torch.nn.Module such as RNNSearch")
@@ -417,12 +443,19 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
                                  "or tokenisation): a resumed run keeps its data")
     dist = torch.distributed
     distributed = dist.is_available() and dist.is_initialized()
+    processes = dist.get_world_size() if distributed else 1
+    if payload is not None:
+        with _named(latest):
+            _check_update_size(payload, processes, cfg.accumulation)
     model.to(device)
     optimizer = make_optimizer(model, cfg)
     ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay is not None else None
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
     sampler = BucketBatchSampler(lengths, batch_size=None if cfg.max_tokens else cfg.batch_size,
-                                 max_tokens=cfg.max_tokens, bucket=cfg.bucket, seed=cfg.seed)
+                                 max_tokens=cfg.max_tokens, bucket=cfg.bucket, seed=cfg.seed,
+                                 num_replicas=1, rank=0)
+    plan = BatchPlan(sampler, processes=processes, rank=dist.get_rank() if distributed else 0,
+                     accumulation=cfg.accumulation)
     if payload is not None:
         with _named(latest):
             state = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
@@ -438,6 +471,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     else:
         state = TrainState(examples_digest=digest)
         torch.manual_seed(cfg.seed)
+    state.processes = processes
     step_model: nn.Module = model
     if distributed:
         device_ids = None
@@ -445,28 +479,113 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
             device_ids = [device.index if device.index is not None else torch.cuda.current_device()]
         step_model = nn.parallel.DistributedDataParallel(LossModule(model), device_ids=device_ids)
     return TrainRun(model=model, step_model=step_model, optimizer=optimizer, scaler=scaler,
-                    sampler=sampler, examples=examples, cfg=cfg,
+                    plan=plan, examples=examples, cfg=cfg,
                     schedule=LRSchedule.from_config(cfg), src_vocab=src_vocab,
                     tgt_vocab=tgt_vocab, state=state, device=device, manager=manager,
                     extra=dict(extra or {}), tokenizer=tokenizer, distributed=distributed,
                     is_main=not distributed or dist.get_rank() == 0, resumed_from=latest,
                     resume_changes=changes,
-                    loader=BatchLoader(examples, sampler, cfg.loader_workers,
+                    loader=BatchLoader(examples, plan, cfg.loader_workers,
                                        pin_memory=device.type == "cuda")
                     if cfg.loader_workers else None, ema=ema)
 
 
-class _EpochBatches(torch.utils.data.Dataset):
-    """Item i: the collated batch i of a list of batches (what a DataLoader worker makes)."""
+def _check_update_size(payload: dict[str, Any], processes: int, accumulation: int) -> None:
+    """Refuse to resume a run whose updates were another number of batches (processes x
+    accumulation): the batches of each update would change from the run's place on."""
+    if payload["train_config"] is None:         # the run's accumulation is not known
+        return
+    before = _parse(payload, "train_state", TrainState.from_dict).processes
+    size = before * _parse(payload, "train_config", TrainConfig.from_dict).accumulation
+    if processes * accumulation == size:
+        return
+    fix = (f"use accumulation {size // processes}" if size % processes == 0 else
+           f"run it on a number of processes that divides {size}")
+    raise InputError(f"the run's updates are {size} batch{'es' if size != 1 else ''} "
+                     f"({_n_processes(before)} x accumulation {size // before}), not "
+                     f"{processes} x {accumulation}; a resumed run keeps its updates: with "
+                     f"{_n_processes(processes)}, {fix}")
 
-    def __init__(self, examples: Sequence[Example], batches: Sequence[Sequence[int]]) -> None:
-        self.examples, self.batches = examples, batches
+
+def _n_processes(n: int) -> str:
+    """"1 process", "2 processes"."""
+    return f"{n} process{'es' if n != 1 else ''}"
+
+
+class PlannedUpdate(NamedTuple):
+    """One update as `BatchPlan.update` plans it."""
+
+    batches: list[np.ndarray]   # this process's batches, as positions into the examples
+    sentences: int              # sentences of the whole update, on every process together
+    after: tuple[int, int]      # the (epoch, position) where the next update starts
+
+
+class BatchPlan:
+    """Which batches make each update, and which of them this process trains on.
+
+    An update is `processes x accumulation` consecutive batches of the sampler's list (which
+    depends only on the seed and the epoch; one epoch runs on into the next), and process
+    `rank` takes `accumulation` of them: those from rank x accumulation on. The updates
+    therefore depend only on the seed and that product: a run resumed with other processes
+    and accumulation of the same product trains on the same updates, and `train_step` makes
+    each one's gradient that of its summed loss over its sentence count however it is shared.
+
+    Args:
+        sampler: a one-process `BucketBatchSampler` (num_replicas=1): the batches of the whole
+            run.
+        processes: processes taking a share of every update (the DDP world size).
+        rank: this process's rank, in [0, processes).
+        accumulation: batches per process per update.
+    """
+
+    def __init__(self, sampler: BucketBatchSampler, *, processes: int = 1, rank: int = 0,
+                 accumulation: int = 1) -> None:
+        check_type("sampler", sampler, BucketBatchSampler, "a BucketBatchSampler")
+        if sampler.num_replicas != 1:
+            raise InputError("a BatchPlan shares the batches among processes itself: give it a "
+                             f"sampler with num_replicas=1, not {sampler.num_replicas}")
+        for name, value in (("processes", processes), ("accumulation", accumulation)):
+            if not is_int(value) or value < 1:
+                raise InputError(f"{name} must be a positive int, got {value!r}")
+        if not is_int(rank) or not 0 <= rank < processes:
+            raise InputError(f"rank must be in [0, {processes}), got {rank!r}")
+        self.sampler, self.processes, self.rank = sampler, processes, rank
+        self.accumulation = accumulation
+
+    @property
+    def size(self) -> int:
+        """Batches per update: processes x accumulation."""
+        return self.processes * self.accumulation
+
+    def update(self, epoch: int, position: int) -> PlannedUpdate:
+        """The update that starts at batch `position` of `epoch`."""
+        mine = range(self.rank * self.accumulation, (self.rank + 1) * self.accumulation)
+        batches, sentences = [], 0
+        for i in range(self.size):
+            batch = self.sampler.epoch_batches(epoch)[position]
+            sentences += len(batch)
+            if i in mine:
+                batches.append(batch)
+            epoch, position = self._after(epoch, position)
+        return PlannedUpdate(batches, sentences, (epoch, position))
+
+    def _after(self, epoch: int, position: int) -> tuple[int, int]:
+        if position + 1 == len(self.sampler.epoch_batches(epoch)):
+            return epoch + 1, 0
+        return epoch, position + 1
+
+
+class _Shares(torch.utils.data.Dataset):
+    """Item i: the collated batches of share i (what a DataLoader worker makes)."""
+
+    def __init__(self, examples: Sequence[Example], shares: Sequence[list[np.ndarray]]) -> None:
+        self.examples, self.shares = examples, shares
 
     def __len__(self) -> int:
-        return len(self.batches)
+        return len(self.shares)
 
-    def __getitem__(self, i: int) -> Batch:
-        return collate([self.examples[j] for j in self.batches[i]])
+    def __getitem__(self, i: int) -> list[Batch]:
+        return [collate([self.examples[j] for j in batch]) for batch in self.shares[i]]
 
 
 def _ignore_sigint(worker_id: int) -> None:
@@ -476,74 +595,76 @@ def _ignore_sigint(worker_id: int) -> None:
 
 
 class BatchLoader:
-    """Collates the run's batches ahead of the training step in `workers` processes (a
-    `torch.utils.data.DataLoader`; pinned memory when training on CUDA).
+    """Collates this process's batches of the coming updates ahead of the training step, in
+    `workers` processes (a `torch.utils.data.DataLoader`; pinned memory when training on CUDA).
 
-    It hands out the batch at any place (epoch, position) asked for, and so knows nothing of
-    resuming: the run's `TrainState` counts the batches the optimiser consumed, and asking for
-    another place than the one after the last (a new epoch, a resumed run) restarts the workers
-    there. The batches are those `collate` makes inline, in the same order.
+    It hands out the batches of the update that starts at any place (epoch, position) asked
+    for, and so knows nothing of resuming: the run's `TrainState` counts the batches the
+    optimiser consumed, and asking for another place than where the last update ended (a
+    resumed run, or the updates of a new epoch) starts the workers there, on the updates that
+    start in that epoch. The batches are those `collate` makes inline, in the same order.
     """
 
-    def __init__(self, examples: Sequence[Example], sampler: BucketBatchSampler, workers: int,
+    def __init__(self, examples: Sequence[Example], plan: BatchPlan, workers: int,
                  pin_memory: bool) -> None:
-        self.examples, self.sampler = examples, sampler
+        self.examples, self.plan = examples, plan
         self.workers, self.pin_memory = workers, pin_memory
-        self._batches: Iterator[Batch] | None = None
+        self._shares: Iterator[list[Batch]] = iter(())
+        self._starts: Iterator[tuple[int, int] | None] = iter(())
         self._next: tuple[int, int] | None = None
 
-    def batch(self, epoch: int, position: int) -> Batch:
-        """The collated batch `position` of `epoch`."""
-        if self._batches is None or self._next != (epoch, position):
-            batches = self.sampler.epoch_batches(epoch)[position:]
-            self._batches = iter(torch.utils.data.DataLoader(
-                _EpochBatches(self.examples, batches), batch_size=None,
-                num_workers=self.workers, pin_memory=self.pin_memory,
-                worker_init_fn=_ignore_sigint))
-        self._next = (epoch, position + 1)
-        return next(self._batches)
+    def batches(self, epoch: int, position: int) -> list[Batch]:
+        """This process's collated batches of the update that starts at batch `position` of
+        `epoch` (`BatchPlan.update`)."""
+        if self._next != (epoch, position):
+            starts, shares, place = [], [], (epoch, position)
+            while place[0] == epoch:          # the updates that start in this epoch
+                planned = self.plan.update(*place)
+                shares.append(planned.batches)
+                place = planned.after
+                starts.append(place)
+            self._starts = iter([*starts[:-1], None])   # None: the workers' list has ended
+            self._shares = iter(torch.utils.data.DataLoader(
+                _Shares(self.examples, shares), batch_size=None, num_workers=self.workers,
+                pin_memory=self.pin_memory, worker_init_fn=_ignore_sigint))
+        self._next = next(self._starts)
+        return next(self._shares)
 
 
-def next_batch(run: TrainRun) -> Batch:
-    """The batch at the run's place in the data (`state.epoch`, `state.position`).
+def next_batches(run: TrainRun) -> list[Batch]:
+    """This process's batches of the next update, which starts at the run's place in the data
+    (`state.epoch`, `state.position`; `run.plan` says which batches make it).
 
-    Does not advance the state; `run_step` does. With `cfg.loader_workers`, the batch comes
-    from `run.loader`, collated ahead in worker processes; otherwise it is collated here.
+    Does not advance the state; `run_step` does. With `cfg.loader_workers`, the batches come
+    from `run.loader`, collated ahead in worker processes; otherwise they are collated here.
 
     Args:
         run: the run.
     Returns:
-        The `Batch`, on `run.device`.
+        The `Batch`es (`cfg.accumulation` of them), on `run.device`.
     """
-    return _batch_at(run, run.state.epoch, run.state.position)
+    return _batches_of(run, run.plan.update(run.state.epoch, run.state.position))
 
 
-def _batch_at(run: TrainRun, epoch: int, position: int) -> Batch:
-    """The batch `position` of `epoch`, on `run.device`."""
+def _batches_of(run: TrainRun, planned: PlannedUpdate) -> list[Batch]:
+    """This process's batches of the update that starts at the run's place, on `run.device`."""
     if run.loader is not None:
-        batch = run.loader.batch(epoch, position)
+        batches = run.loader.batches(run.state.epoch, run.state.position)
     else:
-        positions = run.sampler.epoch_batches(epoch)[position]
-        batch = collate([run.examples[i] for i in positions])
-    return batch.to(run.device, non_blocking=True)
-
-
-def _place_after(run: TrainRun, epoch: int, position: int) -> tuple[int, int]:
-    """The (epoch, position) of the batch after batch `position` of `epoch`."""
-    if position + 1 == len(run.sampler.epoch_batches(epoch)):
-        return epoch + 1, 0
-    return epoch, position + 1
+        batches = [collate([run.examples[i] for i in b]) for b in planned.batches]
+    return [b.to(run.device, non_blocking=True) for b in batches]
 
 
 def run_step(run: TrainRun) -> StepStats:
-    """One update (`train_step`) on the next `cfg.accumulation` batches from `next_batch`'s
-    place, at the learning rate `run.schedule` gives it; the state moves on by a step and by
-    those batches.
+    """One update (`train_step`) at the learning rate `run.schedule` gives it, on the batches
+    `run.plan` gives this process from the run's place; the state moves on by a step and by
+    the update's batches (`cfg.accumulation` on each process).
 
     After an epoch's last batch, `state.epoch` is the next epoch and `state.position` 0; the
     batches of one update may come from two epochs. With `run.ema`, the moving average then
     takes the new weights (`WeightEMA.update`; also after an update skipped for a non-finite
-    gradient, which left the weights as they were).
+    gradient, which left the weights as they were). Under DDP the returned loss and token
+    count are those of the whole update, summed over the processes.
 
     Args:
         run: the run.
@@ -551,18 +672,22 @@ def run_step(run: TrainRun) -> StepStats:
         The step's `StepStats`.
     """
     cfg, state = run.cfg, run.state
-    place, batches = (state.epoch, state.position), []
-    for _ in range(cfg.accumulation):
-        batches.append(_batch_at(run, *place))
-        place = _place_after(run, *place)
+    planned = run.plan.update(state.epoch, state.position)
+    batches = _batches_of(run, planned)
     set_lr(run.optimizer, run.schedule(state.step + 1, state.lr_decays))
     stats = train_step(run.step_model, batches, run.optimizer, clip_norm=cfg.clip_norm,
                        label_smoothing=cfg.label_smoothing, amp_dtype=_AMP_DTYPES[cfg.amp],
-                       scaler=run.scaler)
+                       scaler=run.scaler,
+                       update_sentences=planned.sentences if run.distributed else None)
+    if run.distributed:
+        totals = torch.tensor([stats.loss_sum, stats.n_tokens], dtype=torch.float64,
+                              device=run.device)
+        torch.distributed.all_reduce(totals)
+        stats = stats._replace(loss_sum=float(totals[0]), n_tokens=int(totals[1]))
     if run.ema is not None:
         run.ema.update(run.model)
     state.step += 1
-    state.epoch, state.position = place
+    state.epoch, state.position = planned.after
     _tick(run)
     return stats
 
@@ -717,9 +842,9 @@ def _eta(run: TrainRun, seconds_per_step: float) -> str:
     if cfg.max_time_s is not None:
         left.append(cfg.max_time_s - state.elapsed_s)
     if cfg.max_epochs is not None:
-        per_epoch = len(run.sampler.epoch_batches(state.epoch))
+        per_epoch = len(run.plan.sampler.epoch_batches(state.epoch))
         left.append(((cfg.max_epochs - state.epoch) * per_epoch - state.position)
-                    / cfg.accumulation * seconds_per_step)
+                    / run.plan.size * seconds_per_step)
     return _format_eta(min(left)) if left else "?"
 
 

@@ -47,7 +47,7 @@ from bahdanau import corpus as corpus_module
 from bahdanau.corpus import PreparedCorpus
 from bahdanau.data import BucketBatchSampler, DefaultTokenizer, Vocab
 from bahdanau.tokenizers import save_tokenizer
-from bahdanau.train import BatchLoader
+from bahdanau.train import BatchLoader, BatchPlan
 
 WORDS = 50_000          # distinct words a side in the synthetic corpus
 MEAN_LENGTH = 15
@@ -243,11 +243,11 @@ def run(args: argparse.Namespace, scratch: Path) -> None:
     corpus = PreparedCorpus(prepared, max_len=50)
     sampler = BucketBatchSampler(corpus.lengths, batch_size=64, seed=1)
     for loader_workers in (0, 1, 2):
-        loader = BatchLoader(corpus, sampler, loader_workers, pin_memory=False)
-        loader.batch(0, 0)                                   # start the workers
+        loader = BatchLoader(corpus, BatchPlan(sampler), loader_workers, pin_memory=False)
+        loader.batches(0, 0)                                 # start the workers
         start = time.perf_counter()
         for position in range(1, args.batches + 1):
-            loader.batch(0, position)
+            loader.batches(0, position)
         rate = args.batches / (time.perf_counter() - start)
         print(f"loader, {loader_workers} workers: {rate:,.0f} batches/s = "
               f"{rate / args.step_rate:.0f}x the default job's {args.step_rate:.2f} steps/s")

@@ -1,11 +1,15 @@
 """Run by tests/integration/test_ddp.py: `python _ddp_worker.py OUT_DIR PORT`.
 
 Spawns 2 CPU processes (gloo), trains a tiny RNNsearch with `bahdanau.train` under
-DistributedDataParallel and writes each rank's final weights, log and losses to OUT_DIR.
+DistributedDataParallel and writes each rank's final weights, log and losses to OUT_DIR; then
+takes one float64 SGD step (lr 1) on an update of 4 uneven batches, 2 per process, and rank 0
+writes the change of every weight beside the gradient of one process on one batch of all 11
+sentences (`float64.pt`).
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 from pathlib import Path
@@ -17,7 +21,7 @@ import torch.multiprocessing as mp
 from bahdanau.data import Example, Vocab, collate
 from bahdanau.models import build_model
 from bahdanau.presets import tiny
-from bahdanau.train import TrainConfig, evaluate_loss, train
+from bahdanau.train import LossModule, TrainConfig, evaluate_loss, train, train_step
 
 WORLD = 2
 
@@ -54,8 +58,34 @@ def _worker(rank: int, out_dir: str, port: int) -> None:
         final = evaluate_loss(model, eval_batches)[0]
         torch.save({"state": model.state_dict(), "lines": lines, "step": result.step,
                     "initial": initial, "final": final}, Path(out_dir) / f"rank{rank}.pt")
+        _float64_step(rank, examples, Path(out_dir))
     finally:
         dist.destroy_process_group()
+
+
+def _float64_step(rank: int, examples: list[Example], out_dir: Path) -> None:
+    bounds = (0, 3, 8, 10, 11)             # the update's 4 batches; rank r takes 2r and 2r + 1
+    batches = [collate(examples[a:b]) for a, b in itertools.pairwise(bounds)]
+    torch.manual_seed(3)
+    model = build_model(tiny()).double()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    step_model = torch.nn.parallel.DistributedDataParallel(LossModule(model))
+    train_step(step_model, batches[2 * rank:2 * rank + 2],
+               torch.optim.SGD(model.parameters(), lr=1.0), clip_norm=None,
+               update_sentences=11)
+    if rank != 0:
+        return
+    reference = build_model(tiny()).double()
+    reference.load_state_dict(before)
+    loss_sum, _ = reference.loss(*_inputs(collate(examples[:11])))
+    (loss_sum / 11).backward()
+    torch.save({"change": {k: before[k] - v for k, v in model.state_dict().items()},
+                "gradient": {k: p.grad for k, p in reference.named_parameters()}},
+               out_dir / "float64.pt")
+
+
+def _inputs(batch):
+    return batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out
 
 
 if __name__ == "__main__":

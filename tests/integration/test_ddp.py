@@ -39,3 +39,10 @@ def test_ddp_two_processes_identical_weights(tmp_path) -> None:
     # Only rank 0 logs and saves.
     assert ranks[0]["lines"] and not ranks[1]["lines"]
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_00000012.pt"]
+    # One update of 4 uneven batches, 2 per process: the gradient of the update's summed loss
+    # over its 11 sentences, as one process gets it on one batch of them all (float64).
+    step = torch.load(tmp_path / "float64.pt", weights_only=True)
+    assert step["change"].keys() == step["gradient"].keys()
+    for name, gradient in step["gradient"].items():
+        assert torch.allclose(step["change"][name], gradient, rtol=1e-12, atol=1e-15), name
+    assert any(g.abs().max() > 1e-6 for g in step["gradient"].values())

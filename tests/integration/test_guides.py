@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from bahdanau.cli import build_parser
+from bahdanau.cli import _config_file, build_parser
+from bahdanau.options import TrainOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -49,15 +50,18 @@ def test_guides_exclude_only_marked_blocks() -> None:
     """Python blocks are either run or explicitly marked `python no-run`."""
     for guide in GUIDES:
         tags = {tag.strip() for tag, _ in FENCE.findall((DOCS / "guides" / guide).read_text())}
-        assert tags <= {"python", "python no-run", "bash"}, (guide, tags)
+        assert tags <= {"python", "python no-run", "bash", "yaml"}, (guide, tags)
 
 
 def _commands(text: str) -> list[list[str]]:
-    """`bahdanau ...` commands of bash blocks (continuations joined, after any pipe)."""
+    """`bahdanau ...` commands of bash blocks (continuations joined, after any pipe), and
+    those that `torchrun ... -m bahdanau ...` starts."""
     out = []
     for body in (b for tag, b in FENCE.findall(text) if tag.strip() == "bash"):
         for line in body.replace("\\\n", " ").splitlines():
             line = line.split(" #")[0].split("|")[-1].strip()
+            if line.startswith("torchrun ") and " -m bahdanau " in line:
+                line = "bahdanau " + line.split(" -m bahdanau ", 1)[1]
             if line.startswith("bahdanau "):
                 out.append(shlex.split(line)[1:])
     return out
@@ -111,3 +115,16 @@ def test_multi_gpu_script_under_torchrun(tmp_path) -> None:
     assert proc.stdout.count("rank 0: 8 updates, stopped by max_steps") == 1
     assert sorted(p.name for p in (tmp_path / "runs/ddp/checkpoints").iterdir()) == [
         "step_00000004.pt", "step_00000008.pt"]
+
+
+def test_yaml_configs_are_train_options(tmp_path) -> None:
+    """Every YAML block of the README and guides is a `bahdanau train --config` file: known
+    options of the declared types and ranges (read as `main` reads a --config file)."""
+    pytest.importorskip("yaml")
+    pages = [*(DOCS / "guides" / g for g in GUIDES), ROOT / "README.md"]
+    configs = [body for page in pages for body in blocks(page, "yaml")]
+    assert configs, "no page shows a config file"
+    for i, body in enumerate(configs):
+        path = tmp_path / f"config{i}.yaml"
+        path.write_text(body, encoding="utf-8")
+        TrainOptions.from_mapping(_config_file(str(path), TrainOptions), text=True)

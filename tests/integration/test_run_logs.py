@@ -12,12 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_fixtures import write_multi30k_slice
+from training_fixtures import one_line_error, write_multi30k_slice
 
 from bahdanau import InputError
 from bahdanau._checks import default_device, default_threads
 from bahdanau.cli import _machine, main
-from bahdanau.options import DEFAULT_EPOCHS, TrainOptions, TranslateOptions, resumed_options
+from bahdanau.options import (
+    DEFAULT_EPOCHS,
+    TrainOptions,
+    TranslateOptions,
+    resume_changes,
+    resumed_options,
+)
 
 BASE = ["--preset", "tiny", "--beam-size", "1", "--max-len", "5", "--threads", "1",
         "--log-every", "1", "--device", "cpu"]
@@ -156,6 +162,26 @@ def test_threads_default_to_the_cores_per_local_process(monkeypatch) -> None:
         torch.set_num_threads(before)
 
 
+def test_under_torchrun_each_process_takes_its_own_gpu(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    for device in ("auto", "cuda"):
+        assert _machine(TrainOptions(threads=1, device=device)) == torch.device("cuda", 1)
+    assert chosen == [torch.device("cuda", 1)] * 2
+    assert _machine(TrainOptions(threads=1, device="cpu")) == torch.device("cpu")
+    one_line_error(lambda: _machine(TrainOptions(threads=1, device="cuda:0")),
+                   "--device cuda:0: under torchrun each process trains on cuda:LOCAL_RANK")
+    monkeypatch.setenv("LOCAL_RANK", "2")                        # torchrun started too many
+    one_line_error(lambda: _machine(TrainOptions(threads=1)), "no CUDA device 2")
+    monkeypatch.setenv("WORLD_SIZE", "x")
+    one_line_error(lambda: _machine(TrainOptions(threads=1)),
+                   "WORLD_SIZE must be an integer >= 1 (processes in all), got 'x'")
+
+
 # ----------------------------------------------------------------------------- limits
 
 
@@ -190,6 +216,10 @@ def test_own_corpus_needs_a_limit(own) -> None:
 # ----------------------------------------------------------------------------- old run folders
 
 OLD_DEFAULTS = {"time_budget": 12.0, "threads": 2, "device": "cpu"}    # before epochs and auto
+
+
+def test_an_option_no_longer_given_resumes_at_its_default() -> None:
+    assert "--threads 2 -> default" in resume_changes(OLD_DEFAULTS, TrainOptions())
 
 
 def test_a_resumed_run_keeps_its_time_budget() -> None:

@@ -81,7 +81,7 @@ def test_resume_applies_and_records_changed_options(data, tmp_path, capsys) -> N
 def test_optimisation_and_dropout_options_reach_the_run(data, tmp_path, capsys) -> None:
     """Label smoothing, token batches, accumulation, the schedule and the dropout placements
     go from the command line into the run's TrainConfig and ModelConfig; on resume the
-    accumulation and schedule may change, the dropout may not."""
+    schedule may change, the accumulation (in one process) and the dropout may not."""
     out = tmp_path / "run"
     options = ["--label-smoothing", "0.1", "--max-tokens", "120", "--accumulation", "2",
                "--schedule", "inverse_sqrt", "--warmup-steps", "4", "--min-lr", "0.0001",
@@ -97,14 +97,18 @@ def test_optimisation_and_dropout_options_reach_the_run(data, tmp_path, capsys) 
     assert payload["train_state"]["position"] == 4                  # 2 updates of 2 batches
     assert [g["lr"] for g in payload["optimizer"]["param_groups"]] == [pytest.approx(5e-4)]
     capsys.readouterr()
-    resumed = [*options[:4], "--accumulation", "1", "--schedule", "constant",
-               *options[8:]]
-    assert main(_argv(data, out, "--max-steps", "3", *resumed, test=False)) == 0
+    before = _files(out)
+    fewer = [*options[:4], "--accumulation", "1", *options[6:]]
+    assert main(_argv(data, out, "--max-steps", "3", *fewer, test=False)) == 2
+    assert "use accumulation 2" in capsys.readouterr().err and _files(out) == before
+    resumed = [*options[:6], "--schedule", "constant", *options[8:]]
+    assert main(_argv(data, out, "--max-steps", "3", *resumed, "--threads", "2",
+                      test=False)) == 0
     said = capsys.readouterr().out
-    assert "changed on resume: --accumulation 2 -> 1" in said
+    assert "changed on resume: --threads 1 -> 2" in said
     assert "changed on resume: --schedule 'inverse_sqrt' -> 'constant'" in said
     payload = torch.load(out / "checkpoints" / "step_00000003.pt", weights_only=True)
-    assert payload["train_state"]["position"] == 5
+    assert payload["train_state"]["position"] == 6
     assert [g["lr"] for g in payload["optimizer"]["param_groups"]] == [pytest.approx(7.5e-4)]
     before = _files(out)
     changed = [*resumed[:-2], "--dropout-deep-output", "0.1"]
@@ -135,12 +139,17 @@ def test_own_corpus_without_test_set_is_not_scored(data, tmp_path, capsys) -> No
     assert not (out / "metrics.json").exists() and (out / "checkpoints").is_dir()
 
 
-@pytest.mark.parametrize("world_size", ["2", "abc"])
-def test_refuses_several_processes(monkeypatch, tmp_path, capsys, world_size) -> None:
+@pytest.mark.parametrize(("world_size", "error"), [
+    ("2", "WORLD_SIZE is 2 but RANK, MASTER_ADDR, MASTER_PORT not set: start the processes "
+          "with torchrun"),
+    ("abc", "WORLD_SIZE must be an integer >= 1 (processes in all), got 'abc'")])
+def test_several_processes_need_torchrun(monkeypatch, tmp_path, capsys, world_size,
+                                         error) -> None:
+    for variable in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("WORLD_SIZE", world_size)
     assert main(["train", "--out", str(tmp_path / "run"), "--max-steps", "1"]) == 2
-    err = capsys.readouterr().err
-    assert "runs one process" in err and err.count("\n") == 1
+    assert capsys.readouterr().err == f"bahdanau: error: {error}\n"
     assert not (tmp_path / "run").exists()
 
 

@@ -18,7 +18,7 @@ from bahdanau.corpus import PreparedCorpus, prepare_corpus
 from bahdanau.data import BucketBatchSampler, DefaultTokenizer, Vocab, encode_pairs, read_parallel
 from bahdanau.datasets import multi30k_files, read_lines
 from bahdanau.errors import InputError
-from bahdanau.train import examples_digest, next_batch, run_step, setup_run
+from bahdanau.train import examples_digest, next_batches, run_step, setup_run
 
 
 def _write(path, lines, *, gz=False):
@@ -212,13 +212,13 @@ def test_loader_workers_give_the_inline_batches_and_resume_exactly(sample, tmp_p
         runs[workers] = setup_run(model, corpus, cfg, src_vocab=corpus.src_vocab,
                                   tgt_vocab=corpus.tgt_vocab)
     inline, ahead = runs[0], runs[2]
-    per_epoch = len(inline.sampler.epoch_batches(0))
+    per_epoch = len(inline.plan.sampler.epoch_batches(0))
     # across an epoch's end, then a jump back (as a resumed run asks for its saved place)
     places = [(0, p) for p in range(per_epoch - 3, per_epoch)] + [(1, 0), (1, 1), (0, 7), (0, 8)]
     for epoch, position in places:
         for run in (inline, ahead):
             run.state.epoch, run.state.position = epoch, position
-        a, b = next_batch(inline), next_batch(ahead)
+        [a], [b] = next_batches(inline), next_batches(ahead)
         for name in ("src", "src_lengths", "tgt_in", "tgt_out", "indices"):
             assert torch.equal(getattr(a, name), getattr(b, name)), (epoch, position, name)
 

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from training_fixtures import random_examples, tiny_model
+from training_fixtures import one_line_error, random_examples, tiny_model
 
 from bahdanau import checkpoint as checkpoint_module
 from bahdanau.checkpoint import (
@@ -27,7 +27,9 @@ from bahdanau.cli import main
 from bahdanau.data import DefaultTokenizer, Example, Vocab, collate
 from bahdanau.evaluate import translate_corpus
 from bahdanau.search import BeamSearch
+from bahdanau.data import BucketBatchSampler
 from bahdanau.train import (
+    BatchPlan,
     TrainConfig,
     evaluate_loss,
     examples_digest,
@@ -628,13 +630,40 @@ def test_accumulated_update_equals_one_big_batch() -> None:
         train_step(big, [], torch.optim.SGD(big.parameters(), lr=0.5))
 
 
+@pytest.mark.parametrize(("processes", "accumulation"), [(1, 1), (1, 4), (2, 2), (4, 1), (3, 2)])
+def test_batch_plan_shares_consecutive_batches_among_processes(processes, accumulation) -> None:
+    """Each update is the next processes x accumulation batches of the one-process list (on
+    into the next epoch); rank r takes `accumulation` consecutive ones from r x accumulation;
+    every process counts the sentences of the whole update."""
+    sampler = BucketBatchSampler([(n % 7 + 1, n % 5 + 1) for n in range(101)], max_tokens=40,
+                                 bucket=3, seed=2, num_replicas=1, rank=0)
+    flat = [b.tolist() for epoch in range(3) for b in sampler.epoch_batches(epoch)]
+    plans = [BatchPlan(sampler, processes=processes, rank=r, accumulation=accumulation)
+             for r in range(processes)]
+    size, place = processes * accumulation, (0, 0)
+    for start in range(0, len(flat) - size + 1, size):           # three epochs of updates
+        updates = [plan.update(*place) for plan in plans]
+        assert [b.tolist() for u in updates for b in u.batches] == flat[start:start + size]
+        assert {u.sentences for u in updates} == {sum(map(len, flat[start:start + size]))}
+        assert len({u.after for u in updates}) == 1
+        place = updates[0].after
+
+
+def test_batch_plan_refuses_bad_arguments() -> None:
+    sampler = BucketBatchSampler([3, 4, 5, 6], batch_size=2, num_replicas=1, rank=0)
+    one_line_error(lambda: BatchPlan(sampler, processes=2, rank=2), "rank must be in [0, 2)")
+    one_line_error(lambda: BatchPlan(sampler, accumulation=0), "accumulation must be a positive")
+    one_line_error(lambda: BatchPlan(BucketBatchSampler([3, 4], batch_size=1, num_replicas=2,
+                                                        rank=0)), "num_replicas=1, not 2")
+
+
 def test_run_step_takes_accumulation_batches_per_update(tmp_path) -> None:
     examples = random_examples(40)  # 5 batches per epoch: the 2nd update spans two epochs
     cfg = TrainConfig(batch_size=8, bucket=2, accumulation=3, max_steps=2, log_every=100)
     mine = tiny_model()
     run = setup_run(mine, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB)
     batches = [collate([examples[i] for i in b]) for epoch in (0, 1)
-               for b in run.sampler.epoch_batches(epoch)]
+               for b in run.plan.sampler.epoch_batches(epoch)]
     run_step(run)
     assert (run.state.step, run.state.epoch, run.state.position) == (1, 0, 3)
     run_step(run)
@@ -681,18 +710,41 @@ def test_exact_resume_with_schedule_and_accumulation(tmp_path, schedule: str) ->
         assert [g["lr"] for g in payload["optimizer"]["param_groups"]] == [pytest.approx(0.5)]
 
 
-def test_accumulation_may_change_on_resume(tmp_path) -> None:
-    """The state counts batches, so a resumed run may group them differently."""
+def test_a_resumed_run_keeps_the_batches_of_an_update(tmp_path) -> None:
+    """Processes x accumulation is fixed on resume: the same process count cannot change the
+    accumulation, and a run of 2 processes resumes in 1 with twice the accumulation, on the
+    updates a 1-process run with that accumulation makes."""
     examples = random_examples(40)
-    cfg = TrainConfig(batch_size=8, bucket=2, max_steps=4, log_every=100)
+    cfg = TrainConfig(batch_size=8, bucket=2, max_steps=2, log_every=100)
     train(tiny_model(), examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
-          checkpoint_dir=tmp_path, log=lambda s: None)
-    run = setup_run(tiny_model(), examples, replace(cfg, accumulation=2, max_steps=6),
-                    src_vocab=VOCAB, tgt_vocab=VOCAB, checkpoint_dir=tmp_path)
-    assert "accumulation: 1 -> 2" in run.resume_changes
-    while not stop_reason(run):
-        run_step(run)
-    assert (run.state.step, run.state.epoch, run.state.position) == (6, 1, 3)  # 4 + 2 * 2
+          checkpoint_dir=tmp_path / "one", log=lambda s: None)
+    with pytest.raises(ValueError, match=r"step_00000002.pt: the run's updates are 1 batch "
+                                         r"\(1 process x accumulation 1\), not 1 x 2; .* with "
+                                         r"1 process, use accumulation 1$"):
+        setup_run(tiny_model(), examples, replace(cfg, accumulation=2), src_vocab=VOCAB,
+                  tgt_vocab=VOCAB, checkpoint_dir=tmp_path / "one")
+    # A checkpoint as 2 processes with accumulation 1 write it (rank 0's RNG and weights).
+    accumulated = replace(cfg, accumulation=2, max_steps=4)
+    train(tiny_model(), examples, replace(accumulated, max_steps=2), src_vocab=VOCAB,
+          tgt_vocab=VOCAB, checkpoint_dir=tmp_path / "two", log=lambda s: None)
+    path = CheckpointManager(tmp_path / "two").latest()
+    payload = load_checkpoint(path)
+    payload["train_state"]["processes"] = 2
+    payload["train_config"]["accumulation"] = 1
+    save_checkpoint(path, payload)
+    with pytest.raises(ValueError, match=r"updates are 2 batches \(2 processes x accumulation "
+                                         r"1\), not 1 x 3; .* use accumulation 2$"):
+        setup_run(tiny_model(), examples, replace(accumulated, accumulation=3),
+                  src_vocab=VOCAB, tgt_vocab=VOCAB, checkpoint_dir=tmp_path / "two")
+    resumed = setup_run(tiny_model(), examples, accumulated, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                        checkpoint_dir=tmp_path / "two")
+    assert "accumulation: 1 -> 2" in resumed.resume_changes
+    while not stop_reason(resumed):
+        run_step(resumed)
+    assert (resumed.state.step, resumed.state.processes) == (4, 1)
+    straight = tiny_model()
+    train(straight, examples, accumulated, src_vocab=VOCAB, tgt_vocab=VOCAB, log=lambda s: None)
+    assert _equal_weights(resumed.model, straight)
 
 
 def test_plateau_schedule_needs_validate(tmp_path) -> None:
