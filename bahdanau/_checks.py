@@ -140,9 +140,12 @@ def default_threads() -> int:
 
 
 # What torchrun tells each process it starts (its environment variables), and their unset value.
-_LAUNCHER = {"WORLD_SIZE": ("processes in all", 1), "LOCAL_WORLD_SIZE": ("processes on this "
-             "machine", 1), "RANK": ("this process's rank", 0), "LOCAL_RANK": ("this process's "
-             "rank on this machine", 0)}
+_LAUNCHER = {
+    "WORLD_SIZE": ("processes in all", 1),
+    "LOCAL_WORLD_SIZE": ("processes on this machine", 1),
+    "RANK": ("this process's rank", 0),
+    "LOCAL_RANK": ("this process's rank on this machine", 0),
+}
 
 
 def launcher_value(variable: str) -> int:

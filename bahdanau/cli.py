@@ -241,25 +241,27 @@ def _machine(o: TrainOptions | DecodeOptions) -> torch.device:
 
 
 def _check_launcher() -> None:
-    """Several processes (WORLD_SIZE > 1) need what torchrun sets beside it."""
+    """Several processes (WORLD_SIZE > 1) need torch.distributed and what torchrun sets."""
     world = launcher_value("WORLD_SIZE")
+    if world == 1:
+        return
+    if not torch.distributed.is_available():
+        raise InputError(f"WORLD_SIZE is {world}, but this torch has no torch.distributed")
     missing = [v for v in ("RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(v)]
-    if world > 1 and missing:
+    if missing:
         raise InputError(f"WORLD_SIZE is {world} but {', '.join(missing)} not set: start the "
                          "processes with torchrun")
 
 
 @contextmanager
 def _processes(device: torch.device) -> Iterator[bool]:
-    """Under torchrun (WORLD_SIZE > 1), the process group of the run's processes (NCCL on
-    CUDA, gloo on CPU) while inside; yields whether this process is rank 0, the one that
-    writes the run folder, logs and scores the test set."""
+    """Under torchrun (WORLD_SIZE > 1, checked by `_check_launcher`), the process group of the
+    run's processes (NCCL on CUDA, gloo on CPU) while inside; yields whether this process is
+    rank 0, the one that writes the run folder, logs and scores the test set."""
     if launcher_value("WORLD_SIZE") == 1:
         yield True
         return
     dist = torch.distributed
-    if not dist.is_available():
-        raise InputError("torchrun started this train, but this torch has no torch.distributed")
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         yield dist.get_rank() == 0
