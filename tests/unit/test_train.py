@@ -24,10 +24,9 @@ from bahdanau.checkpoint import (
     upgrade_payload,
 )
 from bahdanau.cli import main
-from bahdanau.data import DefaultTokenizer, Example, Vocab, collate
+from bahdanau.data import BucketBatchSampler, DefaultTokenizer, Example, Vocab, collate
 from bahdanau.evaluate import translate_corpus
 from bahdanau.search import BeamSearch
-from bahdanau.data import BucketBatchSampler
 from bahdanau.train import (
     BatchPlan,
     TrainConfig,
