@@ -28,18 +28,15 @@ from torch import Tensor
 
 from bahdanau._checks import check_path, describe
 from bahdanau.checkpoint import (
-    _BULKY,
     FORMAT_VERSION,
     CheckpointManager,
     _check_weights,
     _named,
     _stored_parts,
     _tokenizer_data,
-    check_members,
     checkpoints_folder,
-    load_checkpoint,
+    read_members,
     translation_weights,
-    upgrade_payload,
 )
 from bahdanau.errors import InputError
 from bahdanau.models import build_model
@@ -124,19 +121,17 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
             raise InputError(f"{path} is listed twice (also as {seen[real]}): average each "
                              "checkpoint once")
         seen[real] = path
-    first: dict[str, Any] = {}        # the first member without its weights and states
-    model, dtypes = None, {}
+    first: dict[str, Any] = {}        # the sections the result takes from the first member
+    tokenizer, model, dtypes = None, None, {}
     total: dict[str, Tensor] = {}
     members = []
-    for path in files:
+    for path, payload in read_members(files, same_config=True):
         with _named(path):
-            payload = upgrade_payload(load_checkpoint(path))
             section, weights = translation_weights(payload)
             if model is None:
-                first = {k: v for k, v in payload.items() if k not in _BULKY}
-                model = build_model(_stored_parts(first)[0])
-            else:
-                check_members([(files[0], first), (path, payload)], same_config=True)
+                first = {k: payload[k] for k in ("model_config", "src_vocab", "tgt_vocab")}
+                tokenizer = _tokenizer_data(payload)[1]
+                model = build_model(_stored_parts(payload)[0])
             _check_weights(weights, model, section)
         for key, value in weights.items():
             dtypes.setdefault(key, value.dtype)
@@ -152,11 +147,10 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
         del payload, weights
     averaged = {key: (value / len(files)).to(dtypes[key]) if value.is_floating_point() else value
                 for key, value in total.items()}
-    tokenizer = _tokenizer_data(first)[1]
     return {
         "format": FORMAT_VERSION,
         "model": averaged,
-        **{key: first[key] for key in ("model_config", "src_vocab", "tgt_vocab")},
+        **first,
         "train_config": None, "train_state": None, "optimizer": None, "optimizer_class": None,
         "scaler": None, "rng": None,
         "extra": {"averaged_from": members},

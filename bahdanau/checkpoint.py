@@ -94,7 +94,7 @@ import os
 import random
 import re
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +128,7 @@ __all__ = [
     "find_checkpoint",
     "load_checkpoint",
     "model_from_checkpoint",
+    "read_members",
     "restore",
     "save_checkpoint",
     "tokenizer_of",
@@ -139,7 +140,7 @@ FORMAT_VERSION = 2
 _SECTIONS = ("model", "model_config", "src_vocab", "tgt_vocab", "train_config", "train_state",
              "optimizer", "scaler", "rng", "extra")   # the keys of format 2, besides "format"
 _PRIMITIVES = (bool, int, float, str, type(None))
-_BULKY = ("model", "ema", "optimizer", "scaler", "rng")   # the sections check_members ignores
+_BULKY = ("model", "ema", "optimizer", "scaler", "rng")   # what read_members keeps not of the first
 
 
 def _check_payload(obj: Any, where: str) -> None:
@@ -1019,6 +1020,30 @@ def check_members(members: list[tuple[Path, dict[str, Any]]], *, same_config: bo
             raise InputError(f"{path}: its tokenizer ({other_described}) differs from "
                              f"{first_path}'s ({described}): the checkpoints must share their "
                              "tokenizer")
+
+
+def read_members(paths: Sequence[Path], *, same_config: bool
+                 ) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The checkpoints to average or ensemble, each with its payload (current format), read one
+    at a time; each after the first is checked against it (`check_members`) before it comes.
+
+    Args:
+        paths: the members' files.
+        same_config: as for `check_members` (averaging).
+    Raises:
+        InputError: a damaged or malformed file (named first), or a member that `check_members`
+            refuses.
+    """
+    first: dict[str, Any] | None = None      # the first member without its weights and states
+    for path in paths:
+        with _named(path):
+            payload = upgrade_payload(load_checkpoint(path))
+        if first is None:
+            first = {k: v for k, v in payload.items() if k not in _BULKY}
+        else:
+            check_members([(paths[0], first), (path, payload)], same_config=same_config)
+        yield path, payload
+        del payload                          # before the next member is read
 
 
 def checkpoints_folder(folder: Path) -> Path:

@@ -24,14 +24,11 @@ import torch
 
 from bahdanau._checks import describe
 from bahdanau.checkpoint import (
-    _BULKY,
     _named,
-    check_members,
     find_checkpoint,
-    load_checkpoint,
     model_from_checkpoint,
+    read_members,
     tokenizer_of,
-    upgrade_payload,
 )
 from bahdanau.data import Tokenizer, Vocab
 from bahdanau.ensemble import Ensemble
@@ -86,7 +83,7 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
     Raises:
         InputError: no checkpoint there, or one that `model_from_checkpoint` or `tokenizer_of`
             refuses (the file is named first), or ensemble members whose vocabularies or
-            tokenizers differ (`bahdanau.checkpoint.check_members`); a SentencePiece tokenizer
+            tokenizers differ (`bahdanau.checkpoint.read_members`); a SentencePiece tokenizer
             needs the sentencepiece package.
     """
     if isinstance(checkpoint, (str, os.PathLike)):
@@ -95,15 +92,11 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
         raise InputError(f"checkpoint must be a path or a non-empty list of paths, got "
                          f"{describe(checkpoint)}")
     paths = [find_checkpoint(given) for given in checkpoint]
-    models, first = [], None
-    for path in paths:                       # one payload in memory at a time
+    models = []
+    for path, payload in read_members(paths, same_config=False):
         with _named(path):
-            payload = upgrade_payload(load_checkpoint(path))
-            if first is None:
+            if not models:
                 tokenizer = tokenizer_of(payload)
-                first = {k: v for k, v in payload.items() if k not in _BULKY}
-            else:
-                check_members([(paths[0], first), (path, payload)], same_config=False)
             model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=device)
         models.append(model)
     model = models[0] if len(models) == 1 else Ensemble(models).eval()
