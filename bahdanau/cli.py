@@ -83,7 +83,7 @@ from bahdanau.plot import PlotDependencyError
 from bahdanau.runlog import TensorBoardLog, TrainLog, require_tensorboard
 from bahdanau.search import BeamSearch
 from bahdanau.tokenizers import SentencePieceTokenizer
-from bahdanau.train import TrainConfig, setup_run, stop_reason, train_run
+from bahdanau.train import TrainConfig, leave_process_group, setup_run, stop_reason, train_run
 from bahdanau.translate import load
 
 RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML readers also read)
@@ -265,8 +265,10 @@ def _processes(device: torch.device) -> Iterator[bool]:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     try:
         yield dist.get_rank() == 0
-    finally:
+    except BaseException:                   # the others may be anywhere: no barrier
         dist.destroy_process_group()
+        raise
+    leave_process_group()
 
 
 def _checkpoints(o: DecodeOptions) -> dict[str, Path]:
@@ -528,7 +530,8 @@ def _train(o: TrainOptions, command: str = "bahdanau train") -> int:
             return 128 + int(getattr(signal, result.stopped.upper()))
         say(f"trained {result.step} updates, stopped by {result.stopped}, "
             f"{result.elapsed_s / 60:.1f} min")
-        if not main:                                     # rank 0 scores the test set
+        leave_process_group()           # rank 0 scores the test set alone: no one waits on it
+        if not main:
             return 0
         if not test_pairs:
             say(f"checkpoints: {out / 'checkpoints'}")

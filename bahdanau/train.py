@@ -95,6 +95,7 @@ __all__ = [
     "checkpoint_payload",
     "evaluate_loss",
     "examples_digest",
+    "leave_process_group",
     "load_checkpoint",
     "make_optimizer",
     "model_from_checkpoint",
@@ -325,6 +326,32 @@ def _broadcast(value: Any, distributed: bool) -> Any:
     box = [value]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def leave_process_group() -> None:
+    """Ends the default `torch.distributed` process group on every process together, once
+    training is over: the replacement for `torch.distributed.destroy_process_group()` after
+    `train` under DDP (`bahdanau train` under torchrun calls it).
+
+    gloo frees a collective's tensors on its own worker threads, after the collective has
+    returned, and freeing a tensor made in Python takes the GIL: a worker thread that asks
+    for it while the interpreter exits aborts the process ("terminate called without an
+    active exception"), and the threads outlive `destroy_process_group` while a
+    `DistributedDataParallel` model holds the group. So on gloo the last collective is an
+    all-reduce that returns once gloo has let go of its tensor (or after 10 s, should a
+    later torch keep it).
+    """
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_backend() == "gloo":
+        last, deadline = torch.zeros(1), time.monotonic() + 10
+        dist.all_reduce(last)
+        while last._use_count() > 1 and time.monotonic() < deadline:   # gloo still holds it
+            time.sleep(0.001)
+    else:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def _tick(run: TrainRun) -> None:

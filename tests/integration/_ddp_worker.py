@@ -21,7 +21,14 @@ import torch.multiprocessing as mp
 from bahdanau.data import Example, Vocab, collate
 from bahdanau.models import build_model
 from bahdanau.presets import tiny
-from bahdanau.train import LossModule, TrainConfig, evaluate_loss, train, train_step
+from bahdanau.train import (
+    LossModule,
+    TrainConfig,
+    evaluate_loss,
+    leave_process_group,
+    train,
+    train_step,
+)
 
 WORLD = 2
 
@@ -59,8 +66,10 @@ def _worker(rank: int, out_dir: str, port: int) -> None:
         torch.save({"state": model.state_dict(), "lines": lines, "step": result.step,
                     "initial": initial, "final": final}, Path(out_dir) / f"rank{rank}.pt")
         _float64_step(rank, examples, Path(out_dir))
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    leave_process_group()
 
 
 def _float64_step(rank: int, examples: list[Example], out_dir: Path) -> None:
