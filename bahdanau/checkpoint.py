@@ -140,7 +140,7 @@ FORMAT_VERSION = 2
 _SECTIONS = ("model", "model_config", "src_vocab", "tgt_vocab", "train_config", "train_state",
              "optimizer", "scaler", "rng", "extra")   # the keys of format 2, besides "format"
 _PRIMITIVES = (bool, int, float, str, type(None))
-_BULKY = ("model", "ema", "optimizer", "scaler", "rng")   # what read_members keeps not of the first
+_BULKY = ("model", "ema", "optimizer", "scaler", "rng")   # not kept of the first member
 
 
 def _check_payload(obj: Any, where: str) -> None:
