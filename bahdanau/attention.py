@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from bahdanau import functional
 from bahdanau._checks import check_dims, check_tensor
 from bahdanau.errors import InputError
-from bahdanau.kernels import IMPLS, resolve_impl
+from bahdanau.kernels import IMPLS, resolve_impl, sigmoid_attention_weights
 
 
 class AttentionStep(NamedTuple):
@@ -168,7 +168,7 @@ class AdditiveAttention(Attention):
         align_size: A, hidden size of the alignment model (n' in the paper).
         impl: how the weights are computed, all the same function:
             "reference" `bahdanau.functional.attention_weights`, the paper's tanh form;
-            "sigmoid" `bahdanau.engine.sigmoid_attention_weights`, v^T tanh(x) computed as
+            "sigmoid" `bahdanau.kernels.sigmoid_attention_weights`, v^T tanh(x) computed as
             (2v)^T sigmoid(2x) - sum(v), whose constant the softmax ignores (about twice as fast
             on a CPU);
             "triton" the fused kernel of `bahdanau.kernels.triton_attention` (raises if it
@@ -232,8 +232,6 @@ class AdditiveAttention(Attention):
         """a_ij from (N, A) projected queries. The fused kernel computes weights and context
         together, so with impl "triton" the weights alone come from the reference formula."""
         if self.implementation(memory.keys) == "sigmoid":
-            from bahdanau.engine import sigmoid_attention_weights
-
             return sigmoid_attention_weights(query, memory.keys, memory.mask, self.v_a)
         return functional.attention_weights(query, memory.keys, memory.mask, self.v_a)
 

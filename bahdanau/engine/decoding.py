@@ -34,8 +34,8 @@ from torch import Tensor
 
 from bahdanau import functional
 from bahdanau.decoder import AttentiveDecoder, DecoderMemory, DecoderState, StepOutput
-from bahdanau.engine.cross_entropy import linear_cross_entropy
 from bahdanau.engine.sequence_grads import SequenceGrads
+from bahdanau.kernels import linear_cross_entropy
 
 
 class EngineMemory(NamedTuple):

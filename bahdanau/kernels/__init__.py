@@ -1,4 +1,13 @@
-"""Optional fused kernels and the choice between them and the reference.
+"""Every fast op, each beside the reference it must equal, and the switch between them.
+
+* The additive attention through sigmoid (impl "sigmoid", what "auto" picks on a CPU):
+  `sigmoid_attention.sigmoid_attention_weights`, twin of `bahdanau.functional.attention_weights`
+  (tests/property/test_attention_properties.py).
+* The fused Triton attention step (impl "triton"): `triton_attention`, twin of the same
+  reference (tests/reference/test_triton_attention.py).
+* The chunked linear cross-entropy with recycled CPU buffers (the engine's loss):
+  `linear_cross_entropy.linear_cross_entropy`, twin of `bahdanau.functional.sequence_nll`
+  (tests/unit/test_linear_cross_entropy.py).
 
 Triton is imported lazily: `import bahdanau` never loads it. `resolve_impl` maps a requested
 additive-attention implementation to the one that runs for given tensors; `AdditiveAttention`
@@ -15,6 +24,19 @@ from torch import Tensor
 
 from bahdanau.config import ATTENTION_IMPLS as IMPLS
 from bahdanau.errors import InputError
+from bahdanau.kernels.linear_cross_entropy import linear_cross_entropy
+from bahdanau.kernels.sigmoid_attention import sigmoid_attention_weights
+
+__all__ = [
+    "FUSED_DTYPES",
+    "IMPLS",
+    "has_triton",
+    "interpreting",
+    "linear_cross_entropy",
+    "resolve_impl",
+    "sigmoid_attention_weights",
+    "triton_unavailable_reason",
+]
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # what the Triton kernel takes
 
@@ -24,7 +46,8 @@ def has_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def _interpreting() -> bool:
+def interpreting() -> bool:
+    """True under TRITON_INTERPRET=1: Triton kernels run on CPU tensors, in its interpreter."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -32,7 +55,7 @@ def triton_unavailable_reason(tensor: Tensor) -> str | None:
     """Why the Triton path cannot run on `tensor`, or None if it can."""
     if not has_triton():
         return "the triton package is not installed (pip install 'bahdanau[triton]')"
-    if tensor.device.type != "cuda" and not _interpreting():
+    if tensor.device.type != "cuda" and not interpreting():
         return (f"tensors are on {tensor.device.type}; the Triton kernel needs CUDA tensors "
                 "(or TRITON_INTERPRET=1 for the slow CPU interpreter)")
     try:

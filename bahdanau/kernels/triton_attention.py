@@ -57,7 +57,7 @@ from triton.language.extra import libdevice
 
 from bahdanau._checks import check_mask_rows, check_tensor
 from bahdanau.errors import InputError
-from bahdanau.kernels import FUSED_DTYPES, _interpreting
+from bahdanau.kernels import FUSED_DTYPES, interpreting
 
 # tanh implementations, chosen per launch (constexpr): the interpreter has no tanh
 _TANH_EXP, _TANH_LIBDEVICE, _TANH_APPROX = 0, 1, 2
@@ -196,7 +196,7 @@ def _backward_kernel(q_ptr, k_ptr, v_ptr, de_ptr,                    # inputs
 
 # ---------------------------------------------------------------------------- launch helpers
 def _tanh_mode(fast: bool) -> int:
-    if _interpreting():
+    if interpreting():
         return _TANH_EXP
     return _TANH_APPROX if fast else _TANH_LIBDEVICE
 
@@ -205,7 +205,7 @@ def _blocks(src_len: int, align: int, width: int) -> tuple[int, int, int]:
     """(BLOCK_S, BLOCK_A, BLOCK_M). The interpreter's cost is per op, so it gets large blocks;
     on a GPU the (BLOCK_S, BLOCK_A) tile stays small enough to live in registers."""
     p2 = triton.next_power_of_2
-    if _interpreting():
+    if interpreting():
         return min(p2(src_len), 64), min(p2(align), 128), min(p2(width), 256)
     return min(p2(src_len), 32), min(p2(align), 64), min(p2(width), 128)
 
@@ -353,7 +353,7 @@ def _check(query_proj: Tensor, keys: Tensor, annotations: Tensor, mask: Tensor, 
     devices = {name: t.device for name, t in tensors.items()}
     if len(set(devices.values())) != 1:
         raise InputError(f"tensors are on different devices: {devices}")
-    if keys.device.type != "cuda" and not _interpreting():
+    if keys.device.type != "cuda" and not interpreting():
         raise InputError(f"the fused kernel needs CUDA tensors, got {keys.device} "
                          "(or set TRITON_INTERPRET=1 before importing triton)")
     dtypes = {name: t.dtype for name, t in tensors.items() if name != "mask"}

@@ -38,7 +38,7 @@ from collections.abc import Callable
 import torch
 
 from bahdanau import functional
-from bahdanau.engine import sigmoid_attention_weights
+from bahdanau.kernels import sigmoid_attention_weights
 
 SIZES = {  # name: (sentences, beams, source length, align A, annotation width 2H)
     "train": (80, 1, 50, 1000, 2000),

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from bahdanau import AdditiveAttention, functional
-from bahdanau.engine import sigmoid_attention_weights
+from bahdanau.kernels import sigmoid_attention_weights
 
 
 @st.composite

@@ -1,11 +1,11 @@
-"""bahdanau.engine.linear_cross_entropy against torch's cross_entropy (float64) and gradcheck."""
+"""bahdanau.kernels.linear_cross_entropy against torch's cross_entropy (float64) and gradcheck."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from bahdanau import RNNSearch, functional, presets
-from bahdanau.engine import linear_cross_entropy
+from bahdanau.kernels import linear_cross_entropy
 
 
 @pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
