@@ -13,19 +13,11 @@ from bahdanau.checkpoint import (
     save_checkpoint,
 )
 from bahdanau.config import ModelConfig, TrainConfig
-from bahdanau.data import (
-    SPECIALS,
-    Batch,
-    BucketBatchSampler,
-    DefaultTokenizer,
-    Example,
-    Tokenizer,
-    Vocab,
-    WhitespaceTokenizer,
-    collate,
-    encode_pairs,
-    read_parallel,
-)
+from bahdanau.data.batching import Batch, BucketBatchSampler, Example, collate, encode_pairs
+from bahdanau.data.sentencepiece import SentencePieceTokenizer
+from bahdanau.data.text import read_parallel
+from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer, WhitespaceTokenizer
+from bahdanau.data.vocab import SPECIALS, Vocab
 from bahdanau.decoder import AttentiveDecoder, DecoderMemory, DecoderState, StepOutput
 from bahdanau.encoder import BiRNNEncoder
 from bahdanau.ensemble import Ensemble
@@ -42,7 +34,6 @@ from bahdanau.evaluate import (
 )
 from bahdanau.models import RNNEncDec, RNNSearch, build_model
 from bahdanau.search import BeamSearch, Hypothesis, greedy_search, replace_unk
-from bahdanau.tokenizers import SentencePieceTokenizer
 from bahdanau.train import (
     LossModule,
     StepStats,

@@ -35,7 +35,7 @@ and five optional sections (see "Room to grow"), absent from files of earlier ve
     digest           {"algorithm": "sha256", "value": hex digest} of every other section,
                      added by `save_checkpoint` to the file it writes
     tokenizer        the tokenizer the model was trained with, as
-                     `bahdanau.tokenizers.tokenizer_to_payload` stores it: {"name": "default",
+                     `bahdanau.data.tokenizer_to_payload` stores it: {"name": "default",
                      "lowercase", "joiners"}, {"name": "whitespace"} or {"name":
                      "sentencepiece", "model": uint8 tensor of the model's bytes}. Read it
                      with `tokenizer_of`, which falls back to extra["tokenizer"], then to
@@ -107,16 +107,17 @@ from torch import Tensor, nn
 from bahdanau._checks import check_path, describe, is_finite_number, is_int, resolve_device
 from bahdanau._files import atomic_write
 from bahdanau.config import DictConfig, ModelConfig, TrainConfig
-from bahdanau.data import DefaultTokenizer, Tokenizer, Vocab
-from bahdanau.ema import WeightEMA
-from bahdanau.errors import InputError
-from bahdanau.models import build_model
-from bahdanau.tokenizers import (
-    SentencePieceTokenizer,
-    check_vocabs,
+from bahdanau.data.sentencepiece import SentencePieceTokenizer, check_vocabs
+from bahdanau.data.tokenizers import (
+    DefaultTokenizer,
+    Tokenizer,
     tokenizer_from_payload,
     tokenizer_to_payload,
 )
+from bahdanau.data.vocab import Vocab
+from bahdanau.ema import WeightEMA
+from bahdanau.errors import InputError
+from bahdanau.models import build_model
 
 __all__ = [
     "FORMAT_VERSION",

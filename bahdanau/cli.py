@@ -12,7 +12,7 @@ cannot be read or written) ends with one ``bahdanau: error: ...`` line and exit 
 other exception is a bug and keeps its traceback.
 
 `bahdanau prepare` tokenises and encodes a corpus of any size once, into a memory-mapped folder
-(`bahdanau.corpus`); `bahdanau train --data FOLDER` trains on it, with its tokenizer and
+(`bahdanau.data`); `bahdanau train --data FOLDER` trains on it, with its tokenizer and
 vocabularies.
 
 `bahdanau train --config FILE` reads options from a YAML (with PyYAML) or JSON file; flags given
@@ -60,9 +60,12 @@ from bahdanau._checks import default_device, default_threads, launcher_value, re
 from bahdanau._files import atomic_file, atomic_write
 from bahdanau.averaging import average_checkpoints, select_checkpoints
 from bahdanau.checkpoint import CheckpointManager, find_checkpoint, save_checkpoint
-from bahdanau.corpus import PreparedCorpus, TrainSentencePiece, prepare_corpus
-from bahdanau.data import DefaultTokenizer, Tokenizer, Vocab, encode_pairs, read_parallel
-from bahdanau.datasets import decode_lines, iter_lines, multi30k_files, read_lines
+from bahdanau.data.batching import encode_pairs
+from bahdanau.data.corpus import PreparedCorpus, TrainSentencePiece, prepare_corpus
+from bahdanau.data.sentencepiece import SentencePieceTokenizer
+from bahdanau.data.text import decode_lines, iter_lines, multi30k_files, read_lines, read_parallel
+from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
+from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.evaluate import Translation, corpus_bleu, score_test_set, translate_corpus
 from bahdanau.models import build_model
@@ -82,7 +85,6 @@ from bahdanau.options import (
 from bahdanau.plot import PlotDependencyError
 from bahdanau.runlog import TensorBoardLog, TrainLog, require_tensorboard
 from bahdanau.search import BeamSearch
-from bahdanau.tokenizers import SentencePieceTokenizer
 from bahdanau.train import TrainConfig, leave_process_group, setup_run, stop_reason, train_run
 from bahdanau.translate import load
 

@@ -6,10 +6,11 @@ made with `dataclasses.replace`; presets live in `bahdanau.presets`; checkpoints
 `dataclasses.asdict(cfg)` and rebuild it with `ModelConfig.from_dict`. `TrainConfig` holds the
 settings of `bahdanau.train.train`, with the paper's values (appendix B.2) as defaults.
 
-Special token ids belong to the vocabularies (`bahdanau.Vocab`: pad 0, bos 1, eos 2, unk 3):
-`ModelConfig`'s id fields default to them, and `ModelConfig.check_vocabs` refuses a config and
-vocabularies that disagree; training, loading a checkpoint and translating call it before any
-work.
+Special token ids are declared here (`PAD_ID`, `BOS_ID`, `EOS_ID`, `UNK_ID`: 0..3), and every
+`bahdanau.Vocab` puts its specials at them: `ModelConfig`'s id fields default to them, and
+`ModelConfig.check_vocabs` refuses a config and vocabularies that disagree; training, loading a
+checkpoint and translating call it before any work. This module imports nothing of the
+package's but its checks and errors, so that everything may import it.
 
 Shape legend used across the package: B batch, S source length, T target length, E embedding,
 H encoder hidden per direction (annotations are 2H), D decoder hidden, A alignment size,
@@ -21,13 +22,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 from typing_extensions import Self
 
 from bahdanau._checks import describe, is_finite_number, is_int
-from bahdanau.data import Vocab
 from bahdanau.errors import InputError
 
 Arch = Literal["rnnsearch", "rnnencdec"]
@@ -48,6 +48,19 @@ INITS: tuple[str, ...] = ("paper", "glorot")
 AMP_MODES: tuple[str, ...] = ("none", "bf16", "fp16")
 SCHEDULES: tuple[str, ...] = ("constant", "inverse_sqrt", "plateau")
 SPECIAL_IDS: tuple[str, ...] = ("pad_id", "bos_id", "eos_id", "unk_id")
+# The special ids, the same in every vocabulary (`bahdanau.data.SPECIALS` sit at them).
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+
+class VocabSizes(Protocol):
+    """What `ModelConfig.check_vocabs` reads of a vocabulary (`bahdanau.Vocab` has it)."""
+
+    pad_id: int
+    bos_id: int
+    eos_id: int
+    unk_id: int
+
+    def __len__(self) -> int: ...
 
 
 class DictConfig:
@@ -112,10 +125,10 @@ class ModelConfig(DictConfig):
                                       # E y_{i-1} and c_i (after `dropout` on the embeddings)
     dropout_deep_output: float = 0.0  # on the deep output t~_i, before the maxout
     init: Init = "paper"              # "glorot": Xavier-uniform matrices (see build_model)
-    pad_id: int = Vocab.pad_id        # special ids: the vocabularies' (see check_vocabs)
-    bos_id: int = Vocab.bos_id        # y_0, the decoder's first input
-    eos_id: int = Vocab.eos_id        # ends every target sentence
-    unk_id: int = Vocab.unk_id        # [UNK], words outside the vocabulary
+    pad_id: int = PAD_ID              # special ids: the vocabularies' (see check_vocabs)
+    bos_id: int = BOS_ID              # y_0, the decoder's first input
+    eos_id: int = EOS_ID              # ends every target sentence
+    unk_id: int = UNK_ID              # [UNK], words outside the vocabulary
 
     def __post_init__(self) -> None:
         for name in ("src_vocab_size", "tgt_vocab_size"):
@@ -158,7 +171,7 @@ class ModelConfig(DictConfig):
                     f"{self.tgt_vocab_size})"
                 )
 
-    def check_vocabs(self, src_vocab: Vocab, tgt_vocab: Vocab) -> None:
+    def check_vocabs(self, src_vocab: VocabSizes, tgt_vocab: VocabSizes) -> None:
         """Refuse vocabularies whose sizes or special ids differ from this config's.
 
         Args:

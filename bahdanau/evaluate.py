@@ -23,7 +23,10 @@ from bahdanau._checks import (
     is_int,
     resolve_device,
 )
-from bahdanau.data import Tokenizer, Vocab, normalize_whitespace, pad_sources
+from bahdanau.data.batching import pad_sources
+from bahdanau.data.text import normalize_whitespace
+from bahdanau.data.tokenizers import Tokenizer
+from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.search import BeamSearch, Hypothesis, replace_unk
 

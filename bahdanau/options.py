@@ -35,7 +35,7 @@ from typing_extensions import Self
 
 from bahdanau._checks import is_finite_number, is_int
 from bahdanau.config import TrainConfig
-from bahdanau.datasets import MULTI30K_LANGS
+from bahdanau.data.text import MULTI30K_LANGS
 from bahdanau.errors import InputError
 
 __all__ = [

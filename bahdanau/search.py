@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from bahdanau._checks import check_lengths, check_tensor, check_type, is_finite_number, is_int
-from bahdanau.data import Vocab
+from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 
 LengthPenalty = Literal["none", "average", "gnmt"]

@@ -66,20 +66,14 @@ from bahdanau.checkpoint import (
     upgrade_payload,
 )
 from bahdanau.config import TrainConfig
-from bahdanau.corpus import PreparedCorpus
-from bahdanau.data import (
-    Batch,
-    BucketBatchSampler,
-    Example,
-    Tokenizer,
-    Vocab,
-    check_examples,
-    collate,
-)
+from bahdanau.data.batching import Batch, BucketBatchSampler, Example, check_examples, collate
+from bahdanau.data.corpus import PreparedCorpus
+from bahdanau.data.sentencepiece import check_vocabs
+from bahdanau.data.tokenizers import Tokenizer, tokenizer_to_payload
+from bahdanau.data.vocab import Vocab
 from bahdanau.ema import WeightEMA
 from bahdanau.errors import InputError
 from bahdanau.schedules import LRSchedule, set_lr
-from bahdanau.tokenizers import check_vocabs, tokenizer_to_payload
 
 __all__ = [
     "CheckpointManager",

@@ -30,7 +30,8 @@ from bahdanau.checkpoint import (
     read_members,
     tokenizer_of,
 )
-from bahdanau.data import Tokenizer, Vocab
+from bahdanau.data.tokenizers import Tokenizer
+from bahdanau.data.vocab import Vocab
 from bahdanau.ensemble import Ensemble
 from bahdanau.errors import InputError
 from bahdanau.evaluate import translate_corpus

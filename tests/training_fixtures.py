@@ -13,8 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from bahdanau.data import Example
-from bahdanau.datasets import multi30k_files, read_lines
+from bahdanau.data import Example, multi30k_files, read_lines
 from bahdanau.errors import InputError
 from bahdanau.models import RNNSearch, build_model
 from bahdanau.presets import tiny

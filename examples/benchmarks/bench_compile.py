@@ -29,10 +29,10 @@ from bahdanau.data import (
     Vocab,
     collate,
     encode_pairs,
+    multi30k_files,
     pad_sources,
     read_parallel,
 )
-from bahdanau.datasets import multi30k_files
 
 
 def train_epoch(model: RNNSearch, examples, loss_fn, steps: int | None) -> dict:

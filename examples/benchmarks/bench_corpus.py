@@ -43,10 +43,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bahdanau import corpus as corpus_module
-from bahdanau.corpus import PreparedCorpus
-from bahdanau.data import BucketBatchSampler, DefaultTokenizer, Vocab
-from bahdanau.tokenizers import save_tokenizer
+from bahdanau.data import (
+    BucketBatchSampler,
+    DefaultTokenizer,
+    PreparedCorpus,
+    Vocab,
+    save_tokenizer,
+)
+from bahdanau.data import corpus as corpus_module
 from bahdanau.train import BatchLoader, BatchPlan
 
 WORDS = 50_000          # distinct words a side in the synthetic corpus
@@ -117,7 +121,7 @@ def run_child(code: str, *args: str) -> dict:
 
 PREPARE = """
     import json, resource, sys, time
-    from bahdanau.corpus import prepare_corpus
+    from bahdanau.data import prepare_corpus
     start = time.perf_counter()
     corpus = prepare_corpus(sys.argv[1], sys.argv[2], sys.argv[3], workers=int(sys.argv[4]))
     print(json.dumps({
@@ -129,7 +133,7 @@ PREPARE = """
 SENTENCEPIECE = """
     import json, resource, sys, time
     from pathlib import Path
-    from bahdanau.corpus import TrainSentencePiece, _train_sentencepiece
+    from bahdanau.data.corpus import TrainSentencePiece, _train_sentencepiece
     start = time.perf_counter()
     spec = TrainSentencePiece(model_type="unigram", vocab_size=int(sys.argv[3]))
     tokenizer = _train_sentencepiece(Path(sys.argv[1]), Path(sys.argv[2]), spec)
@@ -142,7 +146,7 @@ TRAIN = """
     from dataclasses import replace
     from bahdanau import presets
     from bahdanau.config import TrainConfig
-    from bahdanau.corpus import PreparedCorpus
+    from bahdanau.data import PreparedCorpus
     from bahdanau.models import build_model
     from bahdanau.train import run_step, setup_run
 

@@ -31,10 +31,10 @@ from bahdanau.data import (
     Vocab,
     collate,
     encode_pairs,
+    multi30k_files,
     pad_sources,
     read_parallel,
 )
-from bahdanau.datasets import multi30k_files
 from bahdanau.train import train_step
 
 

@@ -34,9 +34,9 @@ from bahdanau.data import (
     WhitespaceTokenizer,
     collate,
     encode_pairs,
+    multi30k_files,
     read_parallel,
 )
-from bahdanau.datasets import multi30k_files
 
 
 def canary_gflops(seconds: float = 1.0) -> float:

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from bahdanau.cli import main
-from bahdanau.datasets import multi30k_files, read_lines
+from bahdanau.data import multi30k_files, read_lines
 from bahdanau.options import (
     EvaluateOptions,
     PlotOptions,

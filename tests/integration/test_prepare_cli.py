@@ -12,7 +12,7 @@ from training_fixtures import write_multi30k_slice
 
 from bahdanau.checkpoint import CheckpointManager, load_checkpoint
 from bahdanau.cli import main
-from bahdanau.datasets import multi30k_files, read_lines
+from bahdanau.data import multi30k_files, read_lines
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,15 @@ import math
 import torch
 
 from bahdanau import RNNSearch, presets
-from bahdanau.data import BucketBatchSampler, DefaultTokenizer, Vocab, collate, encode_pairs
-from bahdanau.datasets import multi30k_files, read_lines
+from bahdanau.data import (
+    BucketBatchSampler,
+    DefaultTokenizer,
+    Vocab,
+    collate,
+    encode_pairs,
+    multi30k_files,
+    read_lines,
+)
 
 
 def _data(n_pairs: int, max_len: int, vocab: int):

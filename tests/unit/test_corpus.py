@@ -12,11 +12,19 @@ import pytest
 import torch
 from training_fixtures import tiny_model
 
-from bahdanau import corpus as corpus_module
 from bahdanau.config import TrainConfig
-from bahdanau.corpus import PreparedCorpus, prepare_corpus
-from bahdanau.data import BucketBatchSampler, DefaultTokenizer, Vocab, encode_pairs, read_parallel
-from bahdanau.datasets import multi30k_files, read_lines
+from bahdanau.data import (
+    BucketBatchSampler,
+    DefaultTokenizer,
+    PreparedCorpus,
+    Vocab,
+    encode_pairs,
+    multi30k_files,
+    prepare_corpus,
+    read_lines,
+    read_parallel,
+)
+from bahdanau.data import corpus as corpus_module
 from bahdanau.errors import InputError
 from bahdanau.train import examples_digest, next_batches, run_step, setup_run
 

@@ -1,4 +1,4 @@
-"""Tests for bahdanau.datasets: the shipped Multi30k files, read_lines() and decode_lines()."""
+"""Tests for bahdanau.data: the shipped Multi30k files, read_lines() and decode_lines()."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bahdanau.datasets import (
+from bahdanau.data import (
     MULTI30K_LANGS,
     MULTI30K_SPLITS,
     decode_lines,

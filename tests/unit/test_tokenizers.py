@@ -1,4 +1,4 @@
-"""Unit tests for bahdanau.tokenizers: SentencePiece training and use, and storing tokenizers.
+"""Unit tests for bahdanau.data: SentencePiece training and use, and storing tokenizers.
 
 Expectations come from the text itself (pieces spell the sentence, detokenising gives it back
 with its whitespace normalised), from hand-written payloads and files, and from what a model
@@ -16,17 +16,19 @@ import pytest
 import torch
 from training_fixtures import one_line_error
 
-from bahdanau.data import DefaultTokenizer, Vocab, WhitespaceTokenizer
-from bahdanau.datasets import multi30k_files, read_lines
-from bahdanau.tokenizers import (
-    SENTENCEPIECE_FILE,
-    TOKENIZER_FILE,
+from bahdanau.data import (
+    DefaultTokenizer,
     SentencePieceTokenizer,
+    Vocab,
+    WhitespaceTokenizer,
     load_tokenizer,
+    multi30k_files,
+    read_lines,
     save_tokenizer,
     tokenizer_from_payload,
     tokenizer_to_payload,
 )
+from bahdanau.data.tokenizers import SENTENCEPIECE_FILE, TOKENIZER_FILE
 
 MISSING = ("SentencePiece needs the sentencepiece package: pip install "
            "'bahdanau[sentencepiece]'")

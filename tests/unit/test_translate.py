@@ -25,12 +25,18 @@ from bahdanau.checkpoint import (
     tokenizer_of,
 )
 from bahdanau.cli import main
-from bahdanau.data import DefaultTokenizer, Vocab, WhitespaceTokenizer, encode_pairs
-from bahdanau.datasets import multi30k_files, read_lines
+from bahdanau.data import (
+    DefaultTokenizer,
+    SentencePieceTokenizer,
+    Vocab,
+    WhitespaceTokenizer,
+    encode_pairs,
+    multi30k_files,
+    read_lines,
+)
 from bahdanau.evaluate import translate_corpus
 from bahdanau.models import build_model
 from bahdanau.search import BeamSearch
-from bahdanau.tokenizers import SentencePieceTokenizer
 from bahdanau.train import TrainConfig, setup_run, train
 
 VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()

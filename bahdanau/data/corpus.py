@@ -7,7 +7,7 @@ the vocabularies (or takes given ones) and writes a folder::
     manifest.json                  format and version, the inputs (bytes, SHA-256), the options,
                                    the counts (lines read, pairs kept, pairs filtered and why)
     src_vocab.json, tgt_vocab.json `Vocab.save`
-    tokenizer.json (+ its model)   `bahdanau.tokenizers.save_tokenizer`
+    tokenizer.json (+ its model)   `bahdanau.data.save_tokenizer`
     src.ids.npy, tgt.ids.npy       the kept sentences' ids end to end: uint16, or uint32 when a
                                    vocabulary has more than 65,536 entries
     src.offsets.npy, tgt.offsets.npy   int64, one more than the pairs: sentence i is
@@ -51,16 +51,18 @@ from bahdanau._checks import (
     usable_cores,
 )
 from bahdanau._files import atomic_write, fsync_dir, fsync_file
-from bahdanau.data import DefaultTokenizer, Example, Tokenizer, Vocab
-from bahdanau.datasets import iter_lines
-from bahdanau.errors import InputError
-from bahdanau.tokenizers import (
-    SentencePieceTokenizer,
-    check_vocabs,
+from bahdanau.data.batching import Example
+from bahdanau.data.sentencepiece import SentencePieceTokenizer, check_vocabs
+from bahdanau.data.text import iter_lines
+from bahdanau.data.tokenizers import (
+    DefaultTokenizer,
+    Tokenizer,
     load_tokenizer,
     save_tokenizer,
     tokenizer_to_payload,
 )
+from bahdanau.data.vocab import Vocab
+from bahdanau.errors import InputError
 
 __all__ = ["FORMAT", "VERSION", "PreparedCorpus", "TrainSentencePiece", "prepare_corpus"]
 

@@ -20,10 +20,11 @@ from importlib import resources
 from pathlib import Path
 from typing import BinaryIO
 
+from bahdanau._checks import check_path
 from bahdanau.errors import InputError
 
 __all__ = ["MULTI30K_LANGS", "MULTI30K_SPLITS", "decode_lines", "iter_lines", "multi30k_files",
-           "read_lines"]
+           "normalize_whitespace", "read_lines", "read_parallel"]
 
 MULTI30K_SPLITS: tuple[str, ...] = ("train", "val", "test_2016_flickr")
 MULTI30K_LANGS: tuple[str, ...] = ("en", "fr")
@@ -207,3 +208,43 @@ def _gunzip(chunks: Iterator[bytes], source: str) -> Iterator[bytes]:
         raise InputError(f"{source}: truncated gzip data (the compressed stream ends early)")
     if rest.lstrip(b"\0"):
         raise InputError(f"{source}: trailing data after the gzip data ({len(rest)} bytes)")
+
+
+def read_parallel(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike[str], *,
+                  non_empty: bool = False) -> list[tuple[str, str]]:
+    """Read two line-aligned UTF-8 files (plain or gzip) into (source, target) pairs.
+
+    Each file is read by `bahdanau.data.read_lines` (same rules as standard input: gzip
+    recognised by its first bytes, a leading BOM removed, lines split on ``\\n`` only).
+
+    Args:
+        src_path: source-language file; line i translates to line i of `tgt_path`.
+        tgt_path: target-language file.
+        non_empty: refuse empty files (where sentences are needed, e.g. training data); by
+            default two empty files give ``[]``.
+    Returns:
+        The pairs, in file order, lines as read (line endings removed).
+    Raises:
+        InputError: naming the file: different line counts (both files named), a line that is
+            empty or only whitespace (1-based line named), text that is not valid UTF-8 (line
+            named), truncated or damaged gzip data, or an empty file with `non_empty`.
+        OSError: a file cannot be opened or read.
+    """
+    src_file, tgt_file = check_path("src_path", src_path), check_path("tgt_path", tgt_path)
+    src_lines = read_lines(src_file, non_empty=non_empty)
+    tgt_lines = read_lines(tgt_file, non_empty=non_empty)
+    if len(src_lines) != len(tgt_lines):
+        raise InputError(
+            f"{src_path} has {len(src_lines)} lines but {tgt_path} has {len(tgt_lines)}: "
+            "the files are not line-aligned"
+        )
+    for path, lines in ((src_path, src_lines), (tgt_path, tgt_lines)):
+        for i, line in enumerate(lines):
+            if not line.strip():
+                raise InputError(f"{path}: line {i + 1} is empty")
+    return list(zip(src_lines, tgt_lines, strict=True))
+
+
+def normalize_whitespace(text: str) -> str:
+    """Runs of whitespace (as `str.split` sees it) become one space; ends are stripped."""
+    return " ".join(text.split())

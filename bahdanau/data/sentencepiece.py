@@ -1,4 +1,4 @@
-"""SentencePiece as a tokenizer, and the one place where tokenizers are stored and read back.
+"""SentencePiece as a tokenizer.
 
 `SentencePieceTokenizer` wraps a SentencePiece model (its serialized bytes) behind the
 `bahdanau.Tokenizer` protocol: `tokenize` gives the pieces, `detokenize` plain text. One model
@@ -14,54 +14,24 @@ serves both languages (train it on source and target sentences together), as one
 The special ids stay `Vocab`'s (pad 0, bos 1, eos 2, unk 3): models trained here have no
 bos/eos/pad pieces of their own, and a character the model does not know becomes the token
 "<unk>". No piece can be "<pad>", "<s>" or "</s>", which a `Vocab` would read as its specials.
-
-Storing. `tokenizer_to_payload` turns `DefaultTokenizer`, `WhitespaceTokenizer` or
-`SentencePieceTokenizer` into a checkpoint-safe dict (a SentencePiece model as a uint8 tensor of
-its bytes), `tokenizer_from_payload` reads it back; checkpoints keep it in their `tokenizer`
-section. `save_tokenizer` / `load_tokenizer` do the same in a folder: ``tokenizer.json``, and
-``sentencepiece.model`` beside it for SentencePiece. Tokenizers of other types cannot be stored.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import json
 import os
 import random
 import re
-from collections.abc import Callable, Iterable
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any, Literal
-
-import torch
-from torch import Tensor
 
 from bahdanau._checks import check_path, describe, is_int
 from bahdanau._files import atomic_write
-from bahdanau.data import (
-    SPECIALS,
-    DefaultTokenizer,
-    Tokenizer,
-    Vocab,
-    WhitespaceTokenizer,
-    normalize_whitespace,
-)
+from bahdanau.data.text import normalize_whitespace
+from bahdanau.data.vocab import SPECIALS, Vocab
 from bahdanau.errors import InputError
 
-__all__ = [
-    "SENTENCEPIECE_FILE",
-    "TOKENIZER_FILE",
-    "SentencePieceTokenizer",
-    "check_vocabs",
-    "load_tokenizer",
-    "save_tokenizer",
-    "tokenizer_from_payload",
-    "tokenizer_to_payload",
-]
-
-TOKENIZER_FILE = "tokenizer.json"           # save_tokenizer's description of the tokenizer
-SENTENCEPIECE_FILE = "sentencepiece.model"  # and the SentencePiece model beside it
 _UNK = SPECIALS[3]                          # the token of a character the model does not know
 
 
@@ -291,141 +261,3 @@ def check_vocabs(tokenizer: object, src_vocab: Vocab, tgt_vocab: Vocab) -> None:
     if isinstance(tokenizer, SentencePieceTokenizer):
         tokenizer.check_vocab(src_vocab, "src")
         tokenizer.check_vocab(tgt_vocab, "tgt")
-
-
-# ----------------------------------------------------------------------------------------------
-# Storing
-
-
-_KEYS = {"default": ("lowercase", "joiners"), "whitespace": (), "sentencepiece": ("model",)}
-
-
-def tokenizer_to_payload(tokenizer: object) -> dict[str, Any]:
-    """A checkpoint-safe dict describing one of bahdanau's tokenizers.
-
-    Args:
-        tokenizer: a `DefaultTokenizer`, `WhitespaceTokenizer` or `SentencePieceTokenizer`.
-    Returns:
-        ``{"name": "default", "lowercase": bool, "joiners": str}``, ``{"name": "whitespace"}``
-        or ``{"name": "sentencepiece", "model": (N,) uint8 tensor of the model's bytes}``.
-    Raises:
-        InputError: any other tokenizer (subclasses included): only these can be stored.
-    """
-    kind = type(tokenizer)
-    if kind is DefaultTokenizer:
-        return {"name": "default", "lowercase": bool(tokenizer.lowercase),
-                "joiners": tokenizer.joiners}
-    if kind is WhitespaceTokenizer:
-        return {"name": "whitespace"}
-    if kind is SentencePieceTokenizer:
-        return {"name": "sentencepiece",
-                "model": torch.frombuffer(bytearray(tokenizer.model_proto), dtype=torch.uint8)}
-    raise InputError(f"only bahdanau's tokenizers (DefaultTokenizer, WhitespaceTokenizer, "
-                     f"SentencePieceTokenizer) can be stored, got {kind.__name__}; keep your "
-                     "own tokenizer's files beside the checkpoint")
-
-
-def tokenizer_from_payload(data: Any) -> Tokenizer:
-    """The tokenizer that `tokenizer_to_payload` described.
-
-    Raises:
-        InputError: not a dict, an unknown name, missing or unknown keys, a value of the wrong
-            type, or a SentencePiece model that does not load; one line each.
-    """
-    return _build(data, _model_from_tensor)
-
-
-def _model_from_tensor(value: Any) -> SentencePieceTokenizer:
-    if not (isinstance(value, Tensor) and value.dtype == torch.uint8 and value.dim() == 1):
-        raise InputError(f"the sentencepiece tokenizer's 'model' must be a 1-D uint8 tensor of "
-                         f"the model's bytes, got {describe(value)}")
-    return SentencePieceTokenizer(value.cpu().numpy().tobytes())
-
-
-def _checked(data: Any) -> str:
-    """The name of a `tokenizer_to_payload`-shaped dict, once its keys and settings are known
-    to be right (a SentencePiece model is checked when it is read)."""
-    if not isinstance(data, dict):
-        raise InputError(f"a tokenizer is stored as a dict with a 'name', got {describe(data)}")
-    name = data.get("name")
-    if name not in _KEYS:
-        raise InputError(f"unknown tokenizer {name!r}: bahdanau stores "
-                         f"{', '.join(map(repr, _KEYS))}")
-    expected = {"name", *_KEYS[name]}
-    if set(data) != expected:
-        raise InputError(f"the {name} tokenizer is stored with the keys {sorted(expected)}, "
-                         f"got {sorted(map(str, data))}")
-    if name == "default":
-        if not isinstance(data["lowercase"], bool):
-            raise InputError(f"the default tokenizer's 'lowercase' must be a bool, got "
-                             f"{describe(data['lowercase'])}")
-        if data["joiners"] not in DefaultTokenizer.JOINERS:
-            raise InputError(f"the default tokenizer's 'joiners' must be one of "
-                             f"{DefaultTokenizer.JOINERS}, got {describe(data['joiners'])}")
-    return name
-
-
-def _build(data: Any, read_model: Callable[[Any], SentencePieceTokenizer]) -> Tokenizer:
-    """The tokenizer of a `tokenizer_to_payload`-shaped dict; `read_model` turns its "model"
-    entry into a `SentencePieceTokenizer`."""
-    name = _checked(data)
-    if name == "default":
-        return DefaultTokenizer(lowercase=data["lowercase"], joiners=data["joiners"])
-    if name == "whitespace":
-        return WhitespaceTokenizer()
-    return read_model(data["model"])
-
-
-def save_tokenizer(tokenizer: object, folder: str | os.PathLike[str]) -> Path:
-    """Write `tokenizer` into `folder`: ``tokenizer.json`` (`tokenizer_to_payload`'s dict, a
-    SentencePiece model replaced by its file name) and, for SentencePiece, the model as
-    ``sentencepiece.model`` beside it. Each file is written atomically, the model first.
-
-    Args:
-        tokenizer: a `DefaultTokenizer`, `WhitespaceTokenizer` or `SentencePieceTokenizer`.
-        folder: where the files go; created if missing.
-    Returns:
-        The path of ``tokenizer.json``.
-    Raises:
-        InputError: a tokenizer of another type, or `folder` is not a path.
-    """
-    folder = check_path("folder", folder)
-    data = tokenizer_to_payload(tokenizer)
-    if isinstance(tokenizer, SentencePieceTokenizer):
-        tokenizer.save(folder / SENTENCEPIECE_FILE)
-        data["model"] = SENTENCEPIECE_FILE
-    text = (json.dumps(data, indent=2) + "\n").encode("utf-8")
-    atomic_write(folder / TOKENIZER_FILE, lambda f: f.write(text))
-    return folder / TOKENIZER_FILE
-
-
-def load_tokenizer(folder: str | os.PathLike[str]) -> Tokenizer:
-    """The tokenizer that `save_tokenizer` wrote into `folder`.
-
-    Raises:
-        InputError: naming the file: ``tokenizer.json`` is missing, is not JSON, or describes no
-            tokenizer bahdanau stores; or the SentencePiece model it names is missing or is not
-            a SentencePiece model.
-    """
-    folder = check_path("folder", folder)
-    path = folder / TOKENIZER_FILE
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"{path}: no such file (save_tokenizer writes it)") from None
-    except (ValueError, UnicodeDecodeError) as err:   # JSONDecodeError is a ValueError
-        raise InputError(f"{path} is damaged: {err}") from None
-    except OSError as err:
-        raise InputError(f"{path}: cannot be read ({err.strerror or err})") from None
-
-    try:
-        _checked(data)
-    except InputError as err:
-        raise InputError(f"{path}: {err}") from None
-
-    def read_model(name: Any) -> SentencePieceTokenizer:
-        if not isinstance(name, str) or not name or Path(name).name != name:
-            raise InputError(f"{path}: 'model' must name a file beside it, got {describe(name)}")
-        return SentencePieceTokenizer.load(folder / name)   # errors name the model file
-
-    return _build(data, read_model)

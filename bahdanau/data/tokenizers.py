@@ -1,0 +1,292 @@
+"""Tokenizers: the protocol, the default reversible tokenizer, and where tokenizers are stored.
+
+`Tokenizer` is what the library asks of one (`tokenize`, `detokenize`); `DefaultTokenizer`
+splits words and punctuation reversibly, `WhitespaceTokenizer` splits on spaces, and
+`bahdanau.data.sentencepiece.SentencePieceTokenizer` wraps a SentencePiece model.
+
+Storing. `tokenizer_to_payload` turns `DefaultTokenizer`, `WhitespaceTokenizer` or
+`SentencePieceTokenizer` into a checkpoint-safe dict (a SentencePiece model as a uint8 tensor of
+its bytes), `tokenizer_from_payload` reads it back; checkpoints keep it in their `tokenizer`
+section. `save_tokenizer` / `load_tokenizer` do the same in a folder: ``tokenizer.json``, and
+``sentencepiece.model`` beside it for SentencePiece. Tokenizers of other types cannot be stored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import unicodedata
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from bahdanau._checks import (
+    check_path,
+    describe,
+)
+from bahdanau._files import atomic_write
+from bahdanau.data.sentencepiece import SentencePieceTokenizer
+from bahdanau.errors import InputError
+
+TOKENIZER_FILE = "tokenizer.json"           # save_tokenizer's description of the tokenizer
+SENTENCEPIECE_FILE = "sentencepiece.model"  # and the SentencePiece model beside it
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Anything with these two methods can tokenise, e.g. a wrapper of a SentencePiece model."""
+
+    def tokenize(self, text: str) -> list[str]:
+        """The tokens of one sentence (non-empty strings)."""
+        ...
+
+    def detokenize(self, tokens: list[str]) -> str:
+        """The text of a list of tokens (the inverse of `tokenize`)."""
+        ...
+
+
+class WhitespaceTokenizer:
+    """For pre-tokenised text: split on whitespace, join with single spaces."""
+
+    def tokenize(self, text: str) -> list[str]:
+        """The whitespace-separated tokens of `text`."""
+        return text.split()
+
+    def detokenize(self, tokens: list[str]) -> str:
+        """The tokens joined with single spaces."""
+        return " ".join(tokens)
+
+
+def _is_word_char(ch: str) -> bool:
+    # Letters, digits and combining marks (so accents stay inside their word).
+    return ch.isalnum() or unicodedata.category(ch).startswith("M")
+
+
+class DefaultTokenizer:
+    """Reversible word/punctuation tokenizer: `detokenize(tokenize(s)) == normalize_whitespace(s)`.
+
+    Scheme. The text is split on whitespace; each piece is split further into runs of word
+    characters (letters, digits, combining marks) and single other characters (punctuation,
+    symbols). Where two tokens were glued (no space between them in the text), one of them
+    carries the joiner ``JOINER`` ("￭", U+FFED) on that side. Which one, `joiners` says:
+
+    * ``"prefix"`` (the default): the second token, as a prefix::
+
+        "A dog, running." -> ["A", "dog", "￭,", "running", "￭."]
+        "l'homme (2)"     -> ["l", "￭'", "￭homme", "(", "￭2", "￭)"]
+
+    * ``"punctuation"``: the punctuation or symbol token (a prefix when it follows the token it
+      is glued to, a suffix when it precedes it), so that a word is the same token wherever it
+      stands ("homme" in "un homme" and in "l'homme")::
+
+        "l'homme (2)"     -> ["l", "￭'￭", "homme", "(￭", "2", "￭)"]
+
+    `detokenize` glues a token to the one before it when it starts with a joiner or the one
+    before it ends with one, and puts one space before every other token. A joiner character in
+    the input is a symbol like any other: a one-character token "￭" is always that literal
+    character, and it never takes a suffix joiner, so every input round-trips in both schemes.
+
+    Args:
+        lowercase: lowercase every token. The round trip then holds only up to case (and
+            `str.lower` may change lengths, e.g. "İ"); references should be compared lowercased.
+        joiners: "prefix" or "punctuation", as above.
+    """
+
+    JOINER = "\uffed"
+    JOINERS: tuple[str, ...] = ("prefix", "punctuation")
+
+    def __init__(self, *, lowercase: bool = False, joiners: str = "prefix") -> None:
+        if joiners not in self.JOINERS:
+            raise InputError(f"joiners must be one of {self.JOINERS}, got {joiners!r}")
+        self.lowercase, self.joiners = lowercase, joiners
+
+    def __repr__(self) -> str:
+        return f"DefaultTokenizer(lowercase={self.lowercase}, joiners={self.joiners!r})"
+
+    def tokenize(self, text: str) -> list[str]:
+        """Split `text` into word and punctuation tokens, marking glued tokens with `JOINER`."""
+        joiner, on_punctuation = self.JOINER, self.joiners == "punctuation"
+        tokens: list[str] = []
+        for piece in text.split():
+            start, n = 0, len(piece)
+            while start < n:
+                end = start + 1
+                if _is_word_char(piece[start]):
+                    while end < n and _is_word_char(piece[end]):
+                        end += 1
+                token = piece[start:end].lower() if self.lowercase else piece[start:end]
+                if start > 0:                          # glued to the token before it
+                    last = tokens[-1][-1]               # a word char, punctuation, or "￭"
+                    if on_punctuation and not _is_word_char(last) and last != joiner:
+                        tokens[-1] += joiner            # a suffix on the punctuation before
+                    else:                               # (a literal "￭" takes no suffix)
+                        token = joiner + token
+                tokens.append(token)
+                start = end
+        return tokens
+
+    @classmethod
+    def display(cls, token: str) -> str:
+        """A token as a label (e.g. on an alignment plot's axis): without its joiner marks."""
+        return cls._marks(token)[1]
+
+    @classmethod
+    def _marks(cls, token: str) -> tuple[bool, str, bool]:
+        """(glued to the token before, the token without its marks, glued to the one after)."""
+        before = len(token) > 1 and token[0] == cls.JOINER
+        core = token[1:] if before else token
+        after = len(core) > 1 and core[-1] == cls.JOINER
+        return before, core[:-1] if after else core, after
+
+    def detokenize(self, tokens: list[str]) -> str:
+        """Inverse of `tokenize` (up to whitespace normalisation), for either scheme."""
+        parts: list[str] = []
+        glue_next = False
+        for token in tokens:
+            glue, core, next_glue = self._marks(token)
+            if parts and not (glue or glue_next):
+                parts.append(" ")
+            parts.append(core)
+            glue_next = next_glue
+        return "".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# Storing
+
+
+_KEYS = {"default": ("lowercase", "joiners"), "whitespace": (), "sentencepiece": ("model",)}
+
+
+def tokenizer_to_payload(tokenizer: object) -> dict[str, Any]:
+    """A checkpoint-safe dict describing one of bahdanau's tokenizers.
+
+    Args:
+        tokenizer: a `DefaultTokenizer`, `WhitespaceTokenizer` or `SentencePieceTokenizer`.
+    Returns:
+        ``{"name": "default", "lowercase": bool, "joiners": str}``, ``{"name": "whitespace"}``
+        or ``{"name": "sentencepiece", "model": (N,) uint8 tensor of the model's bytes}``.
+    Raises:
+        InputError: any other tokenizer (subclasses included): only these can be stored.
+    """
+    kind = type(tokenizer)
+    if kind is DefaultTokenizer:
+        return {"name": "default", "lowercase": bool(tokenizer.lowercase),
+                "joiners": tokenizer.joiners}
+    if kind is WhitespaceTokenizer:
+        return {"name": "whitespace"}
+    if kind is SentencePieceTokenizer:
+        return {"name": "sentencepiece",
+                "model": torch.frombuffer(bytearray(tokenizer.model_proto), dtype=torch.uint8)}
+    raise InputError(f"only bahdanau's tokenizers (DefaultTokenizer, WhitespaceTokenizer, "
+                     f"SentencePieceTokenizer) can be stored, got {kind.__name__}; keep your "
+                     "own tokenizer's files beside the checkpoint")
+
+
+def tokenizer_from_payload(data: Any) -> Tokenizer:
+    """The tokenizer that `tokenizer_to_payload` described.
+
+    Raises:
+        InputError: not a dict, an unknown name, missing or unknown keys, a value of the wrong
+            type, or a SentencePiece model that does not load; one line each.
+    """
+    return _build(data, _model_from_tensor)
+
+
+def _model_from_tensor(value: Any) -> SentencePieceTokenizer:
+    if not (isinstance(value, Tensor) and value.dtype == torch.uint8 and value.dim() == 1):
+        raise InputError(f"the sentencepiece tokenizer's 'model' must be a 1-D uint8 tensor of "
+                         f"the model's bytes, got {describe(value)}")
+    return SentencePieceTokenizer(value.cpu().numpy().tobytes())
+
+
+def _checked(data: Any) -> str:
+    """The name of a `tokenizer_to_payload`-shaped dict, once its keys and settings are known
+    to be right (a SentencePiece model is checked when it is read)."""
+    if not isinstance(data, dict):
+        raise InputError(f"a tokenizer is stored as a dict with a 'name', got {describe(data)}")
+    name = data.get("name")
+    if name not in _KEYS:
+        raise InputError(f"unknown tokenizer {name!r}: bahdanau stores "
+                         f"{', '.join(map(repr, _KEYS))}")
+    expected = {"name", *_KEYS[name]}
+    if set(data) != expected:
+        raise InputError(f"the {name} tokenizer is stored with the keys {sorted(expected)}, "
+                         f"got {sorted(map(str, data))}")
+    if name == "default":
+        if not isinstance(data["lowercase"], bool):
+            raise InputError(f"the default tokenizer's 'lowercase' must be a bool, got "
+                             f"{describe(data['lowercase'])}")
+        if data["joiners"] not in DefaultTokenizer.JOINERS:
+            raise InputError(f"the default tokenizer's 'joiners' must be one of "
+                             f"{DefaultTokenizer.JOINERS}, got {describe(data['joiners'])}")
+    return name
+
+
+def _build(data: Any, read_model: Callable[[Any], SentencePieceTokenizer]) -> Tokenizer:
+    """The tokenizer of a `tokenizer_to_payload`-shaped dict; `read_model` turns its "model"
+    entry into a `SentencePieceTokenizer`."""
+    name = _checked(data)
+    if name == "default":
+        return DefaultTokenizer(lowercase=data["lowercase"], joiners=data["joiners"])
+    if name == "whitespace":
+        return WhitespaceTokenizer()
+    return read_model(data["model"])
+
+
+def save_tokenizer(tokenizer: object, folder: str | os.PathLike[str]) -> Path:
+    """Write `tokenizer` into `folder`: ``tokenizer.json`` (`tokenizer_to_payload`'s dict, a
+    SentencePiece model replaced by its file name) and, for SentencePiece, the model as
+    ``sentencepiece.model`` beside it. Each file is written atomically, the model first.
+
+    Args:
+        tokenizer: a `DefaultTokenizer`, `WhitespaceTokenizer` or `SentencePieceTokenizer`.
+        folder: where the files go; created if missing.
+    Returns:
+        The path of ``tokenizer.json``.
+    Raises:
+        InputError: a tokenizer of another type, or `folder` is not a path.
+    """
+    folder = check_path("folder", folder)
+    data = tokenizer_to_payload(tokenizer)
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        tokenizer.save(folder / SENTENCEPIECE_FILE)
+        data["model"] = SENTENCEPIECE_FILE
+    text = (json.dumps(data, indent=2) + "\n").encode("utf-8")
+    atomic_write(folder / TOKENIZER_FILE, lambda f: f.write(text))
+    return folder / TOKENIZER_FILE
+
+
+def load_tokenizer(folder: str | os.PathLike[str]) -> Tokenizer:
+    """The tokenizer that `save_tokenizer` wrote into `folder`.
+
+    Raises:
+        InputError: naming the file: ``tokenizer.json`` is missing, is not JSON, or describes no
+            tokenizer bahdanau stores; or the SentencePiece model it names is missing or is not
+            a SentencePiece model.
+    """
+    folder = check_path("folder", folder)
+    path = folder / TOKENIZER_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: no such file (save_tokenizer writes it)") from None
+    except (ValueError, UnicodeDecodeError) as err:   # JSONDecodeError is a ValueError
+        raise InputError(f"{path} is damaged: {err}") from None
+    except OSError as err:
+        raise InputError(f"{path}: cannot be read ({err.strerror or err})") from None
+
+    try:
+        _checked(data)
+    except InputError as err:
+        raise InputError(f"{path}: {err}") from None
+
+    def read_model(name: Any) -> SentencePieceTokenizer:
+        if not isinstance(name, str) or not name or Path(name).name != name:
+            raise InputError(f"{path}: 'model' must name a file beside it, got {describe(name)}")
+        return SentencePieceTokenizer.load(folder / name)   # errors name the model file
+
+    return _build(data, read_model)
