@@ -2,22 +2,28 @@
 
 from bahdanau import engine, functional, presets
 from bahdanau.attention import AdditiveAttention, Attention, AttentionStep, LuongAttention
-from bahdanau.averaging import average_checkpoints
 from bahdanau.checkpoint import (
     CheckpointManager,
-    TrainState,
-    checkpoint_payload,
+    average_checkpoints,
     load_checkpoint,
     model_from_checkpoint,
-    restore,
     save_checkpoint,
 )
 from bahdanau.config import ModelConfig, TrainConfig
-from bahdanau.data.batching import Batch, BucketBatchSampler, Example, collate, encode_pairs
-from bahdanau.data.sentencepiece import SentencePieceTokenizer
-from bahdanau.data.text import read_parallel
-from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer, WhitespaceTokenizer
-from bahdanau.data.vocab import SPECIALS, Vocab
+from bahdanau.data import (
+    SPECIALS,
+    Batch,
+    BucketBatchSampler,
+    DefaultTokenizer,
+    Example,
+    SentencePieceTokenizer,
+    Tokenizer,
+    Vocab,
+    WhitespaceTokenizer,
+    collate,
+    encode_pairs,
+    read_parallel,
+)
 from bahdanau.decoder import AttentiveDecoder, DecoderMemory, DecoderState, StepOutput
 from bahdanau.encoder import BiRNNEncoder
 from bahdanau.ensemble import Ensemble
@@ -34,12 +40,15 @@ from bahdanau.evaluate import (
 )
 from bahdanau.models import RNNEncDec, RNNSearch, build_model
 from bahdanau.search import BeamSearch, Hypothesis, greedy_search, replace_unk
-from bahdanau.train import (
+from bahdanau.training import (
     LossModule,
     StepStats,
     TrainResult,
+    TrainState,
+    checkpoint_payload,
     evaluate_loss,
     make_optimizer,
+    restore,
     train_step,
 )
 from bahdanau.translate import Translator, load

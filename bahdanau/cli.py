@@ -4,7 +4,8 @@
 Multi30k English->French data for 5 epochs (`bahdanau.options.DEFAULT_EPOCHS`), then evaluated
 on test_2016_flickr (BLEU with sacrebleu's signature, BLEU without [UNK], BLEU by length), with
 translations and an alignment plot written to the output folder. What it prints also goes to
-the run's ``train.log``; ``--tensorboard`` also writes TensorBoard events (`bahdanau.runlog`).
+the run's ``train.log``; ``--tensorboard`` also writes TensorBoard events
+(`bahdanau.training.runlog`).
 
 Every option is declared once, in `bahdanau.options`, and checked with the files, devices and
 run folder before any work. A user's mistake (`bahdanau.InputError`, a usage error, a file that
@@ -58,8 +59,10 @@ import torch
 from bahdanau import presets
 from bahdanau._checks import default_device, default_threads, launcher_value, resolve_device
 from bahdanau._files import atomic_file, atomic_write
-from bahdanau.averaging import average_checkpoints, select_checkpoints
-from bahdanau.checkpoint import CheckpointManager, find_checkpoint, save_checkpoint
+from bahdanau.checkpoint.averaging import average_checkpoints, select_checkpoints
+from bahdanau.checkpoint.files import save_checkpoint
+from bahdanau.checkpoint.manager import CheckpointManager, find_checkpoint
+from bahdanau.config import TrainConfig
 from bahdanau.data.batching import encode_pairs
 from bahdanau.data.corpus import PreparedCorpus, TrainSentencePiece, prepare_corpus
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
@@ -83,9 +86,11 @@ from bahdanau.options import (
     resumed_options,
 )
 from bahdanau.plot import PlotDependencyError
-from bahdanau.runlog import TensorBoardLog, TrainLog, require_tensorboard
 from bahdanau.search import BeamSearch
-from bahdanau.train import TrainConfig, leave_process_group, setup_run, stop_reason, train_run
+from bahdanau.training.distributed import leave_process_group
+from bahdanau.training.loop import train_run
+from bahdanau.training.run import setup_run, stop_reason
+from bahdanau.training.runlog import TensorBoardLog, TrainLog, require_tensorboard
 from bahdanau.translate import load
 
 RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML readers also read)

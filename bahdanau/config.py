@@ -4,7 +4,7 @@
 defaults are the paper's RNNsearch-50 (Bahdanau et al. 2015, appendix A.2 and B). Variants are
 made with `dataclasses.replace`; presets live in `bahdanau.presets`; checkpoints store
 `dataclasses.asdict(cfg)` and rebuild it with `ModelConfig.from_dict`. `TrainConfig` holds the
-settings of `bahdanau.train.train`, with the paper's values (appendix B.2) as defaults.
+settings of `bahdanau.training.train`, with the paper's values (appendix B.2) as defaults.
 
 Special token ids are declared here (`PAD_ID`, `BOS_ID`, `EOS_ID`, `UNK_ID`: 0..3), and every
 `bahdanau.Vocab` puts its specials at them: `ModelConfig`'s id fields default to them, and
@@ -205,7 +205,7 @@ class TrainConfig(DictConfig):
     lr: float | None = None           # None: 1.0 for Adadelta (the paper), 1e-3 for Adam
     rho: float = 0.95                 # Adadelta decay (the paper)
     eps: float = 1e-6                 # Adadelta / Adam epsilon (the paper's Adadelta value)
-    # The learning rate of each update: `bahdanau.schedules.LRSchedule` has the formulas.
+    # The learning rate of each update: `bahdanau.training.schedules.LRSchedule` has the formulas.
     schedule: Schedule = "constant"   # the paper's; "inverse_sqrt": lr * sqrt(W / step) after
                                       # the warm-up; "plateau": lr * decay_factor after every
                                       # decay_patience evaluations without improvement
@@ -227,7 +227,7 @@ class TrainConfig(DictConfig):
     save_every: int = 1000            # checkpoint every this many steps (and at the end)
     keep_last: int = 3                # numbered checkpoints kept (plus best.pt)
     keep_best: int = 1                # also keep the checkpoints of the N best evaluations
-    ema_decay: float | None = None    # keep an EMA of the weights (bahdanau.ema); None: none
+    ema_decay: float | None = None    # keep an EMA of the weights (training.ema); None: none
     patience: int | None = None       # stop after this many evaluations without improvement
     label_smoothing: float = 0.0      # 0 in the paper
     amp: Amp = "none"                 # autocast dtype (fp16 adds a GradScaler)
@@ -241,7 +241,7 @@ class TrainConfig(DictConfig):
     # what defines the batches (their order is a function of the seed and the epoch). The
     # other fields (learning rate and schedule, limits, cadence, ...) are applied from the
     # resumed call on; `accumulation` only with another number of processes, keeping
-    # processes x accumulation, the batches of an update (`bahdanau.train.setup_run` checks).
+    # processes x accumulation, the batches of an update (`bahdanau.training.setup_run` checks).
     FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = ("optimizer", "batch_size", "max_tokens",
                                                   "bucket", "seed")
 

@@ -23,13 +23,10 @@ from dataclasses import dataclass
 import torch
 
 from bahdanau._checks import describe
-from bahdanau.checkpoint import (
-    _named,
-    find_checkpoint,
-    model_from_checkpoint,
-    read_members,
-    tokenizer_of,
-)
+from bahdanau.checkpoint.averaging import read_members
+from bahdanau.checkpoint.files import named
+from bahdanau.checkpoint.manager import find_checkpoint
+from bahdanau.checkpoint.payload import model_from_checkpoint, tokenizer_of
 from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.ensemble import Ensemble
@@ -95,7 +92,7 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
     paths = [find_checkpoint(given) for given in checkpoint]
     models = []
     for path, payload in read_members(paths, same_config=False):
-        with _named(path):
+        with named(path):
             if not models:
                 tokenizer = tokenizer_of(payload)
             model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=device)

@@ -319,7 +319,7 @@ class BucketBatchSampler:
     def epoch_batches(self, epoch: int) -> tuple[np.ndarray, ...]:
         """All of this rank's batches of `epoch`, in order: what iterating that epoch yields.
 
-        Does not change the sampler's `epoch` or `position`: `bahdanau.train` keeps its place
+        Does not change the sampler's `epoch` or `position`: `bahdanau.training` keeps its place
         in its own `TrainState` and reads batch `position` of epoch `epoch` here. The batches of
         the last two epochs asked for are kept, so reading one batch at a time, on either side
         of an epoch's end, costs nothing extra.

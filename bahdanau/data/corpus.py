@@ -19,7 +19,7 @@ never leaves something that passes for a prepared corpus. Running again on the s
 with the same options reuses it.
 
 `PreparedCorpus(folder)` opens one read-only through memory maps: a `Sequence[Example]` that
-`bahdanau.train.setup_run` takes like the list `encode_pairs` returns, with the same examples
+`bahdanau.training.setup_run` takes like the list `encode_pairs` returns, with the same examples
 in the same order (so the same batches for the same seed), while the operating system shares
 the arrays' pages between the processes that read them.
 """
@@ -585,7 +585,7 @@ class PreparedCorpus(Sequence[Example]):
         return lengths
 
     def digest(self) -> str:
-        """`bahdanau.train.examples_digest` of the examples, computed from the arrays (so a run
+        """`bahdanau.training.examples_digest` of the examples, computed from the arrays (so a run
         resumed on the in-memory examples of the same data sees the same digest)."""
         hasher = hashlib.sha256()
         rows = np.arange(len(self)) if self._rows is None else self._rows

@@ -29,15 +29,12 @@ from pathlib import Path
 import torch
 
 from bahdanau._files import atomic_write
-from bahdanau.checkpoint import (
-    _digest,
-    checkpoint_payload,
-    load_checkpoint,
-    save_checkpoint,
-)
+from bahdanau.checkpoint import load_checkpoint, save_checkpoint
+from bahdanau.checkpoint.files import payload_digest
 from bahdanau.config import ModelConfig
 from bahdanau.data import Vocab
 from bahdanau.models import build_model
+from bahdanau.training.state import checkpoint_payload
 
 
 def payloads() -> dict[str, dict]:
@@ -87,7 +84,7 @@ def main() -> None:
             megabytes = path.stat().st_size / 1e6
             t_plain = median_time(lambda p=payload: plain(p), args.repeats)
             t_digest = median_time(lambda p=payload: digest(p), args.repeats)
-            t_sha = median_time(lambda p=payload: _digest(p), args.repeats)
+            t_sha = median_time(lambda p=payload: payload_digest(p), args.repeats)
             print(f"{name:>9} {params / 1e6:>7.1f}M {megabytes:>6.0f} {t_plain:>8.3f} "
                   f"{t_digest:>9.3f} {t_digest / t_plain - 1:>8.0%} {t_sha:>8.3f}")
 

@@ -9,7 +9,7 @@ Three measurements, each printed as it finishes:
    `--sentencepiece N`, also the time and peak RSS of training a SentencePiece unigram model
    of N pieces on at most 1M sentences a side of the same files (as `prepare --tokenizer
    unigram` does), timed on its own.
-2. loader: batches/s that `bahdanau.train.BatchLoader` delivers from that folder with 0, 1 and
+2. loader: batches/s that `bahdanau.training.BatchLoader` delivers from that folder with 0, 1 and
    2 worker processes, at the default job's batch (64 sentences), beside the default job's
    training step rate on this machine (`--step-rate`, updates/s; 1,570 updates in 500 s on
    the 2-core reference machine).
@@ -51,7 +51,7 @@ from bahdanau.data import (
     save_tokenizer,
 )
 from bahdanau.data import corpus as corpus_module
-from bahdanau.train import BatchLoader, BatchPlan
+from bahdanau.training import BatchLoader, BatchPlan
 
 WORDS = 50_000          # distinct words a side in the synthetic corpus
 MEAN_LENGTH = 15
@@ -148,7 +148,7 @@ TRAIN = """
     from bahdanau.config import TrainConfig
     from bahdanau.data import PreparedCorpus
     from bahdanau.models import build_model
-    from bahdanau.train import run_step, setup_run
+    from bahdanau.training import run_step, setup_run
 
     def memory():
         fields = {}

@@ -35,7 +35,7 @@ from bahdanau.data import (
     pad_sources,
     read_parallel,
 )
-from bahdanau.train import train_step
+from bahdanau.training import train_step
 
 
 def batches(ids: list[list[int]], batch_size: int, pad_id: int):

@@ -12,7 +12,7 @@ This script trains the four models RNNencdec-30, RNNencdec-50, RNNsearch-30 and 
 sequentially with the same sizes, vocabularies, seed, batch size and number of updates, decodes
 the whole test set with beam search, and writes under OUT:
 
-    <model>/checkpoints/         checkpoints of the `bahdanau.train` loop
+    <model>/checkpoints/         checkpoints of the `bahdanau.training` loop
     <model>/train.json           updates, parameters, training wall time, final training loss
     <model>/test.hyp.txt         detokenised test translations
     <model>/metrics.json         sacrebleu BLEU (all / without [UNK] / by source length)
@@ -45,7 +45,7 @@ import sacrebleu
 import torch
 
 from bahdanau.checkpoint import CheckpointManager, model_from_checkpoint
-from bahdanau.config import ModelConfig
+from bahdanau.config import ModelConfig, TrainConfig
 from bahdanau.data import DefaultTokenizer, Vocab, encode_pairs, read_parallel
 from bahdanau.evaluate import (
     LengthBucket,
@@ -56,7 +56,7 @@ from bahdanau.evaluate import (
 )
 from bahdanau.models import build_model
 from bahdanau.search import BeamSearch
-from bahdanau.train import TrainConfig, train
+from bahdanau.training import train
 
 # (name, architecture, maximum training sentence length), in training order.
 MODELS: tuple[tuple[str, str, int], ...] = (

@@ -1,6 +1,6 @@
 """Run by tests/integration/test_ddp.py: `python _ddp_worker.py OUT_DIR PORT`.
 
-Spawns 2 CPU processes (gloo), trains a tiny RNNsearch with `bahdanau.train` under
+Spawns 2 CPU processes (gloo), trains a tiny RNNsearch with `bahdanau.training` under
 DistributedDataParallel and writes each rank's final weights, log and losses to OUT_DIR; then
 takes one float64 SGD step (lr 1) on an update of 4 uneven batches, 2 per process, and rank 0
 writes the change of every weight beside the gradient of one process on one batch of all 11
@@ -18,17 +18,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from bahdanau.config import TrainConfig
 from bahdanau.data import Example, Vocab, collate
 from bahdanau.models import build_model
 from bahdanau.presets import tiny
-from bahdanau.train import (
-    LossModule,
-    TrainConfig,
-    evaluate_loss,
-    leave_process_group,
-    train,
-    train_step,
-)
+from bahdanau.training import LossModule, evaluate_loss, leave_process_group, train, train_step
 
 WORLD = 2
 

@@ -102,7 +102,7 @@ def test_alignment_image_without_matplotlib(tmp_path, monkeypatch) -> None:
     accumulator = pytest.importorskip(
         "tensorboard.backend.event_processing.event_accumulator")
     from bahdanau import plot
-    from bahdanau.runlog import TensorBoardLog
+    from bahdanau.training.runlog import TensorBoardLog
 
     def missing():
         raise plot.PlotDependencyError("plots need matplotlib")

@@ -21,7 +21,7 @@ from training_fixtures import write_multi30k_slice
 from bahdanau import InputError, TrainConfig, Vocab, build_model, presets
 from bahdanau.cli import main
 from bahdanau.data import DefaultTokenizer, encode_pairs, read_lines
-from bahdanau.train import setup_run, train
+from bahdanau.training import setup_run, train
 
 BASE = ["--preset", "tiny", "--time-budget", "0", "--beam-size", "1", "--max-len", "5",
         "--threads", "1", "--log-every", "1"]

@@ -1,4 +1,4 @@
-"""Checkpoint averaging (bahdanau.averaging) and the checkpoints it picks (keep_best, best_n).
+"""Checkpoint averaging (bahdanau.checkpoint) and the checkpoints it picks (keep_best, best_n).
 
 Expectations: the average of two checkpoints is the element-wise mean of their weights computed
 by hand in float64 (and, for weights set to exact values, that value); averaging one checkpoint
@@ -10,18 +10,19 @@ from __future__ import annotations
 import torch
 from training_fixtures import one_line_error, random_examples, tiny_model
 
-from bahdanau.averaging import average_checkpoints, select_checkpoints
 from bahdanau.checkpoint import (
     CheckpointManager,
-    checkpoint_payload,
+    average_checkpoints,
     load_checkpoint,
     model_from_checkpoint,
     save_checkpoint,
+    select_checkpoints,
     tokenizer_of,
 )
+from bahdanau.config import TrainConfig
 from bahdanau.data import DefaultTokenizer, Vocab
-from bahdanau.ema import WeightEMA
-from bahdanau.train import TrainConfig, train
+from bahdanau.training import WeightEMA, train
+from bahdanau.training.state import checkpoint_payload
 from bahdanau.translate import load
 
 VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()

@@ -26,17 +26,14 @@ from training_fixtures import random_examples, tiny_model
 
 from bahdanau.checkpoint import (
     CheckpointManager,
-    TrainState,
-    checkpoint_payload,
     load_checkpoint,
     model_from_checkpoint,
-    restore,
     save_checkpoint,
 )
+from bahdanau.config import TrainConfig
 from bahdanau.data import Vocab, collate
 from bahdanau.errors import InputError
-from bahdanau.train import (
-    TrainConfig,
+from bahdanau.training import (
     TrainRun,
     make_optimizer,
     run_step,
@@ -45,6 +42,7 @@ from bahdanau.train import (
     train_step,
     validate_run,
 )
+from bahdanau.training.state import TrainState, checkpoint_payload, restore
 
 VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
 DAMAGED = "damaged checkpoint: its contents do not match the digest stored in it"

@@ -26,7 +26,7 @@ from bahdanau.data import (
 )
 from bahdanau.data import corpus as corpus_module
 from bahdanau.errors import InputError
-from bahdanau.train import examples_digest, next_batches, run_step, setup_run
+from bahdanau.training import examples_digest, next_batches, run_step, setup_run
 
 
 def _write(path, lines, *, gz=False):

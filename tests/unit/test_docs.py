@@ -272,7 +272,7 @@ def test_paper_map_covers_the_paper() -> None:
                  "decoder.AttentiveDecoder.context", "decoder.AttentiveDecoder.update",
                  "decoder.AttentiveDecoder.readout", "functional.maxout",
                  "engine.DecoderEngine", "encoder.BiRNNEncoder", "encoder.init_recurrent_",
-                 "train.make_optimizer", "config.TrainConfig.clip_norm",
+                 "training.make_optimizer", "config.TrainConfig.clip_norm",
                  "data.BucketBatchSampler", "search.BeamSearch"):
         assert f"`bahdanau.{name}" in text, name
 

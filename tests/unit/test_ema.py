@@ -1,4 +1,4 @@
-"""The moving average of the weights (bahdanau.ema) in training, checkpoints and loading.
+"""The moving average of the weights (bahdanau.training.ema) in training, checkpoints and loading.
 
 Expectations: the average after k steps is the recursion e_0 = w_0, e_t = d e_{t-1} + (1 - d) w_t
 computed by hand in float64 from the weights recorded after each step; a resumed run ends with
@@ -13,17 +13,12 @@ import pytest
 import torch
 from training_fixtures import random_examples, tiny_model
 
-from bahdanau.checkpoint import (
-    checkpoint_payload,
-    load_checkpoint,
-    model_from_checkpoint,
-    restore,
-    save_checkpoint,
-)
+from bahdanau.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from bahdanau.config import TrainConfig
 from bahdanau.data import Vocab
-from bahdanau.ema import WeightEMA
 from bahdanau.errors import InputError
-from bahdanau.train import TrainConfig, run_step, setup_run, train, validate_run
+from bahdanau.training import WeightEMA, run_step, setup_run, train, validate_run
+from bahdanau.training.state import checkpoint_payload, restore
 from bahdanau.translate import load
 
 VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()

@@ -17,9 +17,10 @@ import torch
 from training_fixtures import tiny_model
 
 from bahdanau import BeamSearch, Ensemble, RNNEncDec, RNNSearch, greedy_search, presets
-from bahdanau.checkpoint import checkpoint_payload, save_checkpoint
+from bahdanau.checkpoint import save_checkpoint
 from bahdanau.data import DefaultTokenizer, Vocab, WhitespaceTokenizer
 from bahdanau.errors import InputError
+from bahdanau.training.state import checkpoint_payload
 from bahdanau.translate import load
 
 BOS, EOS = 1, 2

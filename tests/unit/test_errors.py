@@ -508,7 +508,7 @@ def _wrong_type_calls(tmp_path) -> list[tuple[str, object, str]]:
         translate_corpus,
     )
     from bahdanau.data import BucketBatchSampler
-    from bahdanau.train import setup_run
+    from bahdanau.training import setup_run
 
     model, vocab = MODELS["fast"], Vocab([f"w{i}" for i in range(V - 4)])
     tok = DefaultTokenizer()

@@ -1,4 +1,4 @@
-"""Learning-rate schedules (bahdanau.schedules) against hand-computed rates."""
+"""Learning-rate schedules (bahdanau.training.schedules) against hand-computed rates."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from bahdanau import InputError, TrainConfig
-from bahdanau.schedules import LRSchedule, set_lr
+from bahdanau.training import LRSchedule
+from bahdanau.training.schedules import set_lr
 
 
 def rates(cfg: TrainConfig, steps: list[int], decays: int = 0) -> list[float]:

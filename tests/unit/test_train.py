@@ -1,4 +1,4 @@
-"""Unit tests for bahdanau.train and bahdanau.checkpoint: steps, configs, checkpoints, resume."""
+"""Unit tests for bahdanau.training and bahdanau.checkpoint: steps, configs, checkpoints, resume."""
 
 from __future__ import annotations
 
@@ -11,25 +11,22 @@ import pytest
 import torch
 from training_fixtures import one_line_error, random_examples, tiny_model
 
-from bahdanau import checkpoint as checkpoint_module
 from bahdanau.checkpoint import (
     FORMAT_VERSION,
     CheckpointManager,
-    TrainState,
-    checkpoint_payload,
     load_checkpoint,
     model_from_checkpoint,
-    restore,
     save_checkpoint,
     upgrade_payload,
 )
+from bahdanau.checkpoint import files as checkpoint_module
 from bahdanau.cli import main
+from bahdanau.config import TrainConfig
 from bahdanau.data import BucketBatchSampler, DefaultTokenizer, Example, Vocab, collate
 from bahdanau.evaluate import translate_corpus
 from bahdanau.search import BeamSearch
-from bahdanau.train import (
+from bahdanau.training import (
     BatchPlan,
-    TrainConfig,
     evaluate_loss,
     examples_digest,
     make_optimizer,
@@ -40,6 +37,7 @@ from bahdanau.train import (
     train,
     train_step,
 )
+from bahdanau.training.state import TrainState, checkpoint_payload, restore
 
 VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
 
@@ -561,7 +559,7 @@ def test_resume_after_crash_from_periodic_checkpoint(tmp_path) -> None:
 
 
 def test_pieces_make_the_same_run_as_train(tmp_path) -> None:
-    """The loop of bahdanau.train's docstring, written out, trains exactly as train()."""
+    """The loop of bahdanau.training's docstring, written out, trains exactly as train()."""
     examples = random_examples(40)
     cfg = TrainConfig(batch_size=8, bucket=2, max_steps=9, log_every=100, save_every=4)
     whole = tiny_model(0, dropout=0.2)

@@ -17,14 +17,9 @@ from training_fixtures import one_line_error, random_examples, tiny_model
 
 import bahdanau
 from bahdanau import presets
-from bahdanau.checkpoint import (
-    checkpoint_payload,
-    find_checkpoint,
-    load_checkpoint,
-    save_checkpoint,
-    tokenizer_of,
-)
+from bahdanau.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint, tokenizer_of
 from bahdanau.cli import main
+from bahdanau.config import TrainConfig
 from bahdanau.data import (
     DefaultTokenizer,
     SentencePieceTokenizer,
@@ -37,7 +32,8 @@ from bahdanau.data import (
 from bahdanau.evaluate import translate_corpus
 from bahdanau.models import build_model
 from bahdanau.search import BeamSearch
-from bahdanau.train import TrainConfig, setup_run, train
+from bahdanau.training import setup_run, train
+from bahdanau.training.state import checkpoint_payload
 
 VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
 SEARCH = BeamSearch(beam_size=2, max_len=8)

@@ -19,7 +19,7 @@ extra["averaged_from"] lists the members' files and steps.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,21 +27,21 @@ import torch
 from torch import Tensor
 
 from bahdanau._checks import check_path, describe
-from bahdanau.checkpoint import (
-    FORMAT_VERSION,
-    CheckpointManager,
-    _check_weights,
-    _named,
-    _stored_parts,
-    _tokenizer_data,
-    checkpoints_folder,
-    read_members,
+from bahdanau.checkpoint.files import FORMAT_VERSION, load_checkpoint, named, upgrade_payload
+from bahdanau.checkpoint.manager import CheckpointManager, checkpoints_folder
+from bahdanau.checkpoint.payload import (
+    check_weights,
+    stored_parts,
+    tokenizer_data,
     translation_weights,
 )
+from bahdanau.data.tokenizers import DefaultTokenizer, tokenizer_to_payload
 from bahdanau.errors import InputError
 from bahdanau.models import build_model
 
-__all__ = ["average_checkpoints", "select_checkpoints"]
+__all__ = ["average_checkpoints", "check_members", "read_members", "select_checkpoints"]
+
+_BULKY = ("model", "ema", "optimizer", "scaler", "rng")   # not kept of the first member
 
 
 def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | None = None,
@@ -103,7 +103,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
     Args:
         paths: the members' checkpoint files (formats 1 and 2), each once.
     Returns:
-        A payload for `save_checkpoint` (see the module docstring).
+        A payload for `save_checkpoint` (docs/checkpoint-format.md).
     Raises:
         FileNotFoundError: a member does not exist.
         InputError: no paths, a file listed twice, a damaged or malformed member, weights that
@@ -126,13 +126,13 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
     total: dict[str, Tensor] = {}
     members = []
     for path, payload in read_members(files, same_config=True):
-        with _named(path):
+        with named(path):
             section, weights = translation_weights(payload)
             if model is None:
                 first = {k: payload[k] for k in ("model_config", "src_vocab", "tgt_vocab")}
-                tokenizer = _tokenizer_data(payload)[1]
-                model = build_model(_stored_parts(payload)[0])
-            _check_weights(weights, model, section)
+                tokenizer = tokenizer_data(payload)[1]
+                model = build_model(stored_parts(payload)[0])
+            check_weights(weights, model, section)
         for key, value in weights.items():
             dtypes.setdefault(key, value.dtype)
             if not value.is_floating_point():
@@ -156,3 +156,82 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
         "extra": {"averaged_from": members},
         **({} if tokenizer is None else {"tokenizer": tokenizer}),
     }
+
+
+def _tokenizer_summary(payload: dict[str, Any]) -> tuple[Any, str]:
+    """A payload's tokenizer as a comparable value and a short description."""
+    data = tokenizer_data(payload)[1]
+    if data is None:
+        data = tokenizer_to_payload(DefaultTokenizer())
+    if not isinstance(data, dict):
+        return data, repr(data)
+    model = data.get("model")
+    if isinstance(model, Tensor):        # SentencePiece: compared by its bytes
+        return ({**data, "model": bytes(model.cpu().numpy())},
+                f"{data.get('name')}, a {model.numel()}-byte model")
+    settings = ", ".join(f"{k}={v!r}" for k, v in data.items() if k != "name")
+    return data, f"{data.get('name')}{f' ({settings})' if settings else ''}"
+
+
+def check_members(members: list[tuple[Path, dict[str, Any]]], *, same_config: bool) -> None:
+    """Refuse checkpoints that cannot be averaged or ensembled together.
+
+    Every member must have the first one's vocabularies and tokenizer (an ensemble's models
+    read the same source ids and vote on the same target ids); members to be averaged must also
+    have its model config (the same weights, element for element).
+
+    Args:
+        members: (file, payload of the current format) pairs, at least one.
+        same_config: also require the first member's model config (averaging).
+    Raises:
+        InputError: a payload that is inconsistent in itself, or a member that differs from the
+            first: one line naming its file, what differs and the first file.
+    """
+    first_path, first = members[0]
+    with named(first_path):
+        config, src_vocab, tgt_vocab = stored_parts(first)
+    tokenizer, described = _tokenizer_summary(first)
+    for path, payload in members[1:]:
+        with named(path):
+            other_config, other_src, other_tgt = stored_parts(payload)
+        if same_config and other_config != config:
+            diff = [f"{k}={v!r} vs {config.to_dict()[k]!r}"
+                    for k, v in other_config.to_dict().items() if v != config.to_dict()[k]]
+            raise InputError(f"{path}: its model config differs from {first_path}'s "
+                             f"({'; '.join(diff)}): only checkpoints of one model can be "
+                             "averaged")
+        for side, ours, theirs in (("source", src_vocab, other_src),
+                                   ("target", tgt_vocab, other_tgt)):
+            if ours != theirs:
+                raise InputError(f"{path}: its {side} vocabulary ({len(theirs)} entries) "
+                                 f"differs from {first_path}'s ({len(ours)} entries): the "
+                                 "checkpoints must share their vocabularies")
+        other, other_described = _tokenizer_summary(payload)
+        if other != tokenizer:
+            raise InputError(f"{path}: its tokenizer ({other_described}) differs from "
+                             f"{first_path}'s ({described}): the checkpoints must share their "
+                             "tokenizer")
+
+
+def read_members(paths: Sequence[Path], *, same_config: bool
+                 ) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The checkpoints to average or ensemble, each with its payload (current format), read one
+    at a time; each after the first is checked against it (`check_members`) before it comes.
+
+    Args:
+        paths: the members' files.
+        same_config: as for `check_members` (averaging).
+    Raises:
+        InputError: a damaged or malformed file (named first), or a member that `check_members`
+            refuses.
+    """
+    first: dict[str, Any] | None = None      # the first member without its weights and states
+    for path in paths:
+        with named(path):
+            payload = upgrade_payload(load_checkpoint(path))
+        if first is None:
+            first = {k: v for k, v in payload.items() if k not in _BULKY}
+        else:
+            check_members([(paths[0], first), (path, payload)], same_config=same_config)
+        yield path, payload
+        del payload                          # before the next member is read

@@ -17,7 +17,7 @@ For update `step` (1 for the first), with lr the configured learning rate
 `min_lr` (default 0) floors the decayed rate; the warm-up scales from 0 to it as to any other.
 The plateau schedule's only state is its number of decays, `TrainState.lr_decays`, which every
 checkpoint holds: a resumed run takes the same learning rate as an uninterrupted one. Every
-other schedule is a function of the step alone. `bahdanau.train.setup_run` builds the run's
+other schedule is a function of the step alone. `bahdanau.training.setup_run` builds the run's
 `LRSchedule` once (`LRSchedule.from_config`); `run_step` sets each update's rate and
 `validate_run` counts the decays.
 """

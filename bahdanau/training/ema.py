@@ -8,7 +8,7 @@ With decay d, after the t-th training step
 so that e_t weighs the last ~1 / (1 - d) steps' weights most (d = 0.999: the last thousand).
 Averaged weights often translate better than the last ones, without a second training run.
 
-`bahdanau.train` keeps one in `TrainRun.ema` when `TrainConfig.ema_decay` is set: it is updated
+`bahdanau.training` keeps one in `TrainRun.ema` when `TrainConfig.ema_decay` is set: it is updated
 after every step, the dev evaluations score it (so ``best.pt`` is the best average), and every
 checkpoint stores it in its `ema` section, from which an exact resume restores it. Whatever loads
 a checkpoint to translate (`bahdanau.load`, `model_from_checkpoint`, the command line, averaging

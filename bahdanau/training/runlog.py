@@ -1,6 +1,6 @@
 """A training run's records besides its checkpoints: the log file and TensorBoard events.
 
-`TrainLog` is the `log` that `bahdanau train` hands to `bahdanau.train.train_run`: every line is
+`TrainLog` is the `log` that `bahdanau train` hands to `bahdanau.training.train_run`: every line is
 printed and also appended to the run folder's ``train.log`` (flushed line by line, a header line
 per start naming the command line and the time). `TensorBoardLog` writes what `train_run` passes
 to its `scalars` callback, and alignment images, as TensorBoard event files:

@@ -1,0 +1,174 @@
+"""What a checkpoint holds besides its training state: the model, its weights and its tokenizer.
+
+`model_from_checkpoint` rebuilds the model (eval mode) and its vocabularies for translation,
+`translation_weights` picks the weights a checkpoint translates with (the moving average when it
+has one) and `tokenizer_of` the tokenizer it was trained with. `stored_parts` and
+`check_weights` are the checks every reader of a payload runs before it changes anything.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from bahdanau._checks import describe, resolve_device
+from bahdanau.checkpoint.files import load_checkpoint, named, parse_section, upgrade_payload
+from bahdanau.config import ModelConfig
+from bahdanau.data.sentencepiece import SentencePieceTokenizer, check_vocabs
+from bahdanau.data.tokenizers import (
+    DefaultTokenizer,
+    Tokenizer,
+    tokenizer_from_payload,
+)
+from bahdanau.data.vocab import Vocab
+from bahdanau.errors import InputError
+from bahdanau.models import build_model
+
+
+def stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig, Vocab, Vocab]:
+    """The payload's model config and vocabularies, checked against each other."""
+    config = parse_section(payload, "model_config", ModelConfig.from_dict)
+    src_vocab = parse_section(payload, "src_vocab", Vocab.from_dict)
+    tgt_vocab = parse_section(payload, "tgt_vocab", Vocab.from_dict)
+    try:
+        config.check_vocabs(src_vocab, tgt_vocab)
+    except ValueError as err:
+        raise InputError(f"checkpoint is inconsistent: {err}") from None
+    return config, src_vocab, tgt_vocab
+
+
+def check_weights(stored: Any, model: nn.Module, section: str = "model") -> None:
+    """Refuse stored weights (the payload's `section`: "model" or "ema") that
+    `model.load_state_dict` would refuse or that are not finite.
+
+    Checked before loading because `load_state_dict` copies the weights that fit before it
+    raises for the ones that do not.
+    """
+    if not isinstance(stored, dict):
+        raise InputError(f"checkpoint {section} is a {type(stored).__name__}, not a state_dict")
+    what = "checkpoint" if section == "model" else f"checkpoint {section}"
+    expected = model.state_dict()
+    for key, ours in expected.items():
+        if key not in stored:
+            raise InputError(f"{what} weights do not fit the model: {key!r} is missing")
+        theirs = stored[key]
+        if not isinstance(theirs, Tensor):
+            raise InputError(f"{what} weights do not fit the model: {key!r} is a "
+                             f"{type(theirs).__name__}, not a tensor")
+        if theirs.shape != ours.shape:
+            raise InputError(f"{what} weights do not fit the model: {key!r} has shape "
+                             f"{tuple(theirs.shape)}, the model's has {tuple(ours.shape)}")
+    for key in stored:
+        if key not in expected:
+            raise InputError(f"{what} weights do not fit the model: {key!r} is not one of "
+                             "its weights")
+    for key, tensor in stored.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise InputError(f"{what} weight {key!r} holds NaN or inf")
+
+
+def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *,
+                          device: str | torch.device = "cpu", ema: bool = True
+                          ) -> tuple[nn.Module, Vocab, Vocab]:
+    """Rebuild the model (eval mode) and its vocabularies from a checkpoint file or payload.
+
+    Reads formats 1 and 2 (docs/checkpoint-format.md). The weights are those the checkpoint
+    translates with (`translation_weights`): its `ema` section when it has one, else `model`.
+
+    Args:
+        checkpoint: a checkpoint file, or a payload from `load_checkpoint`.
+        device: where the model goes.
+        ema: False takes the trained weights (`model`) even where there are EMA weights.
+    Returns:
+        (model, src_vocab, tgt_vocab).
+    Raises:
+        FileNotFoundError: no such file.
+        InputError: not a checkpoint this code reads, a damaged file, a malformed section, its
+            model config and vocabularies disagree (sizes or special ids; both values are
+            named), or its weights do not fit its config or are not finite. The message starts
+            with the file when `checkpoint` is a path.
+    """
+    device = resolve_device(device)
+    if not isinstance(checkpoint, (dict, str, os.PathLike)):
+        raise InputError(f"checkpoint must be a file path or a payload dict, "
+                         f"got {describe(checkpoint)}")
+    path = None if isinstance(checkpoint, dict) else checkpoint
+    with named(path):
+        payload = upgrade_payload(checkpoint if path is None else load_checkpoint(path))
+        config, src_vocab, tgt_vocab = stored_parts(payload)
+        model = build_model(config)
+        section, weights = translation_weights(payload, ema=ema)
+        check_weights(weights, model, section)
+    model.load_state_dict(weights)
+    return model.to(device).eval(), src_vocab, tgt_vocab
+
+
+def translation_weights(payload: dict[str, Any], *, ema: bool = True
+                        ) -> tuple[str, dict[str, Tensor]]:
+    """The weights a checkpoint translates with: its `ema` section (the moving average of
+    training, `bahdanau.training.ema`) when it has one and `ema` is True, else its `model` section.
+
+    Args:
+        payload: a checkpoint dict of the current format (`upgrade_payload`).
+        ema: False always takes `model`.
+    Returns:
+        (the section's name, its state_dict), unchecked.
+    """
+    if ema and payload.get("ema") is not None:
+        return "ema", payload["ema"]
+    return "model", payload["model"]
+
+
+def tokenizer_of(payload: dict[str, Any]) -> Tokenizer:
+    """The tokenizer that a checkpoint's model was trained with.
+
+    The payload's `tokenizer` section; for a checkpoint without one (written by an earlier
+    version, or without a tokenizer given), a `DefaultTokenizer` with the settings that the
+    command line kept in extra["tokenizer"] ("lowercase", "joiners"; missing ones take their
+    defaults), else `DefaultTokenizer()`. A SentencePiece tokenizer is checked against both
+    stored vocabularies.
+
+    Args:
+        payload: a checkpoint dict (format 1 or 2), e.g. from `load_checkpoint`.
+    Returns:
+        The tokenizer.
+    Raises:
+        InputError: the section (or extra["tokenizer"]) is malformed or names a tokenizer that
+            bahdanau does not store, its SentencePiece model does not load (or sentencepiece is
+            not installed), or a stored vocabulary holds a word that is not a piece of that
+            model; one line each.
+    """
+    payload = upgrade_payload(payload)
+    section, data = tokenizer_data(payload)
+    if data is None:
+        return DefaultTokenizer()
+    try:
+        tokenizer = tokenizer_from_payload(data)
+    except InputError as err:
+        raise InputError(f"checkpoint {section}: {err}") from None
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        src_vocab = parse_section(payload, "src_vocab", Vocab.from_dict)
+        tgt_vocab = parse_section(payload, "tgt_vocab", Vocab.from_dict)
+        try:
+            check_vocabs(tokenizer, src_vocab, tgt_vocab)
+        except InputError as err:
+            raise InputError(f"checkpoint {section} does not fit its vocabularies: {err}"
+                             ) from None
+    return tokenizer
+
+
+def tokenizer_data(payload: dict[str, Any]) -> tuple[str, Any]:
+    """(where, what) a payload stores of its tokenizer, as `tokenizer_of` reads it: the
+    `tokenizer` section, else extra["tokenizer"] with the missing default settings filled in;
+    None for neither (`DefaultTokenizer()`)."""
+    data = payload.get("tokenizer")
+    if data is not None:
+        return "tokenizer", data
+    extra = payload["extra"] if isinstance(payload["extra"], dict) else {}
+    data = extra.get("tokenizer")
+    if isinstance(data, dict) and data.get("name", "default") == "default":
+        data = {"lowercase": False, "joiners": "prefix", **data, "name": "default"}
+    return "extra['tokenizer']", data

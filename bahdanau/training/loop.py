@@ -1,0 +1,261 @@
+"""The training loop: `train` and `train_run`, the named pieces of a run put together.
+
+`train` is `setup_run` then `train_run`: the loop of `bahdanau.training.run` with a periodic
+log line, early stopping, a final evaluation and checkpoint, and SIGINT/SIGTERM/SIGHUP turned
+into a checkpoint and a clean stop; an interrupted run resumes exactly, and under
+`torch.distributed` (e.g. `torchrun`) it trains with data parallelism: `BatchPlan` makes each
+update `processes x accumulation` consecutive batches, each process training on its share, and
+`train_step` gives it the gradient of the update's summed loss over its sentence count, as one
+process would.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from bahdanau.config import TrainConfig
+from bahdanau.data.batching import Example
+from bahdanau.data.tokenizers import Tokenizer
+from bahdanau.data.vocab import Vocab
+from bahdanau.errors import InputError
+from bahdanau.training.run import TrainRun, run_step, save_run, setup_run, stop_reason, validate_run
+
+# Ctrl-C, a scheduler's or `kill`'s request, a closed terminal (where the platform has it).
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                      if hasattr(signal, name))
+_LIMITS = ("max_steps", "max_time", "max_epochs")   # stops after which a last evaluation runs
+
+
+# What a log line's numbers are called in `train_run`'s `scalars` (history key -> tag).
+_SCALAR_TAGS = {"loss": "train/loss", "ppl": "train/ppl", "lr": "train/lr",
+                "grad_norm": "train/grad_norm", "tokens_per_s": "train/tgt_tokens_per_s"}
+_Scalars = Callable[[int, dict[str, float]], None]    # train_run's `scalars` callback
+
+
+@contextmanager
+def _stop_on_signals(run: TrainRun, log: Callable[[str], None]) -> Iterator[None]:
+    """While inside, SIGINT, SIGTERM and SIGHUP set `run.signal` (so the loop saves and stops at
+    the end of its step) instead of killing the process; a second one acts as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield                                  # handlers can only be set in the main thread
+        return
+    previous = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+
+    def request_stop(signum: int, frame: Any) -> None:
+        run.signal = signal.Signals(signum).name.lower()
+        signal.signal(signum, previous[signal.Signals(signum)])
+        if run.is_main:
+            log(f"{run.signal.upper()}: stopping after this step, with a checkpoint")
+
+    for sig in previous:
+        signal.signal(sig, request_stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+@dataclass
+class TrainResult:
+    """Summary of a `train` / `train_run` call."""
+
+    step: int                          # optimizer steps taken in total (resumed ones included)
+    epoch: int                         # epoch of the next batch (TrainState.epoch)
+    stopped: str                       # why it stopped: a `stop_reason`
+    elapsed_s: float                   # training time, resumed runs included
+    start_step: int = 0                # the step this call started from (resumed: > 0)
+    best_metric: float | None = None   # best validate() value
+    best_step: int | None = None
+    train_loss: float = math.nan       # per-token loss, last log window (nan: no step taken)
+    history: list[dict[str, float]] = field(default_factory=list)   # one dict per log line
+    evals: list[tuple[int, float]] = field(default_factory=list)    # (step, metric)
+    last_checkpoint: Path | None = None
+    best_checkpoint: Path | None = None
+
+
+def _format_eta(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+def _eta(run: TrainRun, seconds_per_step: float) -> str:
+    """Time left until the nearest limit, as h:mm:ss."""
+    cfg, state = run.cfg, run.state
+    left = []
+    if cfg.max_steps is not None:
+        left.append((cfg.max_steps - state.step) * seconds_per_step)
+    if cfg.max_time_s is not None:
+        left.append(cfg.max_time_s - state.elapsed_s)
+    if cfg.max_epochs is not None:
+        per_epoch = len(run.plan.sampler.epoch_batches(state.epoch))
+        left.append(((cfg.max_epochs - state.epoch) * per_epoch - state.position)
+                    / run.plan.size * seconds_per_step)
+    return _format_eta(min(left)) if left else "?"
+
+
+def _evaluate(run: TrainRun, validate: Callable[[nn.Module], float], result: TrainResult,
+              log: Callable[[str], None], scalars: _Scalars | None) -> tuple[float, bool]:
+    """`validate_run`, recorded in `result` and logged."""
+    state = run.state
+    lr = run.schedule(state.step + 1, state.lr_decays)
+    metric, improved = validate_run(run, validate)
+    result.evals.append((state.step, metric))
+    if run.is_main:
+        new_lr = run.schedule(state.step + 1, state.lr_decays)
+        decayed = f" | lr decayed to {new_lr:.3g}" if new_lr < lr else ""
+        log(f"step {state.step} | eval {metric:.4f} | best {state.best_metric:.4f} at step "
+            f"{state.best_step}{decayed}")
+        if scalars is not None:
+            scalars(state.step, {"dev/metric": metric})
+    return metric, improved
+
+
+def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, src_vocab: Vocab,
+          tgt_vocab: Vocab, checkpoint_dir: str | Path | None = None, resume: bool = True,
+          validate: Callable[[nn.Module], float] | None = None,
+          log: Callable[[str], None] = print, device: str | torch.device = "cpu",
+          extra: dict[str, Any] | None = None, tokenizer: Tokenizer | None = None,
+          scalars: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
+    """Train `model` on `examples` until a step, epoch, time or patience limit is reached.
+
+    The loop of `bahdanau.training.run`: `setup_run`, then `run_step` until `stop_reason`, with a
+    log line every `cfg.log_every` steps, `validate_run` every `cfg.eval_every` steps and
+    `save_run` every `cfg.save_every` steps and at every evaluation whose checkpoint is kept
+    (an improvement, or with `cfg.keep_best` > 1 one of the best so far); at the end a last
+    evaluation and checkpoint unless this step already had them. `examples` are used as given
+    (the longest sentence is a data setting: `encode_pairs(..., max_len=50)`).
+
+    Resumption: with `checkpoint_dir` and `resume`, the latest checkpoint there is restored, so
+    an interrupted run ends with the same weights as an uninterrupted one. Distributed: see
+    `setup_run`; `validate` runs on rank 0 only, and only rank 0 logs and saves. Every rank
+    resumes from the same checkpoint directory.
+
+    Args:
+        model, examples, cfg, src_vocab, tgt_vocab, checkpoint_dir, resume, device, extra,
+            tokenizer: as for `setup_run`.
+        validate: called as `validate(model)` (in eval mode) every `cfg.eval_every` steps and at
+            the end; higher is better (e.g. dev BLEU). Drives best.pt and early stopping.
+        log: receives one line every `cfg.log_every` steps and at evaluations.
+        scalars: called as `scalars(step, values)` with a log line's numbers by tag
+            ("train/loss" and "train/ppl" per target token over the steps since the last line,
+            "train/lr", "train/grad_norm" of the last step, "train/tgt_tokens_per_s") and at
+            each evaluation with {"dev/metric": validate's value}; for TensorBoard, pass
+            `bahdanau.training.runlog.TensorBoardLog(folder).scalars`. On rank 0 only, as `log`.
+    Returns:
+        A `TrainResult`.
+    Raises:
+        InputError: as `setup_run`, before any training.
+    """
+    run = setup_run(model, examples, cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
+                    checkpoint_dir=checkpoint_dir, resume=resume, device=device, extra=extra,
+                    tokenizer=tokenizer)
+    return train_run(run, validate=validate, log=log, scalars=scalars)
+
+
+def train_run(run: TrainRun, *, validate: Callable[[nn.Module], float] | None = None,
+              log: Callable[[str], None] = print,
+              scalars: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
+    """The loop of `train` over a run from `setup_run`.
+
+    It first logs where a resumed run starts and what the resume changed
+    (`run.resume_changes`, which a caller may reword). SIGINT, SIGTERM and SIGHUP (in the main
+    thread) do not kill it: the step under way finishes, a checkpoint is saved and the result's
+    `stopped` is "sigint", "sigterm" or "sighup"; a second signal acts as usual. A run that has
+    already reached a limit trains nothing and writes nothing.
+
+    Args:
+        run: the run.
+        validate, log, scalars: as for `train`.
+    Returns:
+        A `TrainResult`.
+    Raises:
+        InputError: `run.cfg.schedule` is "plateau" (it decays on evaluations) and `validate`
+            is None; nothing is trained then.
+    """
+    if run.cfg.schedule == "plateau" and validate is None:
+        raise InputError("schedule 'plateau' decays the learning rate after evaluations "
+                         "without improvement: give validate")
+    state = run.state
+    if run.resumed_from is not None and run.is_main:
+        log(f"resumed from {run.resumed_from} at step {state.step}, epoch {state.epoch}")
+        for change in run.resume_changes:
+            log(f"changed on resume: {change}")
+    result = TrainResult(step=state.step, epoch=state.epoch, stopped="",
+                         elapsed_s=state.elapsed_s, start_step=state.step)
+    with _stop_on_signals(run, log):
+        stopped = _loop(run, validate, log, result, scalars)
+    if run.distributed:          # every rank returns once rank 0 has written the last checkpoint
+        torch.distributed.barrier()
+    result.step, result.epoch, result.stopped = state.step, state.epoch, stopped
+    result.elapsed_s = state.elapsed_s
+    result.best_metric, result.best_step = state.best_metric, state.best_step
+    if run.manager is not None and run.is_main:
+        result.last_checkpoint, result.best_checkpoint = run.manager.latest(), run.manager.best()
+    return result
+
+
+def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
+          log: Callable[[str], None], result: TrainResult, scalars: _Scalars | None) -> str:
+    """`train_run`'s steps, evaluations and checkpoints; returns the stop reason."""
+    cfg, state = run.cfg, run.state
+    first_step, start = state.step, time.monotonic()
+    window_start, window_loss, window_tokens = start, 0.0, 0
+    last_saved = last_eval = state.step
+    stopped = stop_reason(run)
+    while not stopped:
+        stats = run_step(run)
+        window_loss += stats.loss_sum
+        window_tokens += stats.n_tokens
+        if state.step % cfg.log_every == 0:
+            now = time.monotonic()
+            loss = window_loss / max(window_tokens, 1)
+            entry = {"step": state.step, "epoch": state.epoch, "loss": loss,
+                     "ppl": math.exp(min(loss, 700.0)), "grad_norm": stats.grad_norm,
+                     "tokens_per_s": window_tokens / max(now - window_start, 1e-9),
+                     "lr": float(run.optimizer.param_groups[0]["lr"])}
+            result.history.append(entry)
+            result.train_loss = loss
+            if run.is_main:
+                eta = _eta(run, (now - start) / (state.step - first_step))
+                log(f"step {state.step} | epoch {state.epoch} | loss {loss:.4f} | "
+                    f"ppl {entry['ppl']:.2f} | {entry['tokens_per_s']:.0f} tgt tok/s | "
+                    f"grad {stats.grad_norm:.3f} | lr {entry['lr']:.3g} | eta {eta}")
+                if scalars is not None:
+                    scalars(state.step, {tag: entry[key] for key, tag in _SCALAR_TAGS.items()})
+            window_start, window_loss, window_tokens = now, 0.0, 0
+        metric, improved = None, False
+        if validate is not None and state.step % cfg.eval_every == 0:
+            metric, improved = _evaluate(run, validate, result, log, scalars)
+            last_eval = state.step
+        stopped = stop_reason(run)
+        if state.step % cfg.save_every == 0 or improved or _kept(run, metric):
+            save_run(run, metric=metric)
+            last_saved = state.step
+
+    if window_tokens:
+        result.train_loss = window_loss / window_tokens
+    final_metric = None
+    if validate is not None and last_eval != state.step and stopped in _LIMITS:
+        final_metric, _ = _evaluate(run, validate, result, log, scalars)
+    if last_saved != state.step or _kept(run, final_metric):
+        save_run(run, metric=final_metric)
+    return stopped
+
+
+def _kept(run: TrainRun, metric: float | None) -> bool:
+    """Whether the checkpoint manager would keep a checkpoint of this evaluation (it beats the
+    best, or ranks among the `keep_best` best): then the step is saved even off `save_every`."""
+    return (metric is not None and run.manager is not None and run.is_main
+            and run.manager.would_keep(metric))

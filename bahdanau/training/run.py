@@ -1,0 +1,458 @@
+"""A training run as named pieces over one state: setup, next batches, step, validate, save, stop.
+
+Users can write their own loop with the same parts (as torchtune's recipes do)::
+
+    run = setup_run(model, examples, cfg, src_vocab=..., tgt_vocab=..., checkpoint_dir=...)
+    while not stop_reason(run):                 # step, epoch, time or patience limit
+        stats = run_step(run)                   # one update on the next batch
+        if run.state.step % 500 == 0:
+            metric, improved = validate_run(run, validate)
+            save_run(run, metric=metric)         # best.pt if it is the best so far
+
+`setup_run` builds a `TrainRun` (the model, optimizer, batch plan, checkpoint manager, ...) and
+resumes its `TrainState` (step, place in the data, best metric, time) from the latest checkpoint.
+With `cfg.ema_decay`, `run.ema` keeps a moving average of the weights (`bahdanau.training.ema`):
+`run_step` updates it, `validate_run` scores it and `save_run` stores it (what translates from a
+checkpoint uses it), while `run.model` keeps the trained weights. Each update's learning rate
+comes from `cfg`'s schedule (`bahdanau.training.schedules`): `run_step` sets it, `validate_run`
+counts the plateau decays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import signal
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from bahdanau._checks import check_type, is_finite_number, resolve_device
+from bahdanau.checkpoint.files import (
+    complete_old_state,
+    load_checkpoint,
+    named,
+    parse_section,
+    upgrade_payload,
+)
+from bahdanau.checkpoint.manager import CheckpointManager
+from bahdanau.config import TrainConfig
+from bahdanau.data.batching import Batch, BucketBatchSampler, Example, check_examples, collate
+from bahdanau.data.corpus import PreparedCorpus
+from bahdanau.data.sentencepiece import check_vocabs
+from bahdanau.data.tokenizers import Tokenizer, tokenizer_to_payload
+from bahdanau.data.vocab import Vocab
+from bahdanau.errors import InputError
+from bahdanau.training.distributed import broadcast, is_distributed
+from bahdanau.training.ema import WeightEMA
+from bahdanau.training.plan import BatchLoader, BatchPlan, PlannedUpdate
+from bahdanau.training.schedules import LRSchedule, set_lr
+from bahdanau.training.state import (
+    TrainState,
+    checkpoint_payload,
+    model_config_of,
+    restore,
+    unwrap_model,
+)
+from bahdanau.training.step import AMP_DTYPES, LossModule, StepStats, make_optimizer, train_step
+
+
+@dataclass
+class TrainRun:
+    """One training run: the live objects and the `TrainState` that the loop's pieces share.
+
+    Built by `setup_run`; `next_batches`, `run_step`, `validate_run`, `save_run` and `stop_reason`
+    read it and update `state`. Only `state` (with the model, optimizer, scaler and RNG states)
+    goes into checkpoints; the rest is rebuilt by `setup_run`.
+    """
+
+    model: nn.Module                        # the model being trained (no wrappers)
+    step_model: nn.Module                   # what train_step calls: model or DDP(LossModule)
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler | None     # fp16 only
+    plan: BatchPlan                         # each update's batches (plan.sampler: each epoch's)
+    examples: Sequence[Example]
+    cfg: TrainConfig
+    schedule: LRSchedule                    # each update's learning rate, from cfg
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+    state: TrainState
+    device: torch.device
+    manager: CheckpointManager | None = None   # None: no checkpoints
+    extra: dict[str, Any] = field(default_factory=dict)  # stored in every checkpoint
+    tokenizer: Tokenizer | None = None      # stored in every checkpoint's tokenizer section
+    distributed: bool = False               # torch.distributed is initialised
+    is_main: bool = True                    # rank 0: validates, logs and saves
+    resumed_from: Path | None = None        # the checkpoint the state came from
+    resume_changes: list[str] = field(default_factory=list)  # logged by train_run
+    signal: str = ""                        # "sigint", "sigterm" or "sighup" once one arrived
+    clock: float = field(default_factory=time.monotonic)  # when state.elapsed_s was updated
+    loader: BatchLoader | None = None       # with cfg.loader_workers: batches collated ahead
+    ema: WeightEMA | None = None            # with cfg.ema_decay: the weights' moving average
+
+
+def _tick(run: TrainRun) -> None:
+    """Add the time since the last tick to `run.state.elapsed_s`."""
+    now = time.monotonic()
+    run.state.elapsed_s += now - run.clock
+    run.clock = now
+
+
+def examples_digest(examples: Sequence[Example]) -> str:
+    """SHA-256 of the examples' source and target ids, in order: what a resumed run checks to
+    know it trains on the same data (`TrainState.examples_digest`)."""
+    hasher = hashlib.sha256()
+    for ex in examples:
+        hasher.update(np.asarray([len(ex.src), *ex.src, len(ex.tgt), *ex.tgt],
+                                 dtype=np.int64).tobytes())
+    return hasher.hexdigest()
+
+
+def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *,
+              src_vocab: Vocab, tgt_vocab: Vocab, checkpoint_dir: str | Path | None = None,
+              resume: bool = True, device: str | torch.device = "cpu",
+              extra: dict[str, Any] | None = None,
+              tokenizer: Tokenizer | None = None) -> TrainRun:
+    """Check the arguments, build the optimizer and sampler, and resume the latest checkpoint.
+
+    With `checkpoint_dir` and `resume`, the latest checkpoint there is restored (weights,
+    optimizer, GradScaler, RNG states and the `TrainState`) once it is checked whole, and the
+    save of it that a crash may have cut short is completed (`CheckpointManager.complete_save`);
+    otherwise torch's RNG is seeded with `cfg.seed` and the state starts at step 0. Under
+    `torch.distributed` the model is wrapped in `DistributedDataParallel` (as
+    `run.step_model`), and each update is `processes x cfg.accumulation` batches of which
+    every process takes its share (`BatchPlan`).
+
+    Args:
+        model: an `RNNSearch` / `RNNEncDec`, moved to `device`; it needs its `.config` (as
+            `build_model` makes it) to be checkpointed.
+        examples: training examples, encoded with `src_vocab` and `tgt_vocab`: a list from
+            `encode_pairs`, or a `PreparedCorpus` (memory-mapped, the same examples).
+        cfg: training settings; at least one of max_steps, max_epochs, max_time_s must be set.
+        src_vocab, tgt_vocab: must match `model.config` (sizes and special ids); stored in
+            checkpoints and checked on resume.
+        checkpoint_dir: where checkpoints go; None: no checkpoints.
+        resume: continue from the latest checkpoint in `checkpoint_dir`, if any. False needs a
+            directory without checkpoints: an earlier run's files are never overwritten. A
+            resumed run keeps its examples (`examples_digest`), the stored optimizer type,
+            batch definition and seed (`TrainConfig.FIXED_ON_RESUME`; a change is refused) and
+            the batches of an update, processes x accumulation (another number of processes
+            needs the accumulation that keeps the product), and it applies every other
+            changed field of `cfg`, listed in `run.resume_changes`; the optimizer's settings
+            are set from `cfg` (`TrainConfig.set_hyperparameters`), and each update's learning
+            rate from `cfg`'s schedule and the stored plateau decays (`TrainState.lr_decays`).
+        device: where to train.
+        extra: checkpoint-safe entries stored in every checkpoint under "extra".
+        tokenizer: the tokenizer the examples were made with (`DefaultTokenizer`,
+            `WhitespaceTokenizer` or `SentencePieceTokenizer`), stored in every checkpoint
+            (its `tokenizer` section), so that `bahdanau.load` and the command line translate
+            with it; None stores none.
+    Returns:
+        The `TrainRun`.
+    Raises:
+        InputError: no stopping limit, no examples, vocabularies whose sizes or special ids
+            differ from `model.config`'s, a tokenizer that cannot be stored or (SentencePiece)
+            whose pieces the vocabularies' words are not, a checkpoint directory with a model
+            that has no `.config`, `resume=False` with a directory holding checkpoints, or a
+            checkpoint that is damaged, malformed or does not match: model config,
+            vocabularies, a fixed `cfg` field or the batches of an update (the file first,
+            then what is wrong). Nothing
+            is trained and no file is written then.
+    """
+    lengths, digest = _check_inputs(model, examples, cfg, src_vocab, tgt_vocab,
+                                    checkpoint_dir is not None, tokenizer)
+    device = resolve_device(device)
+    manager = (_checkpoint_manager(checkpoint_dir, cfg, resume)
+               if checkpoint_dir is not None else None)
+    latest = manager.latest() if manager is not None else None
+    distributed = is_distributed()
+    processes = torch.distributed.get_world_size() if distributed else 1
+    rank = torch.distributed.get_rank() if distributed else 0
+    payload, changes = (_resumable(latest, cfg, digest, processes) if latest is not None
+                        else (None, []))
+    model.to(device)
+    optimizer = make_optimizer(model, cfg)
+    ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay is not None else None
+    scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
+    sampler = BucketBatchSampler(lengths, batch_size=None if cfg.max_tokens else cfg.batch_size,
+                                 max_tokens=cfg.max_tokens, bucket=cfg.bucket, seed=cfg.seed,
+                                 num_replicas=1, rank=0)
+    plan = BatchPlan(sampler, processes=processes, rank=rank, accumulation=cfg.accumulation)
+    if payload is not None:
+        assert manager is not None and latest is not None
+        with named(latest):
+            state = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
+                            tgt_vocab=tgt_vocab, ema=ema)
+        cfg.set_hyperparameters(optimizer)
+        if rank == 0:                             # one process writes the directory
+            manager.complete_save(latest, state)   # a crash may have cut its save short
+        complete_old_state(state, recorded_best_step=manager.best_step,
+                           epoch_batches=lambda epoch: len(sampler.epoch_batches(epoch)))
+        state.examples_digest = digest
+    else:
+        state = TrainState(examples_digest=digest)
+        torch.manual_seed(cfg.seed)
+    state.processes = processes
+    return TrainRun(model=model, step_model=_step_model(model, device, distributed),
+                    optimizer=optimizer, scaler=scaler, plan=plan, examples=examples, cfg=cfg,
+                    schedule=LRSchedule.from_config(cfg), src_vocab=src_vocab,
+                    tgt_vocab=tgt_vocab, state=state, device=device, manager=manager,
+                    extra=dict(extra or {}), tokenizer=tokenizer, distributed=distributed,
+                    is_main=rank == 0, resumed_from=latest, resume_changes=changes,
+                    loader=BatchLoader(examples, plan, cfg.loader_workers,
+                                       pin_memory=device.type == "cuda")
+                    if cfg.loader_workers else None, ema=ema)
+
+
+def _check_inputs(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig,
+                  src_vocab: Vocab, tgt_vocab: Vocab, checkpointed: bool,
+                  tokenizer: Tokenizer | None) -> tuple[Any, str]:
+    """`setup_run`'s checks of its arguments, before any work; returns the examples' lengths
+    (what the sampler reads) and their digest."""
+    check_type("model", model, nn.Module, "a torch.nn.Module such as RNNSearch")
+    check_type("cfg", cfg, TrainConfig, "a TrainConfig")
+    if cfg.max_steps is None and cfg.max_epochs is None and cfg.max_time_s is None:
+        raise InputError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
+    if len(examples) == 0:
+        raise InputError("examples is empty")
+    if isinstance(examples, PreparedCorpus):   # checked whole when it was opened
+        lengths, digest = examples.lengths, examples.digest()
+    else:
+        check_examples("examples", examples)
+        lengths, digest = examples, examples_digest(examples)
+    check_type("src_vocab", src_vocab, Vocab, "a Vocab")
+    check_type("tgt_vocab", tgt_vocab, Vocab, "a Vocab")
+    config = (model_config_of(model) if checkpointed
+              else getattr(unwrap_model(model), "config", None))
+    if config is not None:  # a model built without a config uses the Vocab ids
+        config.check_vocabs(src_vocab, tgt_vocab)
+    if tokenizer is not None:
+        tokenizer_to_payload(tokenizer)        # refuses, before any work, what cannot be saved
+        check_vocabs(tokenizer, src_vocab, tgt_vocab)
+    return lengths, digest
+
+
+def _checkpoint_manager(checkpoint_dir: str | Path, cfg: TrainConfig, resume: bool
+                        ) -> CheckpointManager:
+    """The run's checkpoint folder; refuses one that the run cannot continue or must not touch."""
+    manager = CheckpointManager(checkpoint_dir, keep_last=cfg.keep_last, keep_best=cfg.keep_best)
+    if not resume and (manager.latest() or manager.best()):
+        raise InputError(f"{checkpoint_dir} holds checkpoints of an earlier run: resume it, "
+                         "or start over in another directory (nothing is deleted)")
+    if manager.best() and not manager.latest():
+        raise InputError(f"{checkpoint_dir} holds a best.pt but no numbered checkpoint to "
+                         "resume: its run cannot continue; start over in another directory")
+    return manager
+
+
+def _resumable(latest: Path, cfg: TrainConfig, digest: str, processes: int
+               ) -> tuple[dict[str, Any], list[str]]:
+    """The payload of the checkpoint to resume from, checked against this run's settings, data
+    and processes, and the changes of `cfg` it applies (`TrainConfig.resume_changes`)."""
+    changes = []
+    with named(latest):
+        payload = upgrade_payload(load_checkpoint(latest))
+        if payload["train_state"] is None:
+            raise InputError("checkpoint has no train_state to resume from")
+        if payload["train_config"] is not None:
+            changes = cfg.resume_changes(TrainConfig.from_dict(payload["train_config"]))
+        stored_digest = payload["train_state"].get("examples_digest")
+        if stored_digest not in (None, digest):
+            raise InputError("the training examples differ from those this run was "
+                             "trained on (other files or contents, another length limit "
+                             "or tokenisation): a resumed run keeps its data")
+        _check_update_size(payload, processes, cfg.accumulation)
+    return payload, changes
+
+
+def _step_model(model: nn.Module, device: torch.device, distributed: bool) -> nn.Module:
+    """What `train_step` calls: the model, or under DDP `DistributedDataParallel(LossModule)`."""
+    if not distributed:
+        return model
+    device_ids = None
+    if device.type == "cuda":
+        device_ids = [device.index if device.index is not None else torch.cuda.current_device()]
+    return nn.parallel.DistributedDataParallel(LossModule(model), device_ids=device_ids)
+
+
+def _check_update_size(payload: dict[str, Any], processes: int, accumulation: int) -> None:
+    """Refuse to resume a run whose updates were another number of batches (processes x
+    accumulation): the batches of each update would change from the run's place on."""
+    if payload["train_config"] is None:         # the run's accumulation is not known
+        return
+    before = parse_section(payload, "train_state", TrainState.from_dict).processes
+    size = before * parse_section(payload, "train_config", TrainConfig.from_dict).accumulation
+    if processes * accumulation == size:
+        return
+    fix = (f"use accumulation {size // processes}" if size % processes == 0 else
+           f"run it on a number of processes that divides {size}")
+    raise InputError(f"the run's updates are {size} batch{'es' if size != 1 else ''} "
+                     f"({_n_processes(before)} x accumulation {size // before}), not "
+                     f"{processes} x {accumulation}; a resumed run keeps its updates: with "
+                     f"{_n_processes(processes)}, {fix}")
+
+
+def _n_processes(n: int) -> str:
+    """"1 process", "2 processes"."""
+    return f"{n} process{'es' if n != 1 else ''}"
+
+
+def next_batches(run: TrainRun) -> list[Batch]:
+    """This process's batches of the next update, which starts at the run's place in the data
+    (`state.epoch`, `state.position`; `run.plan` says which batches make it).
+
+    Does not advance the state; `run_step` does. With `cfg.loader_workers`, the batches come
+    from `run.loader`, collated ahead in worker processes; otherwise they are collated here.
+
+    Args:
+        run: the run.
+    Returns:
+        The `Batch`es (`cfg.accumulation` of them), on `run.device`.
+    """
+    return _batches_of(run, run.plan.update(run.state.epoch, run.state.position))
+
+
+def _batches_of(run: TrainRun, planned: PlannedUpdate) -> list[Batch]:
+    """This process's batches of the update that starts at the run's place, on `run.device`."""
+    if run.loader is not None:
+        batches = run.loader.batches(run.state.epoch, run.state.position)
+    else:
+        batches = [collate([run.examples[i] for i in b]) for b in planned.batches]
+    return [b.to(run.device, non_blocking=True) for b in batches]
+
+
+def run_step(run: TrainRun) -> StepStats:
+    """One update (`train_step`) at the learning rate `run.schedule` gives it, on the batches
+    `run.plan` gives this process from the run's place; the state moves on by a step and by
+    the update's batches (`cfg.accumulation` on each process).
+
+    After an epoch's last batch, `state.epoch` is the next epoch and `state.position` 0; the
+    batches of one update may come from two epochs. With `run.ema`, the moving average then
+    takes the new weights (`WeightEMA.update`; also after an update skipped for a non-finite
+    gradient, which left the weights as they were). Under DDP the returned loss and token
+    count are those of the whole update, summed over the processes.
+
+    Args:
+        run: the run.
+    Returns:
+        The step's `StepStats`.
+    """
+    cfg, state = run.cfg, run.state
+    planned = run.plan.update(state.epoch, state.position)
+    batches = _batches_of(run, planned)
+    set_lr(run.optimizer, run.schedule(state.step + 1, state.lr_decays))
+    stats = train_step(run.step_model, batches, run.optimizer, clip_norm=cfg.clip_norm,
+                       label_smoothing=cfg.label_smoothing, amp_dtype=AMP_DTYPES[cfg.amp],
+                       scaler=run.scaler,
+                       update_sentences=planned.sentences if run.distributed else None)
+    if run.distributed:
+        totals = torch.tensor([stats.loss_sum, stats.n_tokens], dtype=torch.float64,
+                              device=run.device)
+        torch.distributed.all_reduce(totals)
+        stats = stats._replace(loss_sum=float(totals[0]), n_tokens=int(totals[1]))
+    if run.ema is not None:
+        run.ema.update(run.model)
+    state.step += 1
+    state.epoch, state.position = planned.after
+    _tick(run)
+    return stats
+
+
+def validate_run(run: TrainRun, validate: Callable[[nn.Module], float]) -> tuple[float, bool]:
+    """Score the model with `validate(model)` (higher is better) and update the best metric.
+
+    `validate` runs on rank 0 only, in eval mode (the model is back in train mode afterwards),
+    and its result is broadcast to every rank. With `run.ema`, the model holds the averaged
+    weights while `validate` runs (`WeightEMA.applied_to`): what is scored is what the
+    checkpoints translate with. An improvement records the metric and step as the best and
+    resets `state.bad_evals`; otherwise `bad_evals` grows by one, and when the schedule decays
+    after that many (`LRSchedule.decays_after`), `state.lr_decays` too.
+
+    Args:
+        run: the run.
+        validate: called as `validate(model)`; returns a float, higher is better (e.g. BLEU).
+    Returns:
+        (metric, whether it improved on the best so far).
+    """
+    metric = None
+    if run.is_main:
+        run.model.eval()
+        try:
+            with run.ema.applied_to(run.model) if run.ema is not None else nullcontext():
+                metric = validate(run.model)
+        finally:
+            run.model.train()
+        if not is_finite_number(metric):      # nan would never be beaten, nor beat anything
+            raise InputError(f"validate returned {metric!r}; it must return a finite number "
+                             "(higher is better)")
+        metric = float(metric)
+    metric = broadcast(metric, run.distributed)
+    state = run.state
+    improved = state.best_metric is None or metric > state.best_metric
+    if improved:
+        state.best_metric, state.best_step, state.bad_evals = metric, state.step, 0
+    else:
+        state.bad_evals += 1
+        if run.schedule.decays_after(state.bad_evals):
+            state.lr_decays += 1
+    _tick(run)
+    return metric, improved
+
+
+def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:
+    """Checkpoint the run at its current step (rank 0 only) through its `CheckpointManager`.
+
+    Args:
+        run: the run.
+        metric: this step's validation metric, if it was evaluated: the manager ranks it for
+            ``best.pt`` and its kept best checkpoints (`TrainConfig.keep_best`).
+    Returns:
+        The numbered checkpoint's path; None without a checkpoint directory or off rank 0.
+    """
+    _tick(run)
+    if run.manager is None or not run.is_main:
+        return None
+    payload = checkpoint_payload(run.model, src_vocab=run.src_vocab, tgt_vocab=run.tgt_vocab,
+                                 optimizer=run.optimizer, scaler=run.scaler, train_config=run.cfg,
+                                 train_state=run.state, extra=run.extra,
+                                 tokenizer=run.tokenizer, ema=run.ema)
+    return run.manager.save(run.state.step, payload, metric=metric)
+
+
+def stop_reason(run: TrainRun) -> str:
+    """Why the run must stop now, if it must.
+
+    Args:
+        run: the run.
+    Returns:
+        "sigint", "sigterm" or "sighup" (`train_run` received that signal), "patience",
+        "max_steps", "max_time" or "max_epochs" (the first limit reached, in that order), or ""
+        if none is.
+        Every rank gets the same answer (a signal to any rank, or any rank's time limit, counts
+        for all). The time limit compares `state.elapsed_s`, which the other pieces bring up to
+        date.
+    """
+    cfg, state = run.cfg, run.state
+    signalled = signal.Signals[run.signal.upper()].value if run.signal else 0
+    out_of_time = cfg.max_time_s is not None and state.elapsed_s >= cfg.max_time_s
+    if run.distributed:           # one small all-reduce: any rank's signal stops every rank
+        agreed = torch.tensor([signalled, int(out_of_time)], device=run.device)
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MAX)
+        signalled, out_of_time = int(agreed[0]), bool(agreed[1])
+    if signalled:
+        return signal.Signals(signalled).name.lower()
+    if cfg.patience is not None and state.bad_evals >= cfg.patience:
+        return "patience"
+    if cfg.max_steps is not None and state.step >= cfg.max_steps:
+        return "max_steps"
+    if out_of_time:
+        return "max_time"
+    if cfg.max_epochs is not None and state.epoch >= cfg.max_epochs:
+        return "max_epochs"
+    return ""

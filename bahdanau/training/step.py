@@ -1,0 +1,194 @@
+"""One update of any model on any batch: the optimizer, the loss module and the step.
+
+`make_optimizer` builds the paper's Adadelta (or Adam) from a `TrainConfig`; `train_step` makes
+one update (loss, backward, gradient-norm clipping, optimizer step) over one batch or several
+(gradient accumulation), under DDP too; `evaluate_loss` gives the per-token loss and perplexity
+of batches. None of them needs a run (`bahdanau.training.run`).
+
+Paper settings (Bahdanau et al. 2015, appendix B.2): Adadelta with rho 0.95 and eps 1e-6,
+minibatches of 80 sentences, the gradient's L2 norm clipped to 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from bahdanau import functional
+from bahdanau._checks import check_type, is_int
+from bahdanau.config import TrainConfig
+from bahdanau.data.batching import Batch
+from bahdanau.errors import InputError
+from bahdanau.training.state import (
+    unwrap_model,
+)
+
+# `TrainConfig.amp` -> the autocast dtype of `train_step` (None: no autocast)
+AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Adadelta(lr, rho, eps) as in the paper, or Adam(lr, eps) (fused where torch supports it)."""
+    check_type("model", model, nn.Module, "a torch.nn.Module")
+    check_type("cfg", cfg, TrainConfig, "a TrainConfig")
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.optimizer == "adadelta":
+        return torch.optim.Adadelta(params, lr=cfg.learning_rate, rho=cfg.rho, eps=cfg.eps)
+    try:
+        return torch.optim.Adam(params, lr=cfg.learning_rate, eps=cfg.eps, fused=True)
+    except (RuntimeError, ValueError, TypeError):  # fused unsupported for these params/device
+        return torch.optim.Adam(params, lr=cfg.learning_rate, eps=cfg.eps)
+
+
+class LossModule(nn.Module):
+    """Wraps a model so that `forward` returns `model.loss(...)`: what DDP must wrap.
+
+    `DistributedDataParallel` synchronises gradients only for calls through its `forward`, so
+    `train` wraps `DDP(LossModule(model))` rather than calling `model.loss` directly.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.module = model
+
+    def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor, *,
+                label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+        """(summed loss, number of target tokens), as `RNNSearch.loss`."""
+        return _model_loss(self.module, src, src_lengths, tgt_in, tgt_out, label_smoothing)
+
+
+def _model_loss(model: nn.Module, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
+                tgt_out: Tensor, label_smoothing: float) -> tuple[Tensor, Tensor]:
+    """`model.loss`: the fused loss (works under autocast too)."""
+    return model.loss(src, src_lengths, tgt_in, tgt_out, label_smoothing=label_smoothing)
+
+
+def _batch_loss(model: nn.Module, batch: Batch, label_smoothing: float) -> tuple[Tensor, Tensor]:
+    args = (batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out)
+    inner = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+    if isinstance(inner, LossModule):
+        return model(*args, label_smoothing=label_smoothing)
+    if inner is not model:  # DDP around a plain model: go through its forward
+        logits = model(batch.src, batch.src_lengths, batch.tgt_in)
+        return functional.sequence_nll(logits, batch.tgt_out, batch.pad_id,
+                                       label_smoothing=label_smoothing)
+    return _model_loss(model, *args, label_smoothing)
+
+
+class StepStats(NamedTuple):
+    """What one `train_step` did."""
+
+    loss_sum: float    # summed target-token loss of the batch
+    n_tokens: int      # target tokens (eos included) in the batch
+    grad_norm: float   # L2 norm of the gradient before clipping (inf/nan: update skipped)
+
+
+def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
+               optimizer: torch.optim.Optimizer, *, clip_norm: float | None = 1.0,
+               label_smoothing: float = 0.0, amp_dtype: torch.dtype | None = None,
+               scaler: torch.amp.GradScaler | None = None,
+               update_sentences: int | None = None) -> StepStats:
+    """One update: loss, backward, clip the gradient norm, optimizer step.
+
+    The gradient is that of the summed loss divided by B, the minibatch average of sentence
+    negative log-likelihoods as in the paper (so longer sentences weigh more than in a
+    per-token average). Several batches (gradient accumulation) make one update with the
+    gradient of their summed loss divided by their total sentence count: what one batch of all
+    their sentences gives, with the activations of one batch at a time in memory. Under DDP
+    the gradients are synchronised once, after the last batch; with `update_sentences`, the
+    sentences of the whole update on all processes, the gradient is that of the update's
+    summed loss divided by that count, however its batches are shared among the processes
+    (each scales its loss by processes / `update_sentences`, which DDP's mean undoes).
+
+    Args:
+        model: an `RNNSearch` (or anything with its `loss`), a `LossModule`, or DDP of either.
+        batch: a `Batch` on the model's device, or a sequence of them for one update.
+        optimizer: the optimizer of the model's parameters.
+        clip_norm: rescale the gradient to at most this L2 norm; None: no clipping.
+        label_smoothing: passed to the loss.
+        amp_dtype: run the loss under `torch.autocast` with this dtype; None: no autocast.
+        scaler: a `torch.amp.GradScaler` (for fp16).
+        update_sentences: under DDP, the sentence count of the update's batches on every
+            process together; None: each process divides by its own batches' count (the
+            gradient is then the mean of the processes' per-sentence averages).
+    Returns:
+        `StepStats` of all the batches (this process's). A non-finite gradient norm skips the
+        update (the GradScaler also lowers its scale then).
+    Raises:
+        InputError: an empty sequence of batches, `update_sentences` without DDP or below
+            these batches' sentence count, or an optimizer without the parameters the loss
+            depends on.
+    """
+    batches = [batch] if isinstance(batch, Batch) else list(batch)
+    if not batches:
+        raise InputError("train_step needs a batch, got an empty sequence of batches")
+    sentences = sum(b.src.shape[0] for b in batches)
+    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    if update_sentences is not None:
+        if not ddp:
+            raise InputError("update_sentences is for a DistributedDataParallel model; one "
+                             "process divides by its batches' own sentence count")
+        if not is_int(update_sentences) or update_sentences < sentences:
+            raise InputError(f"update_sentences must be an int >= these batches' {sentences} "
+                             f"sentences, got {update_sentences!r}")
+        sentences = update_sentences / torch.distributed.get_world_size(model.process_group)
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    autocast = (torch.autocast(batches[0].src.device.type, dtype=amp_dtype)
+                if amp_dtype is not None else nullcontext())
+    losses, counts = [], []
+    for i, b in enumerate(batches):
+        last = i == len(batches) - 1
+        with model.no_sync() if ddp and not last else nullcontext():  # type: ignore[operator]
+            with autocast:
+                loss_sum, n_tokens = _batch_loss(model, b, label_smoothing)
+            # fp16/bf16 losses (autocast) are scaled in float32, float64 ones stay float64
+            loss = loss_sum.to(torch.promote_types(loss_sum.dtype, torch.float32)) / sentences
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        losses.append(loss_sum.detach())
+        counts.append(n_tokens)
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if all(p.grad is None for p in params):
+        raise InputError("the optimizer holds none of the parameters the loss depends on: "
+                         "build it from this model's parameters")
+    max_norm = clip_norm if clip_norm is not None else math.inf
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    if scaler is not None:
+        scaler.step(optimizer)   # skips the step itself when the gradient is not finite
+        scaler.update()
+    elif math.isfinite(grad_norm):
+        optimizer.step()
+    return StepStats(sum(float(x) for x in losses), sum(int(n) for n in counts), grad_norm)
+
+
+@torch.no_grad()
+def evaluate_loss(model: nn.Module, batches: Iterable[Batch]) -> tuple[float, float]:
+    """Per-token loss and perplexity over `batches`, in eval mode (the mode is restored).
+
+    Returns:
+        (loss per target token, exp of it); (nan, nan) for no tokens.
+    """
+    model = unwrap_model(model)
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        total, tokens = 0.0, 0
+        for batch in batches:
+            batch = batch.to(device)
+            loss_sum, n = model.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out)
+            total += float(loss_sum)
+            tokens += int(n)
+    finally:
+        model.train(was_training)
+    if tokens == 0:
+        return math.nan, math.nan
+    loss = total / tokens
+    return loss, math.exp(min(loss, 700.0))
