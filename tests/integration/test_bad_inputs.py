@@ -23,14 +23,8 @@ import torch
 
 from bahdanau.cli import main
 from bahdanau.data import multi30k_files, read_lines
-from bahdanau.options import (
-    EvaluateOptions,
-    PlotOptions,
-    TrainOptions,
-    TranslateOptions,
-    _base_type,
-    flag,
-)
+from bahdanau.jobs import EvaluateOptions, PlotOptions, TrainOptions, TranslateOptions
+from bahdanau.jobs.options import _base_type, flag
 
 # ----------------------------------------------------------------------------- fixtures
 

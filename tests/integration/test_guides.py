@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bahdanau.cli import _config_file, build_parser
-from bahdanau.options import TrainOptions
+from bahdanau.jobs import TrainOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"

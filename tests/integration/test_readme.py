@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from bahdanau.options import DEFAULT_EPOCHS, TrainOptions
+from bahdanau.jobs import TrainOptions
+from bahdanau.jobs.options import DEFAULT_EPOCHS
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

@@ -16,14 +16,15 @@ from training_fixtures import one_line_error, write_multi30k_slice
 
 from bahdanau import InputError
 from bahdanau._checks import default_device, default_threads
-from bahdanau.cli import _machine, main
-from bahdanau.options import (
+from bahdanau.cli import main
+from bahdanau.jobs.options import (
     DEFAULT_EPOCHS,
     TrainOptions,
     TranslateOptions,
     resume_changes,
     resumed_options,
 )
+from bahdanau.jobs.resolve import machine
 
 BASE = ["--preset", "tiny", "--beam-size", "1", "--max-len", "5", "--threads", "1",
         "--log-every", "1", "--device", "cpu"]
@@ -133,11 +134,11 @@ def test_device_defaults_to_cuda_when_available(monkeypatch) -> None:
     assert TrainOptions().device == TranslateOptions(checkpoint=("x",)).device == "auto"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert default_device() == "cpu"
-    assert _machine(TranslateOptions(checkpoint=("x",), threads=1)) == torch.device("cpu")
+    assert machine(TranslateOptions(checkpoint=("x",), threads=1)) == torch.device("cpu")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert default_device() == "cuda"
-    assert _machine(TrainOptions(threads=1)) == torch.device("cuda")   # nothing touches it
-    assert _machine(TrainOptions(threads=1, device="cpu")) == torch.device("cpu")
+    assert machine(TrainOptions(threads=1)) == torch.device("cuda")   # nothing touches it
+    assert machine(TrainOptions(threads=1, device="cpu")) == torch.device("cpu")
 
 
 def test_threads_default_to_the_cores_per_local_process(monkeypatch) -> None:
@@ -154,9 +155,9 @@ def test_threads_default_to_the_cores_per_local_process(monkeypatch) -> None:
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     before = torch.get_num_threads()
     try:
-        _machine(TranslateOptions(checkpoint=("x",), device="cpu"))
+        machine(TranslateOptions(checkpoint=("x",), device="cpu"))
         assert torch.get_num_threads() == 2
-        _machine(TranslateOptions(checkpoint=("x",), device="cpu", threads=3))   # given: kept
+        machine(TranslateOptions(checkpoint=("x",), device="cpu", threads=3))   # given: kept
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
@@ -170,15 +171,15 @@ def test_under_torchrun_each_process_takes_its_own_gpu(monkeypatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_RANK", "1")
     for device in ("auto", "cuda"):
-        assert _machine(TrainOptions(threads=1, device=device)) == torch.device("cuda", 1)
+        assert machine(TrainOptions(threads=1, device=device)) == torch.device("cuda", 1)
     assert chosen == [torch.device("cuda", 1)] * 2
-    assert _machine(TrainOptions(threads=1, device="cpu")) == torch.device("cpu")
-    one_line_error(lambda: _machine(TrainOptions(threads=1, device="cuda:0")),
+    assert machine(TrainOptions(threads=1, device="cpu")) == torch.device("cpu")
+    one_line_error(lambda: machine(TrainOptions(threads=1, device="cuda:0")),
                    "--device cuda:0: under torchrun each process trains on cuda:LOCAL_RANK")
     monkeypatch.setenv("LOCAL_RANK", "2")                        # torchrun started too many
-    one_line_error(lambda: _machine(TrainOptions(threads=1)), "no CUDA device 2")
+    one_line_error(lambda: machine(TrainOptions(threads=1)), "no CUDA device 2")
     monkeypatch.setenv("WORLD_SIZE", "x")
-    one_line_error(lambda: _machine(TrainOptions(threads=1)),
+    one_line_error(lambda: machine(TrainOptions(threads=1)),
                    "WORLD_SIZE must be an integer >= 1 (processes in all), got 'x'")
 
 

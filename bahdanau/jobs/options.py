@@ -275,7 +275,7 @@ def _check_shipped_languages(src_lang: str | None, tgt_lang: str | None, own: bo
 # The commands' options
 
 LengthPenalty = Literal["none", "average", "gnmt"]
-# --device and --threads of every command (resolved by the command: `bahdanau.cli._machine`)
+# --device and --threads of every command (resolved by the command: `bahdanau.jobs.resolve.machine`)
 _DEVICE_HELP = "auto (cuda when available, else cpu), cpu, cuda or cuda:N"
 _THREADS_HELP = ("torch CPU threads (default: the usable cores divided by LOCAL_WORLD_SIZE, the "
                  "processes on this machine)")
@@ -473,6 +473,19 @@ class TrainOptions(SearchOptions):
             raise InputError("set --max-steps, --max-epochs or a non-zero --time-budget: your "
                              "own corpus has no default training length")
         return {**given, "max_epochs": DEFAULT_EPOCHS}
+
+    def train_config(self) -> TrainConfig:
+        """The `TrainConfig` of these options (`limits` says when training stops)."""
+        return TrainConfig(
+            optimizer=self.optimizer, lr=self.lr, schedule=self.schedule,
+            warmup_steps=self.warmup_steps, decay_factor=self.decay_factor,
+            decay_patience=self.decay_patience, min_lr=self.min_lr,
+            batch_size=self.train_batch_size, max_tokens=self.max_tokens,
+            accumulation=self.accumulation, **self.limits,
+            eval_every=self.eval_every or 10**12, save_every=self.save_every,
+            patience=self.patience, label_smoothing=self.label_smoothing, amp=self.amp,
+            log_every=self.log_every, seed=self.seed, loader_workers=self.loader_workers,
+            keep_last=self.keep_last, keep_best=self.keep_best, ema_decay=self.ema_decay)
 
     @property
     def own_data(self) -> bool:

@@ -1,0 +1,163 @@
+"""The `bahdanau` command: prepare, train, translate, evaluate, plot, average.
+
+`bahdanau train` with no options is the default job: a small RNNsearch trained on the shipped
+Multi30k English->French data for 5 epochs (`bahdanau.jobs.options.DEFAULT_EPOCHS`), then evaluated
+on test_2016_flickr (BLEU with sacrebleu's signature, BLEU without [UNK], BLEU by length), with
+translations and an alignment plot written to the output folder. What it prints also goes to
+the run's ``train.log``; ``--tensorboard`` also writes TensorBoard events
+(`bahdanau.training.runlog`).
+
+Every option is declared once, in `bahdanau.jobs.options`, and checked with the files, devices and
+run folder before any work. A user's mistake (`bahdanau.InputError`, a usage error, a file that
+cannot be read or written) ends with one ``bahdanau: error: ...`` line and exit status 2; any
+other exception is a bug and keeps its traceback.
+
+`bahdanau prepare` tokenises and encodes a corpus of any size once, into a memory-mapped folder
+(`bahdanau.data`); `bahdanau train --data FOLDER` trains on it, with its tokenizer and
+vocabularies.
+
+`bahdanau train --config FILE` reads options from a YAML (with PyYAML) or JSON file; flags given
+on the command line override it.
+
+`bahdanau average` writes one checkpoint whose weights are the mean of several (the last N of a
+run, its N best, or files), which the other commands load like any checkpoint; translate,
+evaluate and plot given several checkpoints decode with their ensemble.
+
+Under ``torchrun --nproc-per-node N -m bahdanau train ...`` the N processes train one run with
+DDP (NCCL on CUDA, each process on cuda:LOCAL_RANK; gloo on CPU): rank 0 alone holds and writes
+the run folder, logs, evaluates and scores the test set (docs/guides/multi-gpu.md).
+
+A run folder (``--out``) holds one run: its options (``config.yaml``), its checkpoints and its
+results. Running the same command again resumes it; options that define the model, the data or
+the batches cannot change on resume, the others (learning rate, limits, cadence, decoding,
+threads, device) are applied and logged; a --time-budget not given keeps the run's own.
+``--overwrite`` starts a new run there, deleting the old one first (its train.log and
+tensorboard/ too). SIGINT (Ctrl-C) or SIGTERM saves a checkpoint at the end of the current step
+and exits; a finished run is not trained further.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import shlex
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+from bahdanau.cli.commands import average, evaluate, plot, prepare, translate
+from bahdanau.errors import InputError
+from bahdanau.jobs.files import existing
+from bahdanau.jobs.options import (
+    AverageOptions,
+    EvaluateOptions,
+    PlotOptions,
+    PrepareOptions,
+    SearchOptions,
+    TrainOptions,
+    TranslateOptions,
+    add_arguments,
+)
+from bahdanau.jobs.train_job import run_train_job
+from bahdanau.plot import PlotDependencyError
+
+__all__ = ["build_parser", "main"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:                   # one line, no usage dump
+        self.exit(2, f"bahdanau: error: {message} (see '{self.prog} --help')\n")
+
+
+_COMMANDS: dict[str, tuple[type[Any], str, str]] = {
+    "prepare": (PrepareOptions, "tokenise and encode a parallel corpus once, for train --data",
+                "Tokenise, filter and encode a parallel corpus (plain or gzip files, any size) "
+                "into a memory-mapped prepared folder that train --data reads. Without "
+                "--train-src: the shipped Multi30k training data."),
+    "train": (TrainOptions, "train a model, then evaluate it on the test set",
+              "Train RNNsearch/RNNencdec and evaluate it. Without options: the default job on "
+              "the shipped Multi30k en->fr data."),
+    "translate": (TranslateOptions, "translate stdin or a file to stdout",
+                  "Translate stdin or a file to stdout, one line per line."),
+    "evaluate": (EvaluateOptions, "BLEU/chrF of a checkpoint on a test set",
+                 "BLEU/chrF of a checkpoint on a test set."),
+    "plot": (PlotOptions, "alignment heat map of one sentence",
+             "Alignment heat map of one sentence."),
+    "average": (AverageOptions, "average the weights of several checkpoints into one",
+                "Write one checkpoint whose weights are the mean of several: the last N or "
+                "best N of a training output folder, or the files given."),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the `bahdanau` command (options from `bahdanau.jobs.options`)."""
+    parser = _Parser(prog="bahdanau", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, (options, helptext, description) in _COMMANDS.items():
+        command = sub.add_parser(name, help=helptext, description=description,
+                                 allow_abbrev=False)         # --overw is not --overwrite
+        if name == "train":
+            command.add_argument("--config", metavar="FILE",
+                                 help="options from a YAML or JSON file (keys: the option names, "
+                                      "e.g. max_steps); flags given here override it; a run's "
+                                      "OUT/config.yaml reproduces it")
+        add_arguments(command, options)
+    return parser
+
+
+_RUN = {"prepare": prepare, "translate": translate, "evaluate": evaluate, "plot": plot,
+        "average": average}
+
+
+def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
+    """The option values in a --config file: JSON, or YAML (with PyYAML installed)."""
+    text = existing(path, "--config").read_bytes()
+    try:
+        data = json.loads(text)
+    except ValueError:                   # not JSON (or not UTF-8): YAML, which needs PyYAML
+        try:
+            import yaml
+        except ImportError:
+            raise InputError(f"--config {path}: reading YAML needs PyYAML: pip install "
+                             "'bahdanau[yaml]' (or write the file as JSON)") from None
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            detail = " ".join(str(err).split())
+            raise InputError(f"--config {path} is not valid YAML: {detail}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError(f"--config {path} must map option names to values, not hold a "
+                         f"{type(data).__name__}")
+    known = {f.name for f in dataclasses.fields(options)}
+    values = {str(key).replace("-", "_"): value for key, value in data.items()}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise InputError(f"--config {path}: unknown option {unknown[0]!r}")
+    return values
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `bahdanau` console script and `python -m bahdanau`."""
+    args = vars(build_parser().parse_args(argv))
+    command = args.pop("command")
+    config = args.pop("config", None)
+    try:
+        if config is not None:               # the file's values, then the flags given here
+            given = {name: value for name, value in args.items() if value is not None}
+            args = {**_config_file(config, _COMMANDS[command][0]), **given}
+        options = _COMMANDS[command][0].from_mapping(args, text=True)
+        if command == "train":                   # its log file names the command line
+            line = sys.argv[1:] if argv is None else list(argv)
+            result = run_train_job(options, shlex.join(["bahdanau", *line]))
+            return 0 if result.signal is None else 128 + result.signal
+        return _RUN[command](options)
+    except (InputError, OSError, PlotDependencyError) as exc:
+        message = " ".join(str(exc).split("\n"))
+        print(f"bahdanau: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("bahdanau: interrupted", file=sys.stderr)
+        return 130

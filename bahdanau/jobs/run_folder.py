@@ -1,0 +1,93 @@
+"""A run folder (``--out``): one run's options, checkpoints and results, and who may write them.
+
+``config.yaml`` records the options the run was started with (`stored_options` reads them back to
+resume it), ``checkpoints/`` its checkpoints, and the result files beside them. `locked` holds the
+folder while a run trains in it, and `remove_run` deletes a run for ``--overwrite``, moving its
+files out of the way first so that the folder never mixes two runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bahdanau.checkpoint.manager import CheckpointManager
+from bahdanau.errors import InputError
+from bahdanau.jobs.options import (
+    TrainOptions,
+)
+
+RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML readers also read)
+
+
+RUN_FILES = ("checkpoints", RUN_CONFIG, "metrics.json", "test.hyp.txt", "alignment.png",
+             "train.log", "tensorboard")
+
+
+def stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
+    """The options of the run `out` holds, to resume it; None when a new run starts there.
+
+    Raises:
+        InputError: `out` is a file, its config.yaml is damaged, or it holds a run and neither
+            resuming (the default) nor --overwrite was asked for.
+    """
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file, not a folder")
+    config = out / RUN_CONFIG
+    if not holds_run(out) or o.overwrite:
+        return None
+    if not o.resume:
+        raise InputError(f"--out {out} holds a run: resume it (without --no-resume), start "
+                         "over with --overwrite (deleting it), or choose another --out")
+    if not config.is_file():
+        return None                  # checkpoints of an earlier version: train() checks them
+    try:
+        stored = json.loads(config.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{config} is damaged ({err}); it records the run's options") from None
+    if not isinstance(stored, dict):
+        raise InputError(f"{config} is damaged: it holds a {type(stored).__name__}, not options")
+    return stored
+
+
+def holds_run(out: Path) -> bool:
+    """`out` holds a run: its config.yaml or checkpoints."""
+    manager = CheckpointManager(out / "checkpoints")
+    return (out / RUN_CONFIG).is_file() or bool(manager.latest() or manager.best())
+
+
+@contextmanager
+def locked(out: Path) -> Iterator[None]:
+    """Create `out` and hold a lock on it while inside: a second `train` into the same folder
+    is refused instead of mixing two runs' checkpoints."""
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "a") as handle:
+        try:
+            import fcntl
+        except ImportError:                               # no advisory locks on this platform
+            yield
+            return
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InputError(f"--out {out} is in use by another bahdanau train; wait for it "
+                             "to finish or choose another --out") from None
+        yield
+
+
+def remove_run(out: Path) -> None:
+    """Delete the run in `out` (--overwrite): its files are first moved out of the way, so the
+    folder never mixes two runs; files of the user's own are kept."""
+    trash = out / ".overwritten"
+    if trash.exists():
+        shutil.rmtree(trash)                       # left by an earlier --overwrite that died
+    trash.mkdir()
+    for name in RUN_FILES:                         # checkpoints first: a crash in between
+        if (out / name).exists():                  # leaves no checkpoint of the old run
+            os.replace(out / name, trash / name)
+    shutil.rmtree(trash)

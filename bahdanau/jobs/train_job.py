@@ -1,0 +1,299 @@
+"""The default job as a library call: data, vocabularies, model, run, test report.
+
+`run_train_job` is what ``bahdanau train`` does with its options: it reads the data (the shipped
+Multi30k by default, the user's files, or a prepared corpus), builds the vocabularies, the model
+and the run (resuming the run in ``--out``), trains with dev evaluations, and scores the test
+set, writing the translations, one alignment plot and ``metrics.json`` into the run folder.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bahdanau import presets
+from bahdanau.data.batching import Example, encode_pairs
+from bahdanau.data.corpus import PreparedCorpus
+from bahdanau.data.text import multi30k_files, read_parallel
+from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
+from bahdanau.data.vocab import Vocab
+from bahdanau.errors import InputError
+from bahdanau.evaluate import corpus_bleu, translate_corpus
+from bahdanau.jobs.files import existing, write_text
+from bahdanau.jobs.options import (
+    TrainOptions,
+    resume_changes,
+    resumed_options,
+)
+from bahdanau.jobs.report import (
+    TestReport,
+    alignment_labels,
+    plot_alignment_file,
+    score_translations,
+    typical_sentence,
+)
+from bahdanau.jobs.resolve import machine
+from bahdanau.jobs.run_folder import RUN_CONFIG, holds_run, locked, remove_run, stored_options
+from bahdanau.models import build_model
+from bahdanau.search import BeamSearch
+from bahdanau.training.distributed import (
+    check_launcher,
+    is_distributed,
+    leave_process_group,
+    process_group,
+)
+from bahdanau.training.loop import train_run
+from bahdanau.training.run import TrainRun, setup_run, stop_reason
+from bahdanau.training.runlog import TensorBoardLog, TrainLog, require_tensorboard
+
+
+def _pairs(src: str, tgt: str, split: str) -> list[tuple[str, str]]:
+    return read_parallel(existing(src, f"--{split}-src"), existing(tgt, f"--{split}-tgt"),
+                         non_empty=True)
+
+
+def _shipped(split: str, src_lang: str, tgt_lang: str) -> list[tuple[str, str]]:
+    name = {"train": "train", "dev": "val", "test": "test_2016_flickr"}[split]
+    return read_parallel(multi30k_files(name, src_lang), multi30k_files(name, tgt_lang))
+
+
+def _data(o: TrainOptions, corpus: PreparedCorpus | None) -> tuple[list, list, list]:
+    """(train, dev, test) pairs; train is [] with a prepared `corpus` (--data). The shipped
+    Multi30k is used only when no --train-src is given (or the prepared corpus is the shipped
+    one); with the user's own files, dev and test come only from --dev-*/--test-* (or are
+    empty)."""
+    shipped = None if o.own_data else {"src_lang": o.src_lang or "en",
+                                       "tgt_lang": o.tgt_lang or "fr"}
+    if corpus is not None:
+        shipped = corpus.manifest.get("shipped")
+    sets = []
+    for split in ("train", "dev", "test"):
+        src, tgt = getattr(o, f"{split}_src"), getattr(o, f"{split}_tgt")
+        if src is not None:
+            sets.append(_pairs(src, tgt, split))
+        elif shipped is not None and not (split == "train" and corpus is not None):
+            sets.append(_shipped(split, shipped["src_lang"], shipped["tgt_lang"]))
+        else:
+            sets.append([])
+    if o.eval_every and not sets[1]:
+        raise InputError("--eval-every needs a dev set: give --dev-src and --dev-tgt")
+    return sets[0], sets[1], sets[2]
+
+
+def _quiet(line: str) -> None:
+    """The log of a process other than rank 0 under torchrun."""
+
+
+@dataclass(frozen=True)
+class TrainJobResult:
+    """What `run_train_job` did: the run folder, where training stopped, and the test report."""
+
+    out: Path
+    step: int                        # updates trained, in all (resumed runs included)
+    stopped: str                     # why training stopped (`bahdanau.training.stop_reason`)
+    report: TestReport | None        # None: no test set, not rank 0, or stopped by a signal
+    metrics: dict[str, Any] | None   # what metrics.json holds (the report and the run's numbers)
+    trained: bool = True             # False: the run had finished before; nothing was done
+
+    @property
+    def signal(self) -> int | None:
+        """The number of the signal (SIGINT, SIGTERM, SIGHUP) that stopped training, if one did."""
+        if self.stopped in ("sigint", "sigterm", "sighup"):
+            return int(getattr(signal, self.stopped.upper()))
+        return None
+
+
+@dataclass(frozen=True)
+class _Data:
+    """The default job's data: what trains, what is evaluated, and how text becomes ids."""
+
+    examples: Sequence[Example]
+    n_pairs: int                     # training pairs read, before the length filter
+    dev: list[tuple[str, str]]
+    test: list[tuple[str, str]]
+    tokenizer: Tokenizer
+    src_vocab: Vocab
+    tgt_vocab: Vocab
+
+
+def _read_data(o: TrainOptions) -> _Data:
+    """Read and encode the data of the options: a prepared corpus (--data), the user's files or
+    the shipped Multi30k, with vocabularies built from the training side."""
+    corpus = PreparedCorpus(o.data, max_len=o.max_train_len) if o.data else None
+    train_pairs, dev_pairs, test_pairs = _data(o, corpus)
+    if corpus is not None:
+        data = _Data(corpus, corpus.manifest["counts"]["pairs"], dev_pairs, test_pairs,
+                     corpus.tokenizer, corpus.src_vocab, corpus.tgt_vocab)
+    else:
+        tokenizer = DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
+        src_vocab = Vocab.build((tokenizer.tokenize(s) for s, _ in train_pairs),
+                                max_size=o.vocab_size)
+        tgt_vocab = Vocab.build((tokenizer.tokenize(t) for _, t in train_pairs),
+                                max_size=o.vocab_size)
+        examples = encode_pairs(train_pairs, src_vocab, tgt_vocab, tokenizer,
+                                max_len=o.max_train_len)
+        data = _Data(examples, len(train_pairs), dev_pairs, test_pairs, tokenizer, src_vocab,
+                     tgt_vocab)
+    if not data.examples:
+        raise InputError(f"no training pair has at most --max-train-len {o.max_train_len} "
+                         "tokens on both sides")
+    return data
+
+
+def _build_model(o: TrainOptions, data: _Data) -> torch.nn.Module:
+    """The model of the options' preset and overrides, seeded with --seed."""
+    cfg = getattr(presets, o.preset)(len(data.src_vocab), len(data.tgt_vocab))
+    cfg = replace(cfg, arch=o.arch, gru_form=o.gru_form, dropout=o.dropout,
+                  dropout_rnn_inputs=o.dropout_rnn_inputs,
+                  dropout_deep_output=o.dropout_deep_output, init=o.init)
+    torch.manual_seed(o.seed)
+    return build_model(cfg)
+
+
+def _dev_bleu(o: TrainOptions, data: _Data, run: TrainRun, device: torch.device,
+              board: TensorBoardLog | None) -> Callable[[torch.nn.Module], float] | None:
+    """The dev evaluation of the run (greedy BLEU of --dev-size sentences; with TensorBoard, one
+    typical sentence's alignment too), or None without --eval-every."""
+    if not o.eval_every:
+        return None
+    sources = [s for s, _ in data.dev[: o.dev_size]]
+    references = [t for _, t in data.dev[: o.dev_size]]
+    shown = typical_sentence(sources, data.tokenizer) if board is not None and sources else None
+
+    def validate(m: torch.nn.Module) -> float:
+        hyps = translate_corpus(m, sources, data.src_vocab, data.tgt_vocab, data.tokenizer,
+                                search=BeamSearch(beam_size=1, max_len=o.max_len),
+                                batch_size=o.batch_size, device=device)
+        if board is not None and shown is not None and hyps[shown].hypothesis.attention is not None:
+            board.alignment(run.state.step, hyps[shown].hypothesis.attention,
+                            *alignment_labels(hyps[shown],
+                                              data.tokenizer.tokenize(sources[shown])))
+        return corpus_bleu([h.text for h in hyps], references,
+                           lowercase=getattr(data.tokenizer, "lowercase", False))
+
+    return validate
+
+
+def _test_report(o: TrainOptions, data: _Data, run: TrainRun, device: torch.device
+                 ) -> tuple[TestReport, str]:
+    """Score the trained model (its moving average, with --ema-decay) on the test set and write
+    the translations and a typical sentence's alignment into the run folder; returns the report
+    and the line that says where the alignment plot went."""
+    out = Path(o.out)
+    if run.ema is not None:          # the test scores the weights the checkpoints hold
+        run.ema.copy_to(run.model)
+    run.model.eval()
+    sources, references = [s for s, _ in data.test], [t for _, t in data.test]
+    report = score_translations(run.model, sources, references, data.src_vocab,
+                                data.tgt_vocab, data.tokenizer, o, device)
+    write_text(out / "test.hyp.txt", "".join(t.text + "\n" for t in report.translations))
+    pick = typical_sentence(sources, data.tokenizer)
+    note = plot_alignment_file(out / "alignment.png", report.translations[pick],
+                               data.tokenizer.tokenize(sources[pick]))
+    return report, note
+
+
+def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobResult:
+    """Train and score the model of `o` in the run folder `o.out` (``bahdanau train``).
+
+    A run folder that holds a run is resumed (its options checked against `o`), or replaced with
+    `o.overwrite`. Under torchrun every process calls this; rank 0 alone writes the folder, logs
+    and scores the test set.
+
+    Args:
+        o: the options.
+        command: the command line, for the header of ``train.log``.
+    Returns:
+        The `TrainJobResult`.
+    Raises:
+        InputError: a bad option, file, device or run folder (before any work), or a run
+            folder whose run cannot continue with these options.
+    """
+    start = time.perf_counter()
+    check_launcher()
+    device = machine(o)
+    out = Path(o.out)
+    stored = stored_options(out, o)
+    if stored is not None:
+        o = resumed_options(stored, o)
+    if o.tensorboard:
+        require_tensorboard()
+    changes = resume_changes(stored, o) if stored is not None else []
+    if o.unk_replace and o.arch == "rnnencdec":
+        raise InputError("--unk-replace needs attention weights, which --arch rnnencdec lacks")
+    cfg = o.train_config()
+    data = _read_data(o)
+    model = _build_model(o, data)
+    with process_group(device) as main, ExitStack() as stack:
+        # rank 0 prints and writes OUT/train.log once the run starts; the others say nothing
+        say = stack.enter_context(TrainLog()) if main else _quiet
+        if not data.test:
+            say("no test set: the model is trained and saved but not scored (give --test-src "
+                "and --test-tgt to score it)")
+        if main:
+            stack.enter_context(locked(out))
+            if o.overwrite and holds_run(out):
+                remove_run(out)
+        if is_distributed():
+            torch.distributed.barrier()            # the others read --out once rank 0 holds it
+        run = setup_run(model, data.examples, cfg, src_vocab=data.src_vocab,
+                        tgt_vocab=data.tgt_vocab, checkpoint_dir=out / "checkpoints",
+                        resume=o.resume and not o.overwrite, device=device,
+                        extra={"options": o.to_record()}, tokenizer=data.tokenizer)
+        finished = stop_reason(run)       # then the folder, train.log too, is left as it is
+        if finished and (not data.test or (out / "metrics.json").is_file()):
+            if main:
+                print(f"nothing to do: the run in {out} finished at step {run.state.step} "
+                      f"({finished}); raise its limit to train on, or score it with bahdanau "
+                      "evaluate")
+            return TrainJobResult(out, run.state.step, finished, None, None, trained=False)
+        if stored is not None:
+            run.resume_changes = changes                 # in the command line's terms
+        board = None
+        if main:
+            say.open(out / "train.log", command)
+            if o.tensorboard:    # a resumed run drops the events a crash left past its step
+                board = stack.enter_context(TensorBoardLog(
+                    out / "tensorboard", tags={"dev/metric": "dev/bleu"},
+                    purge_step=run.state.step if run.resumed_from else None))
+            write_text(out / RUN_CONFIG, json.dumps(o.to_record(), indent=2) + "\n")
+        say(f"data: {len(data.examples)} training pairs (of {data.n_pairs}), vocabularies "
+            f"{len(data.src_vocab)} / {len(data.tgt_vocab)}; model {o.arch} ({o.preset}), "
+            f"{sum(p.numel() for p in model.parameters()):,} parameters")
+        if run.plan.processes > 1:
+            say(f"{run.plan.processes} processes x accumulation {o.accumulation} = "
+                f"{run.plan.size} batches per update")
+        result = train_run(run, validate=_dev_bleu(o, data, run, device, board), log=say,
+                           scalars=board.scalars if board is not None else None)
+        job = TrainJobResult(out, result.step, result.stopped, None, None)
+        if job.signal is not None:
+            say(f"stopped by {result.stopped.upper()} at step {result.step}; checkpoint "
+                f"{result.last_checkpoint}; run the same command to continue")
+            return job
+        say(f"trained {result.step} updates, stopped by {result.stopped}, "
+            f"{result.elapsed_s / 60:.1f} min")
+        leave_process_group()           # rank 0 scores the test set alone: no one waits on it
+        if not main:
+            return job
+        if not data.test:
+            say(f"checkpoints: {out / 'checkpoints'}")
+            return job
+        report, plot_note = _test_report(o, data, run, device)
+        metrics = {**report.metrics(), "updates": result.step,
+                   "train_minutes": round(result.elapsed_s / 60, 2),
+                   "wall_minutes": round((time.perf_counter() - start) / 60, 2),
+                   "arch": o.arch, "preset": o.preset}
+        write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+        for line in report.lines():
+            say(line)
+        say(f"translations: {out / 'test.hyp.txt'}; {plot_note}; metrics: {out / 'metrics.json'}")
+        say(f"total wall time {metrics['wall_minutes']:.1f} min")
+        return replace(job, report=report, metrics=metrics)
