@@ -90,6 +90,18 @@ class AttentiveDecoder(nn.Module):
             where they enter the GRU (the deep output reads them undropped); 0 in the paper.
         dropout_deep_output: dropout on the deep output t~_i, before the maxout (0 in the paper).
         gru_form: "torch" (r * (U s + b)) or "paper" (U (r * s)); see `functional.gru_update`.
+
+    The fusion seam. A fast twin of this decoder (`bahdanau.engine.DecoderEngine`) computes the
+    same function with the same parameters. It calls the decoder's layers and its `update` and
+    `readout`, and reads weights and settings only through these, never through its layers'
+    attributes:
+
+        recurrent_rows        R, the rows of [U_r; U_z; U] that multiply s_{i-1} directly
+        recurrent_weights()   those (R, D) rows and their bias; `update` takes their product
+        value_weight()        the (3D + 2L, 2H) [C; C_o], c_i's two bias-free linear maps
+        drops_rnn_inputs()    whether dropout on the GRU's inputs is active (C then maps the
+                              dropped c_i, so [C; C_o] h_j cannot be precomputed)
+        output_weights()      W_o and its bias, for a loss that projects in row chunks
     """
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, context_size: int,
@@ -225,6 +237,7 @@ class AttentiveDecoder(nn.Module):
                               state.attention)
         return step.context, step.weights, step.state
 
+    # ------------------------------------------------------------------ the fusion seam
     @property
     def recurrent_rows(self) -> int:
         """R, the rows of [U_r; U_z; U] that multiply s_{i-1} directly: all 3D in the torch
@@ -235,6 +248,23 @@ class AttentiveDecoder(nn.Module):
         """The (R, D) rows of [U_r; U_z; U] that multiply s_{i-1} directly, and their bias."""
         return self.weight_hh[:self.recurrent_rows], self.bias_hh[:self.recurrent_rows]
 
+    def value_weight(self) -> Tensor:
+        """The (3D + 2L, 2H) stacked [C; C_o]: c_i enters the step only through these two
+        bias-free maps (C into the GRU's gates, C_o into the deep output), so
+        [C; C_o] c_i = value_weight() @ c_i."""
+        return torch.cat([self.context_gates.weight, self.readout_context.weight])
+
+    def drops_rnn_inputs(self) -> bool:
+        """True while dropout on the GRU's inputs is active (training, `dropout_rnn_inputs` > 0):
+        C then maps the dropped c_i, a different draw at every step, and only C_o c_i is linear in
+        c_i."""
+        return self.training and self.rnn_input_dropout.p > 0
+
+    def output_weights(self) -> tuple[Tensor, Tensor]:
+        """W_o's (V, L) weight and (V,) bias: `output(t) == t @ W_o.T + b_o`."""
+        return self.output.weight, self.output.bias
+
+    # ------------------------------------------------------------------ the GRU and deep output
     def update(self, x_gates: Tensor, h_gates: Tensor, hidden: Tensor) -> Tensor:
         """s_i = GRU(s_{i-1}, [E y_{i-1}; c_i]) from the pre-activations.
 
