@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bahdanau import functional
-from bahdanau._checks import check_dims, check_mask_rows, check_tensor, check_token_ids
+from bahdanau._checks import check_dims, check_tensor
 from bahdanau.attention import Attention
 from bahdanau.config import GRU_FORMS
 from bahdanau.encoder import init_recurrent_
@@ -102,6 +102,9 @@ class AttentiveDecoder(nn.Module):
         drops_rnn_inputs()    whether dropout on the GRU's inputs is active (C then maps the
                               dropped c_i, so [C; C_o] h_j cannot be precomputed)
         output_weights()      W_o and its bias, for a loss that projects in row chunks
+
+    Inputs are not validated here beyond ranks and sizes: the model checks a batch's values once,
+    at its door (`RNNSearch.check_batch`), and the decoder trusts what it is given.
     """
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, context_size: int,
@@ -162,25 +165,20 @@ class AttentiveDecoder(nn.Module):
             self.attention.reset_parameters()
 
     # ------------------------------------------------------------------ per source batch
-    def init_state(self, annotations: Tensor, mask: Tensor, *, check: bool = True
+    def init_state(self, annotations: Tensor, mask: Tensor
                    ) -> tuple[DecoderState, DecoderMemory]:
         """s_0 and the per-batch memory (the attention's, or RNNencdec's fixed context).
-
-        Every row of the mask needs a real token; this is where that is checked, once per batch,
-        for any attention (`Attention.prepare` checks shapes only).
 
         Args:
             annotations: (B, S, 2H) encoder annotations; the last H features of position 0 are
                 the backward GRU's final state bwd h_1.
-            mask: (B, S) bool, True at real tokens; every row needs one True.
-            check: check the mask's rows, which reads the mask (a device sync). False when the
-                mask is known to be good, e.g. built by the encoder from checked lengths; shapes
-                and dtypes are checked either way. Traced code never runs the value check.
+            mask: (B, S) bool, True at real tokens; every row needs one True. That is the
+                caller's promise, not checked here (it would read the mask, a device sync): the
+                model checks the lengths the encoder builds the mask from, at its door.
         Returns:
             The (B rows) `DecoderState` with s_0 = tanh(W_s bwd h_1), and the `DecoderMemory`.
         Raises:
-            InputError: wrong ranks, dtypes or sizes; with `check`, a mask row without a real
-                token.
+            InputError: wrong ranks, dtypes or sizes.
         """
         check_tensor("annotations", annotations, 3, floating=True)
         check_tensor("mask", mask, 2, boolean=True)
@@ -191,8 +189,6 @@ class AttentiveDecoder(nn.Module):
         ])
         if annotations.shape[0] == 0 or annotations.shape[1] == 0:
             raise InputError(f"annotations {tuple(annotations.shape)}: empty batch or source")
-        if check and not torch.compiler.is_compiling():
-            check_mask_rows("mask", mask)
         half = self.context_size // 2
         backward_first = annotations[:, 0, half:]                 # (B, H) bwd h_1
         s0 = torch.tanh(self.init_proj(backward_first))           # (B, D)
@@ -288,8 +284,7 @@ class AttentiveDecoder(nn.Module):
 
     # ------------------------------------------------------------------ teacher forcing
     def forward(self, tgt_in: Tensor, state: DecoderState, memory: DecoderMemory, *,
-                return_attention: bool = False, check: bool = True
-                ) -> tuple[Tensor, Tensor | None]:
+                return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
         """Teacher-forced decoding of whole target prefixes: `step` at every position.
 
         Args:
@@ -297,13 +292,12 @@ class AttentiveDecoder(nn.Module):
             state: from `init_state`.
             memory: from `init_state`.
             return_attention: also return the (B, T, S) weights (else None).
-            check: check that the ids of `tgt_in` are in the vocabulary (see `check_targets`).
         Returns:
             (B, T, V) logits of y_1..y_T, and the weights or None.
         Raises:
             InputError: see `check_targets`.
         """
-        self.check_targets(tgt_in, state.hidden.shape[0], check=check)
+        self.check_targets(tgt_in, state.hidden.shape[0])
         logits, weights = [], []
         for prev_tokens in tgt_in.unbind(1):
             out = self.step(prev_tokens, state, memory)
@@ -315,9 +309,10 @@ class AttentiveDecoder(nn.Module):
             attention = torch.stack(weights, 1)                   # (B, T, S)
         return torch.stack(logits, 1), attention
 
-    def check_targets(self, tgt_in: Tensor, batch: int, *, check: bool = True) -> None:
-        """(B, T) decoder inputs: integer ids, B rows, T >= 1, and with `check` every id in
-        [0, V) (a value check, which reads the tensor; never run in traced code).
+    def check_targets(self, tgt_in: Tensor, batch: int) -> None:
+        """(B, T) decoder inputs: integer ids, B rows, T >= 1. Ranks and sizes only; that every
+        id is in [0, V) is a value check, made once per batch at the model's door
+        (`RNNSearch.check_batch`).
 
         Raises:
             InputError: naming `tgt_in` and the problem.
@@ -326,5 +321,3 @@ class AttentiveDecoder(nn.Module):
         check_dims("AttentiveDecoder.forward", [("tgt_in", tgt_in, 0, batch)])
         if tgt_in.shape[1] == 0:
             raise InputError(f"tgt_in has shape {tuple(tgt_in.shape)}: no target positions")
-        if check and not torch.compiler.is_compiling():
-            check_token_ids("tgt_in", tgt_in, self.vocab_size)

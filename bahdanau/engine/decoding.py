@@ -103,8 +103,8 @@ class DecoderEngine:
         return StepOutput(logits, DecoderState(hidden, attention_state), weights)
 
     def features(self, tgt_in: Tensor, state: DecoderState, memory: EngineMemory, *,
-                 select: Tensor | None = None, return_attention: bool = False,
-                 check: bool = True) -> tuple[Tensor, Tensor | None]:
+                 select: Tensor | None = None, return_attention: bool = False
+                 ) -> tuple[Tensor, Tensor | None]:
         """Teacher forcing up to the maxout output t_i (the logits are `decoder.output` of it).
 
         Args:
@@ -113,13 +113,11 @@ class DecoderEngine:
             select: optional (B, T) bool; only those positions are returned, as (M, L) in
                 row-major order (what a loss needs: padding costs no vocabulary projection).
             return_attention: also return the (B, T, S) weights (else None).
-            check: check that the ids of `tgt_in` are in the vocabulary
-                (`AttentiveDecoder.check_targets`; shapes are checked either way).
         Returns:
             (B, T, L) features t_i (or (M, L) with `select`), and the weights or None.
         """
         dec = self.decoder
-        dec.check_targets(tgt_in, state.hidden.shape[0], check=check)
+        dec.check_targets(tgt_in, state.hidden.shape[0])      # ranks and sizes only
         embedded = dec.dropout(dec.embedding(tgt_in))             # (B, T, E)
         x_gates = dec.input_gates(dec.rnn_input_dropout(embedded))   # (B, T, 3D) hoisted
         grads = self._sequence_grads(memory)
@@ -145,13 +143,13 @@ class DecoderEngine:
         return features, attention
 
     def loss(self, tgt_in: Tensor, tgt_out: Tensor, state: DecoderState, memory: EngineMemory, *,
-             label_smoothing: float = 0.0, check: bool = True) -> tuple[Tensor, Tensor]:
+             label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
         """Summed NLL of `tgt_out` (pad ignored) and the number of target tokens.
 
         Only the non-pad positions are projected onto the vocabulary, in row chunks
         (`linear_cross_entropy`); while compiling, every position through `F.cross_entropy`.
-        `check` is passed to `features` (the ids of `tgt_in`); those of `tgt_out` are the
-        caller's to check (`RNNSearch.loss` does).
+        The ids of `tgt_in` and `tgt_out` are the caller's to check (`RNNSearch.loss` does, at
+        its door).
         """
         dec = self.decoder
         if torch.compiler.is_compiling():                         # no data-dependent shapes
@@ -159,7 +157,7 @@ class DecoderEngine:
             return functional.sequence_nll(dec.output(features), tgt_out, dec.pad_id,
                                            label_smoothing=label_smoothing)
         select = tgt_out != dec.pad_id
-        features, _ = self.features(tgt_in, state, memory, select=select, check=check)  # (M, L)
+        features, _ = self.features(tgt_in, state, memory, select=select)   # (M, L)
         loss = linear_cross_entropy(features, *dec.output_weights(), tgt_out[select],
                                     label_smoothing=label_smoothing)
         return loss, select.sum()
