@@ -199,7 +199,7 @@ def check_has_values(name: str, t: Tensor) -> None:
     """A tensor whose values a check reads: not on the meta device, which holds none."""
     if t.device.type == "meta":
         raise InputError(f"{name} is on the meta device, which holds no values to check; "
-                         "pass check=False to trace shapes")
+                         "trace shapes with torch.compile or torch.export, which skip value checks")
 
 
 def check_token_ids(name: str, ids: Tensor, vocab_size: int) -> None:

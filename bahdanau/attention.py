@@ -32,8 +32,8 @@ Two optional hooks let an attention offer more than calls:
 
 Per-step calls are not validated: `prepare` checks its inputs' shapes once per batch, and the
 values and states a decoder passes are built from them. That every mask row holds a real token is
-a value check (it reads the mask), made once per batch by the caller: `AttentiveDecoder.init_state`
-makes it for any attention, so an implementation of the seam need not.
+a value check (it reads the mask), made once per batch at the model's door: `RNNSearch.check_batch`
+checks the lengths the encoder builds the mask from, so no implementation of the seam need.
 
 `AdditiveAttention` is the paper's alignment model; `LuongAttention` (Luong et al. 2015, the
 "general" and "dot" scores) is the second implementation of the seam.
@@ -79,7 +79,7 @@ class Attention(nn.Module, ABC):
         Args:
             annotations: (B, S, 2H) encoder annotations h_j.
             mask: (B, S) bool, True at real tokens; every row needs one True (the caller's
-                promise: `AttentiveDecoder.init_state` checks it).
+                promise: `RNNSearch.check_batch` checks the lengths it comes from).
         """
 
     def initial_state(self, memory: Any) -> Tensor | None:
@@ -241,7 +241,7 @@ class AdditiveAttention(Attention):
         if self.mixes_values(memory):
             from bahdanau.kernels.triton_attention import additive_attention as fused
 
-            return fused(query, memory.keys, values, memory.mask, self.v_a, check=False)
+            return fused(query, memory.keys, values, memory.mask, self.v_a)
         return super().attend(query, memory, values, state)
 
     def mixes_values(self, memory: AdditiveMemory) -> bool:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from bahdanau import functional
-from bahdanau._checks import check_dims, check_mask_rows, check_tensor, check_token_ids
+from bahdanau._checks import check_dims, check_tensor
 from bahdanau.attention import Attention
 from bahdanau.config import GRU_FORMS
 from bahdanau.encoder import init_recurrent_
@@ -90,6 +90,21 @@ class AttentiveDecoder(nn.Module):
             where they enter the GRU (the deep output reads them undropped); 0 in the paper.
         dropout_deep_output: dropout on the deep output t~_i, before the maxout (0 in the paper).
         gru_form: "torch" (r * (U s + b)) or "paper" (U (r * s)); see `functional.gru_update`.
+
+    The fusion seam. A fast twin of this decoder (`bahdanau.engine.DecoderEngine`) computes the
+    same function with the same parameters. It calls the decoder's layers and its `update` and
+    `readout`, and reads weights and settings only through these, never through its layers'
+    attributes:
+
+        recurrent_rows        R, the rows of [U_r; U_z; U] that multiply s_{i-1} directly
+        recurrent_weights()   those (R, D) rows and their bias; `update` takes their product
+        value_weight()        the (3D + 2L, 2H) [C; C_o], c_i's two bias-free linear maps
+        drops_rnn_inputs()    whether dropout on the GRU's inputs is active (C then maps the
+                              dropped c_i, so [C; C_o] h_j cannot be precomputed)
+        output_weights()      W_o and its bias, for a loss that projects in row chunks
+
+    Inputs are not validated here beyond ranks and sizes: the model checks a batch's values once,
+    at its door (`RNNSearch.check_batch`), and the decoder trusts what it is given.
     """
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, context_size: int,
@@ -150,25 +165,20 @@ class AttentiveDecoder(nn.Module):
             self.attention.reset_parameters()
 
     # ------------------------------------------------------------------ per source batch
-    def init_state(self, annotations: Tensor, mask: Tensor, *, check: bool = True
+    def init_state(self, annotations: Tensor, mask: Tensor
                    ) -> tuple[DecoderState, DecoderMemory]:
         """s_0 and the per-batch memory (the attention's, or RNNencdec's fixed context).
-
-        Every row of the mask needs a real token; this is where that is checked, once per batch,
-        for any attention (`Attention.prepare` checks shapes only).
 
         Args:
             annotations: (B, S, 2H) encoder annotations; the last H features of position 0 are
                 the backward GRU's final state bwd h_1.
-            mask: (B, S) bool, True at real tokens; every row needs one True.
-            check: check the mask's rows, which reads the mask (a device sync). False when the
-                mask is known to be good, e.g. built by the encoder from checked lengths; shapes
-                and dtypes are checked either way. Traced code never runs the value check.
+            mask: (B, S) bool, True at real tokens; every row needs one True. That is the
+                caller's promise, not checked here (it would read the mask, a device sync): the
+                model checks the lengths the encoder builds the mask from, at its door.
         Returns:
             The (B rows) `DecoderState` with s_0 = tanh(W_s bwd h_1), and the `DecoderMemory`.
         Raises:
-            InputError: wrong ranks, dtypes or sizes; with `check`, a mask row without a real
-                token.
+            InputError: wrong ranks, dtypes or sizes.
         """
         check_tensor("annotations", annotations, 3, floating=True)
         check_tensor("mask", mask, 2, boolean=True)
@@ -179,8 +189,6 @@ class AttentiveDecoder(nn.Module):
         ])
         if annotations.shape[0] == 0 or annotations.shape[1] == 0:
             raise InputError(f"annotations {tuple(annotations.shape)}: empty batch or source")
-        if check and not torch.compiler.is_compiling():
-            check_mask_rows("mask", mask)
         half = self.context_size // 2
         backward_first = annotations[:, 0, half:]                 # (B, H) bwd h_1
         s0 = torch.tanh(self.init_proj(backward_first))           # (B, D)
@@ -225,6 +233,7 @@ class AttentiveDecoder(nn.Module):
                               state.attention)
         return step.context, step.weights, step.state
 
+    # ------------------------------------------------------------------ the fusion seam
     @property
     def recurrent_rows(self) -> int:
         """R, the rows of [U_r; U_z; U] that multiply s_{i-1} directly: all 3D in the torch
@@ -235,6 +244,23 @@ class AttentiveDecoder(nn.Module):
         """The (R, D) rows of [U_r; U_z; U] that multiply s_{i-1} directly, and their bias."""
         return self.weight_hh[:self.recurrent_rows], self.bias_hh[:self.recurrent_rows]
 
+    def value_weight(self) -> Tensor:
+        """The (3D + 2L, 2H) stacked [C; C_o]: c_i enters the step only through these two
+        bias-free maps (C into the GRU's gates, C_o into the deep output), so
+        [C; C_o] c_i = value_weight() @ c_i."""
+        return torch.cat([self.context_gates.weight, self.readout_context.weight])
+
+    def drops_rnn_inputs(self) -> bool:
+        """True while dropout on the GRU's inputs is active (training, `dropout_rnn_inputs` > 0):
+        C then maps the dropped c_i, a different draw at every step, and only C_o c_i is linear in
+        c_i."""
+        return self.training and self.rnn_input_dropout.p > 0
+
+    def output_weights(self) -> tuple[Tensor, Tensor]:
+        """W_o's (V, L) weight and (V,) bias: `output(t) == t @ W_o.T + b_o`."""
+        return self.output.weight, self.output.bias
+
+    # ------------------------------------------------------------------ the GRU and deep output
     def update(self, x_gates: Tensor, h_gates: Tensor, hidden: Tensor) -> Tensor:
         """s_i = GRU(s_{i-1}, [E y_{i-1}; c_i]) from the pre-activations.
 
@@ -258,8 +284,7 @@ class AttentiveDecoder(nn.Module):
 
     # ------------------------------------------------------------------ teacher forcing
     def forward(self, tgt_in: Tensor, state: DecoderState, memory: DecoderMemory, *,
-                return_attention: bool = False, check: bool = True
-                ) -> tuple[Tensor, Tensor | None]:
+                return_attention: bool = False) -> tuple[Tensor, Tensor | None]:
         """Teacher-forced decoding of whole target prefixes: `step` at every position.
 
         Args:
@@ -267,13 +292,12 @@ class AttentiveDecoder(nn.Module):
             state: from `init_state`.
             memory: from `init_state`.
             return_attention: also return the (B, T, S) weights (else None).
-            check: check that the ids of `tgt_in` are in the vocabulary (see `check_targets`).
         Returns:
             (B, T, V) logits of y_1..y_T, and the weights or None.
         Raises:
             InputError: see `check_targets`.
         """
-        self.check_targets(tgt_in, state.hidden.shape[0], check=check)
+        self.check_targets(tgt_in, state.hidden.shape[0])
         logits, weights = [], []
         for prev_tokens in tgt_in.unbind(1):
             out = self.step(prev_tokens, state, memory)
@@ -285,9 +309,10 @@ class AttentiveDecoder(nn.Module):
             attention = torch.stack(weights, 1)                   # (B, T, S)
         return torch.stack(logits, 1), attention
 
-    def check_targets(self, tgt_in: Tensor, batch: int, *, check: bool = True) -> None:
-        """(B, T) decoder inputs: integer ids, B rows, T >= 1, and with `check` every id in
-        [0, V) (a value check, which reads the tensor; never run in traced code).
+    def check_targets(self, tgt_in: Tensor, batch: int) -> None:
+        """(B, T) decoder inputs: integer ids, B rows, T >= 1. Ranks and sizes only; that every
+        id is in [0, V) is a value check, made once per batch at the model's door
+        (`RNNSearch.check_batch`).
 
         Raises:
             InputError: naming `tgt_in` and the problem.
@@ -296,5 +321,3 @@ class AttentiveDecoder(nn.Module):
         check_dims("AttentiveDecoder.forward", [("tgt_in", tgt_in, 0, batch)])
         if tgt_in.shape[1] == 0:
             raise InputError(f"tgt_in has shape {tuple(tgt_in.shape)}: no target positions")
-        if check and not torch.compiler.is_compiling():
-            check_token_ids("tgt_in", tgt_in, self.vocab_size)

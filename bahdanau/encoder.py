@@ -144,8 +144,9 @@ class BiRNNEncoder(nn.Module):
 
     Value checks (lengths in [1, S] and agreeing with the padding, ids in [0, V)) read tensors
     back to the host, so traced code skips them and keeps the rank, dtype and size checks; call
-    `check_inputs` on a batch before a compiled or exported encoder to check it. A caller that
-    has checked a batch passes `check=False` to `forward` to skip them in eager code too.
+    `check_inputs` on a batch before a compiled or exported encoder to check it. The encoder is
+    its own door for users who call it directly, and a part behind `RNNSearch`'s door, which has
+    checked the batch already and passes `check=False` to `forward`.
     """
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, *, pad_id: int = 0,
@@ -189,9 +190,11 @@ class BiRNNEncoder(nn.Module):
             src: (B, S) source token ids, padded after each sentence's end.
             src_lengths: (B,) number of real tokens per sentence, each in [1, S].
             check: run the value checks of `check_inputs` (lengths in [1, S] and agreeing with
-                the padding, ids in [0, V)), which read the tensors (a device sync). False for a
-                batch the caller has checked; ranks, dtypes and sizes are checked either way.
-                Traced code (`torch.compile`, `torch.export`) never runs the value checks.
+                the padding, ids in [0, V)), which read the tensors (a device sync). The flag
+                stays because the encoder is both a door and a part: a model that has checked
+                the batch at its own door (`RNNSearch.check_batch`) passes False. Ranks, dtypes
+                and sizes are checked either way; traced code (`torch.compile`, `torch.export`)
+                never runs the value checks.
         Returns:
             (B, S, 2H) annotations h_j (0 at padding) and the (B, S) bool mask, True at real tokens.
         Raises:

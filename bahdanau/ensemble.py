@@ -111,15 +111,13 @@ class Ensemble(nn.Module):
         raise InputError("an Ensemble only decodes (encode/step, e.g. through BeamSearch); "
                          "train its members one by one")
 
-    def encode(self, src: Tensor, src_lengths: Tensor, *, check: bool = True
-               ) -> tuple[EnsembleState, EnsembleMemory]:
-        """Every member's `encode` of the batch.
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[EnsembleState, EnsembleMemory]:
+        """Every member's `encode` of the batch. The values of the source are checked once, by
+        the first member (every member reads the same ids); the others get `check=False`.
 
         Args:
             src: (B, S) source ids, padded.
             src_lengths: (B,) real lengths.
-            check: run the value checks of the source, once (the first member's: every member
-                reads the same ids).
         Returns:
             The members' initial states (B rows each) and memories.
         Raises:
@@ -127,7 +125,7 @@ class Ensemble(nn.Module):
         """
         states, memories = [], []
         for i, model in enumerate(self.members):
-            state, memory = model.encode(src, src_lengths, check=check and i == 0)
+            state, memory = model.encode(src, src_lengths, check=i == 0)
             states.append(state)
             memories.append(memory)
         return EnsembleState(tuple(states)), EnsembleMemory(tuple(memories))

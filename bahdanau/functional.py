@@ -123,12 +123,13 @@ def sequence_nll(logits: Tensor, target: Tensor, pad_id: int, *,
         raise InputError(
             f"logits {tuple(logits.shape)} and target {tuple(target.shape)} disagree on (B, T)"
         )
-    logits = _upcast(logits)
+    logits = upcast(logits)
     loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
                            ignore_index=pad_id, reduction="sum", label_smoothing=label_smoothing)
     return loss, (target != pad_id).sum()
 
 
-def _upcast(t: Tensor) -> Tensor:
-    """Half-precision tensors to float32 (for accumulation); others unchanged."""
+def upcast(t: Tensor) -> Tensor:
+    """Half-precision tensors (float16, bfloat16) to float32, for accumulation (a loss, a
+    log-softmax); others unchanged."""
     return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t

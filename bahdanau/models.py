@@ -35,6 +35,11 @@ from bahdanau.search import BeamSearch, Hypothesis
 class RNNSearch(nn.Module):
     """Encoder-decoder with attention (Bahdanau et al. 2015).
 
+    The model is the door where a batch's values are checked, once: `forward`, `loss` and
+    `encode` (and so `translate` and `bahdanau.BeamSearch`) run `check_batch` on what they are
+    given, in eager code, and their parts (encoder, decoder, engine, attention) then trust the
+    batch and check ranks and sizes at most.
+
     Args:
         encoder: produces (B, S, 2H) annotations and the (B, S) mask.
         decoder: an `AttentiveDecoder` whose context size is the encoder's output size.
@@ -58,7 +63,8 @@ class RNNSearch(nn.Module):
         self.encoder, self.decoder, self.config = encoder, decoder, config
         self.engine = DecoderEngine(decoder) if engine == "fast" else None
         # Resolved once: an encoder of the user's own needs neither `check_inputs` (the model
-        # then checks the lengths against the padding itself) nor a `check` argument.
+        # then checks the lengths against the padding itself) nor a `check` argument (which
+        # lets the model skip the value checks it has made at its door).
         self._encoder_checks = callable(getattr(encoder, "check_inputs", None))
         self._encoder_takes_check = "check" in inspect.signature(encoder.forward).parameters
 
@@ -88,24 +94,35 @@ class RNNSearch(nn.Module):
     def encode(self, src: Tensor, src_lengths: Tensor, *, check: bool = True
                ) -> tuple[DecoderState, Any]:
         """Run the encoder and prepare decoding: the (B rows) state s_0 and the memory that
-        `step` takes (`DecoderMemory`, or the engine's `EngineMemory`).
+        `step` takes (`DecoderMemory`, or the engine's `EngineMemory`). What `BeamSearch` calls.
 
         Args:
             src, src_lengths: as for `forward`.
-            check: run the value checks of the source (the encoder's `check_inputs`, e.g.
-                `BiRNNEncoder.check_inputs`), as for `forward`.
+            check: run the value checks of the source (`check_batch(src, src_lengths)`) first,
+                in eager code. `encode` is the model's one entry point with this flag, being a part
+                of a larger door: an `Ensemble` checks its source once, through its first
+                member, and passes False to the others. Ranks and sizes are checked either way.
         Raises:
-            InputError: see `BiRNNEncoder.forward`.
+            InputError: see `check_batch`.
         """
-        if check and not torch.compiler.is_compiling():
-            self._check_source(src, src_lengths)
+        if check:
+            self._check_at_door(src, src_lengths)
+        return self._encode(src, src_lengths)
+
+    def _encode(self, src: Tensor, src_lengths: Tensor) -> tuple[DecoderState, Any]:
+        """`encode` of a batch whose values are checked (the door has run `check_batch`)."""
         if self._encoder_takes_check:
             annotations, mask = self.encoder(src, src_lengths, check=False)
         else:
             annotations, mask = self.encoder(src, src_lengths)
-        # The mask comes from lengths that are checked (or vouched for): no second check.
-        state, memory = self.decoder.init_state(annotations, mask, check=False)
+        state, memory = self.decoder.init_state(annotations, mask)
         return state, (memory if self.engine is None else self.engine.prepare(memory))
+
+    def _check_at_door(self, *batch: Tensor) -> None:
+        """`check_batch(*batch)` in eager code; traced code (`torch.compile`, `torch.export`)
+        skips it, as its value checks read tensors back to the host."""
+        if not torch.compiler.is_compiling():
+            self.check_batch(*batch)
 
     def step(self, prev_tokens: Tensor, state: DecoderState, memory: Any) -> StepOutput:
         """One decoder step for N rows from `encode`'s memory (what `BeamSearch` calls)."""
@@ -120,7 +137,8 @@ class RNNSearch(nn.Module):
         The value checks (lengths in [1, S] and agreeing with the padding, so no row is all
         padding; ids in the vocabularies; targets padded only at the end, a real input for every
         target) read the tensors' contents, a device sync. In eager mode `forward`, `loss` and
-        `translate` run this once per batch unless told `check=False`.
+        `encode` (so `translate` and `BeamSearch`) run this once per batch, at the door; the
+        parts behind it check ranks and sizes at most.
         Under `torch.compile` and `torch.export` the value checks stay out of the graph: code that
         calls a compiled or exported model calls this first, once per batch, in eager code.
 
@@ -166,8 +184,7 @@ class RNNSearch(nn.Module):
         check_padding("src", src, src_lengths, self.decoder.pad_id)
 
     def forward(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, *,
-                return_attention: bool = False, check: bool = True
-                ) -> Tensor | tuple[Tensor, Tensor | None]:
+                return_attention: bool = False) -> Tensor | tuple[Tensor, Tensor | None]:
         """Teacher-forced scores.
 
         Args:
@@ -175,30 +192,24 @@ class RNNSearch(nn.Module):
             src_lengths: (B,) real source lengths, each in [1, S].
             tgt_in: (B, T) decoder inputs (bos y_1 ... y_{T-1}), padded with pad_id.
             return_attention: also return the (B, T, S) alignment weights (None for RNNencdec).
-            check: run the value checks of `check_batch` first (in eager code). False for a
-                batch the caller has checked, e.g. with `check_batch`: no tensor is then read
-                back (no device sync) for checking; ranks, dtypes and sizes are checked either
-                way.
         Returns:
             (B, T, V) logits of the next target tokens; with `return_attention`, a pair.
         Raises:
             InputError: see `check_batch`.
         """
-        if check and not torch.compiler.is_compiling():
-            self.check_batch(src, src_lengths, tgt_in)
-        state, memory = self.encode(src, src_lengths, check=False)
+        self._check_at_door(src, src_lengths, tgt_in)
+        state, memory = self._encode(src, src_lengths)
         if self.engine is None:
             logits, attention = self.decoder(tgt_in, state, memory,
-                                             return_attention=return_attention, check=False)
+                                             return_attention=return_attention)
         else:
             features, attention = self.engine.features(tgt_in, state, memory,
-                                                       return_attention=return_attention,
-                                                       check=False)
+                                                       return_attention=return_attention)
             logits = self.decoder.output(features)
         return (logits, attention) if return_attention else logits
 
     def loss(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor, *,
-             label_smoothing: float = 0.0, check: bool = True) -> tuple[Tensor, Tensor]:
+             label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
         """Summed negative log-likelihood of `tgt_out` given `src`, padding ignored.
 
         Equal to `functional.sequence_nll(model(src, src_lengths, tgt_in), tgt_out, pad_id)`,
@@ -209,7 +220,6 @@ class RNNSearch(nn.Module):
             src, src_lengths, tgt_in: as for `forward`.
             tgt_out: (B, T) the targets y_1..y_T (tgt_in shifted by one, eos last), pad_id after.
             label_smoothing: 0 (the paper) by default.
-            check: run the value checks of `check_batch` first, as for `forward`.
         Returns:
             The summed loss (scalar) and the number of target tokens (scalar tensor).
         Raises:
@@ -218,28 +228,25 @@ class RNNSearch(nn.Module):
         check_tensor("tgt_out", tgt_out, 2, integer=True)
         check_tensor("tgt_in", tgt_in, 2, integer=True)
         _check_same_shape(tgt_in, tgt_out)
-        if check and not torch.compiler.is_compiling():
-            self.check_batch(src, src_lengths, tgt_in, tgt_out)
-        state, memory = self.encode(src, src_lengths, check=False)
+        self._check_at_door(src, src_lengths, tgt_in, tgt_out)
+        state, memory = self._encode(src, src_lengths)
         if self.engine is not None:
             return self.engine.loss(tgt_in, tgt_out, state, memory,
-                                    label_smoothing=label_smoothing, check=False)
-        logits, _ = self.decoder(tgt_in, state, memory, check=False)
+                                    label_smoothing=label_smoothing)
+        logits, _ = self.decoder(tgt_in, state, memory)
         return functional.sequence_nll(logits, tgt_out, self.decoder.pad_id,
                                        label_smoothing=label_smoothing)
 
     def translate(self, src: Tensor, src_lengths: Tensor, *, beam_size: int = 5,
                   n_best: int = 1, max_len: int = 100, max_len_ratio: float | None = None,
                   min_len: int = 1, length_penalty: str = "none", alpha: float = 0.6,
-                  early_stopping: bool = True, check: bool = True) -> list[list[Hypothesis]]:
+                  early_stopping: bool = True) -> list[list[Hypothesis]]:
         """Beam search (`beam_size=1`: greedy) for a padded batch; see `bahdanau.BeamSearch`.
 
         Args:
             src, src_lengths: as for `forward`.
             beam_size, n_best, max_len, max_len_ratio, min_len, length_penalty, alpha,
                 early_stopping: the settings of `bahdanau.BeamSearch`.
-            check: run the value checks of the source (`check_batch(src, src_lengths)`), as for
-                `forward`.
         Returns:
             For each sentence, its `n_best` hypotheses, best first, each with `tokens` (ids
             without bos/eos), `log_prob`, `score` and `attention` ((len(tokens)+1, S), or None
@@ -251,7 +258,7 @@ class RNNSearch(nn.Module):
                             max_len_ratio=max_len_ratio, min_len=min_len,
                             length_penalty=length_penalty,  # type: ignore[arg-type]
                             alpha=alpha, early_stopping=early_stopping)
-        return search(self, src, src_lengths, check=check)
+        return search(self, src, src_lengths)                    # checked by `encode`
 
 
 class RNNEncDec(RNNSearch):

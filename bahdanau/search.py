@@ -195,25 +195,25 @@ class BeamSearch:
         return caps
 
     @torch.inference_mode()
-    def __call__(self, model: torch.nn.Module, src: Tensor, src_lengths: Tensor, *,
-                 check: bool = True) -> list[list[Hypothesis]]:
+    def __call__(self, model: torch.nn.Module, src: Tensor, src_lengths: Tensor
+                 ) -> list[list[Hypothesis]]:
         """Translate a padded batch.
 
+        The search checks ranks and sizes; the values of the source (lengths in [1, S] and
+        agreeing with the padding, ids in the vocabulary) are the model's to check, once, when
+        the search calls `model.encode` (`RNNSearch.encode` runs `check_batch`).
+
         Args:
-            model: an `RNNSearch` / `RNNEncDec`, or anything with the same `encode` (taking the
-                `check` keyword) and `step` (a `DecoderState` of B rows and a memory with
+            model: an `RNNSearch` / `RNNEncDec`, or anything with the same `encode(src,
+                src_lengths)` and `step` (a `DecoderState` of B rows and a memory with
                 `select(keep)`).
             src: (B, S) source ids, padded.
             src_lengths: (B,) real lengths.
-            check: passed to `model.encode`, which runs the value checks of the source once
-                (lengths in [1, S] and agreeing with the padding, ids in the vocabulary). False
-                for a batch the caller has checked (`RNNSearch.check_batch`); ranks, dtypes and
-                sizes are checked either way.
         Returns:
             For each sentence, its `n_best` hypotheses, best first.
         Raises:
-            InputError: empty batch or bad shapes; with `check`, what `model.encode` refuses
-                (empty sentences, lengths that disagree with the padding, ids out of range).
+            InputError: empty batch or bad shapes, or what `model.encode` refuses (empty
+                sentences, lengths that disagree with the padding, ids out of range).
         """
         check_type("model", model, torch.nn.Module, "a torch.nn.Module such as RNNSearch")
         check_tensor("src", src, 2, integer=True)
@@ -223,16 +223,16 @@ class BeamSearch:
         was_training = model.training
         model.eval()
         try:
-            return self._search(model, src, src_lengths.to(src.device), check)
+            return self._search(model, src, src_lengths.to(src.device))
         finally:
             model.train(was_training)
 
-    def _search(self, model: torch.nn.Module, src: Tensor, src_lengths: Tensor, check: bool
+    def _search(self, model: torch.nn.Module, src: Tensor, src_lengths: Tensor
                 ) -> list[list[Hypothesis]]:
         bos, eos, pad = self._ids(model)
         never = [pad, bos]                                     # never generated
         K, n_best, penalty, alpha = self.beam_size, self.n_best, self.length_penalty, self.alpha
-        state, memory = model.encode(src, src_lengths, check=check)
+        state, memory = model.encode(src, src_lengths)         # the model checks the values
         n_sent, src_len = src.shape
         device = src.device
         caps = self.caps(src_lengths)                                          # (B,)
@@ -331,11 +331,10 @@ class BeamSearch:
 
 
 def greedy_search(model: torch.nn.Module, src: Tensor, src_lengths: Tensor, *,
-                  max_len: int = 100, min_len: int = 1, check: bool = True) -> list[Hypothesis]:
-    """Greedy decoding: `BeamSearch(beam_size=1)`, one hypothesis per sentence (`check` as for
-    `BeamSearch.__call__`)."""
+                  max_len: int = 100, min_len: int = 1) -> list[Hypothesis]:
+    """Greedy decoding: `BeamSearch(beam_size=1)`, one hypothesis per sentence."""
     search = BeamSearch(beam_size=1, max_len=max_len, min_len=min_len)
-    return [hyps[0] for hyps in search(model, src, src_lengths, check=check)]
+    return [hyps[0] for hyps in search(model, src, src_lengths)]
 
 
 def replace_unk(hypothesis: Hypothesis, src_tokens: Sequence[str], tgt_tokens: Sequence[str], *,

@@ -4,11 +4,13 @@ What it does differently from the reference decoder, and why it is the same func
 
 * Precomputed values. c_i enters the decoder only through linear maps without bias (C c_i in the
   GRU, C_o c_i in the deep output), and c_i = sum_j a_ij h_j with sum_j a_ij = 1, so
-  [C; C_o] c_i = sum_j a_ij [C; C_o] h_j. `prepare` computes [C; C_o] h_j once per batch in one
-  large matmul, and each step mixes it with a_ij through the attention's `attend`: an S-long
-  weighted sum instead of a (2H x (3D + 2L)) matmul per row.
+  [C; C_o] c_i = sum_j a_ij [C; C_o] h_j. `prepare` computes [C; C_o] h_j
+  (`AttentiveDecoder.value_weight`) once per batch in one large matmul, and each step mixes it
+  with a_ij through the attention's `attend`: an S-long weighted sum instead of a
+  (2H x (3D + 2L)) matmul per row.
 * A fused step weight. When the attention offers its query projection (`query_weight`), it is
-  stacked with the GRU's recurrent matrix: one matmul of s_{i-1} per step gives both.
+  stacked with the GRU's recurrent matrix (`AttentiveDecoder.recurrent_weights`): one matmul of
+  s_{i-1} per step gives both.
 * Hoisting. Teacher forcing embeds and projects all target inputs before the loop, and computes
   the deep output and the vocabulary projection for all positions after it (only the non-pad
   ones for the loss).
@@ -16,8 +18,13 @@ What it does differently from the reference decoder, and why it is the same func
   values, and the chunked cross-entropy (`bahdanau.engine.cross_entropy`) for the loss.
 
 Dropout on the GRU inputs (`AttentiveDecoder`'s `dropout_rnn_inputs`) drops units of c_i itself,
-which C then maps: while it is active (training, p > 0) the values are [h_j; C_o h_j] instead,
-and each step applies C to the dropped c_i (one matmul per step, as the reference decoder).
+which C then maps: while it is active (`AttentiveDecoder.drops_rnn_inputs`) the values are
+[h_j; C_o h_j] instead, and each step applies C to the dropped c_i (one matmul per step, as the
+reference decoder).
+
+The engine meets the decoder at its fusion seam (see `AttentiveDecoder`) and the attention at
+`bahdanau.attention.Attention`'s methods: it calls their layers and methods and never reads a
+layer's parameters or settings.
 
 Under `torch.compile` and `torch.export` the engine uses traceable twins of the last two: plain
 autograd and `torch.nn.functional.cross_entropy` over every position. tests/unit/test_engine.py
@@ -71,12 +78,11 @@ class DecoderEngine:
         dropout is active, see the module docstring) and the fused step weight."""
         dec = self.decoder
         source = memory.context if dec.attention is None else memory.annotations
-        drop_context = dec.training and dec.rnn_input_dropout.p > 0
+        drop_context = dec.drops_rnn_inputs()
         if drop_context:
-            values = torch.cat([source, F.linear(source, dec.readout_context.weight)], -1)
+            values = torch.cat([source, dec.readout_context(source)], -1)   # (B, [S,] 2H + 2L)
         else:
-            value_weight = torch.cat([dec.context_gates.weight, dec.readout_context.weight])
-            values = F.linear(source, value_weight)               # (B, [S,] 3D + 2L)
+            values = F.linear(source, dec.value_weight())         # (B, [S,] 3D + 2L)
         weight, bias = dec.recurrent_weights()
         query_weight = None if dec.attention is None else dec.attention.query_weight()
         if query_weight is not None:
@@ -97,8 +103,8 @@ class DecoderEngine:
         return StepOutput(logits, DecoderState(hidden, attention_state), weights)
 
     def features(self, tgt_in: Tensor, state: DecoderState, memory: EngineMemory, *,
-                 select: Tensor | None = None, return_attention: bool = False,
-                 check: bool = True) -> tuple[Tensor, Tensor | None]:
+                 select: Tensor | None = None, return_attention: bool = False
+                 ) -> tuple[Tensor, Tensor | None]:
         """Teacher forcing up to the maxout output t_i (the logits are `decoder.output` of it).
 
         Args:
@@ -107,13 +113,11 @@ class DecoderEngine:
             select: optional (B, T) bool; only those positions are returned, as (M, L) in
                 row-major order (what a loss needs: padding costs no vocabulary projection).
             return_attention: also return the (B, T, S) weights (else None).
-            check: check that the ids of `tgt_in` are in the vocabulary
-                (`AttentiveDecoder.check_targets`; shapes are checked either way).
         Returns:
             (B, T, L) features t_i (or (M, L) with `select`), and the weights or None.
         """
         dec = self.decoder
-        dec.check_targets(tgt_in, state.hidden.shape[0], check=check)
+        dec.check_targets(tgt_in, state.hidden.shape[0])      # ranks and sizes only
         embedded = dec.dropout(dec.embedding(tgt_in))             # (B, T, E)
         x_gates = dec.input_gates(dec.rnn_input_dropout(embedded))   # (B, T, 3D) hoisted
         grads = self._sequence_grads(memory)
@@ -139,22 +143,22 @@ class DecoderEngine:
         return features, attention
 
     def loss(self, tgt_in: Tensor, tgt_out: Tensor, state: DecoderState, memory: EngineMemory, *,
-             label_smoothing: float = 0.0, check: bool = True) -> tuple[Tensor, Tensor]:
+             label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
         """Summed NLL of `tgt_out` (pad ignored) and the number of target tokens.
 
         Only the non-pad positions are projected onto the vocabulary, in row chunks
         (`linear_cross_entropy`); while compiling, every position through `F.cross_entropy`.
-        `check` is passed to `features` (the ids of `tgt_in`); those of `tgt_out` are the
-        caller's to check (`RNNSearch.loss` does).
+        The ids of `tgt_in` and `tgt_out` are the caller's to check (`RNNSearch.loss` does, at
+        its door).
         """
-        output, pad_id = self.decoder.output, self.decoder.pad_id
+        dec = self.decoder
         if torch.compiler.is_compiling():                         # no data-dependent shapes
             features, _ = self.features(tgt_in, state, memory)
-            return functional.sequence_nll(output(features), tgt_out, pad_id,
+            return functional.sequence_nll(dec.output(features), tgt_out, dec.pad_id,
                                            label_smoothing=label_smoothing)
-        select = tgt_out != pad_id
-        features, _ = self.features(tgt_in, state, memory, select=select, check=check)  # (M, L)
-        loss = linear_cross_entropy(features, output.weight, output.bias, tgt_out[select],
+        select = tgt_out != dec.pad_id
+        features, _ = self.features(tgt_in, state, memory, select=select)   # (M, L)
+        loss = linear_cross_entropy(features, *dec.output_weights(), tgt_out[select],
                                     label_smoothing=label_smoothing)
         return loss, select.sum()
 

@@ -55,7 +55,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.language.extra import libdevice
 
-from bahdanau._checks import check_mask_rows, check_tensor
+from bahdanau._checks import check_tensor
 from bahdanau.errors import InputError
 from bahdanau.kernels import FUSED_DTYPES, interpreting
 
@@ -313,8 +313,7 @@ _attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def additive_attention(query_proj: Tensor, keys: Tensor, annotations: Tensor, mask: Tensor,
-                       v: Tensor, *, fast_tanh: bool = False, check: bool = True
-                       ) -> tuple[Tensor, Tensor]:
+                       v: Tensor, *, fast_tanh: bool = False) -> tuple[Tensor, Tensor]:
     """One fused alignment step; the same contract as `bahdanau.functional.additive_attention`.
 
     Args:
@@ -322,21 +321,19 @@ def additive_attention(query_proj: Tensor, keys: Tensor, annotations: Tensor, ma
         keys: (B, S, A) U_a h_j.
         annotations: (B, S, M) what the weights mix: h_j (M = 2H), or any per-position values
             (the decoder passes [C; C_o] h_j).
-        mask: (B, S) bool, True at real tokens; every row needs one True.
+        mask: (B, S) bool, True at real tokens; every row needs one True. As for the reference,
+            that is the caller's promise, not checked here: the check would read the mask back to
+            the host (a device sync) at every step. `RNNSearch` checks the lengths the mask comes
+            from once per batch, at its door.
         v: (A,) v_a.
         fast_tanh: use the GPU's approximate tanh (for decoding; ignored by the interpreter).
-        check: also check that every mask row has a real token. That check reads the mask back
-            to the host (a device sync), so callers that validated the mask once per batch, as
-            the decoder does, pass False; devices, dtypes and shapes are always checked.
     Returns:
         (N, M) context and (N, S) weights, both in the input dtype (weights exactly 0 at padding).
     Raises:
         InputError: tensors not on CUDA (without TRITON_INTERPRET=1), unsupported or mixed
-            dtypes, shapes that disagree, an empty source, or a mask row with no real token.
+            dtypes, shapes that disagree, or an empty source.
     """
     _check(query_proj, keys, annotations, mask, v)
-    if check:
-        check_mask_rows("mask", mask)
     context, weights = _attention_op(query_proj, keys, annotations, mask, v, fast_tanh)
     return context, weights.to(query_proj.dtype)
 

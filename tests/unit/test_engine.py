@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from bahdanau import (
+    AdditiveAttention,
     Attention,
     AttentiveDecoder,
     BeamSearch,
@@ -211,7 +212,7 @@ class FixedMask(nn.Module):
     scaled by the same fixed factors, so the engine and the reference, which drop different
     tensors in a different order, must compute the same function."""
 
-    p = 0.5  # what the engine reads to know that the dropout is active
+    p = 0.5  # what `AttentiveDecoder.drops_rnn_inputs` reads: the dropout is active
 
     def forward(self, x: Tensor) -> Tensor:
         return x * torch.linspace(0.0, 2.0, x.shape[-1], dtype=x.dtype)
@@ -330,3 +331,60 @@ def test_fused_query_projection_is_offered_only_by_plain_linears() -> None:
     assert memory.step_weight.shape == (attention.W_a.weight.shape[0] + rows, 16)
     _, memory = coverage.encode(src, src_lengths)
     assert memory.step_weight.shape == (rows, 16)
+
+
+class _Wrapped(nn.Module):
+    """A layer behind a wrapper, as LoRA or quantisation wrap one: called, it is the layer, but
+    it has none of the layer's attributes (`weight`, `bias`, `p`)."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.layer(x)
+
+
+class WrappedDecoder(AttentiveDecoder):
+    """A decoder whose layers are wrapped: only its fusion seam says what they hold."""
+
+    def wrap(self) -> None:
+        for name in ("context_gates", "readout_context", "output", "rnn_input_dropout"):
+            setattr(self, name, _Wrapped(getattr(self, name)))
+
+    def value_weight(self) -> Tensor:
+        return torch.cat([self.context_gates.layer.weight, self.readout_context.layer.weight])
+
+    def drops_rnn_inputs(self) -> bool:
+        return self.training and self.rnn_input_dropout.layer.p > 0
+
+    def output_weights(self) -> tuple[Tensor, Tensor]:
+        return self.output.layer.weight, self.output.layer.bias
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_the_engine_meets_the_decoder_only_at_its_fusion_seam(drop) -> None:
+    """With the decoder's layers wrapped, so that no `.weight` or `.p` can be read from them,
+    the engine still equals the reference: it reads them only through `value_weight`,
+    `drops_rnn_inputs` and `output_weights` (and `recurrent_weights`)."""
+    models = []
+    for engine in ("fast", "reference"):
+        decoder = WrappedDecoder(V, 8, 16, 16, 6, attention=AdditiveAttention(16, 16, 10,
+                                                                             impl="reference"))
+        model = RNNSearch(BiRNNEncoder(V, 8, 8), decoder, engine=engine).double()
+        gen = torch.Generator().manual_seed(0)
+        for p in model.parameters():
+            p.data = 0.5 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
+        if drop:
+            decoder.rnn_input_dropout = FixedMask()
+        decoder.wrap()
+        models.append(model.train())
+    fast, reference = models
+    loss, _, grads = gradients(fast)
+    ref_loss, _, ref_grads = gradients(reference)
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
+    assert_same_gradients(fast, grads, ref_grads)
+    src, src_lengths, tgt_in, _ = batch()
+    assert fast.encode(src, src_lengths)[1].drop_context == drop
+    torch.testing.assert_close(fast(src, src_lengths, tgt_in), reference(src, src_lengths, tgt_in),
+                               rtol=1e-10, atol=1e-10)

@@ -15,6 +15,7 @@ from bahdanau import (
     Attention,
     AttentiveDecoder,
     BeamSearch,
+    Ensemble,
     InputError,
     LuongAttention,
     RNNEncDec,
@@ -97,7 +98,6 @@ def test_targets_are_padded_only_at_the_end(model, tgt_in, tgt_out, match) -> No
     assert model.loss(SRC, LENGTHS, full[:, :-1], full[:, 1:])[1] == 5
     with pytest.raises(InputError, match=match):
         model.loss(SRC, LENGTHS, tgt_in, tgt_out)
-    model.loss(SRC, LENGTHS, tgt_in, tgt_out, check=False)    # the flag skips value checks
 
 
 def test_loss_shape_mismatch(model) -> None:
@@ -178,8 +178,6 @@ def test_decoder_errors() -> None:
     with pytest.raises(ValueError, match="impl must be one of"):
         AdditiveAttention(4, 6, 5, impl="bogus")
     decoder = AttentiveDecoder(V, 8, 12, 16, 6, attention=AdditiveAttention(12, 16, 10))
-    with pytest.raises(ValueError, match="no real token"):
-        decoder.init_state(torch.randn(2, 3, 16), torch.tensor([[True] * 3, [False] * 3]))
     with pytest.raises(ValueError, match="annotations has shape"):
         decoder.init_state(torch.randn(2, 3, 15), torch.ones(2, 3, dtype=torch.bool))
 
@@ -204,18 +202,17 @@ class UncheckedAttention(Attention):
 @pytest.mark.parametrize("attention", [
     AdditiveAttention(12, 16, 10), LuongAttention(12, 16), UncheckedAttention(12, 16), None,
 ], ids=["additive", "luong", "unchecked", "none"])
-def test_init_state_checks_the_mask_rows_for_any_attention(attention) -> None:
-    """The decoder, the caller of the seam, checks the mask once per batch; check=False skips
-    it (the mask then comes from checked lengths) and keeps the shape checks."""
+def test_init_state_checks_shapes_not_values(value_checks, attention) -> None:
+    """Behind the model's door the decoder trusts the mask (built from lengths the door
+    checked), for any attention: it reads no values, and still refuses a wrong dtype or size."""
     decoder = AttentiveDecoder(V, 8, 12, 16, 6, attention=attention)
-    annotations, empty_row = torch.randn(2, 3, 16), torch.tensor([[True] * 3, [False] * 3])
-    with pytest.raises(InputError, match=r"^mask \(2, 3\) has rows with no real token: "
-                                         r"rows \[1\]$"):
-        decoder.init_state(annotations, empty_row)
-    if attention is not None:                     # RNNencdec indexes the last real token
-        decoder.init_state(annotations, empty_row, check=False)
+    annotations, mask = torch.randn(2, 3, 16), torch.tensor([[True] * 3, [True, False, False]])
+    decoder.init_state(annotations, mask)
+    assert value_checks == []
     with pytest.raises(InputError, match="mask must be a bool mask"):
-        decoder.init_state(annotations, empty_row.long(), check=False)
+        decoder.init_state(annotations, mask.long())
+    with pytest.raises(InputError, match="mask has shape"):
+        decoder.init_state(annotations, mask[:, :2])
 
 
 def test_triton_on_cpu_without_interpreter_raises() -> None:
@@ -237,7 +234,8 @@ def test_triton_on_cpu_without_interpreter_raises() -> None:
 
 
 # ----------------------------------------------------------------------------------------------
-# Every entry point refuses a bad batch, checks its values once, and `check=False` skips them.
+# Every entry point refuses a bad batch and checks its values once, at the model's door; the parts
+# behind the door check ranks and sizes only.
 
 
 def _models() -> dict[str, RNNSearch]:
@@ -260,11 +258,15 @@ def _loss(model, src, lengths, tgt_in=TGT, tgt_out=TGT_OUT, **kw):
     return model.loss(src, lengths, tgt_in, tgt_out, **kw)
 
 
+def _encode(model, src, lengths, tgt_in=None, tgt_out=None, **kw):
+    return model.encode(src, lengths, **kw)
+
+
 def _translate(model, src, lengths, tgt_in=None, tgt_out=None, **kw):
     return model.translate(src, lengths, beam_size=2, max_len=3, **kw)
 
 
-ENTRY_POINTS = {"forward": _forward, "loss": _loss, "translate": _translate}
+ENTRY_POINTS = {"forward": _forward, "loss": _loss, "encode": _encode, "translate": _translate}
 
 # Bad sources, each with the one-line message every entry point must give.
 BAD_SOURCES = [
@@ -338,70 +340,69 @@ TARGET_IN_CHECKS = [("check_end_padding", "tgt_in")]
     ("forward", [*SOURCE_CHECKS, ("check_token_ids", "tgt_in"), *TARGET_IN_CHECKS]),
     ("loss", [*SOURCE_CHECKS, ("check_token_ids", "tgt_in"), ("check_token_ids", "tgt_out"),
               *TARGET_IN_CHECKS, ("check_end_padding", "tgt_out")]),
+    ("encode", SOURCE_CHECKS),
     ("translate", SOURCE_CHECKS),
 ])
 def test_value_checks_run_once_per_batch(value_checks, model_name, entry, expected) -> None:
     """Each tensor's values are checked once; the mask, built from checked lengths, never."""
     ENTRY_POINTS[entry](MODELS[model_name], SRC, LENGTHS)
     assert value_checks == expected
-    value_checks.clear()
-    ENTRY_POINTS[entry](MODELS[model_name], SRC, LENGTHS, check=False)
-    assert value_checks == []
 
 
-def test_search_functions_take_check(value_checks) -> None:
+def test_searches_check_the_source_once(value_checks) -> None:
+    """Through the model's `encode`; an ensemble through its first member only."""
     model = MODELS["fast"]
     BeamSearch(beam_size=2, max_len=3)(model, SRC, LENGTHS)
     greedy_search(model, SRC, LENGTHS, max_len=3)
     assert value_checks == SOURCE_CHECKS * 2
     value_checks.clear()
-    BeamSearch(beam_size=2, max_len=3)(model, SRC, LENGTHS, check=False)
-    greedy_search(model, SRC, LENGTHS, max_len=3, check=False)
-    assert value_checks == []
+    greedy_search(Ensemble(list(MODELS.values())), SRC, LENGTHS, max_len=3)
+    assert value_checks == SOURCE_CHECKS
 
 
 @pytest.mark.parametrize("model_name", MODELS)
-@pytest.mark.parametrize("entry", ENTRY_POINTS)
-def test_check_false_skips_the_value_checks_and_changes_nothing(model_name, entry) -> None:
-    """Same result on a good batch; a batch whose padding disagrees with its lengths (which the
-    caller vouched for) runs instead of raising."""
+def test_encode_check_false_skips_the_value_checks_and_changes_nothing(value_checks,
+                                                                      model_name) -> None:
+    """`encode(check=False)`, what an ensemble passes to its members after the first: the same
+    state on a good batch, no value read; a batch whose padding disagrees with its lengths
+    (which the caller vouched for) runs instead of raising."""
     model = MODELS[model_name].eval()
-    run = ENTRY_POINTS[entry]
-    torch.testing.assert_close(_as_tensor(run(model, SRC, LENGTHS)),
-                               _as_tensor(run(model, SRC, LENGTHS, check=False)))
-    run(model, torch.tensor([[5, 6, 7], [8, 9, 4]]), LENGTHS, check=False)
+    want, _ = model.encode(SRC, LENGTHS)
+    value_checks.clear()
+    got, _ = model.encode(SRC, LENGTHS, check=False)
+    torch.testing.assert_close(got.hidden, want.hidden, rtol=0, atol=0)
+    model.encode(torch.tensor([[5, 6, 7], [8, 9, 4]]), LENGTHS, check=False)
+    assert value_checks == []
 
 
-def _as_tensor(result) -> torch.Tensor:
-    if isinstance(result, list):                                  # hypotheses
-        return torch.tensor([h.log_prob for hyps in result for h in hyps])
-    if isinstance(result, tuple):                                 # loss, n_tokens
-        return torch.stack([result[0], result[1].to(result[0].dtype)])
-    return result
-
-
-@pytest.mark.parametrize("entry", ENTRY_POINTS)
+@pytest.mark.parametrize("check", [True, False])
 @pytest.mark.parametrize(("src", "lengths", "match"), [
     (SRC.float(), LENGTHS, "src must hold integers of dtype torch.int64"),
     (SRC, LENGTHS[:1], r"src_lengths has shape \(1,\), expected \(2,\)"),
     (SRC, LENGTHS.float(), "src_lengths must hold integer"),
-    (SRC[:, :0], LENGTHS, "padded to length 0|nothing to translate"),
+    (SRC[:, :0], LENGTHS, "padded to length 0"),
 ])
-def test_check_false_keeps_the_shape_checks(entry, src, lengths, match) -> None:
+def test_encode_checks_shapes_either_way(check, src, lengths, match) -> None:
     with pytest.raises(InputError, match=match):
-        ENTRY_POINTS[entry](MODELS["fast"], src, lengths, check=False)
+        MODELS["fast"].encode(src, lengths, check=check)
 
 
-@pytest.mark.parametrize(("tgt_in", "tgt_out", "match"), [
-    (TGT.float(), TGT_OUT, "tgt_in must hold integer"),
-    (TGT[:1], TGT_OUT[:1], "tgt_in has shape"),
-    (TGT[:, :0], TGT_OUT[:, :0], "no target positions"),
-    (TGT, TGT_OUT[:, :1], "differ in shape"),
+@pytest.mark.parametrize(("tgt_in", "match"), [
+    (TGT.float(), "tgt_in must hold integer"),
+    (TGT[:1], "tgt_in has shape"),
+    (TGT[:, :0], "no target positions"),
 ])
-def test_check_false_keeps_the_target_shape_checks(tgt_in, tgt_out, match) -> None:
+def test_parts_behind_the_door_check_target_shapes_only(value_checks, tgt_in, match) -> None:
+    """The reference decoder and the engine check the ranks and sizes of the targets the door
+    passes them, and read no values."""
     for model in MODELS.values():
+        state, memory = model.encode(SRC, LENGTHS)
+        value_checks.clear()
+        run = model.decoder if model.engine is None else model.engine.features
         with pytest.raises(InputError, match=match):
-            model.loss(SRC, LENGTHS, tgt_in, tgt_out, check=False)
+            run(tgt_in, state, memory)
+        run(TGT, state, memory)
+        assert value_checks == []
 
 
 class _PlainEncoder(torch.nn.Module):
