@@ -15,7 +15,7 @@ What it does differently from the reference decoder, and why it is the same func
   the deep output and the vocabulary projection for all positions after it (only the non-pad
   ones for the loss).
 * Sequence-level gradient sums (`bahdanau.engine.sequence_grads`) for the step weight and the
-  values, and the chunked cross-entropy (`bahdanau.engine.cross_entropy`) for the loss.
+  values, and the chunked cross-entropy (`bahdanau.kernels.linear_cross_entropy`) for the loss.
 
 Dropout on the GRU inputs (`AttentiveDecoder`'s `dropout_rnn_inputs`) drops units of c_i itself,
 which C then maps: while it is active (`AttentiveDecoder.drops_rnn_inputs`) the values are

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from bahdanau.errors import InputError
-from bahdanau.functional import _upcast
+from bahdanau.functional import upcast
 
 
 class _BufferPool:
@@ -83,7 +83,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             else:
                 logits = F.linear(rows, weight, bias)             # (c, V)
                 ctx.compute_dtype = logits.dtype                  # bf16/fp16 under autocast
-                logits = _upcast(logits)
+                logits = upcast(logits)
             lse = torch.logsumexp(logits, dim=1)                  # (c,)
             labels = target[start:start + chunk, None]
             chunk_loss = (lse - logits.gather(1, labels).squeeze(1)).sum()
@@ -108,7 +108,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         logits_chunks = ctx.logits_chunks
         if logits_chunks is None:                                 # a second backward: recompute
             b = None if bias is None else bias.to(compute)
-            logits_chunks = [_upcast(F.linear(h[i:i + chunk], w, b))
+            logits_chunks = [upcast(F.linear(h[i:i + chunk], w, b))
                              for i in range(0, hidden.shape[0], chunk)]
         grad_hidden = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
