@@ -27,8 +27,9 @@ from typing import Any, ClassVar, Literal, Protocol
 import torch
 from typing_extensions import Self
 
-from bahdanau._checks import describe, is_finite_number, is_int
+from bahdanau._checks import describe, is_int
 from bahdanau.errors import InputError
+from bahdanau.settings import check_settings, declared, field_name, setting
 
 Arch = Literal["rnnsearch", "rnnencdec"]
 AttentionKind = Literal["additive", "luong_general", "luong_dot"]
@@ -115,16 +116,26 @@ class ModelConfig(DictConfig):
     decoder_size: int = 1000          # D, decoder state s_i (n in the paper)
     align_size: int = 1000            # A (n' in the paper)
     maxout_size: int = 500            # L, units after maxout over pairs (l in the paper)
-    arch: Arch = "rnnsearch"          # which model `bahdanau.build_model` makes from this config
+    arch: Arch = setting("rnnsearch", "model: rnnsearch, or the paper's rnnencdec baseline",
+                         on_resume="fixed")
     attention: AttentionKind = "additive"   # the paper's; "luong_*": Luong et al. (2015)
     attention_impl: AttentionImpl = "auto"  # additive only; see AdditiveAttention's `impl`
     engine: Engine = "fast"           # "reference": the paper-shaped decoder alone (see engine)
-    gru_form: GRUForm = "torch"       # "paper": reset gate applied before U (eq. of appendix A)
-    dropout: float = 0.0              # on embeddings and the maxout output t_i; the paper uses none
-    dropout_rnn_inputs: float = 0.0   # on every GRU input: the encoder's x_j, the decoder's
-                                      # E y_{i-1} and c_i (after `dropout` on the embeddings)
-    dropout_deep_output: float = 0.0  # on the deep output t~_i, before the maxout
-    init: Init = "paper"              # "glorot": Xavier-uniform matrices (see build_model)
+    gru_form: GRUForm = setting("torch", "GRU form (paper: the reset gate applied before U, as "
+                                         "in appendix A)", on_resume="fixed")
+    dropout: float = setting(0.0, "dropout on the embeddings and the maxout output t_i (the "
+                                  "paper: none)", low=0, high=1, below=True, on_resume="fixed")
+    dropout_rnn_inputs: float = setting(
+        0.0, "dropout on every GRU input: the source and target embeddings (after --dropout) "
+        "and the decoder's context c_i", low=0, high=1, below=True, on_resume="fixed",
+        metavar="P")
+    dropout_deep_output: float = setting(
+        0.0, "dropout on the deep output t~_i, before the maxout", low=0, high=1, below=True,
+        on_resume="fixed", metavar="P")
+    init: Init = setting("paper", "initialisation (glorot: Xavier-uniform matrices, which Adam "
+                                  "trains much faster; paper: N(0, 0.01^2), N(0, 0.001^2) "
+                                  "alignment and orthogonal recurrent matrices)",
+                         on_resume="fixed")
     pad_id: int = PAD_ID              # special ids: the vocabularies' (see check_vocabs)
     bos_id: int = BOS_ID              # y_0, the decoder's first input
     eos_id: int = EOS_ID              # ends every target sentence
@@ -139,8 +150,7 @@ class ModelConfig(DictConfig):
             value = getattr(self, name)
             if not is_int(value) or value < 1:
                 raise InputError(f"{name} must be a positive int, got {value!r}")
-        if self.arch not in ARCHS:
-            raise InputError(f"arch must be one of {ARCHS}, got {self.arch!r}")
+        check_settings(self)     # arch, gru_form, the dropouts and init
         if self.attention not in ATTENTIONS:
             raise InputError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
         if self.attention == "luong_dot" and self.decoder_size != 2 * self.hidden_size:
@@ -152,14 +162,6 @@ class ModelConfig(DictConfig):
             raise InputError(
                 f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"
             )
-        if self.gru_form not in GRU_FORMS:
-            raise InputError(f"gru_form must be one of {GRU_FORMS}, got {self.gru_form!r}")
-        if self.init not in INITS:
-            raise InputError(f"init must be one of {INITS}, got {self.init!r}")
-        for name in ("dropout", "dropout_rnn_inputs", "dropout_deep_output"):
-            value = getattr(self, name)
-            if not (is_finite_number(value) and 0.0 <= value < 1.0):
-                raise InputError(f"{name} must be in [0, 1), got {value!r}")
         specials = {name: getattr(self, name) for name in SPECIAL_IDS}
         if len(set(specials.values())) != len(specials):
             raise InputError(f"special token ids must be distinct, got {specials}")
@@ -201,93 +203,73 @@ class TrainConfig(DictConfig):
     `encode_pairs(..., max_len=50)`.
     """
 
-    optimizer: Literal["adadelta", "adam"] = "adadelta"
-    lr: float | None = None           # None: 1.0 for Adadelta (the paper), 1e-3 for Adam
-    rho: float = 0.95                 # Adadelta decay (the paper)
-    eps: float = 1e-6                 # Adadelta / Adam epsilon (the paper's Adadelta value)
+    optimizer: Literal["adadelta", "adam"] = setting(
+        "adadelta", "adam (converges within a short budget) or adadelta (the paper: rho 0.95, "
+        "eps 1e-6)", on_resume="fixed")
+    lr: float | None = setting(None, "learning rate (default 1e-3 for adam, 1.0 for adadelta)",
+                               low=0, above=True)
+    rho: float = setting(0.95, "Adadelta's decay (the paper's)", low=0, above=True, high=1,
+                         below=True)
+    eps: float = setting(1e-6, "Adadelta's or Adam's epsilon (the paper's Adadelta value)",
+                         low=0, above=True)
     # The learning rate of each update: `bahdanau.training.schedules.LRSchedule` has the formulas.
-    schedule: Schedule = "constant"   # the paper's; "inverse_sqrt": lr * sqrt(W / step) after
-                                      # the warm-up; "plateau": lr * decay_factor after every
-                                      # decay_patience evaluations without improvement
-    warmup_steps: int = 0             # W: lr rises linearly over the first W updates; 0: none
-    decay_factor: float = 0.5         # plateau: what each decay multiplies the lr by
-    decay_patience: int = 2           # plateau: evaluations without improvement per decay
-    min_lr: float = 0.0               # the decayed lr never goes below this (warm-up aside)
-    clip_norm: float | None = 1.0     # max L2 norm of the whole gradient; None: no clipping
-    batch_size: int = 80              # sentences per batch (the paper); ignored with max_tokens
-    max_tokens: int | None = None     # padded tokens per batch instead of batch_size
-    bucket: int = 20                  # minibatches sorted by length together (the paper)
-    accumulation: int = 1             # batches per process per update: the gradient of their loss
-                                      # over their total sentence count (one big batch's)
-    loader_workers: int = 0           # processes collating batches ahead of the step; 0: inline
-    max_steps: int | None = None      # stop after this many updates in total
-    max_epochs: int | None = None     # stop after this many passes over the data
-    max_time_s: float | None = None   # stop after this much training time (across resumes)
-    eval_every: int = 1000            # call validate() every this many steps
-    save_every: int = 1000            # checkpoint every this many steps (and at the end)
-    keep_last: int = 3                # numbered checkpoints kept (plus best.pt)
-    keep_best: int = 1                # also keep the checkpoints of the N best evaluations
-    ema_decay: float | None = None    # keep an EMA of the weights (training.ema); None: none
-    patience: int | None = None       # stop after this many evaluations without improvement
-    label_smoothing: float = 0.0      # 0 in the paper
-    amp: Amp = "none"                 # autocast dtype (fp16 adds a GradScaler)
-    log_every: int = 100              # steps between log lines
-    seed: int = 1234                  # torch RNG at a fresh start, and the batch order
+    schedule: Schedule = setting(
+        "constant", "learning-rate schedule: inverse_sqrt multiplies the rate by sqrt(W / step) "
+        "after W = --warmup-steps updates; plateau multiplies it by --decay-factor after every "
+        "--decay-patience evaluations without improvement (needs --eval-every)")
+    warmup_steps: int = setting(0, "updates over which the learning rate rises linearly from "
+                                   "0, with any --schedule", low=0)
+    decay_factor: float = setting(0.5, "plateau: what each decay multiplies the learning rate "
+                                       "by", low=0, above=True, high=1, below=True)
+    decay_patience: int = setting(2, "plateau: evaluations without improvement per decay", low=1)
+    min_lr: float = setting(0.0, "the decayed learning rate never goes below this", low=0)
+    clip_norm: float | None = setting(1.0, "largest L2 norm of the whole gradient (the paper: "
+                                           "1)", low=0, above=True)
+    batch_size: int = setting(80, "sentences per batch (the paper: 80; ignored with "
+                                  "--max-tokens)", low=1, on_resume="fixed",
+                              flag="train_batch_size")
+    max_tokens: int | None = setting(
+        None, "batches by a budget of padded tokens, sentences x max(longest source, longest "
+        "target + 1), instead of --train-batch-size", low=1, on_resume="fixed")
+    bucket: int = setting(20, "batches sorted by length together (the paper: 20)", low=1,
+                          on_resume="fixed")
+    accumulation: int = setting(1, "batches per update: their gradients add up to that of one "
+                                   "batch N times larger (gradient accumulation)", low=1,
+                                metavar="N")
+    loader_workers: int = setting(0, "processes collating batches ahead of the training step "
+                                     "(0: on the training thread)", low=0)
+    max_steps: int | None = setting(None, "stop after this many updates", low=1)
+    max_epochs: int | None = setting(None, "stop after this many epochs", low=1)
+    max_time_s: float | None = setting(None, "stop after this many seconds of training, resumed "
+                                             "runs included", low=0, above=True, flag="")
+    eval_every: int = setting(1000, "evaluate every N updates (the command line: dev BLEU, "
+                                    "greedy, on --dev-size sentences); 0: never", low=0,
+                              high=2**63 - 1)   # older runs stored 10**12 for "never"
+    patience: int | None = setting(None, "stop after N evaluations without improvement", low=1)
+    save_every: int = setting(1000, "checkpoint every N updates (and at the end)", low=1)
+    keep_last: int = setting(3, "numbered checkpoints kept: the last N", low=1)
+    keep_best: int = setting(1, "also keep the checkpoints of the N best evaluations (for "
+                                "bahdanau average --best N; 1: best.pt alone)", low=1)
+    ema_decay: float | None = setting(
+        None, "keep an exponential moving average of the weights with this decay (e.g. 0.999); "
+        "evaluations, the test score and every checkpoint's translations use it",
+        low=0, above=True, high=1, below=True)
+    label_smoothing: float = setting(0.0, "label smoothing of the loss (0: none, as in the "
+                                          "paper)", low=0, high=1, below=True)
+    amp: Amp = setting("none", "mixed precision (GPU; fp16 adds a gradient scaler)")
+    log_every: int = setting(100, "a log line every N updates", low=1)
+    seed: int = setting(1234, "seed of the weights and the batch order", low=0,
+                        high=2**63 - 1, on_resume="fixed")
 
     # Removed fields that older checkpoints still hold: max_len was never read (the length
     # filter is encode_pairs').
     _removed_fields: ClassVar[tuple[str, ...]] = ("max_len",)
-    # What a resumed run may not change: the optimizer type (its state is of that type) and
-    # what defines the batches (their order is a function of the seed and the epoch). The
-    # other fields (learning rate and schedule, limits, cadence, ...) are applied from the
-    # resumed call on; `accumulation` only with another number of processes, keeping
-    # processes x accumulation, the batches of an update (`bahdanau.training.setup_run` checks).
-    FIXED_ON_RESUME: ClassVar[tuple[str, ...]] = ("optimizer", "batch_size", "max_tokens",
-                                                  "bucket", "seed")
 
     def __post_init__(self) -> None:
-        if self.optimizer not in ("adadelta", "adam"):
-            raise InputError(f"optimizer must be 'adadelta' or 'adam', got {self.optimizer!r}")
-        if self.amp not in AMP_MODES:
-            raise InputError(f"amp must be one of {AMP_MODES}, got {self.amp!r}")
-        positive_floats = {"lr": self.lr, "eps": self.eps, "clip_norm": self.clip_norm,
-                           "max_time_s": self.max_time_s}
-        for name, value in positive_floats.items():
-            if value is not None and not (is_finite_number(value) and value > 0):
-                raise InputError(f"{name} must be a positive finite number or None, got {value!r}")
-        if not (is_finite_number(self.rho) and 0.0 < self.rho < 1.0):
-            raise InputError(f"rho must be in (0, 1), got {self.rho!r}")
-        if not (is_finite_number(self.label_smoothing) and 0.0 <= self.label_smoothing < 1.0):
-            raise InputError(f"label_smoothing must be in [0, 1), got {self.label_smoothing!r}")
-        if self.schedule not in SCHEDULES:
-            raise InputError(f"schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if not (is_int(self.warmup_steps) and self.warmup_steps >= 0):
-            raise InputError(f"warmup_steps must be an int >= 0, got {self.warmup_steps!r}")
-        if not (is_finite_number(self.decay_factor) and 0.0 < self.decay_factor < 1.0):
-            raise InputError(f"decay_factor must be in (0, 1), got {self.decay_factor!r}")
-        if not (is_finite_number(self.min_lr) and 0.0 <= self.min_lr < self.learning_rate):
-            raise InputError(f"min_lr must be in [0, lr) = [0, {self.learning_rate:g}), got "
-                             f"{self.min_lr!r}")
-        positive_ints = {"batch_size": self.batch_size, "bucket": self.bucket,
-                         "decay_patience": self.decay_patience, "accumulation": self.accumulation,
-                         "eval_every": self.eval_every, "save_every": self.save_every,
-                         "keep_last": self.keep_last, "keep_best": self.keep_best,
-                         "log_every": self.log_every}
-        optional_ints = {"max_tokens": self.max_tokens, "max_steps": self.max_steps,
-                         "max_epochs": self.max_epochs, "patience": self.patience}
-        for name, value in {**positive_ints, **optional_ints}.items():
-            if value is None and name in optional_ints:
-                continue
-            if not is_int(value) or value < 1:
-                raise InputError(f"{name} must be a positive int"
-                                 f"{' or None' if name in optional_ints else ''}, got {value!r}")
-        if self.ema_decay is not None and not (is_finite_number(self.ema_decay)
-                                               and 0.0 < self.ema_decay < 1.0):
-            raise InputError(f"ema_decay must be in (0, 1) or None, got {self.ema_decay!r}")
-        if not (is_int(self.loader_workers) and self.loader_workers >= 0):
-            raise InputError(f"loader_workers must be an int >= 0, got {self.loader_workers!r}")
-        if not (is_int(self.seed) and 0 <= self.seed < 2**63):
-            raise InputError(f"seed must be an int in [0, 2**63), got {self.seed!r}")
+        check_settings(self)
+        if self.min_lr >= self.learning_rate:
+            raise InputError(f"{field_name(_FIELDS['min_lr'])} ({self.min_lr:g}) must be below "
+                             f"the learning rate ({self.learning_rate:g})")
 
     def resume_changes(self, stored: TrainConfig) -> list[str]:
         """What resuming a run saved with `stored` under this config changes.
@@ -297,14 +279,20 @@ class TrainConfig(DictConfig):
         Returns:
             One "name: old -> new" line per changed field, to log; they all take effect.
         Raises:
-            InputError: a field of `FIXED_ON_RESUME` differs (named, with both values).
+            InputError: a setting declared ``on_resume="fixed"`` differs (named, with both
+                values): the optimizer type (its state is of that type) and what defines the
+                batches (their order is a function of the seed and the epoch). The others
+                (learning rate and schedule, limits, cadence, ...) are applied from the resumed
+                call on; `accumulation` only with another number of processes, keeping
+                processes x accumulation, the batches of an update
+                (`bahdanau.training.setup_run` checks).
         """
         changes = []
-        for field in dataclasses.fields(self):
+        for field, _, spec in declared(TrainConfig):
             old, new = getattr(stored, field.name), getattr(self, field.name)
             if old == new:
                 continue
-            if field.name in self.FIXED_ON_RESUME:
+            if spec.on_resume == "fixed":
                 raise InputError(f"the checkpoint was trained with {field.name}={old!r}, not "
                                  f"{new!r}: a resumed run keeps its {field.name} (start a new "
                                  "run in another directory to change it)")
@@ -325,3 +313,6 @@ class TrainConfig(DictConfig):
         if self.lr is not None:
             return float(self.lr)
         return 1.0 if self.optimizer == "adadelta" else 1e-3
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}

@@ -3,11 +3,16 @@
 `rnnsearch_50` is the paper's model; `small` is the mid-size model used by our benchmarks and the
 default training job; `tiny` is for tests. Use `dataclasses.replace(cfg, ...)` for variants, e.g.
 `replace(rnnsearch_50(30001, 30001), arch="rnnencdec")` for the paper's RNNencdec-50 baseline.
+`ModelChoices` is a preset with such variants, as the training job chooses its model.
 """
 
 from __future__ import annotations
 
-from bahdanau.config import ModelConfig
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from bahdanau.config import Arch, GRUForm, Init, ModelConfig
+from bahdanau.settings import check_settings, like, setting
 
 
 def rnnsearch_50(src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
@@ -34,3 +39,31 @@ def tiny(src_vocab_size: int = 16, tgt_vocab_size: int = 16) -> ModelConfig:
         src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
         embed_size=8, hidden_size=8, decoder_size=12, align_size=10, maxout_size=6,
     )
+
+
+@dataclass(frozen=True)
+class ModelChoices:
+    """The model of a training job: a preset's sizes, and `ModelConfig`'s choices (each declared
+    there, with the job's defaults: `init` is glorot, which Adam trains much faster)."""
+
+    preset: Literal["tiny", "small", "rnnsearch_50"] = setting(
+        "small", "model sizes (small: E=256, H=256, D=512, A=512, maxout 256)",
+        on_resume="fixed")
+    arch: Arch = like(ModelConfig, "arch")
+    gru_form: GRUForm = like(ModelConfig, "gru_form")
+    dropout: float = like(ModelConfig, "dropout")
+    dropout_rnn_inputs: float = like(ModelConfig, "dropout_rnn_inputs")
+    dropout_deep_output: float = like(ModelConfig, "dropout_deep_output")
+    init: Init = like(ModelConfig, "init", default="glorot")
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+
+    def config(self, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
+        """The `ModelConfig` of these choices for vocabularies of these sizes."""
+        choices = {name: getattr(self, name) for name in self.__dataclass_fields__
+                   if name != "preset"}
+        return replace(_PRESETS[self.preset](src_vocab_size, tgt_vocab_size), **choices)
+
+
+_PRESETS = {"tiny": tiny, "small": small, "rnnsearch_50": rnnsearch_50}

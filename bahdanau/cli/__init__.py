@@ -39,7 +39,6 @@ and exits; a finished run is not trained further.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import shlex
 import sys
@@ -58,6 +57,7 @@ from bahdanau.jobs.options import (
     TrainOptions,
     TranslateOptions,
     add_arguments,
+    flat_settings,
 )
 from bahdanau.jobs.train_job import run_train_job
 from bahdanau.plot import PlotDependencyError
@@ -131,7 +131,7 @@ def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"--config {path} must map option names to values, not hold a "
                          f"{type(data).__name__}")
-    known = {f.name for f in dataclasses.fields(options)}
+    known = {setting.key for setting in flat_settings(options)}
     values = {str(key).replace("-", "_"): value for key, value in data.items()}
     unknown = sorted(set(values) - known)
     if unknown:

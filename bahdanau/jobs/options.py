@@ -1,118 +1,136 @@
-"""The options of the `bahdanau` command, declared once.
+"""The options of the `bahdanau` command, each declared once.
 
 Each command's options are a frozen dataclass (`TrainOptions`, `TranslateOptions`,
-`EvaluateOptions`, `PlotOptions`); each field is one option, with its type, default, help text
-and bounds in `option(...)`. From this one declaration:
+`EvaluateOptions`, `PlotOptions`, `AverageOptions`, `PrepareOptions`); each field is one option
+declared with `bahdanau.settings.setting` (type, default, help, bounds, resume rule), or a
+section of settings declared elsewhere and flattened into the same flags: `TrainOptions.model`
+(`bahdanau.presets.ModelChoices`) and `TrainOptions.training` (`bahdanau.config.TrainConfig`,
+with the default job's values, `JOB_TRAINING`). From these declarations:
 
 - `add_arguments` builds the argparse options (``train_batch_size`` is ``--train-batch-size``;
   a `tuple[str, ...]` field takes one or more values, ``--checkpoint A B``);
 - `from_mapping` turns what argparse parsed (strings) or what a file holds (JSON / YAML values)
-  into the dataclass, and construction validates every field, so an option is checked the same
-  way whatever it came from, with one `InputError` naming it;
+  into the dataclass, and construction validates every field, once, in the dataclasses, with
+  one `InputError` naming the flag;
 - a run folder stores `TrainOptions.to_record()` as its ``config.yaml``, and `resume_changes`
-  sorts the options a resumed run changes into those it must refuse (`Option.on_resume` is
-  "fixed": the model, the data and its tokenisation, the batches, the seed, the optimizer type)
-  and those it applies and records ("applied": learning rate and schedule, gradient
-  accumulation, label smoothing, limits, cadence, threads, device, evaluation and decoding
-  settings); `resumed_options` keeps a run's own --time-budget when none is given.
+  sorts the options a resumed run changes into those it must refuse (declared
+  ``on_resume="fixed"``: the model, the data and its tokenisation, the batches, the seed, the
+  optimizer type) and those it applies and records ("applied"); `resumed_options` keeps a run's
+  own --time-budget when none is given.
+
+Adding a training setting is one declaration in `TrainConfig` (and its use): the flag, the
+config file key, the resume rule and the checks follow from it.
 
 A default that depends on more than the option is resolved in one place: `TrainOptions.limits`
 (the default job trains `DEFAULT_EPOCHS` epochs), and, for every command, --device auto and the
---threads default in `bahdanau.cli` (`bahdanau._checks.default_device`, `default_threads`).
+--threads default in `bahdanau.jobs.resolve.machine`.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import types
 import typing
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from typing_extensions import Self
 
-from bahdanau._checks import is_finite_number, is_int
 from bahdanau.config import TrainConfig
 from bahdanau.data.text import MULTI30K_LANGS
 from bahdanau.errors import InputError
+from bahdanau.presets import ModelChoices
+from bahdanau.settings import (
+    Setting,
+    base_type,
+    check_settings,
+    declared,
+    describe_type,
+    is_list,
+    naming_fields,
+)
+from bahdanau.settings import setting as option
 
 __all__ = [
     "AverageOptions",
     "EvaluateOptions",
-    "Option",
+    "JOB_TRAINING",
     "PlotOptions",
     "PrepareOptions",
     "TrainOptions",
     "TranslateOptions",
     "add_arguments",
-    "option",
+    "flat_settings",
     "resume_changes",
     "resumed_options",
 ]
 
-OnResume = Literal["fixed", "applied", "not_recorded"]
-_INT_MAX = 2**31 - 1     # the largest integer option unless declared otherwise (thread counts,
-                         # lengths and steps are C ints somewhere below)
 # Epochs of a default job (the shipped Multi30k, no limit given): about 453 updates of 64
 # sentences each over its 28,999 pairs, at about 3.1 updates/s with the small preset on a
 # 2-core CPU, so 5 epochs (2,270 updates) take about 12 minutes there (11.6 measured).
 DEFAULT_EPOCHS = 5
-
-
-@dataclass(frozen=True)
-class Option:
-    """What the declaration says about one option besides its type and default."""
-
-    help: str
-    low: float | None = None      # smallest allowed value (numbers)
-    high: float | None = None     # largest allowed value (numbers)
-    above: bool = False           # the value must be strictly greater than `low`
-    below: bool = False           # the value must be strictly less than `high`
-    required: bool = False        # must be given (its default None means "missing")
-    on_resume: OnResume = "applied"   # see the module docstring; train options only
-    metavar: str | None = None
-
-
-def option(default: Any, help: str, **kwargs: Any) -> Any:
-    """A dataclass field declaring an option (see `Option` for the keywords)."""
-    return dataclasses.field(default=default, metadata={"option": Option(help, **kwargs)})
+# The default job's training settings where they are not the paper's: Adam (converges within a
+# short budget), batches of 64, no dev evaluation unless asked, a checkpoint every 500 updates.
+JOB_TRAINING = TrainConfig(optimizer="adam", batch_size=64, eval_every=0, save_every=500)
 
 
 def flag(name: str) -> str:
-    """The command-line flag of the field `name`: ``--train-batch-size``."""
+    """The command-line flag of the option `name`: ``--train-batch-size``."""
     return "--" + name.replace("_", "-")
 
 
-def _base_type(annotation: Any) -> tuple[Any, bool]:
-    """(the type without None, whether None is allowed)."""
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(annotation) if a is not type(None)]
-        return args[0], True
-    return annotation, False
+def _key(field: dataclasses.Field) -> str:
+    """An option's name on the command line and in config files (without the dashes)."""
+    spec: Setting = field.metadata["setting"]
+    return spec.flag or field.name
 
 
-def _is_list(base: Any) -> bool:
-    """A `tuple[str, ...]` option: one or more strings."""
-    return typing.get_origin(base) is tuple
+def _flag_of(field: dataclasses.Field) -> str:
+    return flag(_key(field))
 
 
-def _describe(base: Any) -> str:
-    if _is_list(base):
-        return "one or more strings"
-    if typing.get_origin(base) is Literal:
-        return "one of " + ", ".join(map(str, typing.get_args(base)))
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}[base]
+def section(default: Any) -> Any:
+    """A field holding a section of settings declared elsewhere (a frozen dataclass), whose
+    settings are options of their own (flattened: ``--lr``, not ``--training-lr``)."""
+    return dataclasses.field(default=default, metadata={"section": True})
+
+
+class FlatSetting(typing.NamedTuple):
+    """One option as the command line sees it."""
+
+    key: str                      # its name on the command line (``train_batch_size``)
+    field: dataclasses.Field      # its field, in `section` or in the options class itself
+    annotation: Any               # its resolved type
+    spec: Setting
+    section: str | None           # the options' field holding its section; None: its own
+
+
+def flat_settings(cls: type) -> Iterator[FlatSetting]:
+    """Every option of the options class `cls`, sections flattened, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    for field in dataclasses.fields(cls):
+        if field.metadata.get("section"):
+            for inner, annotation, spec in declared(hints[field.name]):
+                if spec.flag != "":                    # "": kept off the command line
+                    yield FlatSetting(_key(inner), inner, annotation, spec, field.name)
+        else:
+            yield FlatSetting(field.name, field, hints[field.name], field.metadata["setting"],
+                              None)
+
+
+def _value(options: Any, s: FlatSetting) -> Any:
+    """The value of one flattened option of `options`."""
+    holder = options if s.section is None else getattr(options, s.section)
+    return getattr(holder, s.field.name)
 
 
 class _Options:
     """Construction, validation and conversion shared by the option dataclasses."""
 
     def __post_init__(self) -> None:
-        hints = typing.get_type_hints(type(self))
-        for field in dataclasses.fields(self):  # type: ignore[arg-type]
-            _check_value(field, hints[field.name], getattr(self, field.name))
+        with naming_fields(_flag_of):
+            check_settings(self)
         self.check()
 
     def check(self) -> None:
@@ -120,7 +138,7 @@ class _Options:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], *, text: bool = False) -> Self:
-        """The options from `values` (field name -> value); absent or None means the default.
+        """The options from `values` (option name -> value); absent or None means the default.
 
         Args:
             values: e.g. `vars(argparse_namespace)` or a parsed config file.
@@ -129,90 +147,70 @@ class _Options:
         Raises:
             InputError: an unknown name, or a value of the wrong type or out of range (named).
         """
-        hints = typing.get_type_hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        unknown = sorted(set(values) - set(fields))
+        settings = {s.key: s for s in flat_settings(cls)}
+        unknown = sorted(set(values) - set(settings))
         if unknown:
-            raise InputError(f"unknown option {unknown[0]!r} (known: {', '.join(sorted(fields))})")
-        kwargs = {}
-        for name, value in values.items():
+            raise InputError(f"unknown option {unknown[0]!r} (known: "
+                             f"{', '.join(sorted(settings))})")
+        own: dict[str, Any] = {}
+        sections: dict[str, dict[str, Any]] = {}
+        for key, value in values.items():
             if value is None:
                 continue
-            if isinstance(value, list) and _is_list(_base_type(hints[name])[0]):
+            s = settings[key]
+            if isinstance(value, list) and is_list(base_type(s.annotation)[0]):
                 value = tuple(value)                        # argparse's nargs, a JSON list
-            kwargs[name] = _from_text(name, hints[name], value) if text else value
-        return cls(**kwargs)
+            if text:
+                value = _from_text(key, s.annotation, value)
+            target = own if s.section is None else sections.setdefault(s.section, {})
+            target[s.field.name] = value
+        fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        with naming_fields(_flag_of):                   # a section's errors name the flag too
+            for name, given in sections.items():
+                own[name] = replace(fields[name].default, **given)
+            return cls(**own)
+
+    def to_record(self) -> dict[str, Any]:
+        """Every option's value by its name, sections flattened, but those that say where and
+        how to start (declared ``on_resume="not_recorded"``: --out, --resume, --overwrite)."""
+        return {s.key: _value(self, s) for s in flat_settings(type(self))
+                if s.spec.on_resume != "not_recorded"}
 
 
 def _from_text(name: str, annotation: Any, value: Any) -> Any:
     """A command-line string converted to the declared type (booleans come parsed)."""
-    base, _ = _base_type(annotation)
+    base, _ = base_type(annotation)
     if not isinstance(value, str) or base in (str, bool) or typing.get_origin(base) is Literal:
         return value
     try:
         return int(value) if base is int else float(value)
     except ValueError:
-        raise InputError(f"{flag(name)} must be {_describe(base)}, got {value!r}") from None
-
-
-def _check_value(field: dataclasses.Field, annotation: Any, value: Any) -> None:
-    spec: Option = field.metadata["option"]
-    name = flag(field.name)
-    base, optional = _base_type(annotation)
-    if value is None:
-        if spec.required:
-            raise InputError(f"{name} is required")
-        if optional:
-            return
-        raise InputError(f"{name} must be {_describe(base)}, got None")
-    if typing.get_origin(base) is Literal:
-        if value not in typing.get_args(base):
-            raise InputError(f"{name} must be {_describe(base)}, got {value!r}")
-        return
-    if _is_list(base):
-        if not (isinstance(value, tuple) and value
-                and all(isinstance(v, str) and v.strip() for v in value)):
-            raise InputError(f"{name} must be {_describe(base)} (not empty), got {value!r}")
-        return
-    kind_ok = {int: is_int, float: is_finite_number, bool: lambda v: isinstance(v, bool),
-               str: lambda v: isinstance(v, str)}[base](value)
-    if not kind_ok:
-        what = "a finite number" if base is float else _describe(base)
-        raise InputError(f"{name} must be {what}, got {value!r}")
-    if base is str and not value.strip():
-        raise InputError(f"{name} must not be empty")
-    if spec.low is not None:
-        if value < spec.low or (spec.above and value == spec.low):
-            bound = f"> {spec.low:g}" if spec.above else f">= {spec.low:g}"
-            raise InputError(f"{name} must be {bound}, got {value!r}")
-    high = spec.high if spec.high is not None or base is not int else _INT_MAX
-    if high is not None and (value > high or (spec.below and value == high)):
-        bound = f"< {high:g}" if spec.below else f"<= {high:g}"
-        raise InputError(f"{name} must be {bound}, got {value!r}")
+        raise InputError(f"{flag(name)} must be {describe_type(base)}, got {value!r}") from None
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type[_Options]) -> None:
-    """Add one argparse option per field of `cls`.
+    """Add one argparse option per option of `cls` (sections flattened).
 
     Every option's argparse default is None ("not given"), so that `from_mapping` fills in the
     declared default and a config file can be overridden only by what was given.
     """
-    hints = typing.get_type_hints(cls)
-    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
-        spec: Option = field.metadata["option"]
-        base, _ = _base_type(hints[field.name])
-        shown = "" if field.default is None else f" (default {field.default})"
-        kwargs: dict[str, Any] = {"default": None, "help": spec.help + shown}
+    sections = {f.name: f.default for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    for s in flat_settings(cls):
+        default = (s.field.default if s.section is None
+                   else getattr(sections[s.section], s.field.name))
+        base, _ = base_type(s.annotation)
+        shown = "" if default is None else f" (default {default})"
+        kwargs: dict[str, Any] = {"default": None, "help": s.spec.help + shown}
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
-            kwargs["help"] = spec.help + f" (default {'yes' if field.default else 'no'})"
+            kwargs["help"] = s.spec.help + f" (default {'yes' if default else 'no'})"
         elif typing.get_origin(base) is Literal:
             kwargs["choices"] = typing.get_args(base)
         else:
-            kwargs["metavar"] = spec.metavar or field.name.split("_")[-1].upper()
-            if _is_list(base):
+            kwargs["metavar"] = s.spec.metavar or s.key.split("_")[-1].upper()
+            if is_list(base):
                 kwargs["nargs"] = "+"
-        parser.add_argument(flag(field.name), dest=field.name, **kwargs)
+        parser.add_argument(flag(s.key), dest=s.key, **kwargs)
 
 
 def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
@@ -228,18 +226,17 @@ def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
         InputError: a "fixed" option differs (named, with both values).
     """
     changes = []
-    for field in dataclasses.fields(given):
-        spec: Option = field.metadata["option"]
-        if spec.on_resume == "not_recorded" or field.name not in stored:
+    for s in flat_settings(type(given)):
+        if s.spec.on_resume == "not_recorded" or s.key not in stored:
             continue
-        old, new = stored[field.name], getattr(given, field.name)
+        old, new = stored[s.key], _value(given, s)
         if old == new:
             continue
-        if spec.on_resume == "fixed":
-            raise InputError(f"{flag(field.name)} was {old!r} when this run began and is {new!r} "
+        if s.spec.on_resume == "fixed":
+            raise InputError(f"{flag(s.key)} was {old!r} when this run began and is {new!r} "
                              "now; a resumed run keeps it (start a new run with another --out, "
                              "or --overwrite this one)")
-        changes.append(f"{flag(field.name)} {_shown(old)} -> {_shown(new)}")
+        changes.append(f"{flag(s.key)} {_shown(old)} -> {_shown(new)}")
     return changes
 
 
@@ -322,24 +319,8 @@ class TrainOptions(SearchOptions):
     test_src: str | None = option(None, "test source file (default: shipped Multi30k "
                                         "test_2016_flickr when training on it)", metavar="FILE")
     test_tgt: str | None = option(None, "test target file", metavar="FILE")
-    preset: Literal["tiny", "small", "rnnsearch_50"] = option(
-        "small", "model sizes (small: E=256, H=256, D=512, A=512, maxout 256)",
-        on_resume="fixed")
-    arch: Literal["rnnsearch", "rnnencdec"] = option("rnnsearch", "model", on_resume="fixed")
-    gru_form: Literal["torch", "paper"] = option(
-        "torch", "GRU form (paper: reset gate before U)", on_resume="fixed")
-    dropout: float = option(0.0, "dropout on embeddings and the maxout output", low=0, high=1,
-                            below=True, on_resume="fixed")
-    dropout_rnn_inputs: float = option(
-        0.0, "dropout on the GRU inputs (source and target embeddings, after --dropout, and the "
-        "decoder's context)", low=0, high=1, below=True, on_resume="fixed", metavar="P")
-    dropout_deep_output: float = option(
-        0.0, "dropout on the deep output, before the maxout", low=0, high=1, below=True,
-        on_resume="fixed", metavar="P")
-    init: Literal["paper", "glorot"] = option(
-        "glorot", "initialisation (glorot: Xavier-uniform matrices, which Adam trains much "
-        "faster; paper: N(0, 0.01^2), N(0, 0.001^2) alignment and orthogonal recurrent "
-        "matrices)", on_resume="fixed")
+    model: ModelChoices = section(ModelChoices())       # --preset, --arch, --dropout, ...
+    training: TrainConfig = section(JOB_TRAINING)       # --optimizer, --lr, --max-steps, ...
     vocab_size: int = option(10000, "most frequent words kept per side (the paper: 30000)",
                              low=1, on_resume="fixed")
     lowercase: bool = option(False, "lowercase both sides", on_resume="fixed")
@@ -348,64 +329,16 @@ class TrainOptions(SearchOptions):
         "words stay the same token)", on_resume="fixed")
     max_train_len: int = option(50, "drop training pairs longer than this many tokens", low=1,
                                 on_resume="fixed")
-    optimizer: Literal["adadelta", "adam"] = option(
-        "adam", "adam (converges within a short budget) or adadelta (the paper: rho 0.95, "
-        "eps 1e-6)", on_resume="fixed")
-    lr: float | None = option(None, "learning rate (default 1e-3 for adam, 1.0 for adadelta)",
-                              low=0, above=True)
-    schedule: Literal["constant", "inverse_sqrt", "plateau"] = option(
-        "constant", "learning-rate schedule: inverse_sqrt multiplies the rate by sqrt(W / step) "
-        "after W = --warmup-steps updates; plateau multiplies it by --decay-factor after every "
-        "--decay-patience dev evaluations without improvement (needs --eval-every)")
-    warmup_steps: int = option(0, "updates over which the learning rate rises linearly from 0, "
-                                  "with any --schedule", low=0)
-    decay_factor: float = option(0.5, "plateau: what each decay multiplies the learning rate by",
-                                 low=0, above=True, high=1, below=True)
-    decay_patience: int = option(2, "plateau: dev evaluations without improvement per decay",
-                                 low=1)
-    min_lr: float = option(0.0, "the decayed learning rate never goes below this", low=0)
-    label_smoothing: float = option(0.0, "label smoothing of the loss (0: none, as in the paper)",
-                                    low=0, high=1, below=True)
-    train_batch_size: int = option(64, "sentences per batch (ignored with --max-tokens)", low=1,
-                                   on_resume="fixed")
-    max_tokens: int | None = option(
-        None, "batches by a budget of padded tokens, sentences x max(longest source, longest "
-        "target + 1), instead of --train-batch-size", low=1, on_resume="fixed")
-    accumulation: int = option(1, "batches per update: their gradients add up to that of one "
-                                  "batch N times larger (gradient accumulation)", low=1,
-                               metavar="N")
-    seed: int = option(1234, "seed of the weights and the batch order", low=0, high=2**63 - 1,
-                       on_resume="fixed")
-    max_steps: int | None = option(None, "stop after this many updates", low=1)
-    max_epochs: int | None = option(None, "stop after this many epochs (default: "
-                                          f"{DEFAULT_EPOCHS} on the shipped Multi30k when no "
-                                          "limit is given)", low=1)
     time_budget: float | None = option(None, "stop after this many minutes of training; 0: no "
                                              "time limit (default: none for a new run, a "
                                              "resumed run keeps its own)", low=0, high=1e9)
-    eval_every: int = option(0, "dev BLEU (greedy, --dev-size sentences) every N updates "
-                                "(0: never)", low=0)
     dev_size: int = option(500, "dev sentences scored at each evaluation", low=1)
-    patience: int | None = option(None, "stop after N dev evaluations without improvement",
-                                  low=1)
-    save_every: int = option(500, "checkpoint every N updates", low=1)
-    keep_last: int = option(3, "numbered checkpoints kept: the last N", low=1)
-    keep_best: int = option(1, "also keep the checkpoints of the N best dev evaluations (for "
-                               "bahdanau average --best N; 1: best.pt alone)", low=1)
-    ema_decay: float | None = option(
-        None, "keep an exponential moving average of the weights with this decay (e.g. 0.999); "
-        "dev evaluations, the test score and every checkpoint's translations use it",
-        low=0, above=True)
-    log_every: int = option(100, "a log line every N updates", low=1)
     tensorboard: bool = option(False, "also write TensorBoard events to OUT/tensorboard: each "
                                       "log line's numbers, and dev BLEU and a dev sentence's "
                                       "alignment image per evaluation (needs the tensorboard "
                                       "extra)")
-    loader_workers: int = option(0, "processes collating batches ahead of the training step "
-                                    "(0: on the training thread)", low=0)
     threads: int | None = option(None, _THREADS_HELP, low=1)
     device: str = option("auto", _DEVICE_HELP)
-    amp: Literal["none", "bf16", "fp16"] = option("none", "mixed precision (GPU)")
     out: str = option("runs/multi30k-en-fr", "output folder", on_resume="not_recorded",
                       metavar="DIR")
     resume: bool = option(True, "continue the run in OUT from its latest checkpoint; "
@@ -432,26 +365,15 @@ class TrainOptions(SearchOptions):
             if fixed:
                 raise InputError(f"{flag(fixed[0])} is fixed by the prepared corpus (--data): "
                                  "set it when running bahdanau prepare")
-        if self.eval_every == 0 and self.dev_src is not None:
+        t = self.training
+        if t.eval_every == 0 and self.dev_src is not None:
             raise InputError("--dev-src/--dev-tgt are read only for --eval-every N: give it, or "
                              "leave the dev files out")
-        if self.eval_every == 0 and self.patience is not None:
+        if t.eval_every == 0 and t.patience is not None:
             raise InputError("--patience counts dev evaluations: it needs --eval-every")
-        if self.ema_decay is not None and self.ema_decay >= 1:
-            raise InputError(f"--ema-decay must be < 1, got {self.ema_decay!r}")
-        if self.eval_every == 0 and self.schedule == "plateau":
+        if t.eval_every == 0 and t.schedule == "plateau":
             raise InputError("--schedule plateau decays after dev evaluations: it needs "
                              "--eval-every")
-        lr = TrainConfig(optimizer=self.optimizer, lr=self.lr).learning_rate
-        if self.min_lr >= lr:
-            raise InputError(f"--min-lr ({self.min_lr:g}) must be below the learning rate "
-                             f"({lr:g})")
-
-    def to_record(self) -> dict[str, Any]:
-        """The options a run folder records (its config.yaml, and every checkpoint): all but
-        those that say where and how to start (--out, --resume, --overwrite)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                if f.metadata["option"].on_resume != "not_recorded"}
 
     @property
     def limits(self) -> dict[str, int | float | None]:
@@ -460,12 +382,12 @@ class TrainOptions(SearchOptions):
         The limits given (--max-steps, --max-epochs, a non-zero --time-budget) and only they;
         with none, the shipped Multi30k trains for `DEFAULT_EPOCHS` epochs. The user's own
         corpus (--train-src or --data) has no default length: it needs a limit. A resumed run
-        calls this once its stored --time-budget is known (`bahdanau.cli`).
+        calls this once its stored --time-budget is known (`run_train_job`).
 
         Raises:
             InputError: no limit is given and the corpus is the user's own.
         """
-        given = {"max_steps": self.max_steps, "max_epochs": self.max_epochs,
+        given = {"max_steps": self.training.max_steps, "max_epochs": self.training.max_epochs,
                  "max_time_s": self.time_budget * 60 if self.time_budget else None}
         if any(value is not None for value in given.values()):
             return given
@@ -475,17 +397,8 @@ class TrainOptions(SearchOptions):
         return {**given, "max_epochs": DEFAULT_EPOCHS}
 
     def train_config(self) -> TrainConfig:
-        """The `TrainConfig` of these options (`limits` says when training stops)."""
-        return TrainConfig(
-            optimizer=self.optimizer, lr=self.lr, schedule=self.schedule,
-            warmup_steps=self.warmup_steps, decay_factor=self.decay_factor,
-            decay_patience=self.decay_patience, min_lr=self.min_lr,
-            batch_size=self.train_batch_size, max_tokens=self.max_tokens,
-            accumulation=self.accumulation, **self.limits,
-            eval_every=self.eval_every or 10**12, save_every=self.save_every,
-            patience=self.patience, label_smoothing=self.label_smoothing, amp=self.amp,
-            log_every=self.log_every, seed=self.seed, loader_workers=self.loader_workers,
-            keep_last=self.keep_last, keep_best=self.keep_best, ema_decay=self.ema_decay)
+        """The `TrainConfig` of these options: `training` with the `limits`."""
+        return replace(self.training, **self.limits)
 
     @property
     def own_data(self) -> bool:

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from bahdanau import presets
 from bahdanau.data.batching import Example, encode_pairs
 from bahdanau.data.corpus import PreparedCorpus
 from bahdanau.data.text import multi30k_files, read_parallel
@@ -83,7 +82,7 @@ def _data(o: TrainOptions, corpus: PreparedCorpus | None) -> tuple[list, list, l
             sets.append(_shipped(split, shipped["src_lang"], shipped["tgt_lang"]))
         else:
             sets.append([])
-    if o.eval_every and not sets[1]:
+    if o.training.eval_every and not sets[1]:
         raise InputError("--eval-every needs a dev set: give --dev-src and --dev-tgt")
     return sets[0], sets[1], sets[2]
 
@@ -149,20 +148,16 @@ def _read_data(o: TrainOptions) -> _Data:
 
 
 def _build_model(o: TrainOptions, data: _Data) -> torch.nn.Module:
-    """The model of the options' preset and overrides, seeded with --seed."""
-    cfg = getattr(presets, o.preset)(len(data.src_vocab), len(data.tgt_vocab))
-    cfg = replace(cfg, arch=o.arch, gru_form=o.gru_form, dropout=o.dropout,
-                  dropout_rnn_inputs=o.dropout_rnn_inputs,
-                  dropout_deep_output=o.dropout_deep_output, init=o.init)
-    torch.manual_seed(o.seed)
-    return build_model(cfg)
+    """The model of the options' preset and choices, seeded with --seed."""
+    torch.manual_seed(o.training.seed)
+    return build_model(o.model.config(len(data.src_vocab), len(data.tgt_vocab)))
 
 
 def _dev_bleu(o: TrainOptions, data: _Data, run: TrainRun, device: torch.device,
               board: TensorBoardLog | None) -> Callable[[torch.nn.Module], float] | None:
     """The dev evaluation of the run (greedy BLEU of --dev-size sentences; with TensorBoard, one
     typical sentence's alignment too), or None without --eval-every."""
-    if not o.eval_every:
+    if not o.training.eval_every:
         return None
     sources = [s for s, _ in data.dev[: o.dev_size]]
     references = [t for _, t in data.dev[: o.dev_size]]
@@ -227,7 +222,7 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
     if o.tensorboard:
         require_tensorboard()
     changes = resume_changes(stored, o) if stored is not None else []
-    if o.unk_replace and o.arch == "rnnencdec":
+    if o.unk_replace and o.model.arch == "rnnencdec":
         raise InputError("--unk-replace needs attention weights, which --arch rnnencdec lacks")
     cfg = o.train_config()
     data = _read_data(o)
@@ -266,10 +261,11 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
                     purge_step=run.state.step if run.resumed_from else None))
             write_text(out / RUN_CONFIG, json.dumps(o.to_record(), indent=2) + "\n")
         say(f"data: {len(data.examples)} training pairs (of {data.n_pairs}), vocabularies "
-            f"{len(data.src_vocab)} / {len(data.tgt_vocab)}; model {o.arch} ({o.preset}), "
+            f"{len(data.src_vocab)} / {len(data.tgt_vocab)}; model {o.model.arch} "
+            f"({o.model.preset}), "
             f"{sum(p.numel() for p in model.parameters()):,} parameters")
         if run.plan.processes > 1:
-            say(f"{run.plan.processes} processes x accumulation {o.accumulation} = "
+            say(f"{run.plan.processes} processes x accumulation {cfg.accumulation} = "
                 f"{run.plan.size} batches per update")
         result = train_run(run, validate=_dev_bleu(o, data, run, device, board), log=say,
                            scalars=board.scalars if board is not None else None)
@@ -290,7 +286,7 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
         metrics = {**report.metrics(), "updates": result.step,
                    "train_minutes": round(result.elapsed_s / 60, 2),
                    "wall_minutes": round((time.perf_counter() - start) / 60, 2),
-                   "arch": o.arch, "preset": o.preset}
+                   "arch": o.model.arch, "preset": o.model.preset}
         write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
         for line in report.lines():
             say(line)

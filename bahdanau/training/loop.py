@@ -145,8 +145,9 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
     Args:
         model, examples, cfg, src_vocab, tgt_vocab, checkpoint_dir, resume, device, extra,
             tokenizer: as for `setup_run`.
-        validate: called as `validate(model)` (in eval mode) every `cfg.eval_every` steps and at
-            the end; higher is better (e.g. dev BLEU). Drives best.pt and early stopping.
+        validate: called as `validate(model)` (in eval mode) every `cfg.eval_every` steps (0:
+            none) and at the end; higher is better (e.g. dev BLEU). Drives best.pt and early
+            stopping.
         log: receives one line every `cfg.log_every` steps and at evaluations.
         scalars: called as `scalars(step, values)` with a log line's numbers by tag
             ("train/loss" and "train/ppl" per target token over the steps since the last line,
@@ -236,7 +237,7 @@ def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
                     scalars(state.step, {tag: entry[key] for key, tag in _SCALAR_TAGS.items()})
             window_start, window_loss, window_tokens = now, 0.0, 0
         metric, improved = None, False
-        if validate is not None and state.step % cfg.eval_every == 0:
+        if validate is not None and cfg.eval_every and state.step % cfg.eval_every == 0:
             metric, improved = _evaluate(run, validate, result, log, scalars)
             last_eval = state.step
         stopped = stop_reason(run)

@@ -141,7 +141,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         resume: continue from the latest checkpoint in `checkpoint_dir`, if any. False needs a
             directory without checkpoints: an earlier run's files are never overwritten. A
             resumed run keeps its examples (`examples_digest`), the stored optimizer type,
-            batch definition and seed (`TrainConfig.FIXED_ON_RESUME`; a change is refused) and
+            batch definition and seed (`TrainConfig.resume_changes`; a change is refused) and
             the batches of an update, processes x accumulation (another number of processes
             needs the accumulation that keeps the product), and it applies every other
             changed field of `cfg`, listed in `run.resume_changes`; the optimizer's settings

@@ -11,11 +11,9 @@ contradict each other. The API cases assert an `InputError` naming the argument.
 
 from __future__ import annotations
 
-import dataclasses
 import gzip
 import hashlib
 import shlex
-import typing
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,8 @@ import torch
 from bahdanau.cli import main
 from bahdanau.data import multi30k_files, read_lines
 from bahdanau.jobs import EvaluateOptions, PlotOptions, TrainOptions, TranslateOptions
-from bahdanau.jobs.options import _base_type, flag
+from bahdanau.jobs.options import flag, flat_settings
+from bahdanau.settings import base_type
 
 # ----------------------------------------------------------------------------- fixtures
 
@@ -161,12 +160,11 @@ def _numeric_cases() -> list:
     number, and a fraction for integers."""
     cases = []
     for command, cls in _COMMAND_OPTIONS.items():
-        hints = typing.get_type_hints(cls)
-        for field in dataclasses.fields(cls):
-            base, _ = _base_type(hints[field.name])
+        for setting in flat_settings(cls):
+            base, _ = base_type(setting.annotation)
             if base not in (int, float):
                 continue
-            spec = field.metadata["option"]
+            spec = setting.spec
             bad = ["x", "nan"]
             bad += ["1.5"] if base is int else ["inf", "-inf"]
             if spec.low is not None:
@@ -175,8 +173,8 @@ def _numeric_cases() -> list:
             if spec.high is not None:
                 bad.append(str(int(spec.high) + 1))
             for value in bad:
-                cases.append(pytest.param(command, flag(field.name), value,
-                                          id=f"{command}{flag(field.name)}={value}"))
+                cases.append(pytest.param(command, flag(setting.key), value,
+                                          id=f"{command}{flag(setting.key)}={value}"))
     return cases
 
 

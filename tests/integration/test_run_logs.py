@@ -201,8 +201,8 @@ def test_the_default_job_is_bounded_by_epochs() -> None:
                                           "max_time_s": 120}),
 ])
 def test_limits_given_win(given, limits) -> None:
-    assert TrainOptions(**given).limits == limits
-    own = TrainOptions(train_src="a", train_tgt="b", **given)
+    assert TrainOptions.from_mapping(given).limits == limits
+    own = TrainOptions.from_mapping({"train_src": "a", "train_tgt": "b", **given})
     assert own.limits == limits
 
 
@@ -228,7 +228,7 @@ def test_a_resumed_run_keeps_its_time_budget() -> None:
     assert resumed_options(OLD_DEFAULTS, TrainOptions(**own)).limits["max_time_s"] == 720.0
     assert resumed_options(OLD_DEFAULTS, TrainOptions()).limits == {
         "max_steps": None, "max_epochs": None, "max_time_s": 720.0}     # not 5 epochs
-    given = TrainOptions(**own, time_budget=0, max_steps=9)              # given: applied
+    given = TrainOptions.from_mapping({**own, "time_budget": 0, "max_steps": 9})  # applied
     assert resumed_options(OLD_DEFAULTS, given) is given
     assert resumed_options({"time_budget": None}, TrainOptions()).limits["max_epochs"] == 5
 

@@ -146,7 +146,7 @@ def test_a_bad_ema_section_is_refused_before_anything_changes() -> None:
 
 @pytest.mark.parametrize("decay", [0, 1, 1.5, -0.1, float("nan"), True, "0.9"])
 def test_bad_decays_are_refused(decay) -> None:
-    with pytest.raises(InputError, match="ema_decay must be in"):
+    with pytest.raises(InputError, match="^ema_decay must be"):
         TrainConfig(ema_decay=decay)
     with pytest.raises(InputError, match="decay must be a number in"):
         WeightEMA(tiny_model(), decay)

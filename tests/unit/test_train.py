@@ -70,7 +70,7 @@ def test_train_config_dict_round_trip() -> None:
     ("field", "value"),
     [("optimizer", "sgd"), ("lr", 0.0), ("rho", 1.0), ("eps", -1e-6), ("clip_norm", 0),
      ("batch_size", 0), ("max_tokens", 0), ("bucket", 0), ("max_steps", 0),
-     ("max_epochs", 1.5), ("max_time_s", -1.0), ("eval_every", 0), ("save_every", 0),
+     ("max_epochs", 1.5), ("max_time_s", -1.0), ("eval_every", -1), ("save_every", 0),
      ("keep_last", 0), ("patience", 0), ("label_smoothing", 1.0), ("amp", "fp8"),
      ("log_every", 0), ("seed", "1"), ("lr", float("nan")), ("lr", float("inf")),
      ("clip_norm", True), ("max_steps", True), ("seed", True)],

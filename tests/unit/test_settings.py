@@ -1,0 +1,99 @@
+"""Each setting is declared once: the training settings' flags, records, checks and resume rule
+all come from `TrainConfig`'s declarations (and the model choices' from `ModelConfig`'s)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from bahdanau.cli import build_parser
+from bahdanau.config import ModelConfig, TrainConfig
+from bahdanau.errors import InputError
+from bahdanau.jobs.options import JOB_TRAINING, TrainOptions, flag, flat_settings, resume_changes
+from bahdanau.presets import ModelChoices
+from bahdanau.settings import declared
+
+BASE = dataclasses.replace(JOB_TRAINING, eval_every=100)
+TRAIN_SETTINGS = [(field, spec) for field, _, spec in declared(TrainConfig)]
+
+
+def _train_flags() -> set[str]:
+    parser = build_parser()
+    train = parser._subparsers._group_actions[0].choices["train"]  # noqa: SLF001 (argparse)
+    return {option for action in train._actions for option in action.option_strings}
+
+
+def test_every_training_setting_is_a_train_flag_and_a_record_key() -> None:
+    flags, record = _train_flags(), TrainOptions().to_record()
+    for field, spec in TRAIN_SETTINGS:
+        if spec.flag == "":                      # kept off the command line (max_time_s)
+            assert flag(field.name) not in flags
+            continue
+        key = spec.flag or field.name
+        assert flag(key) in flags, key
+        assert record[key] == getattr(JOB_TRAINING, field.name), key
+
+
+def test_a_flag_sets_its_setting_and_names_itself_in_errors() -> None:
+    options = TrainOptions.from_mapping({"train_batch_size": "32", "rho": "0.9",
+                                         "arch": "rnnencdec"}, text=True)
+    assert options.training.batch_size == 32 and options.training.rho == 0.9
+    assert options.model.arch == "rnnencdec"
+    assert options.train_config().batch_size == 32
+    with pytest.raises(InputError, match="^--train-batch-size must be >= 1, got 0$"):
+        TrainOptions.from_mapping({"train_batch_size": 0})
+    with pytest.raises(InputError, match="^batch_size must be >= 1, got 0$"):
+        TrainConfig(batch_size=0)                # the same check, named as the field
+
+
+def test_the_resume_rule_has_one_source() -> None:
+    """What TrainConfig refuses to change on resume is exactly what the command refuses."""
+    fixed = {field.name for field, spec in TRAIN_SETTINGS if spec.on_resume == "fixed"}
+    assert fixed == {"optimizer", "batch_size", "max_tokens", "bucket", "seed"}
+    base = dataclasses.replace(TrainOptions(), training=BASE)     # with dev evaluations
+    stored_options = base.to_record()
+    for field, spec in TRAIN_SETTINGS:
+        if spec.flag == "":
+            continue
+        changed = _changed(field.name)
+        given = dataclasses.replace(base, training=changed)
+        refused_config = refused_command = False
+        try:
+            changed.resume_changes(BASE)
+        except InputError:
+            refused_config = True
+        try:
+            resume_changes(stored_options, given)
+        except InputError:
+            refused_command = True
+        assert refused_config == refused_command == (field.name in fixed), field.name
+
+
+def _changed(name: str) -> TrainConfig:
+    """`BASE` with another valid value of the setting `name`."""
+    value = getattr(BASE, name)
+    literal = {"optimizer": "adadelta", "schedule": "inverse_sqrt", "amp": "bf16"}
+    candidates = ([literal[name]] if name in literal
+                  else [2, 8, 0.5, 0.25] if value is None
+                  else [value * 2, value / 2, value + 1, 1, 0.5])
+    for candidate in candidates:
+        if isinstance(value, int) and not isinstance(candidate, int):
+            continue
+        try:
+            return dataclasses.replace(BASE, **{name: candidate})
+        except InputError:
+            continue
+    raise AssertionError(f"no other valid value of {name}")
+
+
+def test_model_choices_take_model_config_declarations() -> None:
+    model_fields = {field.name: spec for field, _, spec in declared(ModelConfig)}
+    for field, _, spec in declared(ModelChoices):
+        if field.name != "preset":
+            assert spec is model_fields[field.name], field.name
+    keys = {s.key for s in flat_settings(TrainOptions)}
+    assert set(model_fields) <= keys
+    assert ModelChoices(dropout=0.25).config(10, 12) == dataclasses.replace(
+        ModelConfig(10, 12, embed_size=256, hidden_size=256, decoder_size=512, align_size=512,
+                    maxout_size=256), dropout=0.25, init="glorot")
