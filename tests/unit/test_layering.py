@@ -3,11 +3,12 @@
 * every module under bahdanau/ imports first in a fresh process, as users import it (the package,
   then the module) and on its own (bahdanau/__init__.py not run first): no import circle;
 * every import statement, at module level or inside a function, reaches only a unit on a lower
-  floor of `FLOORS`, or one listed before it on its own floor;
+  floor of `FLOORS`, or one listed before it on its own floor (docs/package-map.md draws them);
 * no private name (`_name`) is taken from another module; private modules (`bahdanau._checks`)
   are fine;
 * `bahdanau.config` is a leaf: it imports `bahdanau.errors` and `bahdanau._checks`, nothing else;
-* no module is longer than 650 lines, no function longer than 80.
+* no module is longer than 650 lines, no function longer than 80;
+* docs/package-map.md names every unit of `FLOORS`.
 
 Imports under ``if TYPE_CHECKING:`` obey the same floors: a type-only import is still a
 dependency of a lower floor on a higher one, and the way import circles hide. A lower floor that
@@ -34,9 +35,10 @@ if (ROOT / "bahdanau" / "__init__.py").is_file():
     PACKAGE = ROOT / "bahdanau"                           # the source tree next to the tests
 else:                                                     # an installed package
     PACKAGE = Path(importlib.util.find_spec("bahdanau").origin).parent
+MAP = ROOT / "docs" / "package-map.md"
 
-# The floors, bottom to top: the single source of truth. A unit is a top-level module
-# (`search`) or a subpackage with all its modules (`data`); "__init__" is
+# The floors, bottom to top: the single source of truth, drawn in docs/package-map.md. A unit is
+# a top-level module (`search`) or a subpackage with all its modules (`data`); "__init__" is
 # bahdanau/__init__.py, the package's public names. A unit may import the units of lower floors
 # and the units listed before it on its own floor, never one listed after it; the modules of one
 # unit import each other freely (the import tests catch their circles).
@@ -309,8 +311,8 @@ def _against(i: Import) -> str:
 
 def test_layers_only_import_downward() -> None:
     bad = [f"{i.where()}: {_against(i)}" for i in all_imports() if upward(i)]
-    assert not bad, ("imports against the floors (FLOORS in tests/unit/test_layering.py):\n  "
-                     + "\n  ".join(bad)
+    assert not bad, ("imports against the floors (FLOORS in tests/unit/test_layering.py, drawn "
+                     "in docs/package-map.md):\n  " + "\n  ".join(bad)
                      + "\nmove the shared piece down, or take the call up to the caller")
 
 
@@ -427,3 +429,13 @@ def test_no_new_function_over_the_line_limit() -> None:
     new = [text for name, text in long_functions().items() if name not in LONG_FUNCTIONS]
     assert not new, (f"functions over {MAX_FUNCTION_LINES} lines (split into named "
                      "steps):\n  " + "\n  ".join(new))
+
+
+# ---------------------------------------------------------------------------- the map
+def test_package_map_names_every_unit() -> None:
+    if not MAP.parent.is_dir():
+        pytest.skip("docs/ is not next to the tests (installed package)")
+    text = MAP.read_text(encoding="utf-8")
+    missing = [name for _, names in FLOORS for name in names if name not in
+               {"__init__", "__main__"} and f"`bahdanau.{name}" not in text]
+    assert not missing, f"{MAP.name} does not name these units of FLOORS: {missing}"
