@@ -257,9 +257,8 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
         strict: an empty side is an error (naming the file and line) instead of a dropped pair.
         workers: tokenising processes (default: the usable cores, at most 8).
         overwrite: replace a prepared corpus of other inputs or options in `out`.
-        shipped: recorded in the manifest to say the files are a corpus shipped with the
-            package ({"corpus": "multi30k", "src_lang": ..., "tgt_lang": ...}), so that training
-            on it finds the matching dev and test sets.
+        shipped: recorded in the manifest for a corpus shipped with the package ({"corpus":
+            "multi30k", "src_lang": ..., "tgt_lang": ...}): training finds its dev and test sets.
         log: called with progress lines (default: silent).
     Returns:
         The prepared corpus, opened.
@@ -271,26 +270,9 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
     src, tgt, out = (check_path(n, p) for n, p in (("src_path", src_path),
                                                    ("tgt_path", tgt_path), ("out", out)))
     tokenizer = DefaultTokenizer() if tokenizer is None else tokenizer
-    if not isinstance(tokenizer, TrainSentencePiece):
-        check_tokenizer("tokenizer", tokenizer)
-    if (src_vocab is None) != (tgt_vocab is None):
-        raise InputError("give both src_vocab and tgt_vocab, or neither")
-    for name, vocab in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
-        if vocab is not None:
-            check_type(name, vocab, Vocab, "a Vocab or None")
-    check_optional_positive_int("vocab_size", vocab_size)
-    check_optional_positive_int("max_len", max_len)
-    if max_ratio is not None and (isinstance(max_ratio, bool) or not isinstance(
-            max_ratio, (int, float)) or not 1 <= max_ratio < float("inf")):
-        raise InputError(f"max_ratio must be a number >= 1 or None, got {max_ratio!r}")
-    workers = _workers(workers)
-    log = log or (lambda line: None)
-    for path, what in ((src, "src_path"), (tgt, "tgt_path")):
-        if not path.is_file():
-            raise InputError(f"{what} {path}: " + ("is a folder, not a file" if path.is_dir()
-                                                   else "no such file"))
-    existing = _existing_corpus(out)
-    start = time.perf_counter()
+    _check_arguments(src, tgt, tokenizer, vocab_size, src_vocab, tgt_vocab, max_len, max_ratio)
+    workers, log = _workers(workers), log or (lambda line: None)
+    existing, start = _existing_corpus(out), time.perf_counter()
     options = {"tokenizer": _describe_tokenizer(tokenizer), "vocab_size": vocab_size,
                "src_vocab": _vocab_sha256(src_vocab), "tgt_vocab": _vocab_sha256(tgt_vocab),
                "max_len": max_len, "max_ratio": max_ratio, "strict": strict}
@@ -300,18 +282,15 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
         log(f"{out} is up to date (same inputs and options): reusing it")
         return PreparedCorpus(out)
     if existing is not None and not overwrite:
-        what = ("a prepared corpus of other inputs or options" if existing
-                else "a damaged prepared corpus")
-        raise InputError(f"{out} holds {what}: replace it with overwrite (--overwrite) or "
-                         "choose another folder")
+        raise InputError(f"{out} holds {_described(existing)}: replace it with overwrite "
+                         "(--overwrite) or choose another folder")
 
     if isinstance(tokenizer, TrainSentencePiece):
         log(f"training a SentencePiece {tokenizer.model_type} model of {tokenizer.vocab_size} "
             f"pieces on at most {tokenizer.max_sentences:,} sentences per side")
         tokenizer = _train_sentencepiece(src, tgt, tokenizer)
     partial = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if partial.exists():
-        shutil.rmtree(partial)
+    shutil.rmtree(partial, ignore_errors=True)        # left by a process killed while writing
     partial.mkdir(parents=True)
     try:
         manifest = _write(partial, src, tgt, tokenizer, vocab_size, src_vocab, tgt_vocab,
@@ -324,13 +303,46 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    counts = manifest["counts"]
-    log(f"prepared {out}: {counts['pairs']:,} pairs kept of {counts['lines']:,} lines "
-        f"({counts['empty']:,} with an empty side, {counts['too_long']:,} too long, "
-        f"{counts['ratio']:,} over the length ratio); vocabularies "
-        f"{manifest['vocab_sizes'][0]:,} / {manifest['vocab_sizes'][1]:,}; "
-        f"{manifest['seconds']:.1f} s")
+    log(_summary(out, manifest))
     return PreparedCorpus(out)
+
+
+def _described(existing: dict[str, Any]) -> str:
+    """What `_existing_corpus` found, as a message says it ({} for a damaged manifest)."""
+    return ("a prepared corpus of other inputs or options" if existing
+            else "a damaged prepared corpus")
+
+
+def _summary(out: Path, manifest: dict[str, Any]) -> str:
+    """The line that says what `prepare_corpus` kept and dropped."""
+    counts = manifest["counts"]
+    return (f"prepared {out}: {counts['pairs']:,} pairs kept of {counts['lines']:,} lines "
+            f"({counts['empty']:,} with an empty side, {counts['too_long']:,} too long, "
+            f"{counts['ratio']:,} over the length ratio); vocabularies "
+            f"{manifest['vocab_sizes'][0]:,} / {manifest['vocab_sizes'][1]:,}; "
+            f"{manifest['seconds']:.1f} s")
+
+
+def _check_arguments(src: Path, tgt: Path, tokenizer: Tokenizer | TrainSentencePiece,
+                     vocab_size: int | None, src_vocab: Vocab | None, tgt_vocab: Vocab | None,
+                     max_len: int | None, max_ratio: float | None) -> None:
+    """`prepare_corpus`'s checks of its arguments, before any work."""
+    if not isinstance(tokenizer, TrainSentencePiece):
+        check_tokenizer("tokenizer", tokenizer)
+    if (src_vocab is None) != (tgt_vocab is None):
+        raise InputError("give both src_vocab and tgt_vocab, or neither")
+    for name, vocab in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
+        if vocab is not None:
+            check_type(name, vocab, Vocab, "a Vocab or None")
+    check_optional_positive_int("vocab_size", vocab_size)
+    check_optional_positive_int("max_len", max_len)
+    if max_ratio is not None and (isinstance(max_ratio, bool) or not isinstance(
+            max_ratio, (int, float)) or not 1 <= max_ratio < float("inf")):
+        raise InputError(f"max_ratio must be a number >= 1 or None, got {max_ratio!r}")
+    for path, what in ((src, "src_path"), (tgt, "tgt_path")):
+        if not path.is_file():
+            raise InputError(f"{what} {path}: " + ("is a folder, not a file" if path.is_dir()
+                                                   else "no such file"))
 
 
 def _workers(workers: int | None) -> int:

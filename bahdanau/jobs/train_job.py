@@ -49,7 +49,7 @@ from bahdanau.training.distributed import (
     leave_process_group,
     process_group,
 )
-from bahdanau.training.loop import train_run
+from bahdanau.training.loop import TrainResult, train_run
 from bahdanau.training.run import TrainRun, setup_run, stop_reason
 from bahdanau.training.runlog import TensorBoardLog, TrainLog, require_tensorboard
 
@@ -196,6 +196,41 @@ def _test_report(o: TrainOptions, data: _Data, run: TrainRun, device: torch.devi
     return report, note
 
 
+def _checked_options(o: TrainOptions) -> tuple[TrainOptions, torch.device, list[str] | None]:
+    """Before any work: the options as the run in --out resumes them (its own --time-budget
+    kept), checked with the launcher, the device and the run folder; the device; and what a
+    resumed run changes, in the command line's terms (None for a new run)."""
+    check_launcher()
+    device = machine(o)
+    stored = stored_options(Path(o.out), o)
+    if stored is not None:
+        o = resumed_options(stored, o)
+    if o.tensorboard:
+        require_tensorboard()
+    if o.unk_replace and o.model.arch == "rnnencdec":
+        raise InputError("--unk-replace needs attention weights, which --arch rnnencdec lacks")
+    return o, device, resume_changes(stored, o) if stored is not None else None
+
+
+def _score(o: TrainOptions, data: _Data, run: TrainRun, device: torch.device,
+           result: TrainResult, start: float, say: Callable[[str], None]
+           ) -> tuple[TestReport, dict[str, Any]]:
+    """The test report of the trained run, written into its folder with ``metrics.json`` (the
+    report and the run's numbers), and printed."""
+    out = Path(o.out)
+    report, plot_note = _test_report(o, data, run, device)
+    metrics = {**report.metrics(), "updates": result.step,
+               "train_minutes": round(result.elapsed_s / 60, 2),
+               "wall_minutes": round((time.perf_counter() - start) / 60, 2),
+               "arch": o.model.arch, "preset": o.model.preset}
+    write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+    for line in report.lines():
+        say(line)
+    say(f"translations: {out / 'test.hyp.txt'}; {plot_note}; metrics: {out / 'metrics.json'}")
+    say(f"total wall time {metrics['wall_minutes']:.1f} min")
+    return report, metrics
+
+
 def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobResult:
     """Train and score the model of `o` in the run folder `o.out` (``bahdanau train``).
 
@@ -213,18 +248,8 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
             folder whose run cannot continue with these options.
     """
     start = time.perf_counter()
-    check_launcher()
-    device = machine(o)
-    out = Path(o.out)
-    stored = stored_options(out, o)
-    if stored is not None:
-        o = resumed_options(stored, o)
-    if o.tensorboard:
-        require_tensorboard()
-    changes = resume_changes(stored, o) if stored is not None else []
-    if o.unk_replace and o.model.arch == "rnnencdec":
-        raise InputError("--unk-replace needs attention weights, which --arch rnnencdec lacks")
-    cfg = o.train_config()
+    o, device, changes = _checked_options(o)
+    out, cfg = Path(o.out), o.train_config()
     data = _read_data(o)
     model = _build_model(o, data)
     with process_group(device) as main, ExitStack() as stack:
@@ -238,7 +263,7 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
             if o.overwrite and holds_run(out):
                 remove_run(out)
         if is_distributed():
-            torch.distributed.barrier()            # the others read --out once rank 0 holds it
+            torch.distributed.barrier()        # the others read --out once rank 0 holds it
         run = setup_run(model, data.examples, cfg, src_vocab=data.src_vocab,
                         tgt_vocab=data.tgt_vocab, checkpoint_dir=out / "checkpoints",
                         resume=o.resume and not o.overwrite, device=device,
@@ -250,7 +275,7 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
                       f"({finished}); raise its limit to train on, or score it with bahdanau "
                       "evaluate")
             return TrainJobResult(out, run.state.step, finished, None, None, trained=False)
-        if stored is not None:
+        if changes is not None:
             run.resume_changes = changes                 # in the command line's terms
         board = None
         if main:
@@ -262,8 +287,7 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
             write_text(out / RUN_CONFIG, json.dumps(o.to_record(), indent=2) + "\n")
         say(f"data: {len(data.examples)} training pairs (of {data.n_pairs}), vocabularies "
             f"{len(data.src_vocab)} / {len(data.tgt_vocab)}; model {o.model.arch} "
-            f"({o.model.preset}), "
-            f"{sum(p.numel() for p in model.parameters()):,} parameters")
+            f"({o.model.preset}), {sum(p.numel() for p in model.parameters()):,} parameters")
         if run.plan.processes > 1:
             say(f"{run.plan.processes} processes x accumulation {cfg.accumulation} = "
                 f"{run.plan.size} batches per update")
@@ -282,14 +306,5 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
         if not data.test:
             say(f"checkpoints: {out / 'checkpoints'}")
             return job
-        report, plot_note = _test_report(o, data, run, device)
-        metrics = {**report.metrics(), "updates": result.step,
-                   "train_minutes": round(result.elapsed_s / 60, 2),
-                   "wall_minutes": round((time.perf_counter() - start) / 60, 2),
-                   "arch": o.model.arch, "preset": o.model.preset}
-        write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-        for line in report.lines():
-            say(line)
-        say(f"translations: {out / 'test.hyp.txt'}; {plot_note}; metrics: {out / 'metrics.json'}")
-        say(f"total wall time {metrics['wall_minutes']:.1f} min")
+        report, metrics = _score(o, data, run, device, result, start, say)
         return replace(job, report=report, metrics=metrics)

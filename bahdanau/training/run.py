@@ -119,15 +119,13 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
               resume: bool = True, device: str | torch.device = "cpu",
               extra: dict[str, Any] | None = None,
               tokenizer: Tokenizer | None = None) -> TrainRun:
-    """Check the arguments, build the optimizer and sampler, and resume the latest checkpoint.
+    """Check the arguments, build the optimizer and batch plan, and resume the latest checkpoint.
 
-    With `checkpoint_dir` and `resume`, the latest checkpoint there is restored (weights,
-    optimizer, GradScaler, RNG states and the `TrainState`) once it is checked whole, and the
-    save of it that a crash may have cut short is completed (`CheckpointManager.complete_save`);
-    otherwise torch's RNG is seeded with `cfg.seed` and the state starts at step 0. Under
-    `torch.distributed` the model is wrapped in `DistributedDataParallel` (as
-    `run.step_model`), and each update is `processes x cfg.accumulation` batches of which
-    every process takes its share (`BatchPlan`).
+    With `checkpoint_dir` and `resume`, the latest checkpoint there is checked whole, then
+    restored (weights, optimizer, GradScaler, RNG states, `TrainState`), and a save of it that a
+    crash cut short is completed; otherwise torch's RNG is seeded with `cfg.seed`. Under
+    `torch.distributed` the model is wrapped in `DistributedDataParallel` (`run.step_model`),
+    and each update is `processes x cfg.accumulation` batches shared out by `BatchPlan`.
 
     Args:
         model: an `RNNSearch` / `RNNEncDec`, moved to `device`; it needs its `.config` (as
@@ -135,35 +133,24 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         examples: training examples, encoded with `src_vocab` and `tgt_vocab`: a list from
             `encode_pairs`, or a `PreparedCorpus` (memory-mapped, the same examples).
         cfg: training settings; at least one of max_steps, max_epochs, max_time_s must be set.
-        src_vocab, tgt_vocab: must match `model.config` (sizes and special ids); stored in
-            checkpoints and checked on resume.
+        src_vocab, tgt_vocab: must match `model.config`; stored in checkpoints.
         checkpoint_dir: where checkpoints go; None: no checkpoints.
-        resume: continue from the latest checkpoint in `checkpoint_dir`, if any. False needs a
-            directory without checkpoints: an earlier run's files are never overwritten. A
-            resumed run keeps its examples (`examples_digest`), the stored optimizer type,
-            batch definition and seed (`TrainConfig.resume_changes`; a change is refused) and
-            the batches of an update, processes x accumulation (another number of processes
-            needs the accumulation that keeps the product), and it applies every other
-            changed field of `cfg`, listed in `run.resume_changes`; the optimizer's settings
-            are set from `cfg` (`TrainConfig.set_hyperparameters`), and each update's learning
-            rate from `cfg`'s schedule and the stored plateau decays (`TrainState.lr_decays`).
+        resume: continue from the latest checkpoint in `checkpoint_dir`, if any (False needs a
+            directory without checkpoints). A resumed run keeps its examples
+            (`examples_digest`), the settings `TrainConfig.resume_changes` fixes, and the
+            batches of an update (processes x accumulation); every other changed field of
+            `cfg` applies and is listed in `run.resume_changes`.
         device: where to train.
         extra: checkpoint-safe entries stored in every checkpoint under "extra".
-        tokenizer: the tokenizer the examples were made with (`DefaultTokenizer`,
-            `WhitespaceTokenizer` or `SentencePieceTokenizer`), stored in every checkpoint
-            (its `tokenizer` section), so that `bahdanau.load` and the command line translate
-            with it; None stores none.
+        tokenizer: the tokenizer the examples were made with, stored in every checkpoint so
+            that `bahdanau.load` and the command line translate with it; None stores none.
     Returns:
         The `TrainRun`.
     Raises:
-        InputError: no stopping limit, no examples, vocabularies whose sizes or special ids
-            differ from `model.config`'s, a tokenizer that cannot be stored or (SentencePiece)
-            whose pieces the vocabularies' words are not, a checkpoint directory with a model
-            that has no `.config`, `resume=False` with a directory holding checkpoints, or a
-            checkpoint that is damaged, malformed or does not match: model config,
-            vocabularies, a fixed `cfg` field or the batches of an update (the file first,
-            then what is wrong). Nothing
-            is trained and no file is written then.
+        InputError: no stopping limit, no examples, vocabularies or a tokenizer that do not
+            fit the model, a model without `.config` to checkpoint, `resume=False` with a
+            directory holding checkpoints, or a checkpoint that is damaged, malformed or does
+            not match (the file first, then what is wrong). Nothing is trained or written then.
     """
     lengths, digest = _check_inputs(model, examples, cfg, src_vocab, tgt_vocab,
                                     checkpoint_dir is not None, tokenizer)
@@ -190,15 +177,11 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
             state = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
                             tgt_vocab=tgt_vocab, ema=ema)
         cfg.set_hyperparameters(optimizer)
-        if rank == 0:                             # one process writes the directory
-            manager.complete_save(latest, state)   # a crash may have cut its save short
-        complete_old_state(state, recorded_best_step=manager.best_step,
-                           epoch_batches=lambda epoch: len(sampler.epoch_batches(epoch)))
-        state.examples_digest = digest
+        _finish_resume(state, latest, manager, sampler, write=rank == 0)
     else:
-        state = TrainState(examples_digest=digest)
+        state = TrainState()
         torch.manual_seed(cfg.seed)
-    state.processes = processes
+    state.examples_digest, state.processes = digest, processes
     return TrainRun(model=model, step_model=_step_model(model, device, distributed),
                     optimizer=optimizer, scaler=scaler, plan=plan, examples=examples, cfg=cfg,
                     schedule=LRSchedule.from_config(cfg), src_vocab=src_vocab,
@@ -208,6 +191,16 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
                     loader=BatchLoader(examples, plan, cfg.loader_workers,
                                        pin_memory=device.type == "cuda")
                     if cfg.loader_workers else None, ema=ema)
+
+
+def _finish_resume(state: TrainState, latest: Path, manager: CheckpointManager,
+                   sampler: BucketBatchSampler, *, write: bool) -> None:
+    """Complete what the checkpoint resumed from leaves open: a save that a crash cut short
+    (by the one process that writes the folder) and the fields a format-1 state lacks."""
+    if write:
+        manager.complete_save(latest, state)
+    complete_old_state(state, recorded_best_step=manager.best_step,
+                       epoch_batches=lambda epoch: len(sampler.epoch_batches(epoch)))
 
 
 def _check_inputs(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig,
