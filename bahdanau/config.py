@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from typing_extensions import Self
@@ -68,26 +68,19 @@ class DictConfig:
     """Mixin for the dataclasses that checkpoints store (the configs, `TrainState`): a plain-dict
     round trip for checkpoints and JSON."""
 
-    # Fields that older versions had and that were removed: `from_dict` drops them (so that old
-    # checkpoints still load) and refuses every other unknown key.
-    _removed_fields: ClassVar[tuple[str, ...]] = ()
-
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (JSON- and checkpoint-friendly) that `from_dict` turns back."""
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
-        """Rebuild a config from `to_dict()` output.
-
-        Keys of `_removed_fields` (fields that older versions wrote) are dropped; any other
-        unknown key raises `InputError`.
-        """
+        """Rebuild a config from `to_dict()` output; an unknown key raises `InputError` (what
+        older checkpoints hold that is no longer a field, `bahdanau.checkpoint.upgrade_payload`
+        drops)."""
         if not isinstance(data, Mapping):
             raise InputError(f"{cls.__name__}.from_dict needs a dict, got {describe(data)}")
         fields = dataclasses.fields(cls)  # type: ignore[arg-type]
         known = {f.name for f in fields}
-        data = {k: v for k, v in data.items() if k not in cls._removed_fields}
         unknown = sorted(set(data) - known, key=str)
         if unknown:
             raise InputError(f"unknown {cls.__name__} fields {unknown}; "
@@ -260,10 +253,6 @@ class TrainConfig(DictConfig):
     log_every: int = setting(100, "a log line every N updates", low=1)
     seed: int = setting(1234, "seed of the weights and the batch order", low=0,
                         high=2**63 - 1, on_resume="fixed")
-
-    # Removed fields that older checkpoints still hold: max_len was never read (the length
-    # filter is encode_pairs').
-    _removed_fields: ClassVar[tuple[str, ...]] = ("max_len",)
 
     def __post_init__(self) -> None:
         check_settings(self)

@@ -5,8 +5,9 @@ A checkpoint is a plain dict saved with `torch.save` and read back with
 walk and the room to grow. `save_checkpoint` writes one atomically with its digest,
 `load_checkpoint` checks the digest of what it read, and `upgrade_payload` brings a payload of an
 older format to the current one. Every fix-up of an old format lives here: `upgrade_payload`
-(format 1's top-level training position becomes the `train_state` section) and
-`complete_old_state` (what a format-1 state lacks that only the run can tell).
+(format 1's top-level training position becomes the `train_state` section, and its
+train_config loses `max_len`) and `complete_old_state` (what a format-1 state lacks that only
+the run can tell); tests/unit/test_checkpoint_formats.py holds one test per fix-up.
 """
 
 from __future__ import annotations
@@ -185,11 +186,19 @@ def _from_format_1(old: dict[str, Any]) -> dict[str, Any]:
     return {
         **{k: v for k, v in old.items() if k not in moved},
         "format": FORMAT_VERSION,
-        "train_config": old.get("train_config"),
+        "train_config": _without_max_len(old.get("train_config")),
         "train_state": state,   # the training side parses it (TrainState.from_dict)
         **{k: old.get(k) for k in ("optimizer", "scaler", "rng")},
         "extra": old.get("extra") or {},
     }
+
+
+def _without_max_len(train_config: Any) -> Any:
+    """Format 1's train_config without `max_len`, a field that was never read (the length
+    filter is `encode_pairs`') and went with format 2."""
+    if not isinstance(train_config, dict):
+        return train_config                   # None, or malformed: TrainConfig.from_dict says
+    return {k: v for k, v in train_config.items() if k != "max_len"}
 
 
 @contextmanager
