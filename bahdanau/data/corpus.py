@@ -192,7 +192,8 @@ class _Side:
         _save(folder / f"{side}.offsets.npy", offsets)
         lookup = np.fromiter((vocab.token_to_id(w) for w in self.words), dtype=np.uint32,
                              count=len(self.words))
-        spooled = np.memmap(self.spool_path, dtype=np.uint32, mode="r") if offsets[-1] else []
+        spooled: np.ndarray | list[int] = (
+            np.memmap(self.spool_path, dtype=np.uint32, mode="r") if offsets[-1] else [])
         ids = np.lib.format.open_memmap(folder / f"{side}.ids.npy", mode="w+",
                                         dtype=_id_dtype(vocab), shape=(int(offsets[-1]),))
         for start in range(0, len(ids), _COPY_IDS):
