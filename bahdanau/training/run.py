@@ -187,8 +187,10 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     if payload is not None:
         assert manager is not None and latest is not None
         with named(latest):
-            state = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
-                            tgt_vocab=tgt_vocab, ema=ema)
+            restored = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
+                               tgt_vocab=tgt_vocab, ema=ema)
+        assert restored is not None   # _resumable refused a checkpoint without a train_state
+        state = restored
         cfg.set_hyperparameters(optimizer)
         if rank == 0:                             # one process writes the directory
             manager.complete_save(latest, state)   # a crash may have cut its save short
@@ -221,6 +223,7 @@ def _check_inputs(model: nn.Module, examples: Sequence[Example], cfg: TrainConfi
         raise InputError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
     if len(examples) == 0:
         raise InputError("examples is empty")
+    lengths: np.ndarray | Sequence[Example]
     if isinstance(examples, PreparedCorpus):   # checked whole when it was opened
         lengths, digest = examples.lengths, examples.digest()
     else:
