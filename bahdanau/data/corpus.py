@@ -125,7 +125,8 @@ def _set_worker_tokenizer(tokenizer: Tokenizer) -> None:
 def _encode_chunk(chunk: tuple[list[str], list[str]]) -> tuple[Any, Any]:
     """Tokenise a chunk in a worker: per side, the chunk's own word list, its ids in that list
     (uint32) and the sentence lengths. Words become corpus-wide ids in the main process."""
-    tokenize = _worker_tokenizer.tokenize  # type: ignore[union-attr]
+    assert _worker_tokenizer is not None   # set first by _set_worker_tokenizer, in every worker
+    tokenize = _worker_tokenizer.tokenize
     sides = []
     for lines in chunk:
         words: dict[str, int] = {}
