@@ -11,6 +11,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeGuard
 
 import torch
 from torch import Tensor
@@ -18,7 +19,7 @@ from torch import Tensor
 from bahdanau.errors import InputError
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     """True for an int that is not a bool (True is an int to Python, not a count)."""
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -29,7 +30,7 @@ def check_optional_positive_int(name: str, value: object) -> None:
         raise InputError(f"{name} must be a positive int or None, got {value!r}")
 
 
-def is_finite_number(value: object) -> bool:
+def is_finite_number(value: object) -> TypeGuard[float]:
     """True for a finite int or float that is not a bool (nan and inf are not)."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value))

@@ -38,7 +38,9 @@ class DecoderState(NamedTuple):
 
     def rows(self, index: Tensor) -> DecoderState:
         """The state of rows `index` ((N',) long): beam search repeats and reorders rows."""
-        return DecoderState(*(None if t is None else t.index_select(0, index) for t in self))
+        attention = self.attention
+        return DecoderState(self.hidden.index_select(0, index),
+                            None if attention is None else attention.index_select(0, index))
 
 
 class DecoderMemory(NamedTuple):
@@ -155,14 +157,16 @@ class AttentiveDecoder(nn.Module):
                 continue
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, std=0.01)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
+                bias = getattr(module, "bias", None)   # nn.Embedding has none
+                if bias is not None:
+                    nn.init.zeros_(bias)
         with torch.no_grad():
             self.embedding.weight[self.pad_id].zero_()
         init_recurrent_(self.weight_hh, self.hidden_size)
         nn.init.zeros_(self.bias_hh)
-        if self.attention is not None and hasattr(self.attention, "reset_parameters"):
-            self.attention.reset_parameters()
+        reset = getattr(self.attention, "reset_parameters", None)   # optional on the seam
+        if reset is not None:
+            reset()
 
     # ------------------------------------------------------------------ per source batch
     def init_state(self, annotations: Tensor, mask: Tensor
@@ -198,6 +202,7 @@ class AttentiveDecoder(nn.Module):
             return state, DecoderMemory(annotations, mask, memory, None)
         last = mask.sum(dim=1) - 1                                # index of each last real token
         forward_last = annotations[torch.arange(annotations.shape[0]), last, :half]
+        assert self.context_proj is not None   # built exactly when there is no attention
         context = torch.tanh(self.context_proj(torch.cat([forward_last, backward_first], -1)))
         return DecoderState(s0), DecoderMemory(annotations, mask, None, context)
 
@@ -302,7 +307,8 @@ class AttentiveDecoder(nn.Module):
         for prev_tokens in tgt_in.unbind(1):
             out = self.step(prev_tokens, state, memory)
             logits.append(out.logits)
-            weights.append(out.weights)
+            if out.weights is not None:                          # None without attention
+                weights.append(out.weights)
             state = out.state
         attention = None
         if return_attention and self.attention is not None:

@@ -87,8 +87,10 @@ def _(x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor, bias_hh:
 def _gru_layer_backward_op(grad: Tensor, x: Tensor, weight_ih: Tensor, weight_hh: Tensor,
                            bias_ih: Tensor, bias_hh: Tensor, paper: bool) -> list[Tensor]:
     """Gradients of `bahdanau::gru_layer` for x and the four weights."""
-    _, vjp = torch.func.vjp(lambda *args: _gru_layer(*args, paper, train=True),
-                            x, weight_ih, weight_hh, bias_ih, bias_hh)
+    def layer(x: Tensor, w_ih: Tensor, w_hh: Tensor, b_ih: Tensor, b_hh: Tensor) -> Tensor:
+        return _gru_layer(x, w_ih, w_hh, b_ih, b_hh, paper, train=True)
+
+    vjp = torch.func.vjp(layer, x, weight_ih, weight_hh, bias_ih, bias_hh)[1]
     return [g.contiguous() for g in vjp(grad)]
 
 
@@ -272,14 +274,16 @@ class BiRNNEncoder(nn.Module):
 
     def _paper_gru(self, embedded: Tensor, mask: Tensor) -> Tensor:
         """Both directions of the paper's GRU in one loop (fwd at position t, bwd at S-1-t)."""
-        rnn, hidden = self.rnn, self.hidden_size
+        hidden = self.hidden_size
         batch, src_len, _ = embedded.shape
-        x_fwd = nn.functional.linear(embedded, rnn.weight_ih_l0, rnn.bias_ih_l0)  # (B, S, 3H)
-        x_bwd = nn.functional.linear(embedded, rnn.weight_ih_l0_reverse, rnn.bias_ih_l0_reverse)
-        w_rz = torch.stack([rnn.weight_hh_l0[: 2 * hidden], rnn.weight_hh_l0_reverse[: 2 * hidden]])
-        b_rz = torch.stack([rnn.bias_hh_l0[: 2 * hidden], rnn.bias_hh_l0_reverse[: 2 * hidden]])
-        w_n = (rnn.weight_hh_l0[2 * hidden:], rnn.weight_hh_l0_reverse[2 * hidden:])
-        b_n = (rnn.bias_hh_l0[2 * hidden:], rnn.bias_hh_l0_reverse[2 * hidden:])
+        # all_weights: [W_ih, W_hh, b_ih, b_hh] of each direction, forward then reverse
+        (w_ih, w_hh, b_ih, b_hh), (w_ih_r, w_hh_r, b_ih_r, b_hh_r) = self.rnn.all_weights
+        x_fwd = nn.functional.linear(embedded, w_ih, b_ih)                 # (B, S, 3H)
+        x_bwd = nn.functional.linear(embedded, w_ih_r, b_ih_r)             # (B, S, 3H)
+        w_rz = torch.stack([w_hh[: 2 * hidden], w_hh_r[: 2 * hidden]])     # (2, 2H, H)
+        b_rz = torch.stack([b_hh[: 2 * hidden], b_hh_r[: 2 * hidden]])     # (2, 2H)
+        w_n = (w_hh[2 * hidden:], w_hh_r[2 * hidden:])
+        b_n = (b_hh[2 * hidden:], b_hh_r[2 * hidden:])
         h = embedded.new_zeros(2, batch, hidden)                  # (2, B, H) fwd, bwd
         outputs: list[list[Tensor]] = [[], []]
         for t in range(src_len):

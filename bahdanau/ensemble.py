@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -33,6 +33,15 @@ from bahdanau.decoder import StepOutput
 from bahdanau.errors import InputError
 
 __all__ = ["Ensemble", "EnsembleMemory", "EnsembleState"]
+
+
+class _Member(Protocol):
+    """What an ensemble calls on a member (`RNNSearch`, `RNNEncDec`)."""
+
+    def encode(self, src: Tensor, src_lengths: Tensor, *, check: bool = True
+               ) -> tuple[Any, Any]: ...
+
+    def step(self, prev_tokens: Tensor, state: Any, memory: Any) -> StepOutput: ...
 
 
 class EnsembleState(NamedTuple):
@@ -90,6 +99,10 @@ class Ensemble(nn.Module):
         _check_same_ids(models)
         self.members = nn.ModuleList(models)
 
+    def _models(self) -> list[_Member]:
+        """The members, as `__init__` checked they are: Modules with encode() and step()."""
+        return cast(list[_Member], list(self.members))
+
     @property
     def config(self) -> ModelConfig | None:
         """The first member's config (vocabulary sizes and special ids are every member's)."""
@@ -124,7 +137,7 @@ class Ensemble(nn.Module):
             InputError: what the members' `encode` refuses.
         """
         states, memories = [], []
-        for i, model in enumerate(self.members):
+        for i, model in enumerate(self._models()):
             state, memory = model.encode(src, src_lengths, check=i == 0)
             states.append(state)
             memories.append(memory)
@@ -145,17 +158,20 @@ class Ensemble(nn.Module):
         """
         outputs = [model.step(prev_tokens, member_state, member_memory)
                    for model, member_state, member_memory
-                   in zip(self.members, state.members, memory.members, strict=True)]
+                   in zip(self._models(), state.members, memory.members, strict=True)]
         new_state = EnsembleState(tuple(out.state for out in outputs))
         if len(outputs) == 1:
-            return StepOutput(outputs[0].logits, new_state, outputs[0].weights)
+            # StepOutput.state is typed DecoderState; an ensemble's is an EnsembleState with the
+            # same rows() and hidden, all the search uses (a NamedTuple cannot be generic on 3.10)
+            return StepOutput(outputs[0].logits, new_state,  # type: ignore[arg-type]
+                              outputs[0].weights)
         dtype = torch.float64 if outputs[0].logits.dtype == torch.float64 else torch.float32
         log_probs = torch.stack([torch.log_softmax(out.logits.to(dtype), dim=-1)
                                  for out in outputs])                          # (M, N, V)
         combined = torch.logsumexp(log_probs, dim=0) - math.log(len(outputs))  # (N, V)
         weights = [out.weights for out in outputs if out.weights is not None]
         mean_weights = torch.stack(weights).mean(0) if weights else None       # (N, S)
-        return StepOutput(combined, new_state, mean_weights)
+        return StepOutput(combined, new_state, mean_weights)  # type: ignore[arg-type]  # as above
 
 
 def _check_same_ids(models: Sequence[nn.Module]) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import replace
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -24,12 +24,12 @@ from bahdanau._checks import (
     check_type,
 )
 from bahdanau.attention import AdditiveAttention, LuongAttention
-from bahdanau.config import ENGINES, ModelConfig
+from bahdanau.config import ENGINES, Arch, ModelConfig
 from bahdanau.decoder import AttentiveDecoder, DecoderState, StepOutput
 from bahdanau.encoder import BiRNNEncoder
 from bahdanau.engine import DecoderEngine
 from bahdanau.errors import InputError
-from bahdanau.search import BeamSearch, Hypothesis
+from bahdanau.search import BeamSearch, Hypothesis, LengthPenalty
 
 
 class RNNSearch(nn.Module):
@@ -48,7 +48,7 @@ class RNNSearch(nn.Module):
         config: the `ModelConfig` the model was built from (kept for checkpoints), if any.
     """
 
-    arch = "rnnsearch"
+    arch: ClassVar[Arch] = "rnnsearch"
 
     def __init__(self, encoder: BiRNNEncoder, decoder: AttentiveDecoder, *,
                  engine: str = "fast", config: ModelConfig | None = None) -> None:
@@ -239,7 +239,7 @@ class RNNSearch(nn.Module):
 
     def translate(self, src: Tensor, src_lengths: Tensor, *, beam_size: int = 5,
                   n_best: int = 1, max_len: int = 100, max_len_ratio: float | None = None,
-                  min_len: int = 1, length_penalty: str = "none", alpha: float = 0.6,
+                  min_len: int = 1, length_penalty: LengthPenalty = "none", alpha: float = 0.6,
                   early_stopping: bool = True) -> list[list[Hypothesis]]:
         """Beam search (`beam_size=1`: greedy) for a padded batch; see `bahdanau.BeamSearch`.
 
@@ -256,7 +256,7 @@ class RNNSearch(nn.Module):
         """
         search = BeamSearch(beam_size=beam_size, n_best=n_best, max_len=max_len,
                             max_len_ratio=max_len_ratio, min_len=min_len,
-                            length_penalty=length_penalty,  # type: ignore[arg-type]
+                            length_penalty=length_penalty,
                             alpha=alpha, early_stopping=early_stopping)
         return search(self, src, src_lengths)                    # checked by `encode`
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, cast
 
 import torch
 from torch import Tensor
@@ -34,8 +34,23 @@ from bahdanau._checks import check_lengths, check_tensor, check_type, is_finite_
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 
+if TYPE_CHECKING:
+    from bahdanau.decoder import StepOutput
+
 LengthPenalty = Literal["none", "average", "gnmt"]
 LENGTH_PENALTIES = ("none", "average", "gnmt")
+
+# one search step, over the live sentences: their original ids (B',), the (B', K) parents and
+# tokens, and the (B', K, S) weights or None
+_Step = tuple[Tensor, Tensor, Tensor, "Tensor | None"]
+
+
+class _Decoding(Protocol):
+    """What the search calls on a model (`RNNSearch`, `RNNEncDec`, `Ensemble`)."""
+
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[Any, Any]: ...
+
+    def step(self, prev_tokens: Tensor, state: Any, memory: Any) -> StepOutput: ...
 
 
 @dataclass(frozen=True)
@@ -180,7 +195,7 @@ class BeamSearch:
             raise InputError(f"length_penalty must be one of {LENGTH_PENALTIES}, "
                              f"got {self.length_penalty!r}")
 
-    def _ids(self, model: torch.nn.Module) -> tuple[int, int, int]:
+    def _ids(self, model: object) -> tuple[int, int, int]:
         """(bos, eos, pad) of `model.config`, or `Vocab`'s when the model has no config."""
         ids = getattr(model, "config", None) or Vocab
         return ids.bos_id, ids.eos_id, ids.pad_id
@@ -223,11 +238,12 @@ class BeamSearch:
         was_training = model.training
         model.eval()
         try:
-            return self._search(model, src, src_lengths.to(src.device))
+            # a Module, checked above; encode and step are the contract documented above
+            return self._search(cast(_Decoding, model), src, src_lengths.to(src.device))
         finally:
             model.train(was_training)
 
-    def _search(self, model: torch.nn.Module, src: Tensor, src_lengths: Tensor
+    def _search(self, model: _Decoding, src: Tensor, src_lengths: Tensor
                 ) -> list[list[Hypothesis]]:
         bos, eos, pad = self._ids(model)
         never = [pad, bos]                                     # never generated
@@ -243,7 +259,7 @@ class BeamSearch:
         scores = torch.full((n_sent, K), float("-inf"), dtype=dtype, device=device)
         scores[:, 0] = 0.0                                                     # one live beam
         kept = torch.full((n_sent, n_best), float("-inf"), dtype=dtype, device=device)
-        history: list[tuple[Tensor, ...]] = []          # per step, over the original sentences
+        history: list[_Step] = []                       # per step, over the original sentences
         finished: list[tuple[int, Tensor, Tensor, Tensor, Tensor]] = []
         for step in range(int(caps.max()) + 1):
             out = model.step(tokens, state, memory)
@@ -291,7 +307,7 @@ class BeamSearch:
         return length_normalise(best, caps + 1, self.length_penalty, self.alpha)
 
     def _collect(self, n_sent: int, src_len: int, src_lengths: Tensor,
-                 history: list[tuple[Tensor, ...]],
+                 history: list[_Step],
                  finished: list[tuple[int, Tensor, Tensor, Tensor, Tensor]]
                  ) -> list[list[Hypothesis]]:
         """Follow back-pointers of the finished hypotheses (on the CPU, after the search)."""
@@ -312,7 +328,7 @@ class BeamSearch:
             best = sorted(candidates[sent], key=lambda c: (-c[0], c[2]))[: self.n_best]
             hyps = []
             for score, log_prob, step, beam in best:
-                active, _, _, weights = steps[step]
+                weights = steps[step][3]
                 rows = [] if weights is None else [weights[position[step][sent], beam]]  # eos
                 tokens = []
                 for s in range(step - 1, -1, -1):  # beam `beam` at step s+1 was made at step s

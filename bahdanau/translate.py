@@ -90,7 +90,7 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
         raise InputError(f"checkpoint must be a path or a non-empty list of paths, got "
                          f"{describe(checkpoint)}")
     paths = [find_checkpoint(given) for given in checkpoint]
-    models = []
+    models: list[torch.nn.Module] = []
     for path, payload in read_members(paths, same_config=False):
         with named(path):
             if not models:

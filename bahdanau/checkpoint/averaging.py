@@ -86,11 +86,11 @@ def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | N
     manager = CheckpointManager(folder)
     if best is not None:
         return manager.best_checkpoints(best)
-    numbered = manager.checkpoints()
-    if len(numbered) < last:
-        raise InputError(f"{folder} holds {len(numbered)} numbered checkpoints, not the {last} "
-                         f"of --last {last} (a run keeps its last --keep-last)")
-    return numbered[-last:]
+    numbered = manager.checkpoints()  # count is `last` here
+    if len(numbered) < count:
+        raise InputError(f"{folder} holds {len(numbered)} numbered checkpoints, not the {count} "
+                         f"of --last {count} (a run keeps its last --keep-last)")
+    return numbered[-count:]
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
@@ -122,7 +122,8 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
                              "checkpoint once")
         seen[real] = path
     first: dict[str, Any] = {}        # the sections the result takes from the first member
-    tokenizer, model, dtypes = None, None, {}
+    tokenizer, model = None, None
+    dtypes: dict[str, torch.dtype] = {}
     total: dict[str, Tensor] = {}
     members = []
     for path, payload in read_members(files, same_config=True):

@@ -148,7 +148,8 @@ class CheckpointManager:
                 with named(latest):
                     section = _parse_best_n(load_checkpoint(latest).get("best_n"))
             if section is None:
-                section = [] if self.best_step is None else [(self.best_step, self.best_metric)]
+                section = ([] if self.best_step is None or self.best_metric is None
+                           else [(self.best_step, self.best_metric)])
             self._ranking = section
         return list(self._ranking)
 
@@ -245,7 +246,8 @@ class CheckpointManager:
         if (state.best_step == state.step and is_finite_number(state.best_metric)
                 and self.best_step != state.step):
             self._record_best(Path(path), float(state.best_metric), state.step)
-        elif self.best_step is not None and self._recorded != (self.best_metric, self.best_step):
+        elif (self.best_step is not None and self.best_metric is not None
+              and self._recorded != (self.best_metric, self.best_step)):
             self._write_best_json(self.best_metric, self.best_step)
 
     def _record_best(self, path: Path, metric: float, step: int) -> None:
@@ -266,7 +268,7 @@ def _parse_best_n(section: Any) -> list[tuple[int, float]] | None:
     """A `best_n` section as (step, metric) pairs; None for a checkpoint without one."""
     if section is None:
         return None
-    entries = section if isinstance(section, list) else [None]
+    entries: list[Any] = section if isinstance(section, list) else [None]
     for entry in entries:
         if not (isinstance(entry, dict) and set(entry) == {"step", "metric"}
                 and is_int(entry["step"]) and entry["step"] >= 0

@@ -359,6 +359,7 @@ class BucketBatchSampler:
             for start in range(0, len(order), size):
                 yield order[start:start + size]
             return
+        assert self.max_tokens is not None   # __init__ requires batch_size or max_tokens
         budget = self.bucket * self.max_tokens
         ends = np.cumsum(longest[order])
         start = 0
@@ -372,6 +373,7 @@ class BucketBatchSampler:
     def _cuts(self, chunk: np.ndarray, longest: np.ndarray) -> list[int]:
         """Where the sorted `chunk` splits into batches: the positions that start a new one."""
         if self.max_tokens is None:
+            assert self.batch_size is not None   # __init__ requires batch_size or max_tokens
             return list(range(self.batch_size, len(chunk), self.batch_size))
         cuts: list[int] = []
         start = width = 0

@@ -125,7 +125,8 @@ def _set_worker_tokenizer(tokenizer: Tokenizer) -> None:
 def _encode_chunk(chunk: tuple[list[str], list[str]]) -> tuple[Any, Any]:
     """Tokenise a chunk in a worker: per side, the chunk's own word list, its ids in that list
     (uint32) and the sentence lengths. Words become corpus-wide ids in the main process."""
-    tokenize = _worker_tokenizer.tokenize  # type: ignore[union-attr]
+    assert _worker_tokenizer is not None   # set first by _set_worker_tokenizer, in every worker
+    tokenize = _worker_tokenizer.tokenize
     sides = []
     for lines in chunk:
         words: dict[str, int] = {}
@@ -192,7 +193,8 @@ class _Side:
         _save(folder / f"{side}.offsets.npy", offsets)
         lookup = np.fromiter((vocab.token_to_id(w) for w in self.words), dtype=np.uint32,
                              count=len(self.words))
-        spooled = np.memmap(self.spool_path, dtype=np.uint32, mode="r") if offsets[-1] else []
+        spooled: np.ndarray | list[int] = (
+            np.memmap(self.spool_path, dtype=np.uint32, mode="r") if offsets[-1] else [])
         ids = np.lib.format.open_memmap(folder / f"{side}.ids.npy", mode="w+",
                                         dtype=_id_dtype(vocab), shape=(int(offsets[-1]),))
         for start in range(0, len(ids), _COPY_IDS):

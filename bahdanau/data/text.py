@@ -148,7 +148,7 @@ def iter_lines(stream: BinaryIO, source: str, *, chunk_size: int = 1 << 20) -> I
         if not more:
             break
         first += more
-    data = itertools.chain([first], chunks)
+    data: Iterator[bytes] = itertools.chain([first], chunks)
     if first[:2] == _GZIP_MAGIC:
         data = _gunzip(data, source)
     pending, number, start = b"", 0, True
@@ -179,7 +179,10 @@ def _decode_line(line: bytes, number: int, source: str) -> str:
 def _gunzip(chunks: Iterator[bytes], source: str) -> Iterator[bytes]:
     """Decompress every gzip member of the byte stream `chunks`, one chunk at a time;
     InputError naming `source` if any member is damaged."""
-    inflater, rest = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS), b""  # gzip header, trailer
+    # 16 + MAX_WBITS: a gzip header and trailer. zlib._Decompress is the stubs' name for what
+    # decompressobj returns (a local annotation, never evaluated)
+    inflater: zlib._Decompress | None = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    rest = b""
     for chunk in chunks:
         rest += chunk
         while rest:

@@ -172,18 +172,17 @@ def tokenizer_to_payload(tokenizer: object) -> dict[str, Any]:
     Raises:
         InputError: any other tokenizer (subclasses included): only these can be stored.
     """
-    kind = type(tokenizer)
-    if kind is DefaultTokenizer:
+    if type(tokenizer) is DefaultTokenizer:
         return {"name": "default", "lowercase": bool(tokenizer.lowercase),
                 "joiners": tokenizer.joiners}
-    if kind is WhitespaceTokenizer:
+    if type(tokenizer) is WhitespaceTokenizer:
         return {"name": "whitespace"}
-    if kind is SentencePieceTokenizer:
+    if type(tokenizer) is SentencePieceTokenizer:
         return {"name": "sentencepiece",
                 "model": torch.frombuffer(bytearray(tokenizer.model_proto), dtype=torch.uint8)}
     raise InputError(f"only bahdanau's tokenizers (DefaultTokenizer, WhitespaceTokenizer, "
-                     f"SentencePieceTokenizer) can be stored, got {kind.__name__}; keep your "
-                     "own tokenizer's files beside the checkpoint")
+                     f"SentencePieceTokenizer) can be stored, got {type(tokenizer).__name__}; "
+                     "keep your own tokenizer's files beside the checkpoint")
 
 
 def tokenizer_from_payload(data: Any) -> Tokenizer:

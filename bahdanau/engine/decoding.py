@@ -78,6 +78,7 @@ class DecoderEngine:
         dropout is active, see the module docstring) and the fused step weight."""
         dec = self.decoder
         source = memory.context if dec.attention is None else memory.annotations
+        assert source is not None   # init_state builds the context exactly without attention
         drop_context = dec.drops_rnn_inputs()
         if drop_context:
             values = torch.cat([source, dec.readout_context(source)], -1)   # (B, [S,] 2H + 2L)
@@ -128,7 +129,8 @@ class DecoderEngine:
             h_gates, gate_terms, readout_terms, step_weights, attention_state = self._attend(
                 state, memory, grads)
             readouts.append(readout_terms)                        # C_o c_i
-            weights.append(step_weights)
+            if step_weights is not None:                          # None without attention
+                weights.append(step_weights)
             if i < last:                                          # s_T is never used
                 hidden = dec.update(x_step + gate_terms, h_gates, state.hidden)
                 state = DecoderState(hidden, attention_state)

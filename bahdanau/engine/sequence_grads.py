@@ -64,7 +64,7 @@ class _Collect(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, _grad_token: Tensor):  # type: ignore[override]
+    def backward(ctx, _grad_token: Tensor):
         owner = ctx.owner
         grad_weight = grad_bias = grad_values = None
         if owner.step_grads:
@@ -89,7 +89,7 @@ class _Project(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor):
         (state,) = ctx.saved_tensors
         owner = ctx.owner
         owner.step_grads.append(grad)
@@ -103,12 +103,14 @@ class _Mix(torch.autograd.Function):
     def forward(ctx, weights: Tensor, token: Tensor, owner: SequenceGrads) -> Tensor:
         ctx.owner = owner
         ctx.save_for_backward(weights)
-        mixed = torch.bmm(owner._by_sentence(weights), owner.values)      # (B, K, M)
+        values = owner.values
+        assert values is not None   # mix() is for a SequenceGrads built with values
+        mixed = torch.bmm(owner._by_sentence(weights), values)            # (B, K, M)
         return mixed.view(weights.shape[0], -1)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor):
         (weights,) = ctx.saved_tensors
         owner = ctx.owner
         owner.mix_weights.append(weights)

@@ -10,14 +10,21 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import overload
 
 from bahdanau._files import atomic_write
 from bahdanau.data.text import decode_lines, read_lines
 from bahdanau.errors import InputError
 
 
+@overload
+def existing(path: str, what: str) -> Path: ...
+@overload
+def existing(path: None, what: str) -> None: ...
+@overload
+def existing(path: str | None, what: str) -> Path | None: ...
 def existing(path: str | None, what: str) -> Path | None:
-    """`path` as a readable file, checked before any work."""
+    """`path` as a readable file, checked before any work (None stays None)."""
     if path is None:
         return None
     p = Path(path)

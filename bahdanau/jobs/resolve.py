@@ -50,6 +50,7 @@ def beam_search(o: SearchOptions, n_best: int = 1) -> BeamSearch:
 def checkpoint_paths(o: DecodeOptions) -> dict[str, Path]:
     """The --checkpoint files (each a file, or a folder's best or latest), named for
     `check_outputs`: "--checkpoint", or "--checkpoint FILE" for each of several."""
+    assert o.checkpoint is not None   # required: DecodeOptions refuses None when it is built
     paths = [find_checkpoint(p, "--checkpoint") for p in o.checkpoint]
     if len(paths) == 1:
         return {"--checkpoint": paths[0]}

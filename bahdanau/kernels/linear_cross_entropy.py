@@ -100,7 +100,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_loss: Tensor):  # type: ignore[override]
+    def backward(ctx, grad_loss: Tensor):
         hidden, weight, bias, target = ctx.saved_tensors
         smoothing, chunk, compute = ctx.label_smoothing, ctx.chunk, ctx.compute_dtype
         w = weight.to(compute)                                    # as the forward's matmul saw it

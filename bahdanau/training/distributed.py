@@ -57,7 +57,9 @@ def leave_process_group() -> None:
     if dist.get_backend() == "gloo":
         last, deadline = torch.zeros(1), time.monotonic() + 10
         dist.all_reduce(last)
-        while last._use_count() > 1 and time.monotonic() < deadline:   # gloo still holds it
+        # gloo still holds it; _use_count is a private Tensor method that torch's stubs lack
+        while (last._use_count() > 1  # type: ignore[attr-defined]
+               and time.monotonic() < deadline):
             time.sleep(0.001)
     else:
         dist.barrier()

@@ -174,8 +174,10 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     if payload is not None:
         assert manager is not None and latest is not None
         with named(latest):
-            state = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
-                            tgt_vocab=tgt_vocab, ema=ema)
+            restored = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
+                               tgt_vocab=tgt_vocab, ema=ema)
+        assert restored is not None   # _resumable refused a checkpoint without a train_state
+        state = restored
         cfg.set_hyperparameters(optimizer)
         _finish_resume(state, latest, manager, sampler, write=rank == 0)
     else:
@@ -214,6 +216,7 @@ def _check_inputs(model: nn.Module, examples: Sequence[Example], cfg: TrainConfi
         raise InputError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
     if len(examples) == 0:
         raise InputError("examples is empty")
+    lengths: np.ndarray | Sequence[Example]
     if isinstance(examples, PreparedCorpus):   # checked whole when it was opened
         lengths, digest = examples.lengths, examples.digest()
     else:

@@ -50,20 +50,16 @@ class TrainLog:
         if self._file is None:
             self._held.append(line)
         else:
-            self._write(line)
+            _write(self._file, line)
 
     def open(self, path: str | os.PathLike[str], command: str) -> None:
         """Append from now on to `path` (created if missing): first a header line with the time
         and `command`, then the lines held so far."""
-        self._file = open(path, "a", encoding="utf-8")
-        self._write(f"# {time.strftime('%Y-%m-%d %H:%M:%S %z')}: {command}")
+        file = self._file = open(path, "a", encoding="utf-8")
+        _write(file, f"# {time.strftime('%Y-%m-%d %H:%M:%S %z')}: {command}")
         for line in self._held:
-            self._write(line)
+            _write(file, line)
         self._held.clear()
-
-    def _write(self, line: str) -> None:
-        self._file.write(line + "\n")                # type: ignore[union-attr]  (open)
-        self._file.flush()                            # type: ignore[union-attr]
 
     def close(self) -> None:
         """Close the file (lines said afterwards are only printed)."""
@@ -76,6 +72,11 @@ class TrainLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _write(file: IO[str], line: str) -> None:
+    file.write(line + "\n")
+    file.flush()
 
 
 def require_tensorboard() -> Any:

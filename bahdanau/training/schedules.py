@@ -76,9 +76,11 @@ class LRSchedule:
             InputError: `cfg` is not a `TrainConfig` (whose construction checked the values).
         """
         check_type("cfg", cfg, TrainConfig, "a TrainConfig")
-        decay = {"constant": _constant,
-                 "inverse_sqrt": partial(_inverse_sqrt, max(cfg.warmup_steps, 1)),
-                 "plateau": partial(_plateau, cfg.decay_factor)}[cfg.schedule]
+        decays: dict[str, Callable[[int, int], float]] = {
+            "constant": _constant,
+            "inverse_sqrt": partial(_inverse_sqrt, max(cfg.warmup_steps, 1)),
+            "plateau": partial(_plateau, cfg.decay_factor)}
+        decay = decays[cfg.schedule]
         return cls(cfg.learning_rate, decay, warmup_steps=cfg.warmup_steps, min_lr=cfg.min_lr,
                    decay_patience=cfg.decay_patience if cfg.schedule == "plateau" else None)
 

@@ -40,7 +40,9 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 def rng_state() -> dict[str, Any]:
     """torch, CUDA, Python and NumPy global RNG states as checkpoint-safe values."""
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    numpy_state = np.random.get_state(legacy=True)
+    assert isinstance(numpy_state, tuple)   # the legacy form: the global generator is MT19937
+    kind, keys, pos, has_gauss, cached = numpy_state
     state: dict[str, Any] = {
         "torch": torch.get_rng_state(),
         "python": {"version": version, "state": torch.tensor(internal, dtype=torch.int64),

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from contextlib import nullcontext
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, cast
 
 import torch
 from torch import Tensor, nn
@@ -62,10 +62,24 @@ class LossModule(nn.Module):
         return _model_loss(self.module, src, src_lengths, tgt_in, tgt_out, label_smoothing)
 
 
+class _LossModel(Protocol):
+    """What training calls on a model: `RNNSearch.loss`."""
+
+    def loss(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor, *,
+             label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]: ...
+
+
+def _with_loss(model: nn.Module) -> _LossModel:
+    """`model`, a Module with `RNNSearch.loss` (nn.Module's __getattr__ would type its `loss`
+    as a Tensor or Module)."""
+    return cast(_LossModel, model)
+
+
 def _model_loss(model: nn.Module, src: Tensor, src_lengths: Tensor, tgt_in: Tensor,
                 tgt_out: Tensor, label_smoothing: float) -> tuple[Tensor, Tensor]:
     """`model.loss`: the fused loss (works under autocast too)."""
-    return model.loss(src, src_lengths, tgt_in, tgt_out, label_smoothing=label_smoothing)
+    return _with_loss(model).loss(src, src_lengths, tgt_in, tgt_out,
+                                  label_smoothing=label_smoothing)
 
 
 def _batch_loss(model: nn.Module, batch: Batch, label_smoothing: float) -> tuple[Tensor, Tensor]:
@@ -127,16 +141,16 @@ def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
     batches = [batch] if isinstance(batch, Batch) else list(batch)
     if not batches:
         raise InputError("train_step needs a batch, got an empty sequence of batches")
-    sentences = sum(b.src.shape[0] for b in batches)
-    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    sentences: float = sum(b.src.shape[0] for b in batches)
+    ddp = model if isinstance(model, nn.parallel.DistributedDataParallel) else None
     if update_sentences is not None:
-        if not ddp:
+        if ddp is None:
             raise InputError("update_sentences is for a DistributedDataParallel model; one "
                              "process divides by its batches' own sentence count")
         if not is_int(update_sentences) or update_sentences < sentences:
             raise InputError(f"update_sentences must be an int >= these batches' {sentences} "
                              f"sentences, got {update_sentences!r}")
-        sentences = update_sentences / torch.distributed.get_world_size(model.process_group)
+        sentences = update_sentences / torch.distributed.get_world_size(ddp.process_group)
     model.train()
     optimizer.zero_grad(set_to_none=True)
     autocast = (torch.autocast(batches[0].src.device.type, dtype=amp_dtype)
@@ -144,7 +158,7 @@ def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
     losses, counts = [], []
     for i, b in enumerate(batches):
         last = i == len(batches) - 1
-        with model.no_sync() if ddp and not last else nullcontext():  # type: ignore[operator]
+        with ddp.no_sync() if ddp is not None and not last else nullcontext():
             with autocast:
                 loss_sum, n_tokens = _batch_loss(model, b, label_smoothing)
             # fp16/bf16 losses (autocast) are scaled in float32, float64 ones stay float64
@@ -183,7 +197,8 @@ def evaluate_loss(model: nn.Module, batches: Iterable[Batch]) -> tuple[float, fl
         total, tokens = 0.0, 0
         for batch in batches:
             batch = batch.to(device)
-            loss_sum, n = model.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out)
+            loss_sum, n = _with_loss(model).loss(batch.src, batch.src_lengths, batch.tgt_in,
+                                                 batch.tgt_out)
             total += float(loss_sum)
             tokens += int(n)
     finally:
