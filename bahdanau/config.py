@@ -56,11 +56,14 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 class VocabSizes(Protocol):
     """What `ModelConfig.check_vocabs` reads of a vocabulary (`bahdanau.Vocab` has it)."""
 
-    pad_id: int
-    bos_id: int
-    eos_id: int
-    unk_id: int
-
+    @property
+    def pad_id(self) -> int: ...
+    @property
+    def bos_id(self) -> int: ...
+    @property
+    def eos_id(self) -> int: ...
+    @property
+    def unk_id(self) -> int: ...
     def __len__(self) -> int: ...
 
 
@@ -70,7 +73,7 @@ class DictConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """A plain dict (JSON- and checkpoint-friendly) that `from_dict` turns back."""
-        return dataclasses.asdict(self)  # type: ignore[call-overload]
+        return dataclasses.asdict(self)  # type: ignore[call-overload]  # a mixin of dataclasses
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Self:
@@ -79,7 +82,7 @@ class DictConfig:
         drops)."""
         if not isinstance(data, Mapping):
             raise InputError(f"{cls.__name__}.from_dict needs a dict, got {describe(data)}")
-        fields = dataclasses.fields(cls)  # type: ignore[arg-type]
+        fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # a mixin of dataclasses
         known = {f.name for f in fields}
         unknown = sorted(set(data) - known, key=str)
         if unknown:

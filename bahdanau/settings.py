@@ -21,7 +21,6 @@ import typing
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cache
 from typing import Any, Literal
 
 from bahdanau._checks import is_finite_number, is_int
@@ -69,12 +68,16 @@ def like(cls: type, name: str, **default: Any) -> Any:
                              metadata=field.metadata)
 
 
-@cache
+_DECLARED: dict[type, tuple[tuple[dataclasses.Field, Any, Setting], ...]] = {}
+
+
 def declared(cls: type) -> tuple[tuple[dataclasses.Field, Any, Setting], ...]:
     """(field, resolved type annotation, `Setting`) of each declared setting of dataclass `cls`."""
-    hints = typing.get_type_hints(cls)
-    return tuple((f, hints[f.name], f.metadata["setting"])
-                 for f in dataclasses.fields(cls) if "setting" in f.metadata)
+    if cls not in _DECLARED:
+        hints = typing.get_type_hints(cls)
+        _DECLARED[cls] = tuple((f, hints[f.name], f.metadata["setting"])
+                               for f in dataclasses.fields(cls) if "setting" in f.metadata)
+    return _DECLARED[cls]
 
 
 def base_type(annotation: Any) -> tuple[Any, bool]:

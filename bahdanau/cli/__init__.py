@@ -42,7 +42,7 @@ import argparse
 import json
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from bahdanau.cli.commands import average, evaluate, plot, prepare, translate
@@ -106,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_RUN = {"prepare": prepare, "translate": translate, "evaluate": evaluate, "plot": plot,
-        "average": average}
+_RUN: dict[str, Callable[[Any], int]] = {
+    "prepare": prepare, "translate": translate, "evaluate": evaluate, "plot": plot,
+    "average": average}
 
 
 def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from bahdanau.jobs.resolve import beam_search, checkpoint_paths, load_decoder, m
 
 def prepare(o: PrepareOptions) -> int:
     """`bahdanau prepare`: a corpus tokenised and encoded once, for train --data."""
-    if o.train_src is not None:
+    if o.train_src is not None and o.train_tgt is not None:   # check(): both or neither
         src, tgt = existing(o.train_src, "--train-src"), existing(o.train_tgt, "--train-tgt")
         shipped = None
     else:
@@ -184,6 +184,7 @@ def plot(o: PlotOptions) -> int:
     check_image_path(o.output)
     sentence = o.sentence
     if sentence is None:
+        assert path is not None                # check(): --sentence or --input
         lines = read_lines(path)
         line = o.line or 1
         if not 1 <= line <= len(lines):

@@ -75,6 +75,14 @@ DEFAULT_EPOCHS = 5
 JOB_TRAINING = TrainConfig(optimizer="adam", batch_size=64, eval_every=0, save_every=500)
 
 
+class Limits(typing.TypedDict):
+    """When training stops, as the `TrainConfig` fields of the limits."""
+
+    max_steps: int | None
+    max_epochs: int | None
+    max_time_s: float | None
+
+
 def flag(name: str) -> str:
     """The command-line flag of the option `name`: ``--train-batch-size``."""
     return "--" + name.replace("_", "-")
@@ -164,10 +172,12 @@ class _Options:
                 value = _from_text(key, s.annotation, value)
             target = own if s.section is None else sections.setdefault(s.section, {})
             target[s.field.name] = value
+        # _Options is a mixin of dataclasses, which mypy cannot see from here
         fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         with naming_fields(_flag_of):                   # a section's errors name the flag too
             for name, given in sections.items():
-                own[name] = replace(fields[name].default, **given)
+                default: Any = fields[name].default           # a section's frozen dataclass
+                own[name] = replace(default, **given)
             return cls(**own)
 
     def to_record(self) -> dict[str, Any]:
@@ -194,6 +204,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[_Options]) -> None:
     Every option's argparse default is None ("not given"), so that `from_mapping` fills in the
     declared default and a config file can be overridden only by what was given.
     """
+    # _Options is a mixin of dataclasses, which mypy cannot see from here
     sections = {f.name: f.default for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     for s in flat_settings(cls):
         default = (s.field.default if s.section is None
@@ -376,7 +387,7 @@ class TrainOptions(SearchOptions):
                              "--eval-every")
 
     @property
-    def limits(self) -> dict[str, int | float | None]:
+    def limits(self) -> Limits:
         """When training stops, as `TrainConfig` fields (max_steps, max_epochs, max_time_s).
 
         The limits given (--max-steps, --max-epochs, a non-zero --time-budget) and only they;
@@ -387,14 +398,14 @@ class TrainOptions(SearchOptions):
         Raises:
             InputError: no limit is given and the corpus is the user's own.
         """
-        given = {"max_steps": self.training.max_steps, "max_epochs": self.training.max_epochs,
-                 "max_time_s": self.time_budget * 60 if self.time_budget else None}
+        given = Limits(max_steps=self.training.max_steps, max_epochs=self.training.max_epochs,
+                       max_time_s=self.time_budget * 60 if self.time_budget else None)
         if any(value is not None for value in given.values()):
             return given
         if self.own_data or self.data is not None:
             raise InputError("set --max-steps, --max-epochs or a non-zero --time-budget: your "
                              "own corpus has no default training length")
-        return {**given, "max_epochs": DEFAULT_EPOCHS}
+        return Limits(max_steps=None, max_epochs=DEFAULT_EPOCHS, max_time_s=None)
 
     def train_config(self) -> TrainConfig:
         """The `TrainConfig` of these options: `training` with the `limits`."""
@@ -410,7 +421,7 @@ class TrainOptions(SearchOptions):
 class DecodeOptions(SearchOptions):
     """What every command that loads a checkpoint takes."""
 
-    checkpoint: tuple[str, ...] | None = option(
+    checkpoint: tuple[str, ...] = option(
         None, "a checkpoint file, or a training output folder (its best, else latest "
         "checkpoint); several decode as an ensemble", required=True, metavar="PATH")
     device: str = option("auto", _DEVICE_HELP)
@@ -437,8 +448,8 @@ class TranslateOptions(DecodeOptions):
 class EvaluateOptions(DecodeOptions):
     """`bahdanau evaluate`."""
 
-    src: str | None = option(None, "source file", required=True, metavar="FILE")
-    ref: str | None = option(None, "reference file", required=True, metavar="FILE")
+    src: str = option(None, "source file", required=True, metavar="FILE")
+    ref: str = option(None, "reference file", required=True, metavar="FILE")
     output: str | None = option(None, "write the translations here", metavar="FILE")
     json: str | None = option(None, "write the scores here", metavar="FILE")
 
@@ -465,13 +476,13 @@ class PlotOptions(DecodeOptions):
 class AverageOptions(_Options):
     """`bahdanau average`: one checkpoint whose weights are the mean of several."""
 
-    checkpoint: tuple[str, ...] | None = option(
+    checkpoint: tuple[str, ...] = option(
         None, "checkpoint files to average, or one training output folder (with --last or "
         "--best)", required=True, metavar="PATH")
     last: int | None = option(None, "average the folder's last N numbered checkpoints", low=1)
     best: int | None = option(None, "average the checkpoints of the folder's N best dev "
                                     "evaluations (train with --keep-best N)", low=1)
-    output: str | None = option(None, "the averaged checkpoint to write", required=True,
+    output: str = option(None, "the averaged checkpoint to write", required=True,
                                 metavar="FILE")
 
     def check(self) -> None:
@@ -483,7 +494,7 @@ class AverageOptions(_Options):
 class PrepareOptions(_Options):
     """`bahdanau prepare`: a parallel corpus tokenised and encoded once, for `train --data`."""
 
-    out: str | None = option(None, "the prepared corpus folder to write", required=True,
+    out: str = option(None, "the prepared corpus folder to write", required=True,
                              metavar="DIR")
     train_src: str | None = option(None, "source file, plain or gzip (default: the shipped "
                                          "Multi30k training data)", metavar="FILE")

@@ -167,8 +167,9 @@ def _dev_bleu(o: TrainOptions, data: _Data, run: TrainRun, device: torch.device,
         hyps = translate_corpus(m, sources, data.src_vocab, data.tgt_vocab, data.tokenizer,
                                 search=BeamSearch(beam_size=1, max_len=o.max_len),
                                 batch_size=o.batch_size, device=device)
-        if board is not None and shown is not None and hyps[shown].hypothesis.attention is not None:
-            board.alignment(run.state.step, hyps[shown].hypothesis.attention,
+        attention = hyps[shown].hypothesis.attention if shown is not None else None
+        if board is not None and shown is not None and attention is not None:
+            board.alignment(run.state.step, attention,
                             *alignment_labels(hyps[shown],
                                               data.tokenizer.tokenize(sources[shown])))
         return corpus_bleu([h.text for h in hyps], references,
@@ -254,7 +255,8 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
     model = _build_model(o, data)
     with process_group(device) as main, ExitStack() as stack:
         # rank 0 prints and writes OUT/train.log once the run starts; the others say nothing
-        say = stack.enter_context(TrainLog()) if main else _quiet
+        log = stack.enter_context(TrainLog()) if main else None
+        say = log if log is not None else _quiet
         if not data.test:
             say("no test set: the model is trained and saved but not scored (give --test-src "
                 "and --test-tgt to score it)")
@@ -278,8 +280,8 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
         if changes is not None:
             run.resume_changes = changes                 # in the command line's terms
         board = None
-        if main:
-            say.open(out / "train.log", command)
+        if log is not None:
+            log.open(out / "train.log", command)
             if o.tensorboard:    # a resumed run drops the events a crash left past its step
                 board = stack.enter_context(TensorBoardLog(
                     out / "tensorboard", tags={"dev/metric": "dev/bleu"},
