@@ -57,14 +57,23 @@ class VocabSizes(Protocol):
     """What `ModelConfig.check_vocabs` reads of a vocabulary (`bahdanau.Vocab` has it)."""
 
     @property
-    def pad_id(self) -> int: ...
+    def pad_id(self) -> int:
+        """The padding id."""
+
     @property
-    def bos_id(self) -> int: ...
+    def bos_id(self) -> int:
+        """The id of the decoder's first input y_0."""
+
     @property
-    def eos_id(self) -> int: ...
+    def eos_id(self) -> int:
+        """The id that ends every sentence."""
+
     @property
-    def unk_id(self) -> int: ...
-    def __len__(self) -> int: ...
+    def unk_id(self) -> int:
+        """The id of the words outside the vocabulary."""
+
+    def __len__(self) -> int:
+        """The entries, specials included."""
 
 
 class DictConfig:

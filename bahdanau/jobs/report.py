@@ -17,9 +17,7 @@ import torch
 from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.evaluate import Translation, score_test_set, translate_corpus
-from bahdanau.jobs.options import (
-    SearchOptions,
-)
+from bahdanau.jobs.options import SearchOptions
 from bahdanau.jobs.resolve import beam_search
 from bahdanau.plot import PlotDependencyError
 

@@ -16,11 +16,7 @@ from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
-from bahdanau.jobs.options import (
-    DecodeOptions,
-    SearchOptions,
-    TrainOptions,
-)
+from bahdanau.jobs.options import DecodeOptions, SearchOptions, TrainOptions
 from bahdanau.search import BeamSearch
 from bahdanau.translate import load
 

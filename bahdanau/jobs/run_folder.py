@@ -18,13 +18,9 @@ from typing import Any
 
 from bahdanau.checkpoint.manager import CheckpointManager
 from bahdanau.errors import InputError
-from bahdanau.jobs.options import (
-    TrainOptions,
-)
+from bahdanau.jobs.options import TrainOptions
 
 RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML readers also read)
-
-
 RUN_FILES = ("checkpoints", RUN_CONFIG, "metrics.json", "test.hyp.txt", "alignment.png",
              "train.log", "tensorboard")
 

@@ -27,11 +27,7 @@ from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.evaluate import corpus_bleu, translate_corpus
 from bahdanau.jobs.files import existing, write_text
-from bahdanau.jobs.options import (
-    TrainOptions,
-    resume_changes,
-    resumed_options,
-)
+from bahdanau.jobs.options import TrainOptions, resume_changes, resumed_options
 from bahdanau.jobs.report import (
     TestReport,
     alignment_labels,
