@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from bahdanau._checks import check_lengths, check_tensor, check_type, is_finite_number, is_int
-from bahdanau.data.vocab import Vocab
+from bahdanau.config import BOS_ID, EOS_ID, PAD_ID
 from bahdanau.errors import InputError
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ class BeamSearch:
 
     The special ids (bos, eos, pad) are `model.config`'s, which training, loading and
     `translate_corpus` check against the vocabularies; a model built without a config uses the
-    `Vocab` ids.
+    default ids of `bahdanau.config` (`BOS_ID`, `EOS_ID`, `PAD_ID`, every `Vocab`'s).
     """
 
     beam_size: int = 5
@@ -196,9 +196,11 @@ class BeamSearch:
                              f"got {self.length_penalty!r}")
 
     def _ids(self, model: object) -> tuple[int, int, int]:
-        """(bos, eos, pad) of `model.config`, or `Vocab`'s when the model has no config."""
-        ids = getattr(model, "config", None) or Vocab
-        return ids.bos_id, ids.eos_id, ids.pad_id
+        """(bos, eos, pad) of `model.config`, or the default ids when the model has none."""
+        config = getattr(model, "config", None)
+        if config is None:
+            return BOS_ID, EOS_ID, PAD_ID
+        return config.bos_id, config.eos_id, config.pad_id
 
     def caps(self, src_lengths: Tensor) -> Tensor:
         """(B,) most tokens each sentence may get before eos."""

@@ -46,7 +46,8 @@ MAP = ROOT / "docs" / "package-map.md"
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("leaves", ("errors", "_checks", "_files", "settings", "config", "presets")),
     ("data", ("data",)),
-    # search reads Vocab's special ids when a model has no config, hence data below the model.
+    # The model reads nothing of data/ (its special ids are config's); data sits below it so
+    # that the floors above (scores, checkpoints, training) may read both.
     ("model", ("functional", "kernels", "encoder", "attention", "decoder", "engine", "search",
                "models", "ensemble")),
     ("scores", ("evaluate", "plot")),
