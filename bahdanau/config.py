@@ -116,11 +116,16 @@ class ModelConfig(DictConfig):
 
     src_vocab_size: int               # source V, from the source Vocab (specials included)
     tgt_vocab_size: int               # target V, from the target Vocab (specials included)
-    embed_size: int = 620             # E (m in the paper), both sides
-    hidden_size: int = 1000           # H per encoder direction (n in the paper)
-    decoder_size: int = 1000          # D, decoder state s_i (n in the paper)
-    align_size: int = 1000            # A (n' in the paper)
-    maxout_size: int = 500            # L, units after maxout over pairs (l in the paper)
+    embed_size: int = setting(620, "E, word embedding size, both sides (m in the paper)",
+                              low=1, on_resume="fixed", metavar="E")
+    hidden_size: int = setting(1000, "H, encoder GRU units per direction; annotations are 2H "
+                                     "(n in the paper)", low=1, on_resume="fixed", metavar="H")
+    decoder_size: int = setting(1000, "D, decoder GRU units, the state s_i (n in the paper)",
+                                low=1, on_resume="fixed", metavar="D")
+    align_size: int = setting(1000, "A, alignment model units (n' in the paper)", low=1,
+                              on_resume="fixed", metavar="A")
+    maxout_size: int = setting(500, "L, units after the maxout over pairs (l in the paper)",
+                               low=1, on_resume="fixed", metavar="L")
     arch: Arch = setting("rnnsearch", "model: rnnsearch, or the paper's rnnencdec baseline",
                          on_resume="fixed")
     attention: AttentionKind = "additive"   # the paper's; "luong_*": Luong et al. (2015)
@@ -151,11 +156,7 @@ class ModelConfig(DictConfig):
             value = getattr(self, name)
             if not is_int(value) or value < 5:
                 raise InputError(f"{name} must be an int >= 5 (4 specials + 1 word), got {value!r}")
-        for name in ("embed_size", "hidden_size", "decoder_size", "align_size", "maxout_size"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 1:
-                raise InputError(f"{name} must be a positive int, got {value!r}")
-        check_settings(self)     # arch, gru_form, the dropouts and init
+        check_settings(self)     # the sizes, arch, gru_form, the dropouts and init
         if self.attention not in ATTENTIONS:
             raise InputError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
         if self.attention == "luong_dot" and self.decoder_size != 2 * self.hidden_size:

@@ -3,7 +3,8 @@
 `rnnsearch_50` is the paper's model; `small` is the mid-size model used by our benchmarks and the
 default training job; `tiny` is for tests. Use `dataclasses.replace(cfg, ...)` for variants, e.g.
 `replace(rnnsearch_50(30001, 30001), arch="rnnencdec")` for the paper's RNNencdec-50 baseline.
-`ModelChoices` is a preset with such variants, as the training job chooses its model.
+`ModelChoices` is a preset with such variants (its sizes overridden, another arch, dropout, ...),
+as the training job chooses its model.
 """
 
 from __future__ import annotations
@@ -43,12 +44,19 @@ def tiny(src_vocab_size: int = 16, tgt_vocab_size: int = 16) -> ModelConfig:
 
 @dataclass(frozen=True)
 class ModelChoices:
-    """The model of a training job: a preset's sizes, and `ModelConfig`'s choices (each declared
-    there, with the job's defaults: `init` is glorot, which Adam trains much faster)."""
+    """The model of a training job: a preset's sizes, any of them overridden, and `ModelConfig`'s
+    choices (each declared there, with the job's defaults: `init` is glorot, which Adam trains
+    much faster; a size left None is the preset's)."""
 
     preset: Literal["tiny", "small", "rnnsearch_50"] = setting(
-        "small", "model sizes (small: E=256, H=256, D=512, A=512, maxout 256)",
+        "small", "model sizes (small: E=256, H=256, D=512, A=512, maxout 256), each of which "
+        "--embed-size, --hidden-size, --decoder-size, --align-size and --maxout-size override",
         on_resume="fixed")
+    embed_size: int | None = like(ModelConfig, "embed_size", default=None)
+    hidden_size: int | None = like(ModelConfig, "hidden_size", default=None)
+    decoder_size: int | None = like(ModelConfig, "decoder_size", default=None)
+    align_size: int | None = like(ModelConfig, "align_size", default=None)
+    maxout_size: int | None = like(ModelConfig, "maxout_size", default=None)
     arch: Arch = like(ModelConfig, "arch")
     gru_form: GRUForm = like(ModelConfig, "gru_form")
     dropout: float = like(ModelConfig, "dropout")
@@ -60,10 +68,19 @@ class ModelChoices:
         check_settings(self)
 
     def config(self, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
-        """The `ModelConfig` of these choices for vocabularies of these sizes."""
+        """The `ModelConfig` of these choices for vocabularies of these sizes: the preset's,
+        with the sizes given and every other choice."""
         choices = {name: getattr(self, name) for name in self.__dataclass_fields__
-                   if name != "preset"}
+                   if name != "preset" and getattr(self, name) is not None}
         return replace(_PRESETS[self.preset](src_vocab_size, tgt_vocab_size), **choices)
 
+    @property
+    def name(self) -> str:
+        """The preset, and the sizes that override it: "small" or "small, embed_size=128"."""
+        sizes = [f"{name}={getattr(self, name)}" for name in _SIZES
+                 if getattr(self, name) is not None]
+        return ", ".join([self.preset, *sizes])
 
+
+_SIZES = ("embed_size", "hidden_size", "decoder_size", "align_size", "maxout_size")
 _PRESETS = {"tiny": tiny, "small": small, "rnnsearch_50": rnnsearch_50}

@@ -285,7 +285,7 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
             write_text(out / RUN_CONFIG, json.dumps(o.to_record(), indent=2) + "\n")
         say(f"data: {len(data.examples)} training pairs (of {data.n_pairs}), vocabularies "
             f"{len(data.src_vocab)} / {len(data.tgt_vocab)}; model {o.model.arch} "
-            f"({o.model.preset}), {sum(p.numel() for p in model.parameters()):,} parameters")
+            f"({o.model.name}), {sum(p.numel() for p in model.parameters()):,} parameters")
         if run.plan.processes > 1:
             say(f"{run.plan.processes} processes x accumulation {cfg.accumulation} = "
                 f"{run.plan.size} batches per update")

@@ -9,54 +9,55 @@ with additive attention), each trained on sentences of at most 30 or 50 words, a
    languages differs, e.g. adjective-noun order (Figure 3).
 
 This script trains the four models RNNencdec-30, RNNencdec-50, RNNsearch-30 and RNNsearch-50
-sequentially with the same sizes, vocabularies, seed, batch size and number of updates, decodes
-the whole test set with beam search, and writes under OUT:
+sequentially with the same sizes, vocabularies, seed, batch size and number of updates. Each model
+is one run of the default training job, `bahdanau.jobs.run_train_job` (what `bahdanau train`
+does), in its own run folder: the job reads the Hansard files, builds the vocabularies (from all
+training pairs, before the length filter, so the four models share them) and the model, trains
+it, decodes the test set with beam search and scores it. The script then gathers the four runs'
+scores and draws the figures. Under OUT:
 
-    <model>/checkpoints/         checkpoints of the `bahdanau.training` loop
-    <model>/train.json           updates, parameters, training wall time, final training loss
-    <model>/test.hyp.txt         detokenised test translations
-    <model>/metrics.json         sacrebleu BLEU (all / without [UNK] / by source length)
-    results.json                 all of the above for the four models, plus the settings
+    <model>/                     the run folder: config.yaml, train.log, checkpoints/,
+                                 test.hyp.txt (detokenised test translations), metrics.json
+                                 (sacrebleu BLEU: all, without [UNK], by source length)
+    test.en, test.fr             with --test-size N: the first N test pairs, the runs' test set
+    results.json                 the four models' training and test numbers, plus the settings
     bleu_by_length.png           Figure 2: BLEU against source length, four models
     alignment_<line>.png         Figure 3: RNNsearch-50 heat maps of a few test sentences
 
-It is resume-safe: a model whose checkpoint has reached --max-steps is not trained again, and a
-model whose metrics.json matches its checkpoint is not decoded again; an interrupted training run
-continues from its latest checkpoint. From the repository root:
+It is resume-safe, as the job is: a model whose run has reached --max-steps and holds its
+metrics.json is neither trained nor decoded again (a metrics.json of another test set size is
+scored again), and an interrupted training run continues from its latest checkpoint. The
+sentences of Figure 3 are chosen from RNNsearch-50's test.hyp.txt; only they are decoded again,
+by the model reloaded from its run folder, to draw their alignments. From the repository root:
 
     python examples/reproduce/reproduce_paper.py                       # the documented run
     python examples/reproduce/reproduce_paper.py --max-steps 5 --test-size 50 \
         --out runs/reproduce-smoke                                     # a one-minute check
 
-The Hansard folder (default ../shared/data/hansard-fr-en-100k) holds train/dev/test.{en,fr}.gz.
+The Hansard folder (default ../shared/data/hansard-fr-en-100k) holds train/dev/test.{en,fr}.gz
+(the runs have no dev evaluation: the last checkpoint is scored).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import sacrebleu
 import torch
 
-from bahdanau.checkpoint import CheckpointManager, model_from_checkpoint
-from bahdanau.config import ModelConfig, TrainConfig
-from bahdanau.data import DefaultTokenizer, Vocab, encode_pairs, read_parallel
-from bahdanau.evaluate import (
-    LengthBucket,
-    Translation,
-    has_unk,
-    score_test_set,
-    translate_corpus,
-)
-from bahdanau.models import build_model
+import bahdanau
+from bahdanau.data import Tokenizer, Vocab, read_lines, read_parallel
+from bahdanau.evaluate import LengthBucket, Translation, has_unk, translate_corpus
+from bahdanau.jobs import TestReport, TrainOptions, run_train_job
+from bahdanau.jobs.report import plot_alignment_file
 from bahdanau.search import BeamSearch
-from bahdanau.training import train
 
 # (name, architecture, maximum training sentence length), in training order.
 MODELS: tuple[tuple[str, str, int], ...] = (
@@ -81,29 +82,6 @@ SWAPPED_PAIRS: dict[str, str] = {
     "Criminal Code": "Code criminel", "Canadian Forces": "Forces canadiennes",
     "European Union": "Union européenne", "political party": "parti politique",
 }
-BUCKET_EDGES: tuple[int, ...] = (10, 20, 30, 40, 50, 60)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything that defines the experiment; stored in results.json."""
-
-    embed_size: int
-    hidden_size: int
-    decoder_size: int
-    align_size: int
-    maxout_size: int
-    vocab_size: int
-    max_steps: int
-    batch_size: int
-    lr: float
-    seed: int
-    threads: int
-    beam_size: int
-    max_len: int
-    max_len_ratio: float
-    decode_batch_size: int
-    test_size: int | None
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -146,79 +124,67 @@ def _log(line: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {line}", flush=True)
 
 
-def train_one(name: str, arch: str, max_len: int, cfg: ModelConfig, settings: Settings,
-              train_pairs: list[tuple[str, str]], src_vocab: Vocab, tgt_vocab: Vocab,
-              tokenizer: DefaultTokenizer, run_dir: Path, log_every: int) -> torch.nn.Module:
-    """Train one model to `settings.max_steps` updates (or load it if it is already there)."""
-    manager = CheckpointManager(run_dir / "checkpoints")
-    latest = manager.latest()
-    info = _read_json(run_dir / "train.json")
-    if latest is not None and info is not None and info["updates"] >= settings.max_steps:
-        _log(f"{name}: finished checkpoint {latest}, not retrained")
-        model, _, _ = model_from_checkpoint(latest)
-        return model
-    examples = encode_pairs(train_pairs, src_vocab, tgt_vocab, tokenizer, max_len=max_len)
-    torch.manual_seed(settings.seed)
-    model = build_model(cfg)
-    n_params = sum(p.numel() for p in model.parameters())
-    _log(f"{name}: {arch}, {n_params:,} parameters, {len(examples):,} training pairs of at "
-         f"most {max_len} tokens")
-    tcfg = TrainConfig(optimizer="adam", lr=settings.lr, batch_size=settings.batch_size,
-                       max_steps=settings.max_steps,
-                       save_every=max(settings.max_steps // 4, 1), log_every=log_every,
-                       seed=settings.seed)
-    start = time.perf_counter()
-    result = train(model, examples, tcfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
-                   checkpoint_dir=run_dir / "checkpoints", resume=True,
-                   log=lambda line: _log(f"{name}: {line}"),
-                   tokenizer=tokenizer)
-    wall = time.perf_counter() - start
-    info = {"model": name, "arch": arch, "max_train_len": max_len, "parameters": n_params,
-            "training_pairs": len(examples), "updates": result.step,
-            "epochs": round(result.step * settings.batch_size / len(examples), 3),
-            "train_seconds": round(result.elapsed_s, 1),
-            "wall_seconds_this_call": round(wall, 1),
-            "seconds_per_update": round(result.elapsed_s / max(result.step, 1), 3),
-            "final_train_loss": round(result.train_loss, 4),
-            "loss_history": [{"step": h["step"], "loss": round(h["loss"], 4)}
-                             for h in result.history]}
-    _write_json(run_dir / "train.json", info)
-    _log(f"{name}: {result.step} updates in {result.elapsed_s / 60:.1f} min, "
-         f"final train loss {result.train_loss:.3f}")
-    return model.eval()
+def test_files(args: argparse.Namespace) -> tuple[Path, Path]:
+    """The test pair the runs score: the Hansard's, or with --test-size its first pairs, written
+    into OUT."""
+    src, tgt = Path(args.data) / "test.en.gz", Path(args.data) / "test.fr.gz"
+    if args.test_size is None:
+        return src, tgt
+    pairs = read_parallel(src, tgt)[: args.test_size]
+    out = Path(args.out)
+    for side, path in enumerate((out / "test.en", out / "test.fr")):
+        path.write_text("".join(pair[side] + "\n" for pair in pairs), encoding="utf-8")
+    return out / "test.en", out / "test.fr"
 
 
-def evaluate_one(name: str, model: torch.nn.Module, sources: list[str], references: list[str],
-                 src_vocab: Vocab, tgt_vocab: Vocab, tokenizer: DefaultTokenizer,
-                 settings: Settings, run_dir: Path) -> tuple[dict[str, Any], list[Translation]]:
-    """Beam-search the test set and score it: BLEU all, without [UNK], by source length."""
-    search = BeamSearch(beam_size=settings.beam_size, max_len=settings.max_len,
-                        max_len_ratio=settings.max_len_ratio)
-    start = time.perf_counter()
-    out = translate_corpus(model, sources, src_vocab, tgt_vocab, tokenizer, search=search,
-                           batch_size=settings.decode_batch_size)
-    seconds = time.perf_counter() - start
-    hyps = [t.text for t in out]
-    metrics = {
-        "model": name,
-        **score_test_set(hyps, sources, references, src_vocab, tgt_vocab, tokenizer,
-                       edges=BUCKET_EDGES),
-        "beam_size": settings.beam_size, "decode_seconds": round(seconds, 1),
-        "mean_hyp_tokens": round(sum(len(t.tokens) for t in out) / len(out), 2),
-        "mean_ref_tokens": round(sum(len(tokenizer.tokenize(r)) for r in references)
-                                 / len(references), 2),
-    }
-    (run_dir / "test.hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
-    _write_json(run_dir / "metrics.json", metrics)
-    _log(f"{name}: BLEU {metrics['bleu']:.2f}, no-UNK {metrics['bleu_no_unk']} "
-         f"({metrics['sentences_no_unk']} sentences), decoded in {seconds:.0f} s")
-    return metrics, out
+def job_options(args: argparse.Namespace, name: str, arch: str, max_train_len: int,
+                test: tuple[Path, Path]) -> TrainOptions:
+    """The options of one model's run of the default job (`bahdanau train`'s flags)."""
+    data = Path(args.data)
+    return TrainOptions.from_mapping({
+        "train_src": str(data / "train.en.gz"), "train_tgt": str(data / "train.fr.gz"),
+        "test_src": str(test[0]), "test_tgt": str(test[1]), "out": str(Path(args.out) / name),
+        "vocab_size": args.vocab_size, "max_train_len": max_train_len,
+        "arch": arch, "init": "paper", "embed_size": args.embed_size,
+        "hidden_size": args.hidden_size, "decoder_size": args.decoder_size,
+        "align_size": args.align_size, "maxout_size": args.maxout_size,
+        "optimizer": "adam", "lr": args.lr, "train_batch_size": args.batch_size,
+        "max_steps": args.max_steps, "eval_every": 0, "save_every": max(args.max_steps // 4, 1),
+        "log_every": args.log_every, "seed": args.seed, "threads": args.threads,
+        "beam_size": args.beam_size, "max_len": args.max_len,
+        "max_len_ratio": args.max_len_ratio, "batch_size": args.decode_batch_size,
+    })
 
 
-def _label(token: str) -> str:
-    """A token without the tokenizer's attachment mark, for plot labels."""
-    joiner = DefaultTokenizer.JOINER
-    return token[1:] if len(token) > 1 and token.startswith(joiner) else token
+def train_one(name: str, options: TrainOptions, n_test: int, command: str) -> TestReport | None:
+    """Train and score one model: a run of the default job in OUT/<model>, which trains on to
+    --max-steps and scores the test set, or does nothing if it has done both. Returns the test
+    report when the run scored the test set in this call."""
+    run_dir = Path(options.out)
+    scored = _read_json(run_dir / "metrics.json")
+    if scored is not None and scored["sentences"] != n_test:
+        _log(f"{name}: metrics.json scores {scored['sentences']} test sentences, not {n_test}: "
+             "scored again")
+        (run_dir / "metrics.json").unlink()
+    result = run_train_job(options, command=f"{command}  # {name}")
+    if result.signal is not None:
+        sys.exit(f"{name}: stopped by {result.stopped.upper()}; run the same command to continue")
+    if not result.trained:
+        _log(f"{name}: trained and scored before, neither trained nor decoded again")
+    return result.report
+
+
+def evaluate_one(run_dir: Path, references: list[str], tokenizer: Tokenizer
+                 ) -> dict[str, Any]:
+    """One run's test scores (its metrics.json), with the mean lengths in tokens of its
+    translations (test.hyp.txt) and of the references."""
+    metrics = _read_json(run_dir / "metrics.json")
+    hyps = read_lines(run_dir / "test.hyp.txt")
+    metrics["mean_hyp_tokens"] = round(sum(len(tokenizer.tokenize(h)) for h in hyps)
+                                       / len(hyps), 2)
+    metrics["mean_ref_tokens"] = round(sum(len(tokenizer.tokenize(r)) for r in references)
+                                       / len(references), 2)
+    return metrics
 
 
 def crossings(weights: torch.Tensor) -> int:
@@ -228,55 +194,56 @@ def crossings(weights: torch.Tensor) -> int:
                if peaks[k] < peaks[i])
 
 
-def pick_alignment_sentences(sources: list[str], references: list[str],
-                             translations: list[Translation], src_vocab: Vocab,
-                             tokenizer: DefaultTokenizer, n: int) -> list[int]:
+def count_monotonic(run_dir: Path, report: TestReport) -> None:
+    """Add to the run's metrics.json how many test translations have a monotonic alignment
+    (no crossing), while the report's attention weights are at hand."""
+    metrics = _read_json(run_dir / "metrics.json")
+    metrics["sentences_with_monotonic_alignment"] = sum(
+        1 for t in report.translations
+        if t.hypothesis.attention is not None and crossings(t.hypothesis.attention) == 0)
+    _write_json(run_dir / "metrics.json", metrics)
+
+
+def pick_alignment_sentences(sources: list[str], references: list[str], translations: list[str],
+                             src_vocab: Vocab, tokenizer: Tokenizer, n: int) -> list[int]:
     """Test lines (0-based) for Figure 3.
 
     Candidates are sentences of 6-25 source tokens without [UNK] whose English side contains one
     of `SWAPPED_PAIRS`. Those whose RNNsearch-50 translation contains the reordered French phrase
     come first, then the rest; within each group the best translated (sentence BLEU against the
     reference) come first, so that the figures show readable translations. If there are fewer
-    than `n` candidates, the most non-monotonic short sentences of the test set fill the rest.
+    than `n` candidates, the best translated of the other sentences of 6-25 tokens without
+    [UNK] fill the rest.
     """
     def ok(i: int) -> bool:
         toks = tokenizer.tokenize(sources[i])
-        return (6 <= len(toks) <= 25 and not has_unk(toks, src_vocab)
-                and translations[i].hypothesis.attention is not None)
+        return 6 <= len(toks) <= 25 and not has_unk(toks, src_vocab)
 
     def reordered(i: int) -> bool:
-        return any(en in sources[i] and fr.lower() in translations[i].text.lower()
+        return any(en in sources[i] and fr.lower() in translations[i].lower()
                    for en, fr in SWAPPED_PAIRS.items())
 
     usable = [i for i in range(len(sources)) if ok(i)]
+    quality = {i: sacrebleu.sentence_bleu(translations[i], [references[i]]).score
+               for i in usable}
     cued = [i for i in usable if any(en in sources[i] for en in SWAPPED_PAIRS)]
-    quality = {i: sacrebleu.sentence_bleu(translations[i].text, [references[i]]).score
-               for i in cued}
     picked = sorted(cued, key=lambda i: (not reordered(i), -quality[i]))[:n]
-    rest = sorted((i for i in usable if i not in picked),
-                  key=lambda i: -crossings(translations[i].hypothesis.attention))
+    rest = sorted((i for i in usable if i not in picked), key=lambda i: -quality[i])
     return picked + rest[: n - len(picked)]
 
 
 def plot_alignments(lines: list[int], sources: list[str], translations: list[Translation],
-                    tokenizer: DefaultTokenizer, out: Path) -> list[dict[str, Any]]:
-    """Draw one heat map per chosen test line; returns what was drawn."""
-    import matplotlib.pyplot as plt
-
-    from bahdanau.plot import plot_alignment
-
+                    tokenizer: Tokenizer, out: Path) -> list[dict[str, Any]]:
+    """Draw one heat map per chosen test line (`translations` are theirs, in order); returns
+    what was drawn."""
     drawn = []
-    for i in lines:
-        t = translations[i]
-        attention = t.hypothesis.attention
-        if attention is None:
+    for i, t in zip(lines, translations, strict=True):
+        if t.hypothesis.attention is None:
             continue
         path = out / f"alignment_{i + 1}.png"
-        fig = plot_alignment(attention, [_label(w) for w in tokenizer.tokenize(sources[i])],
-                             [*map(_label, t.tokens), "</s>"], path)
-        plt.close(fig)
+        plot_alignment_file(path, t, tokenizer.tokenize(sources[i]))
         drawn.append({"test_line": i + 1, "source": sources[i], "translation": t.text,
-                      "crossings": crossings(attention), "png": path.name})
+                      "crossings": crossings(t.hypothesis.attention), "png": path.name})
     return drawn
 
 
@@ -295,74 +262,49 @@ def plot_bleu(metrics: dict[str, dict[str, Any]], path: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
-    torch.set_num_threads(args.threads)
-    data, out = Path(args.data), Path(args.out)
+    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    settings = Settings(args.embed_size, args.hidden_size, args.decoder_size, args.align_size,
-                        args.maxout_size, args.vocab_size, args.max_steps, args.batch_size,
-                        args.lr, args.seed, args.threads, args.beam_size, args.max_len,
-                        args.max_len_ratio, args.decode_batch_size, args.test_size)
-    tokenizer = DefaultTokenizer()
-    train_pairs = read_parallel(data / "train.en.gz", data / "train.fr.gz")
-    test_pairs = read_parallel(data / "test.en.gz", data / "test.fr.gz")[: args.test_size]
+    command = shlex.join(["python", "examples/reproduce/reproduce_paper.py",
+                          *(sys.argv[1:] if argv is None else argv)])
+    test = test_files(args)
+    test_pairs = read_parallel(*test)
     sources, references = [s for s, _ in test_pairs], [t for _, t in test_pairs]
-    # One pair of vocabularies, from all training pairs, shared by the four models.
-    src_vocab = Vocab.build((tokenizer.tokenize(s) for s, _ in train_pairs),
-                            max_size=args.vocab_size)
-    tgt_vocab = Vocab.build((tokenizer.tokenize(t) for _, t in train_pairs),
-                            max_size=args.vocab_size)
-    _log(f"{len(train_pairs):,} training pairs, {len(test_pairs):,} test pairs, vocabularies "
-         f"{len(src_vocab):,} / {len(tgt_vocab):,} (specials included)")
-
-    trained: dict[str, dict[str, Any]] = {}
-    metrics: dict[str, dict[str, Any]] = {}
-    rnnsearch_50: list[Translation] | None = None
     for name, arch, max_len in MODELS:
-        run_dir = out / name
-        run_dir.mkdir(exist_ok=True)
-        cfg = ModelConfig(len(src_vocab), len(tgt_vocab), embed_size=args.embed_size,
-                          hidden_size=args.hidden_size, decoder_size=args.decoder_size,
-                          align_size=args.align_size, maxout_size=args.maxout_size, arch=arch)
-        model = train_one(name, arch, max_len, cfg, settings, train_pairs, src_vocab, tgt_vocab,
-                          tokenizer, run_dir, args.log_every)
-        trained[name] = _read_json(run_dir / "train.json")
-        done = _read_json(run_dir / "metrics.json")
-        needs_output = name == "RNNsearch-50"                    # for the alignment figures
-        if (done is not None and done["sentences"] == len(sources)
-                and done.get("updates") == trained[name]["updates"] and not needs_output):
-            _log(f"{name}: metrics.json is up to date, not decoded again")
-            metrics[name] = done
-            continue
-        metrics[name], translations = evaluate_one(name, model, sources, references, src_vocab,
-                                                   tgt_vocab, tokenizer, settings, run_dir)
-        metrics[name]["updates"] = trained[name]["updates"]
-        _write_json(run_dir / "metrics.json", metrics[name])
-        if needs_output:
-            rnnsearch_50 = translations
+        _log(f"{name}: {arch} on training pairs of at most {max_len} tokens, in {out / name}")
+        report = train_one(name, job_options(args, name, arch, max_len, test), len(sources),
+                           command)
+        if report is not None and arch == "rnnsearch":
+            count_monotonic(out / name, report)
 
+    # The figures' sentences, decoded again by the reloaded RNNsearch-50 for their attention.
+    rnnsearch_50 = bahdanau.load(out / "RNNsearch-50")
+    tokenizer = rnnsearch_50.tokenizer
+    metrics = {name: evaluate_one(out / name, references, tokenizer) for name, _, _ in MODELS}
     plot_bleu(metrics, out / "bleu_by_length.png")
-    alignments: list[dict[str, Any]] = []
-    if rnnsearch_50 is not None:
-        lines = pick_alignment_sentences(sources, references, rnnsearch_50, src_vocab,
-                                         tokenizer, args.n_alignments)
-        alignments = plot_alignments(lines, sources, rnnsearch_50, tokenizer, out)
-        monotone = sum(1 for t in rnnsearch_50
-                       if t.hypothesis.attention is not None
-                       and crossings(t.hypothesis.attention) == 0)
-        metrics["RNNsearch-50"]["sentences_with_monotonic_alignment"] = monotone
+    lines = pick_alignment_sentences(sources, references,
+                                     read_lines(out / "RNNsearch-50" / "test.hyp.txt"),
+                                     rnnsearch_50.src_vocab, tokenizer, args.n_alignments)
+    search = BeamSearch(beam_size=args.beam_size, max_len=args.max_len,
+                        max_len_ratio=args.max_len_ratio)
+    translations = translate_corpus(rnnsearch_50.model, [sources[i] for i in lines],
+                                    rnnsearch_50.src_vocab, rnnsearch_50.tgt_vocab, tokenizer,
+                                    search=search)
+    alignments = plot_alignments(lines, sources, translations, tokenizer, out)
     _write_json(out / "results.json", {
-        "settings": asdict(settings), "vocab_sizes": [len(src_vocab), len(tgt_vocab)],
-        "train": trained, "test": metrics, "alignments": alignments,
+        "settings": vars(args),
+        "vocab_sizes": [len(rnnsearch_50.src_vocab), len(rnnsearch_50.tgt_vocab)],
+        "test": metrics, "alignments": alignments,
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
     })
-    print(f"\n{'model':<14}{'params':>12}{'min':>7}{'BLEU':>7}{'no-UNK':>8}  by length "
-          f"{[f'{lo}-' for lo in (0, *BUCKET_EDGES)]}")
+    edges = [b["low"] for b in next(iter(metrics.values()))["bleu_by_length"]]
+    print(f"\n{'model':<14}{'updates':>8}{'min':>7}{'BLEU':>7}{'no-UNK':>8}  by length "
+          f"{[f'{lo}-' for lo in edges]}")
     for name, m in metrics.items():
-        t = trained[name]
         by_len = " ".join(f"{b['bleu'] if b['bleu'] is not None else '-':>5}"
                           for b in m["bleu_by_length"])
-        print(f"{name:<14}{t['parameters']:>12,}{t['train_seconds'] / 60:>7.1f}{m['bleu']:>7.2f}"
-              f"{m['bleu_no_unk'] if m['bleu_no_unk'] is not None else '-':>8}  {by_len}")
+        no_unk = m["bleu_no_unk"] if m["bleu_no_unk"] is not None else "-"
+        print(f"{name:<14}{m['updates']:>8}{m['train_minutes']:>7.1f}{m['bleu']:>7.2f}"
+              f"{no_unk:>8}  {by_len}")
     print(f"signature: {next(iter(metrics.values()))['bleu_signature']}")
     print(f"results: {out / 'results.json'}; plots: {out}")
 

@@ -272,7 +272,7 @@ MALFORMED = [
     ("model_config not a dict", lambda p: {**p, "model_config": [16, 16]},
      "checkpoint model_config is a list, not a dict", "file restore resume"),
     ("model_config refused", _set("model_config", "hidden_size", 0),
-     "checkpoint model_config is malformed: hidden_size must be a positive int, got 0",
+     "checkpoint model_config is malformed: hidden_size must be >= 1, got 0",
      "file restore resume"),
     ("model_config incomplete", _without("model_config", "src_vocab_size"),
      "checkpoint model_config is malformed: ModelConfig fields ['src_vocab_size'] are missing",

@@ -446,7 +446,7 @@ def test_api_refusals_found_by_the_reliability_audit() -> None:
         BeamSearch(early_stopping="no")
     with pytest.raises(InputError, match="max_len must be <="):
         BeamSearch(max_len=10**30)
-    with pytest.raises(InputError, match="embed_size must be a positive int, got True"):
+    with pytest.raises(InputError, match="embed_size must be an integer, got True"):
         ModelConfig(src_vocab_size=16, tgt_vocab_size=16, embed_size=True)
 
 

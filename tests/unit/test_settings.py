@@ -97,3 +97,33 @@ def test_model_choices_take_model_config_declarations() -> None:
     assert ModelChoices(dropout=0.25).config(10, 12) == dataclasses.replace(
         ModelConfig(10, 12, embed_size=256, hidden_size=256, decoder_size=512, align_size=512,
                     maxout_size=256), dropout=0.25, init="glorot")
+
+
+def test_model_sizes_override_the_preset() -> None:
+    small = ModelChoices().config(10, 12)
+    assert ModelChoices(preset="small", embed_size=None).config(10, 12) == small
+    sized = ModelChoices(embed_size=128, hidden_size=64, decoder_size=96, align_size=32,
+                         maxout_size=16, arch="rnnencdec").config(10, 12)
+    assert sized == dataclasses.replace(small, embed_size=128, hidden_size=64, decoder_size=96,
+                                        align_size=32, maxout_size=16, arch="rnnencdec")
+    assert ModelChoices(preset="tiny", align_size=7).config(10, 12) == dataclasses.replace(
+        ModelConfig(10, 12, embed_size=8, hidden_size=8, decoder_size=12, align_size=7,
+                    maxout_size=6), init="glorot")
+    assert ModelChoices(preset="tiny", align_size=7).name == "tiny, align_size=7"
+
+
+def test_model_size_flags_are_checked_and_fixed_on_resume() -> None:
+    options = TrainOptions.from_mapping({"embed_size": "128", "maxout_size": "64"}, text=True)
+    assert (options.model.embed_size, options.model.maxout_size) == (128, 64)
+    assert options.model.hidden_size is None
+    assert {"--embed-size", "--hidden-size", "--decoder-size", "--align-size",
+            "--maxout-size"} <= _train_flags()
+    with pytest.raises(InputError, match="^--embed-size must be >= 1, got 0$"):
+        TrainOptions.from_mapping({"embed_size": "0"}, text=True)
+    with pytest.raises(InputError, match="^--hidden-size must be an integer, got '1.5'$"):
+        TrainOptions.from_mapping({"hidden_size": "1.5"}, text=True)
+    with pytest.raises(InputError, match="^align_size must be >= 1, got 0$"):
+        ModelChoices(align_size=0)
+    with pytest.raises(InputError, match="--decoder-size was 256 when this run began"):
+        resume_changes(TrainOptions.from_mapping({"decoder_size": 256}).to_record(),
+                       TrainOptions.from_mapping({"decoder_size": 512}))
