@@ -51,9 +51,9 @@ def leave_process_group() -> None:
     all-reduce that returns once gloo has let go of its tensor (or after 10 s, should a
     later torch keep it).
     """
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()):
+    if not is_distributed():
         return
+    dist = torch.distributed
     if dist.get_backend() == "gloo":
         last, deadline = torch.zeros(1), time.monotonic() + 10
         dist.all_reduce(last)
