@@ -86,8 +86,7 @@ class CheckpointManager:
             problem = f"unreadable ({type(err).__name__})"
         else:
             if (isinstance(data, dict) and set(data) == {"metric", "step"}
-                    and is_finite_number(data["metric"]) and is_int(data["step"])
-                    and data["step"] >= 0):
+                    and _is_evaluation(data["step"], data["metric"])):
                 self.best_metric, self.best_step = float(data["metric"]), data["step"]
                 self._recorded = (self.best_metric, self.best_step)
                 return
@@ -96,9 +95,10 @@ class CheckpointManager:
             state = upgrade_payload(load_checkpoint(best))["train_state"]
         except (FileNotFoundError, InputError) as err:
             raise InputError(f"{info}: {problem}, and best.pt cannot rebuild it: {err}") from None
-        step, metric = (state.get("best_step"), state.get("best_metric")) if isinstance(
-            state, dict) else (None, None)
-        if not (is_int(step) and step >= 0 and is_finite_number(metric)):
+        recorded: dict[str, Any] = state if isinstance(state, dict) else {}
+        step: Any = recorded.get("best_step")
+        metric: Any = recorded.get("best_metric")
+        if not _is_evaluation(step, metric):
             raise InputError(f"{info}: {problem}, and best.pt records no best metric and step "
                              "to rebuild it from")
         self.best_metric, self.best_step = float(metric), step
@@ -264,6 +264,12 @@ class CheckpointManager:
         self._recorded = (metric, step)
 
 
+def _is_evaluation(step: object, metric: object) -> bool:
+    """An evaluation as a run folder records it: its step (an int >= 0) and a finite metric
+    (best.json, a `best_n` entry, a train state's best)."""
+    return is_int(step) and step >= 0 and is_finite_number(metric)
+
+
 def _parse_best_n(section: Any) -> list[tuple[int, float]] | None:
     """A `best_n` section as (step, metric) pairs; None for a checkpoint without one."""
     if section is None:
@@ -271,8 +277,7 @@ def _parse_best_n(section: Any) -> list[tuple[int, float]] | None:
     entries: list[Any] = section if isinstance(section, list) else [None]
     for entry in entries:
         if not (isinstance(entry, dict) and set(entry) == {"step", "metric"}
-                and is_int(entry["step"]) and entry["step"] >= 0
-                and is_finite_number(entry["metric"])):
+                and _is_evaluation(entry["step"], entry["metric"])):
             raise InputError(f'checkpoint best_n is malformed: it must be a list of '
                              f'{{"step": int, "metric": number}}, got {describe(section)}')
     return [(entry["step"], float(entry["metric"])) for entry in entries]
