@@ -34,8 +34,9 @@ by the model reloaded from its run folder, to draw their alignments. From the re
     python examples/reproduce/reproduce_paper.py --max-steps 5 --test-size 50 \
         --out runs/reproduce-smoke                                     # a one-minute check
 
-The Hansard folder (default ../shared/data/hansard-fr-en-100k) holds train/dev/test.{en,fr}.gz
-(the runs have no dev evaluation: the last checkpoint is scored).
+The Hansard folder (default data/hansard-fr-en-100k, which hansard_sample.py builds from the
+public release) holds train/dev/test.{en,fr}.gz (the runs have no dev evaluation: the last
+checkpoint is scored).
 """
 
 from __future__ import annotations
@@ -86,8 +87,8 @@ SWAPPED_PAIRS: dict[str, str] = {
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", default="../shared/data/hansard-fr-en-100k",
-                   help="Hansard folder with {train,dev,test}.{en,fr}.gz")
+    p.add_argument("--data", default="data/hansard-fr-en-100k",
+                   help="Hansard folder with {train,dev,test}.{en,fr}.gz (hansard_sample.py builds it)")
     p.add_argument("--out", default="runs/reproduce", help="output folder")
     p.add_argument("--embed-size", type=int, default=128, help="E")
     p.add_argument("--hidden-size", type=int, default=128, help="H, encoder units per direction")
