@@ -224,7 +224,14 @@ def average(o: AverageOptions) -> int:
         raise InputError("--output -: a checkpoint is a binary file; give a file name")
     paths = select_checkpoints(o.checkpoint, last=o.last, best=o.best)
     check_outputs({"--output": o.output}, {f"--checkpoint {p}": p for p in paths})
-    save_checkpoint(o.output, average_checkpoints(paths))
+    averaged = average_checkpoints(paths, allow_different_runs=o.allow_different_runs)
+    unknown = [m["file"] for m in averaged["extra"]["averaged_from"] if m["run_id"] is None]
+    if unknown and len(paths) > 1 and o.last is None and o.best is None:
+        more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
+        print(f"bahdanau: note: {unknown[0]}{more} record no run id (saved by an earlier "
+              "version): that the checkpoints come from one run is not checked",
+              file=sys.stderr)
+    save_checkpoint(o.output, averaged)
     print(f"averaged {len(paths)} checkpoint{'s' if len(paths) > 1 else ''} "
           f"({', '.join(map(str, paths))}) into {o.output}")
     return 0

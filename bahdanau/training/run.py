@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import signal
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -123,7 +124,9 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
 
     With `checkpoint_dir` and `resume`, the latest checkpoint there is checked whole, then
     restored (weights, optimizer, GradScaler, RNG states, `TrainState`), and a save of it that a
-    crash cut short is completed; otherwise torch's RNG is seeded with `cfg.seed`. Under
+    crash cut short is completed; otherwise torch's RNG is seeded with `cfg.seed` and the run
+    gets a new random `TrainState.run_id`, which every checkpoint it saves keeps (a resumed run
+    of an earlier version gets one then). Under
     `torch.distributed` the model is wrapped in `DistributedDataParallel` (`run.step_model`),
     and each update is `processes x cfg.accumulation` batches shared out by `BatchPlan`.
 
@@ -184,6 +187,8 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         state = TrainState()
         torch.manual_seed(cfg.seed)
     state.examples_digest, state.processes = digest, processes
+    if state.run_id is None:        # a new run, or one saved before runs had an id
+        state.run_id = uuid.uuid4().hex
     return TrainRun(model=model, step_model=_step_model(model, device, distributed),
                     optimizer=optimizer, scaler=scaler, plan=plan, examples=examples, cfg=cfg,
                     schedule=LRSchedule.from_config(cfg), src_vocab=src_vocab,
