@@ -57,11 +57,11 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, Path | None]
         p = Path(path)
         if p.is_dir():
             raise InputError(f"{what} {path} is a folder, not a file")
-        if writes_in_place(p):                 # a device, a FIFO, /dev/stdout: written into
-            if not os.access(p, os.W_OK):
-                raise InputError(f"{what} {path}: not writable")
-        else:
-            target = replaced_file(p)
+        in_place = writes_in_place(p)          # a device, a FIFO, /dev/stdout: written into
+        target = replaced_file(p)
+        if in_place and not os.access(p, os.W_OK):
+            raise InputError(f"{what} {path}: not writable")
+        if not in_place:
             parent = target.parent
             if not parent.is_dir():
                 problem = "is not a folder" if parent.exists() else "does not exist"
@@ -69,16 +69,16 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, Path | None]
             if not os.access(parent, os.W_OK) or (target.exists()
                                                   and not os.access(target, os.W_OK)):
                 raise InputError(f"{what} {path}: not writable")
-            owner = run_file_owner(target)
-            if owner is not None:
-                shown = path if str(target) == os.path.abspath(path) else f"{path} ({target})"
-                raise InputError(f"{what} {shown} is a file of the run in {owner}: writing it "
-                                 "would damage the run; choose a path outside its checkpoints "
-                                 "and run files")
-        real = os.path.realpath(p)
-        if real in taken:
-            raise InputError(f"{what} {path} is also {taken[real]}: writing it would destroy it")
-        taken[real] = what
+        if str(target) in taken:
+            raise InputError(f"{what} {path} is also {taken[str(target)]}: writing it would "
+                             "destroy it")
+        taken[str(target)] = what
+        owner = None if in_place else run_file_owner(target)
+        if owner is not None:
+            shown = path if str(target) == os.path.abspath(path) else f"{path} ({target})"
+            raise InputError(f"{what} {shown} is a file of the run in {owner}: writing it "
+                             "would damage the run; choose a path outside its checkpoints and "
+                             "run files")
 
 
 @contextmanager

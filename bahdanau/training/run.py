@@ -124,9 +124,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
 
     With `checkpoint_dir` and `resume`, the latest checkpoint there is checked whole, then
     restored (weights, optimizer, GradScaler, RNG states, `TrainState`), and a save of it that a
-    crash cut short is completed; otherwise torch's RNG is seeded with `cfg.seed` and the run
-    gets a new random `TrainState.run_id`, which every checkpoint it saves keeps (a resumed run
-    of an earlier version gets one then). Under
+    crash cut short is completed; otherwise torch's RNG is seeded with `cfg.seed`. Under
     `torch.distributed` the model is wrapped in `DistributedDataParallel` (`run.step_model`),
     and each update is `processes x cfg.accumulation` batches shared out by `BatchPlan`.
 
@@ -184,11 +182,9 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         cfg.set_hyperparameters(optimizer)
         _finish_resume(state, latest, manager, sampler, write=rank == 0)
     else:
-        state = TrainState()
+        state = TrainState(run_id=uuid.uuid4().hex)    # which its checkpoints keep
         torch.manual_seed(cfg.seed)
     state.examples_digest, state.processes = digest, processes
-    if state.run_id is None:        # a new run, or one saved before runs had an id
-        state.run_id = uuid.uuid4().hex
     return TrainRun(model=model, step_model=_step_model(model, device, distributed),
                     optimizer=optimizer, scaler=scaler, plan=plan, examples=examples, cfg=cfg,
                     schedule=LRSchedule.from_config(cfg), src_vocab=src_vocab,
@@ -203,7 +199,9 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
 def _finish_resume(state: TrainState, latest: Path, manager: CheckpointManager,
                    sampler: BucketBatchSampler, *, write: bool) -> None:
     """Complete what the checkpoint resumed from leaves open: a save that a crash cut short
-    (by the one process that writes the folder) and the fields a format-1 state lacks."""
+    (by the one process that writes the folder), the fields a format-1 state lacks, and the run
+    id that a checkpoint of an earlier version lacks (the run's later checkpoints keep it)."""
+    state.run_id = state.run_id or uuid.uuid4().hex
     if write:
         manager.complete_save(latest, state)
     complete_old_state(state, recorded_best_step=manager.best_step,
