@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from bahdanau._files import atomic_file
 from bahdanau.errors import InputError
 from bahdanau.evaluate import LengthBucket
 
@@ -32,6 +33,14 @@ def _pyplot() -> Any:
         raise PlotDependencyError(
             "plots need matplotlib: pip install 'bahdanau[plot]'") from exc
     return plt
+
+
+def _save(fig: Any, path: str | os.PathLike[str]) -> None:
+    """Save `fig` in the format of the suffix of `path`, through `atomic_file`: a file is
+    replaced whole, a device or FIFO written into, never replaced."""
+    suffix = Path(path).suffix.lstrip(".").lower() or None
+    with atomic_file(Path(path)) as f:
+        fig.savefig(f, format=suffix, dpi=150)
 
 
 def check_image_path(path: str | os.PathLike[str]) -> None:
@@ -86,7 +95,7 @@ def plot_alignment(weights: torch.Tensor | Sequence[Sequence[float]], src_tokens
         ax.set_title(title, pad=12)
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=150)
+        _save(fig, path)
     return fig
 
 
@@ -117,5 +126,5 @@ def plot_bleu_by_length(systems: Mapping[str, Sequence[LengthBucket]],
     ax.legend()
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=150)
+        _save(fig, path)
     return fig

@@ -5,6 +5,7 @@ Importable from any test module (`pythonpath = ["tests"]` in pyproject.toml).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -57,3 +58,41 @@ def one_line_error(call: Callable[[], Any], *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in message, message
     return message
+
+
+class _FailingFile:
+    """A file whose writes raise `error` once more than `after` bytes were written."""
+
+    def __init__(self, f, error: BaseException, after: int) -> None:
+        self.f, self.error, self.after, self.written = f, error, after, 0
+
+    def write(self, data) -> int:
+        self.written += len(memoryview(data))
+        if self.written > self.after:
+            raise self.error
+        return self.f.write(data)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.f.close()
+
+
+def failing_writes(monkeypatch: pytest.MonkeyPatch, error: BaseException, *, after: int = 100,
+                   name: str = "") -> None:
+    """Make the temporary files that `bahdanau._files.atomic_file` writes fail with `error`
+    after `after` bytes (a full disk, an I/O error, or Ctrl-C mid-write); with `name`, only
+    those of the files whose name holds it."""
+    real_fdopen = os.fdopen
+
+    def fdopen(fd: int, *args: Any, **kwargs: Any) -> Any:
+        f = real_fdopen(fd, *args, **kwargs)
+        if name not in os.path.basename(os.readlink(f"/proc/self/fd/{fd}")):
+            return f
+        return _FailingFile(f, error, after)
+
+    monkeypatch.setattr(os, "fdopen", fdopen)

@@ -10,10 +10,16 @@ weight is taken over the members in float64 and cast back to the weight's dtype,
 checkpoint gives its weights unchanged. Each member contributes the weights it translates with:
 its `ema` section when it has one, else `model` (`bahdanau.checkpoint.translation_weights`).
 
+The members must come from one run: checkpoints of separately trained models (another seed,
+other data) have weights that do not correspond unit for unit, and their mean translates worse
+than either. Every checkpoint a run saves holds the run's id (`TrainState.run_id`), and members
+of two runs are refused unless `allow_different_runs`; a member saved before runs had an id
+(no id) is taken unchecked.
+
 The result is a checkpoint like any other for `bahdanau.load`, `model_from_checkpoint` and the
 command line (translate, evaluate, plot): the averaged weights as `model`, the members' model
 config, vocabularies and tokenizer, and no training state (it does not resume); its
-extra["averaged_from"] lists the members' files and steps.
+extra["averaged_from"] lists the members' files, steps and run ids.
 """
 
 from __future__ import annotations
@@ -93,7 +99,8 @@ def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | N
     return numbered[-count:]
 
 
-def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, Any]:
+def average_checkpoints(paths: Sequence[str | os.PathLike[str]], *,
+                        allow_different_runs: bool = False) -> dict[str, Any]:
     """The checkpoint whose weights are the element-wise mean of the members' weights.
 
     Members are read one at a time (one member's payload and a float64 sum are in memory at
@@ -102,13 +109,17 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
 
     Args:
         paths: the members' checkpoint files (formats 1 and 2), each once.
+        allow_different_runs: average members of different runs (their `TrainState.run_id`
+            differs) too.
     Returns:
         A payload for `save_checkpoint` (docs/checkpoint-format.md).
     Raises:
         FileNotFoundError: a member does not exist.
         InputError: no paths, a file listed twice, a damaged or malformed member, weights that
-            do not fit the model config or are not finite, or a member whose model config,
-            vocabularies or tokenizer differ from the first's (one line naming both files).
+            do not fit the model config or are not finite, a member whose model config,
+            vocabularies or tokenizer differ from the first's, or (without
+            `allow_different_runs`) a member of another run than an earlier member (one line
+            naming both files).
     """
     if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence) or not paths:
         raise InputError(f"paths must be a non-empty list of checkpoint files, got "
@@ -125,8 +136,11 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
     tokenizer, model = None, None
     dtypes: dict[str, torch.dtype] = {}
     total: dict[str, Tensor] = {}
-    members = []
+    members: list[dict[str, Any]] = []
     for path, payload in read_members(files, same_config=True):
+        run_id = _run_id(path, payload)
+        if not allow_different_runs:
+            _check_same_run(path, run_id, members)
         with named(path):
             section, weights = translation_weights(payload)
             if model is None:
@@ -144,7 +158,8 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
                 total[key] = value.to(torch.float64, copy=True)
         state = payload["train_state"]
         members.append({"file": str(path), "weights": section,
-                        "step": state.get("step") if isinstance(state, dict) else None})
+                        "step": state.get("step") if isinstance(state, dict) else None,
+                        "run_id": run_id})
         del payload, weights
     averaged = {key: (value / len(files)).to(dtypes[key]) if value.is_floating_point() else value
                 for key, value in total.items()}
@@ -157,6 +172,29 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
         "extra": {"averaged_from": members},
         **({} if tokenizer is None else {"tokenizer": tokenizer}),
     }
+
+
+def _run_id(path: Path, payload: dict[str, Any]) -> str | None:
+    """The run id a member's train state records; None for none (an earlier version's, or an
+    average's)."""
+    state = payload["train_state"]
+    run_id = state.get("run_id") if isinstance(state, dict) else None
+    if run_id is not None and not isinstance(run_id, str):
+        raise InputError(f"{path}: checkpoint train_state run_id is a "
+                         f"{type(run_id).__name__}, not a str")
+    return run_id
+
+
+def _check_same_run(path: Path, run_id: str | None, members: list[dict[str, Any]]) -> None:
+    """Refuse a member of another run than an earlier member (members without a run id are
+    taken unchecked)."""
+    other = next((m for m in members if m["run_id"] not in (None, run_id)), None)
+    if other is not None and run_id is not None:
+        raise InputError(f"{path} and {other['file']} come from different runs (run ids "
+                         f"{run_id[:8]}... and {other['run_id'][:8]}...): averaging separately "
+                         "trained models gives weights that translate worse than either; "
+                         "average one run's checkpoints, or pass --allow-different-runs "
+                         "(allow_different_runs=True) if you mean it")
 
 
 def _tokenizer_summary(payload: dict[str, Any]) -> tuple[Any, str]:

@@ -114,6 +114,12 @@ class CheckpointManager:
                 found.append((int(match.group(1)), p))
         return sorted(found)
 
+    @classmethod
+    def writes(cls, name: str) -> bool:
+        """Whether a manager writes files of this name: numbered checkpoints, ``best.pt`` and
+        ``best.json`` (what the commands that write outputs keep their hands off)."""
+        return bool(cls._STEP_FILE.match(name)) or name in ("best.pt", "best.json")
+
     def path_for(self, step: int) -> Path:
         """Path of the numbered checkpoint of `step`."""
         return self.directory / f"step_{step:08d}.pt"

@@ -27,6 +27,12 @@ Under ``torchrun --nproc-per-node N -m bahdanau train ...`` the N processes trai
 DDP (NCCL on CUDA, each process on cuda:LOCAL_RANK; gloo on CPU): rank 0 alone holds and writes
 the run folder, logs, evaluates and scores the test set (docs/guides/multi-gpu.md).
 
+Outputs (``--output``, ``--json``, ``--alignments``) never destroy what their path is: a file is
+replaced whole (a symlink keeps linking to it), a device, a FIFO or ``/dev/stdout`` is written
+into, and ``evaluate --json -`` / ``--output -`` print to stdout (the report then goes to
+stderr). A failed write (a full disk) is one error line; a file of a run folder (its
+checkpoints, ``config.yaml``, ``train.log``, ...) is refused as the output of another command.
+
 A run folder (``--out``) holds one run: its options (``config.yaml``), its checkpoints and its
 results. Running the same command again resumes it; options that define the model, the data or
 the batches cannot change on resume, the others (learning rate, limits, cadence, decoding,

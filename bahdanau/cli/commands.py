@@ -12,7 +12,6 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-from bahdanau._files import atomic_file
 from bahdanau.checkpoint.averaging import average_checkpoints, select_checkpoints
 from bahdanau.checkpoint.files import save_checkpoint
 from bahdanau.data.corpus import TrainSentencePiece, prepare_corpus
@@ -22,7 +21,14 @@ from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.evaluate import Translation, translate_corpus
-from bahdanau.jobs.files import check_outputs, existing, read_sources, write_text
+from bahdanau.jobs.files import (
+    STDOUT,
+    check_outputs,
+    existing,
+    output_file,
+    read_sources,
+    write_text,
+)
 from bahdanau.jobs.options import (
     AverageOptions,
     EvaluateOptions,
@@ -72,6 +78,9 @@ def translate(o: TranslateOptions) -> int:
     search = beam_search(o, o.n_best)
     path = existing(o.input, "--input")
     checkpoints = checkpoint_paths(o)
+    if o.alignments == STDOUT:
+        raise InputError("--alignments -: stdout carries the translations; write the "
+                         "alignments to a file")
     check_outputs({"--alignments": o.alignments}, {"--input": path, **checkpoints})
     if sys.stdout is None or (path is None and sys.stdin is None):
         raise InputError("stdin or stdout is closed: translate reads stdin (or --input) and "
@@ -79,7 +88,7 @@ def translate(o: TranslateOptions) -> int:
     model, src_vocab, tgt_vocab, tokenizer = load_decoder(o, checkpoints, device)
     with ExitStack() as stack:
         stream = stack.enter_context(path.open("rb")) if path else sys.stdin.buffer
-        alignments = (stack.enter_context(atomic_file(Path(o.alignments)))
+        alignments = (stack.enter_context(output_file(o.alignments))
                       if o.alignments else None)
         progress = _Progress(path)
         lines = iter_lines(stream, str(path) if path else "<stdin>")
@@ -152,8 +161,11 @@ class _Progress:
 
 
 def evaluate(o: EvaluateOptions) -> int:
-    """`bahdanau evaluate`: the test-set report of a checkpoint (or an ensemble)."""
+    """`bahdanau evaluate`: the test-set report of a checkpoint (or an ensemble); with --json -
+    or --output -, that output goes to stdout and the report to stderr."""
     device = machine(o)
+    if o.output == STDOUT and o.json == STDOUT:
+        raise InputError("--output - and --json - both ask for stdout; give one of them a file")
     src, ref = existing(o.src, "--src"), existing(o.ref, "--ref")
     checkpoints = checkpoint_paths(o)
     check_outputs({"--output": o.output, "--json": o.json},
@@ -164,11 +176,12 @@ def evaluate(o: EvaluateOptions) -> int:
     model, src_vocab, tgt_vocab, tokenizer = load_decoder(o, checkpoints, device)
     report = score_translations(model, sources, references, src_vocab, tgt_vocab, tokenizer, o,
                                 device)
-    print(*report.lines(), sep="\n")
+    print(*report.lines(), sep="\n",
+          file=sys.stderr if STDOUT in (o.output, o.json) else sys.stdout)
     if o.output:
-        write_text(Path(o.output), "".join(t.text + "\n" for t in report.translations))
+        write_text(o.output, "".join(t.text + "\n" for t in report.translations))
     if o.json:
-        write_text(Path(o.json), json.dumps(report.metrics(), indent=2) + "\n")
+        write_text(o.json, json.dumps(report.metrics(), indent=2) + "\n")
     return 0
 
 
@@ -207,9 +220,18 @@ def plot(o: PlotOptions) -> int:
 
 def average(o: AverageOptions) -> int:
     """`bahdanau average`: one checkpoint whose weights are the mean of several."""
+    if o.output == STDOUT:
+        raise InputError("--output -: a checkpoint is a binary file; give a file name")
     paths = select_checkpoints(o.checkpoint, last=o.last, best=o.best)
     check_outputs({"--output": o.output}, {f"--checkpoint {p}": p for p in paths})
-    save_checkpoint(o.output, average_checkpoints(paths))
+    averaged = average_checkpoints(paths, allow_different_runs=o.allow_different_runs)
+    unknown = [m["file"] for m in averaged["extra"]["averaged_from"] if m["run_id"] is None]
+    if unknown and len(paths) > 1 and o.last is None and o.best is None:
+        more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
+        print(f"bahdanau: note: {unknown[0]}{more} record no run id (saved by an earlier "
+              "version): that the checkpoints come from one run is not checked",
+              file=sys.stderr)
+    save_checkpoint(o.output, averaged)
     print(f"averaged {len(paths)} checkpoint{'s' if len(paths) > 1 else ''} "
           f"({', '.join(map(str, paths))}) into {o.output}")
     return 0

@@ -1,20 +1,25 @@
 """The files a job reads and writes, checked before any work starts.
 
 `existing` refuses an input that is missing, a folder or unreadable; `check_outputs` an output
-that cannot be created or that would overwrite an input or another output; `write_text` writes a
-result file atomically; `read_sources` reads the sentences to translate from a file or stdin.
+that cannot be created, that would overwrite an input or another output, or that is a file of a
+run (`bahdanau.jobs.run_folder.run_file_owner`); `output_file` opens an output (``-``: stdout) and
+`write_text` writes one, never destroying what the path is (`bahdanau._files.atomic_file`);
+`read_sources` reads the sentences to translate from a file or stdin.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import overload
+from typing import BinaryIO, overload
 
-from bahdanau._files import atomic_write
+from bahdanau._files import atomic_file, replaced_file, writes_in_place
 from bahdanau.data.text import decode_lines, read_lines
 from bahdanau.errors import InputError
+from bahdanau.jobs.run_folder import run_file_owner
 
 
 @overload
@@ -37,32 +42,63 @@ def existing(path: str | None, what: str) -> Path | None:
     return p
 
 
+STDOUT = "-"          # an output given as this is written to stdout
+
+
 def check_outputs(outputs: dict[str, str | None], inputs: dict[str, Path | None]) -> None:
-    """Refuse, before any work, an output file that cannot be created, or that is one of the
-    inputs (a checkpoint, a source file) or another output: nothing the user gave is lost."""
+    """Refuse, before any work, an output file that cannot be created, that is one of the
+    inputs (a checkpoint, a source file) or another output, or that is a file of a run
+    folder (its checkpoints, config.yaml, train.log, ...): nothing the user gave is lost.
+    ``-`` (stdout) is always fine."""
     taken = {os.path.realpath(p): what for what, p in inputs.items() if p is not None}
     for what, path in outputs.items():
-        if path is None:
+        if path is None or path == STDOUT:
             continue
         p = Path(path)
         if p.is_dir():
             raise InputError(f"{what} {path} is a folder, not a file")
-        parent = p.parent if str(p.parent) else Path(".")
-        if not parent.is_dir():
-            problem = "is not a folder" if parent.exists() else "does not exist"
-            raise InputError(f"{what} {path}: folder {parent} {problem}")
-        if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        in_place = writes_in_place(p)          # a device, a FIFO, /dev/stdout: written into
+        target = replaced_file(p)
+        if in_place and not os.access(p, os.W_OK):
             raise InputError(f"{what} {path}: not writable")
-        real = os.path.realpath(p)
-        if real in taken:
-            raise InputError(f"{what} {path} is also {taken[real]}: writing it would destroy it")
-        taken[real] = what
+        if not in_place:
+            parent = target.parent
+            if not parent.is_dir():
+                problem = "is not a folder" if parent.exists() else "does not exist"
+                raise InputError(f"{what} {path}: folder {parent} {problem}")
+            if not os.access(parent, os.W_OK) or (target.exists()
+                                                  and not os.access(target, os.W_OK)):
+                raise InputError(f"{what} {path}: not writable")
+        if str(target) in taken:
+            raise InputError(f"{what} {path} is also {taken[str(target)]}: writing it would "
+                             "destroy it")
+        taken[str(target)] = what
+        owner = None if in_place else run_file_owner(target)
+        if owner is not None:
+            shown = path if str(target) == os.path.abspath(path) else f"{path} ({target})"
+            raise InputError(f"{what} {shown} is a file of the run in {owner}: writing it "
+                             "would damage the run; choose a path outside its checkpoints and "
+                             "run files")
 
 
-def write_text(path: Path, text: str) -> None:
-    """Write a result file atomically: a crash leaves the old file or the new one."""
+@contextmanager
+def output_file(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file to write the output `path` with: stdout for ``-`` (flushed, left open),
+    else `bahdanau._files.atomic_file` (atomic for a file, in place for a device or FIFO)."""
+    if str(path) == STDOUT:
+        sys.stdout.flush()
+        yield sys.stdout.buffer
+        sys.stdout.buffer.flush()
+        return
+    with atomic_file(Path(path)) as f:
+        yield f
+
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write a result file (``-``: stdout) whole: a crash leaves the old file or the new one."""
     data = text.encode("utf-8")
-    atomic_write(path, lambda f: f.write(data))
+    with output_file(path) as f:
+        f.write(data)
 
 
 def read_sources(path: Path | None) -> list[str]:

@@ -484,6 +484,9 @@ class AverageOptions(_Options):
                                     "evaluations (train with --keep-best N)", low=1)
     output: str = option(None, "the averaged checkpoint to write", required=True,
                                 metavar="FILE")
+    allow_different_runs: bool = option(False, "average checkpoints of different runs too "
+                                               "(another seed or data; their mean usually "
+                                               "translates worse)")
 
     def check(self) -> None:
         if self.last is not None and self.best is not None:

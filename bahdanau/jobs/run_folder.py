@@ -3,7 +3,9 @@
 ``config.yaml`` records the options the run was started with (`stored_options` reads them back to
 resume it), ``checkpoints/`` its checkpoints, and the result files beside them. `locked` holds the
 folder while a run trains in it, and `remove_run` deletes a run for ``--overwrite``, moving its
-files out of the way first so that the folder never mixes two runs.
+files out of the way first so that the folder never mixes two runs. The files of `RUN_FILES`
+and the lock belong to the run: `run_file_owner` names the run of such a path, which the other
+commands refuse to write (`bahdanau.jobs.files.check_outputs`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from bahdanau.jobs.options import TrainOptions
 RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML readers also read)
 RUN_FILES = ("checkpoints", RUN_CONFIG, "metrics.json", "test.hyp.txt", "alignment.png",
              "train.log", "tensorboard")
+RUN_LOCK = ".lock"              # held by `locked` while a run trains in the folder
 
 
 def stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
@@ -57,12 +60,31 @@ def holds_run(out: Path) -> bool:
     return (out / RUN_CONFIG).is_file() or bool(manager.latest() or manager.best())
 
 
+def run_file_owner(path: Path) -> Path | None:
+    """The run folder that owns `path` (an absolute path, symlinks resolved), or None.
+
+    A run owns its `RUN_FILES` (everything under ``checkpoints/``), its lock, and in a folder
+    of checkpoints (``CheckpointManager``'s, without a run around it) the numbered files,
+    ``best.pt`` and ``best.json``. Overwriting one loses the run's best model, makes it
+    unresumable, or makes its records lie.
+    """
+    for folder in path.parents:
+        inside = path.relative_to(folder).parts
+        if inside[0] in (*RUN_FILES, RUN_LOCK) and holds_run(folder):
+            return folder
+    folder = path.parent
+    if CheckpointManager.writes(path.name) and folder.is_dir() and any(
+            CheckpointManager.writes(p.name) for p in folder.iterdir()):
+        return folder
+    return None
+
+
 @contextmanager
 def locked(out: Path) -> Iterator[None]:
     """Create `out` and hold a lock on it while inside: a second `train` into the same folder
     is refused instead of mixing two runs' checkpoints."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".lock", "a") as handle:
+    with open(out / RUN_LOCK, "a") as handle:
         try:
             import fcntl
         except ImportError:                               # no advisory locks on this platform

@@ -2,7 +2,8 @@
 
 * `step`: `make_optimizer`, `LossModule`, `train_step` (one update of any model on any batch),
   `evaluate_loss`;
-* `plan`: `BatchPlan` (each update's batches, shared among processes) and `BatchLoader`;
+* `plan`: `BatchPlan` (each update's batches, shared among processes), `BatchLoader` and
+  `LoaderWorkerError`;
 * `state`: `TrainState`, and the checkpoint of a run (`checkpoint_payload`, `restore`);
 * `run`: `TrainRun` and its pieces, `setup_run`, `next_batches`, `run_step`, `validate_run`,
   `save_run`, `stop_reason`;
@@ -16,7 +17,7 @@
 from bahdanau.training.distributed import leave_process_group
 from bahdanau.training.ema import WeightEMA
 from bahdanau.training.loop import TrainResult, train, train_run
-from bahdanau.training.plan import BatchLoader, BatchPlan, PlannedUpdate
+from bahdanau.training.plan import BatchLoader, BatchPlan, LoaderWorkerError, PlannedUpdate
 from bahdanau.training.run import (
     TrainRun,
     examples_digest,
@@ -41,6 +42,7 @@ __all__ = [
     "BatchLoader",
     "BatchPlan",
     "LRSchedule",
+    "LoaderWorkerError",
     "LossModule",
     "PlannedUpdate",
     "StepStats",

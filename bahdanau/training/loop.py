@@ -29,6 +29,7 @@ from bahdanau.data.batching import Example
 from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
+from bahdanau.training.plan import LoaderWorkerError
 from bahdanau.training.run import TrainRun, run_step, save_run, setup_run, stop_reason, validate_run
 
 # Ctrl-C, a scheduler's or `kill`'s request, a closed terminal (where the platform has it).
@@ -158,6 +159,10 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
         A `TrainResult`.
     Raises:
         InputError: as `setup_run`, before any training.
+        LoaderWorkerError: a `cfg.loader_workers` process died; the run saved a checkpoint
+            at the step where it stopped first (off rank 0: none).
+        OSError: a checkpoint could not be written (a full disk, an I/O error): one line
+            naming the file; the checkpoints saved before are untouched.
     """
     run = setup_run(model, examples, cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                     checkpoint_dir=checkpoint_dir, resume=resume, device=device, extra=extra,
@@ -216,7 +221,10 @@ def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
     last_saved = last_eval = state.step
     stopped = stop_reason(run)
     while not stopped:
-        stats = run_step(run)
+        try:
+            stats = run_step(run)
+        except LoaderWorkerError as err:      # raised before the step changed anything
+            raise _saved_on_failure(run, err, last_saved) from None
         window_loss += stats.loss_sum
         window_tokens += stats.n_tokens
         if state.step % cfg.log_every == 0:
@@ -253,6 +261,19 @@ def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
     if last_saved != state.step or _kept(run, final_metric):
         save_run(run, metric=final_metric)
     return stopped
+
+
+def _saved_on_failure(run: TrainRun, err: LoaderWorkerError, last_saved: int
+                      ) -> LoaderWorkerError:
+    """Save the run at its step (unless that step is saved) when a loader worker died, and the
+    one-line error that says so."""
+    step = run.state.step
+    path = save_run(run) if last_saved != step else (
+        run.manager.path_for(step) if run.manager is not None else None)
+    where = (f"the run stopped at step {step} with its checkpoint {path}: run the same command "
+             "to continue" if path is not None else f"the run stopped at step {step}")
+    return LoaderWorkerError(f"{' '.join(str(err).split())} (a --loader-workers process, "
+                             f"killed or out of memory); {where}")
 
 
 def _kept(run: TrainRun, metric: float | None) -> bool:

@@ -2,14 +2,16 @@
 
 A `BucketBatchSampler` fixes each epoch's batches (a function of the seed and the epoch);
 `BatchPlan` makes each update `processes x accumulation` consecutive batches of that list and
-gives each process its share; `BatchLoader` collates them ahead in worker processes.
+gives each process its share; `BatchLoader` collates them ahead in worker processes, and raises
+`LoaderWorkerError` between steps when one of them died.
 """
 
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterator, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -101,6 +103,37 @@ def _ignore_sigint(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+class LoaderWorkerError(ChildProcessError):
+    """A `BatchLoader` worker process died (killed, e.g. by the out-of-memory killer): the
+    batches it was collating are lost, and the run must stop."""
+
+
+# torch reports a dead DataLoader worker by raising a RuntimeError from its SIGCHLD handler, at
+# whatever line the main process is: in the middle of an optimizer step, say. `_defer_failures`
+# wraps that handler so that the report waits here for `BatchLoader.batches`, between steps.
+_worker_failure: list[str] = []
+
+
+def _defer_failures() -> None:
+    """Wrap the SIGCHLD handler that torch's first multi-process DataLoader set (once per
+    process, in the main thread) so that its report of a dead worker is kept, not raised."""
+    sigchld = getattr(signal, "SIGCHLD", None)
+    if sigchld is None or threading.current_thread() is not threading.main_thread():
+        return
+    torch_handler = signal.getsignal(sigchld)
+    if not callable(torch_handler) or getattr(torch_handler, "defers_failures", False):
+        return
+
+    def keep_failure(signum: int, frame: Any) -> None:
+        try:
+            torch_handler(signum, frame)
+        except RuntimeError as err:
+            _worker_failure.append(str(err))
+
+    keep_failure.defers_failures = True  # type: ignore[attr-defined]
+    signal.signal(sigchld, keep_failure)
+
+
 class BatchLoader:
     """Collates this process's batches of the coming updates ahead of the training step, in
     `workers` processes (a `torch.utils.data.DataLoader`; pinned memory when training on CUDA).
@@ -110,6 +143,8 @@ class BatchLoader:
     optimiser consumed, and asking for another place than where the last update ended (a
     resumed run, or the updates of a new epoch) starts the workers there, on the updates that
     start in that epoch. The batches are those `collate` makes inline, in the same order.
+    A worker that died is reported by the next call, before it hands out anything, as a
+    `LoaderWorkerError` (torch's own report would come at any line of the training step).
     """
 
     def __init__(self, examples: Sequence[Example], plan: BatchPlan, workers: int,
@@ -122,7 +157,14 @@ class BatchLoader:
 
     def batches(self, epoch: int, position: int) -> list[Batch]:
         """This process's collated batches of the update that starts at batch `position` of
-        `epoch` (`BatchPlan.update`)."""
+        `epoch` (`BatchPlan.update`).
+
+        Raises:
+            LoaderWorkerError: a worker process died (its pid and signal or exit code named).
+        """
+        failure = self._dead_worker()
+        if failure is not None:
+            raise LoaderWorkerError(failure)
         if self._next != (epoch, position):
             starts, shares, place = [], [], (epoch, position)
             while place[0] == epoch:          # the updates that start in this epoch
@@ -134,5 +176,34 @@ class BatchLoader:
             self._shares = iter(torch.utils.data.DataLoader(
                 _Shares(self.examples, shares), batch_size=None, num_workers=self.workers,
                 pin_memory=self.pin_memory, worker_init_fn=_ignore_sigint))
+            _defer_failures()
         self._next = next(self._starts)
-        return next(self._shares)
+        try:
+            return next(self._shares)
+        except Exception:                      # a dead worker's batches: a reset connection,
+            failure = self._dead_worker(wait=2.0)   # torch's "exited unexpectedly", ...
+            if failure is None:
+                raise
+            raise LoaderWorkerError(failure) from None
+
+    def _dead_worker(self, wait: float = 0.0) -> str | None:
+        """What torch said of a worker that died, or what its exit code says; None while all
+        are alive. The workers are then gone: a later call starts new ones.
+
+        Args:
+            wait: seconds to give a worker that is still exiting (after its batches failed to
+                arrive) to be seen dead.
+        """
+        failure = _worker_failure.pop() if _worker_failure else None
+        for worker in getattr(self._shares, "_workers", ()):   # torch's worker processes
+            if failure is None and wait:
+                worker.join(timeout=wait)
+            if failure is None and not worker.is_alive() and worker.exitcode:
+                code = worker.exitcode
+                failure = (f"DataLoader worker (pid {worker.pid}) is killed by signal: "
+                           f"{signal.Signals(-code).name}" if code < 0 else
+                           f"DataLoader worker (pid {worker.pid}) exited with status {code}")
+        if failure is not None:
+            _worker_failure.clear()
+            self._shares, self._next = iter(()), None
+        return failure

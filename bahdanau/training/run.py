@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import signal
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -181,7 +182,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         cfg.set_hyperparameters(optimizer)
         _finish_resume(state, latest, manager, sampler, write=rank == 0)
     else:
-        state = TrainState()
+        state = TrainState(run_id=uuid.uuid4().hex)    # which its checkpoints keep
         torch.manual_seed(cfg.seed)
     state.examples_digest, state.processes = digest, processes
     return TrainRun(model=model, step_model=_step_model(model, device, distributed),
@@ -198,7 +199,9 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
 def _finish_resume(state: TrainState, latest: Path, manager: CheckpointManager,
                    sampler: BucketBatchSampler, *, write: bool) -> None:
     """Complete what the checkpoint resumed from leaves open: a save that a crash cut short
-    (by the one process that writes the folder) and the fields a format-1 state lacks."""
+    (by the one process that writes the folder), the fields a format-1 state lacks, and the run
+    id that a checkpoint of an earlier version lacks (the run's later checkpoints keep it)."""
+    state.run_id = state.run_id or uuid.uuid4().hex
     if write:
         manager.complete_save(latest, state)
     complete_old_state(state, recorded_best_step=manager.best_step,

@@ -90,6 +90,8 @@ class TrainState(DictConfig):
     examples_digest: str | None = None  # sha256 of the training examples' ids (None: unknown)
     lr_decays: int = 0                 # decays of the plateau schedule (schedules)
     processes: int = 1                 # processes (DDP world size) that took the last step
+    run_id: str | None = None          # a run's own random id, from its first setup on (None:
+                                       # saved before runs had one); averaging checks it
 
     def __post_init__(self) -> None:
         for name in ("step", "epoch", "position", "bad_evals", "lr_decays"):
@@ -105,9 +107,10 @@ class TrainState(DictConfig):
         if metric is not None and (isinstance(metric, bool)
                                    or not isinstance(metric, (int, float))):
             raise InputError(f"TrainState.best_metric must be a number or None, got {metric!r}")
-        if self.examples_digest is not None and not isinstance(self.examples_digest, str):
-            raise InputError(f"TrainState.examples_digest must be a str or None, got "
-                             f"{self.examples_digest!r}")
+        for name in ("examples_digest", "run_id"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise InputError(f"TrainState.{name} must be a str or None, got "
+                                 f"{getattr(self, name)!r}")
         if not (is_finite_number(self.elapsed_s) and self.elapsed_s >= 0):
             raise InputError(f"TrainState.elapsed_s must be a finite number >= 0, got "
                              f"{self.elapsed_s!r}")

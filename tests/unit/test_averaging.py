@@ -59,7 +59,7 @@ def test_average_of_one_is_identity_and_a_checkpoint_like_any_other(tmp_path) ->
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in payload["model"].items())
     assert payload["train_state"] is None and payload["optimizer"] is None
     assert payload["extra"]["averaged_from"] == [{"file": str(path), "weights": "model",
-                                                  "step": None}]
+                                                  "step": None, "run_id": None}]
     out = tmp_path / "avg.pt"
     save_checkpoint(out, payload)
     loaded, src_vocab, _ = model_from_checkpoint(out)

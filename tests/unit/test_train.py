@@ -495,7 +495,9 @@ def test_train_early_stopping_and_best(tmp_path) -> None:
     assert last["train_state"]["step"] == 8 and last["extra"] == {"tokenizer": {"lowercase": True}}
     assert TrainState.from_dict(last["train_state"]) == TrainState(
         step=8, epoch=1, position=3, best_metric=2.0, best_step=4, bad_evals=2,
-        elapsed_s=last["train_state"]["elapsed_s"], examples_digest=examples_digest(examples))
+        elapsed_s=last["train_state"]["elapsed_s"], examples_digest=examples_digest(examples),
+        run_id=last["train_state"]["run_id"])
+    assert len(last["train_state"]["run_id"]) == 32   # a uuid4, as hex
 
 
 def test_train_time_budget_and_token_batches() -> None:

@@ -1,0 +1,364 @@
+"""Outputs that never destroy, run files that belong to the run, and faults mid-write, through the
+command line on two tiny runs.
+
+* Every output (`evaluate --json/--output`, `translate --alignments`, `average --output`) keeps
+  what its path is: a device is written into (a full one is one error line), a FIFO's reader
+  gets the data, a link to /proc/self/fd/1 (what /dev/stdout is) prints, a symlink keeps its
+  link; ``-`` is stdout where a user expects it.
+* A file of a run (its checkpoints, best.*, config.yaml, train.log, the lock), also reached
+  through a symlink, is refused as an output of another command, before any work; averaging
+  refuses checkpoints of two runs unless --allow-different-runs.
+* Ctrl-C or a full disk while `average` writes, or while training saves a checkpoint, is one
+  line and leaves the files as they were; a killed --loader-workers process stops training
+  with a checkpoint at its step.
+
+Errors are asserted as `main`'s exit status and exactly one ``bahdanau: error:`` line.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import multiprocessing
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from training_fixtures import failing_writes, random_examples, tiny_model, write_multi30k_slice
+
+import bahdanau.training.plan as plan
+from bahdanau._files import writes_in_place
+from bahdanau.checkpoint import load_checkpoint, save_checkpoint
+from bahdanau.cli import main
+from bahdanau.config import TrainConfig
+from bahdanau.data import Vocab
+from bahdanau.training import LoaderWorkerError, train
+
+TRAIN = ["--preset", "tiny", "--max-steps", "4", "--time-budget", "0", "--eval-every", "2",
+         "--save-every", "2", "--keep-last", "3", "--max-len", "6", "--beam-size", "1",
+         "--train-batch-size", "16", "--threads", "1", "--log-every", "2"]
+
+
+def _train_argv(root: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--train-src", str(root / "tr.en"), "--train-tgt", str(root / "tr.fr"),
+            "--dev-src", str(root / "te.en"), "--dev-tgt", str(root / "te.fr"), *TRAIN,
+            "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """Two finished tiny runs of one corpus, `run` (seed 1) and `other` (seed 2)."""
+    root = write_multi30k_slice(tmp_path_factory.mktemp("outputs"), 40, 6)
+    for name, seed in (("run", "1"), ("other", "2")):
+        assert main(_train_argv(root, root / name, "--seed", seed)) == 0
+    return root
+
+
+def _one_error(capsys, code: int, *fragments: str) -> str:
+    captured = capsys.readouterr()
+    assert code == 2, f"exit {code}, expected 2 ({captured.err!r})"
+    err = captured.err
+    assert err.startswith("bahdanau: error: ") and err.count("\n") == 1, err
+    for fragment in fragments:
+        assert fragment in err, f"{fragment!r} not in {err!r}"
+    return err
+
+
+def _evaluate(root: Path, *extra: str) -> list[str]:
+    return ["evaluate", "--checkpoint", str(root / "run"), "--src", str(root / "te.en"),
+            "--ref", str(root / "te.fr"), "--beam-size", "1", "--max-len", "6",
+            "--threads", "1", *extra]
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ----------------------------------------------------------------------------- 1. outputs
+
+
+@pytest.mark.parametrize("flag", ["--json", "--output"])
+def test_a_full_device_is_one_error_and_stays_a_device(root, tmp_path, capsys, flag) -> None:
+    """`evaluate --json /dev/full` as root replaced the device with a regular file and exited 0.
+    The machine's /dev/full is used only once the writer says it writes it in place, so a
+    regression fails here instead of replacing it; the variant writes a clone of it."""
+    if os.geteuid() != 0:
+        pytest.skip("only root can replace /dev/full, which the fixed writer must not do")
+    if flag == "--json":
+        full = Path("/dev/full")
+        assert writes_in_place(full)
+    else:
+        full = tmp_path / "full"
+        os.mknod(full, stat.S_IFCHR | 0o666, os.makedev(1, 7))
+    code = main(_evaluate(root, flag, str(full)))
+    _one_error(capsys, code, f"writing {full} failed: No space left on device")
+    assert stat.S_ISCHR(os.lstat(full).st_mode)
+
+
+@pytest.mark.parametrize("link_to", ["/proc/self/fd/1", "/dev/stdout"])
+def test_json_to_a_link_to_stdout_prints_it(root, tmp_path, capfd, link_to) -> None:
+    """`--json` to a symlink to /proc/self/fd/1 printed nothing and replaced the link by a file."""
+    link = tmp_path / "stdout.json"
+    link.symlink_to(link_to)
+    assert main(_evaluate(root, "--json", str(link))) == 0
+    out = capfd.readouterr().out
+    assert json.loads(out[out.index("{"):])["sentences"] == 6
+    assert link.is_symlink() and os.readlink(link) == link_to
+
+
+@pytest.mark.parametrize("command", ["evaluate --json", "translate --alignments"])
+def test_a_fifo_output_reaches_its_reader(root, tmp_path, capsys, command) -> None:
+    """A FIFO output was replaced while its reader waited forever."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+
+    def read() -> None:
+        with open(fifo, "rb") as reader:
+            got.append(reader.read())
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    if command == "evaluate --json":
+        argv = _evaluate(root, "--json", str(fifo))
+    else:
+        argv = ["translate", "--checkpoint", str(root / "run"), "--input", str(root / "te.en"),
+                "--beam-size", "1", "--max-len", "6", "--threads", "1",
+                "--alignments", str(fifo)]
+    assert main(argv) == 0
+    thread.join(timeout=30)
+    assert got and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    lines = got[0].decode().splitlines()
+    if command == "evaluate --json":
+        assert json.loads(got[0])["sentences"] == 6
+    else:
+        assert len(lines) == 6 and all("weights" in json.loads(line) for line in lines)
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("flag", ["--json", "--output"])
+def test_a_symlinked_output_keeps_its_link(root, tmp_path, capsys, flag) -> None:
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "result"
+    target.write_text("old\n")
+    link = tmp_path / "link"
+    link.symlink_to(os.path.join("real", "result"))          # a relative link
+    assert main(_evaluate(root, flag, str(link))) == 0
+    assert link.is_symlink() and os.readlink(link) == os.path.join("real", "result")
+    text = target.read_text()
+    assert (json.loads(text)["sentences"] if flag == "--json" else len(text.splitlines())) == 6
+    assert os.listdir(tmp_path / "real") == ["result"]
+    capsys.readouterr()
+
+
+def test_dash_is_stdout_for_evaluate(root, capsys) -> None:
+    """`--json -` prints only the JSON on stdout (the report goes to stderr); `--output -`
+    prints only the translations."""
+    assert main(_evaluate(root, "--json", "-")) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["sentences"] == 6 and "BLEU" in captured.err
+    assert main(_evaluate(root, "--output", "-")) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 6 and "BLEU" in captured.err
+    assert not Path("-").exists()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["average", "--checkpoint", "{run}", "--last", "2", "--output", "-"],
+     "--output -: a checkpoint is a binary file"),
+    (["translate", "--checkpoint", "{run}", "--input", "{root}/te.en", "--alignments", "-"],
+     "--alignments -: stdout carries the translations"),
+    (["evaluate", "--checkpoint", "{run}", "--src", "{root}/te.en", "--ref", "{root}/te.fr",
+      "--json", "-", "--output", "-"], "--output - and --json - both ask for stdout"),
+])
+def test_dash_where_stdout_makes_no_sense_is_refused(root, capsys, argv, message) -> None:
+    argv = [a.replace("{run}", str(root / "run")).replace("{root}", str(root)) for a in argv]
+    _one_error(capsys, main(argv), message)
+    assert not Path("-").exists()
+
+
+# ----------------------------------------------------------------------------- 2. run files
+
+
+@pytest.mark.parametrize("name", ["checkpoints/best.pt", "config.yaml",
+                                  "checkpoints/step_00000099.pt", "train.log", ".lock"])
+def test_average_refuses_to_write_a_file_of_the_run(root, capsys, name) -> None:
+    """`average --checkpoint RUN --last 2 --output RUN/checkpoints/best.pt` exited 0 and the
+    best model was gone; `--output RUN/config.yaml` made the run unresumable."""
+    run = root / "run"
+    before = _snapshot(run)
+    code = main(["average", "--checkpoint", str(run), "--last", "2",
+                 "--output", str(run / name)])
+    _one_error(capsys, code, f"--output {run / name} is a file of the run in {run}")
+    assert _snapshot(run) == before
+
+
+def test_other_commands_refuse_run_files_through_symlinks_too(root, tmp_path, capsys) -> None:
+    run = root / "run"
+    before = _snapshot(run)
+    link = tmp_path / "innocent.json"
+    link.symlink_to(run / "config.yaml")
+    _one_error(capsys, main(_evaluate(root, "--json", str(link))),
+               f"is a file of the run in {run}", str(run / "config.yaml"))
+    _one_error(capsys, main(_evaluate(root, "--output", str(run / "checkpoints" / "best.json"))),
+               "is a file of the run")
+    # a folder of checkpoints without a run around it is kept as well
+    folder = tmp_path / "ckpts"
+    folder.mkdir()
+    (folder / "step_00000004.pt").write_bytes((run / "checkpoints" / "step_00000004.pt")
+                                              .read_bytes())
+    _one_error(capsys, main(["average", "--checkpoint", str(folder / "step_00000004.pt"),
+                             "--output", str(folder / "best.pt")]), "is a file of the run")
+    assert _snapshot(run) == before and not (folder / "best.pt").exists()
+    # the user's own files in a run folder stay theirs to write
+    assert main(_evaluate(root, "--json", str(run / "my-scores.json"))) == 0
+    (run / "my-scores.json").unlink()
+    capsys.readouterr()
+
+
+def test_average_refuses_checkpoints_of_two_runs_unless_allowed(root, tmp_path, capsys) -> None:
+    """Averaging two independently trained runs (different seeds) was accepted."""
+    ours = root / "run" / "checkpoints" / "step_00000004.pt"
+    theirs = root / "other" / "checkpoints" / "step_00000004.pt"
+    out = tmp_path / "mixed.pt"
+    code = main(["average", "--checkpoint", str(ours), str(theirs), "--output", str(out)])
+    _one_error(capsys, code, f"{theirs} and {ours} come from different runs",
+               "--allow-different-runs")
+    assert not out.exists()
+    assert main(["average", "--checkpoint", str(ours), str(theirs), "--output", str(out),
+                 "--allow-different-runs"]) == 0
+    members = load_checkpoint(out)["extra"]["averaged_from"]
+    assert len({m["run_id"] for m in members}) == 2 and None not in {m["run_id"] for m in members}
+    # one run's files given by name: accepted without a note
+    capsys.readouterr()
+    same = root / "run" / "checkpoints" / "step_00000002.pt"
+    assert main(["average", "--checkpoint", str(same), str(ours), "--output", str(out)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_average_takes_checkpoints_without_a_run_id_with_a_note(root, tmp_path, capsys) -> None:
+    """A checkpoint saved before runs had an id cannot be checked: it is averaged, and the
+    command says the check was not made."""
+    ours = root / "run" / "checkpoints" / "step_00000004.pt"
+    old = tmp_path / "old.pt"
+    payload = load_checkpoint(root / "other" / "checkpoints" / "step_00000004.pt")
+    del payload["train_state"]["run_id"]
+    save_checkpoint(old, payload)
+    assert main(["average", "--checkpoint", str(ours), str(old),
+                 "--output", str(tmp_path / "avg.pt")]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith(f"bahdanau: note: {old} record no run id") and err.count("\n") == 1
+
+
+def test_a_resumed_run_keeps_its_run_id(root, tmp_path, capsys) -> None:
+    out = tmp_path / "resumed"
+    assert main(_train_argv(root, out, "--max-steps", "2")) == 0
+    first = load_checkpoint(out / "checkpoints" / "step_00000002.pt")["train_state"]["run_id"]
+    assert main(_train_argv(root, out, "--max-steps", "4")) == 0
+    again = load_checkpoint(out / "checkpoints" / "step_00000004.pt")["train_state"]["run_id"]
+    other = load_checkpoint(root / "other" / "checkpoints" / "step_00000004.pt")
+    assert first == again != other["train_state"]["run_id"]
+    capsys.readouterr()
+
+
+# ----------------------------------------------------------------------------- 7. faults
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt(), OSError(errno.ENOSPC, "No space left "
+                                                                              "on device")])
+def test_a_fault_while_average_writes_keeps_the_target(root, tmp_path, capsys, monkeypatch,
+                                                       error) -> None:
+    """Ctrl-C while `average` wrote gave `RuntimeError: [enforce fail at inline_container.cc]`."""
+    out = tmp_path / "average.pt"
+    out.write_bytes(b"the user's earlier average")
+    failing_writes(monkeypatch, error, after=4096)
+    code = main(["average", "--checkpoint", str(root / "run"), "--last", "2",
+                 "--output", str(out)])
+    if isinstance(error, KeyboardInterrupt):
+        assert code == 130 and capsys.readouterr().err == "bahdanau: interrupted\n"
+    else:
+        _one_error(capsys, code, f"writing {out} failed: No space left on device; {out} is "
+                                 "left as it was")
+    assert out.read_bytes() == b"the user's earlier average"
+    assert os.listdir(tmp_path) == ["average.pt"]                 # no temporary file
+
+
+def test_a_full_disk_while_training_saves_keeps_the_last_checkpoint(root, tmp_path, capsys,
+                                                                    monkeypatch) -> None:
+    """The checkpoints of step 2 (and best.pt) are written; the save of step 4 meets ENOSPC
+    (EIO in the API variant below): one line naming the file, step 2 untouched, no temporary
+    file left."""
+    out = tmp_path / "run"
+    failing_writes(monkeypatch, OSError(errno.ENOSPC, "No space left on device"), after=4096,
+                   name="step_00000004.pt")
+    code = main(_train_argv(root, out))
+    step4 = out / "checkpoints" / "step_00000004.pt"
+    _one_error(capsys, code, f"writing {step4} failed: No space left on device")
+    assert sorted(os.listdir(out / "checkpoints")) == ["best.json", "best.pt",
+                                                       "step_00000002.pt"]
+    assert load_checkpoint(out / "checkpoints" / "step_00000002.pt")["train_state"]["step"] == 2
+
+
+VOCAB = Vocab([f"w{i}" for i in range(12)])     # 16 entries, as tiny() has
+
+
+def test_an_io_error_while_saving_is_one_oserror_from_train(tmp_path, monkeypatch) -> None:
+    cfg = TrainConfig(max_steps=4, batch_size=4, save_every=2, log_every=100)
+    failing_writes(monkeypatch, OSError(errno.EIO, "Input/output error"), after=4096,
+                   name="step_00000004.pt")
+    with pytest.raises(OSError) as info:
+        train(tiny_model(), random_examples(16), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+              checkpoint_dir=tmp_path, log=lambda line: None)
+    assert info.value.errno == errno.EIO and "\n" not in str(info.value)
+    assert str(tmp_path / "step_00000004.pt") in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == ["step_00000002.pt"]
+
+
+def test_a_killed_loader_worker_stops_training_with_a_checkpoint(tmp_path) -> None:
+    """A real run with one loader worker, SIGKILLed after step 3 (as the OOM killer does): one
+    line naming the worker, a checkpoint of step 3 (saving every 100 steps), and resuming it
+    trains on to the end."""
+    cfg = TrainConfig(max_steps=6, batch_size=2, loader_workers=1, log_every=1, save_every=100)
+    examples = random_examples(64)
+
+    def kill_after_step_3(line: str) -> None:
+        if line.startswith("step 3 "):
+            for child in multiprocessing.active_children():
+                os.kill(child.pid, 9)
+
+    with pytest.raises(LoaderWorkerError) as info:
+        train(tiny_model(), examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+              checkpoint_dir=tmp_path, log=kill_after_step_3)
+    message = str(info.value)
+    assert message.startswith("DataLoader worker (pid ") and "\n" not in message
+    assert f"stopped at step 3 with its checkpoint {tmp_path / 'step_00000003.pt'}" in message
+    assert os.listdir(tmp_path) == ["step_00000003.pt"]
+    result = train(tiny_model(), examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                   checkpoint_dir=tmp_path, log=lambda line: None)
+    assert (result.start_step, result.step) == (3, 6)
+
+
+def test_a_dead_loader_worker_is_one_line_from_the_command(root, tmp_path, capsys,
+                                                          monkeypatch) -> None:
+    """The command-line variant, with the worker's death as torch reports it (from its SIGCHLD
+    handler, here before the batches of step 3): exit 2, one line, a checkpoint of step 2."""
+    calls = []
+    real = plan.BatchLoader._dead_worker
+
+    def dead_at_step_3(self, wait: float = 0.0):
+        calls.append(wait)
+        if len(calls) == 3:
+            plan._worker_failure.append("DataLoader worker (pid 4242) is killed by signal: "
+                                        "Killed. ")
+        return real(self, wait)
+
+    monkeypatch.setattr(plan.BatchLoader, "_dead_worker", dead_at_step_3)
+    out = tmp_path / "run"
+    code = main(_train_argv(root, out, "--loader-workers", "1", "--save-every", "100"))
+    _one_error(capsys, code, "DataLoader worker (pid 4242) is killed by signal: Killed.",
+               f"stopped at step 2 with its checkpoint {out / 'checkpoints' / 'step_00000002.pt'}")
+    assert load_checkpoint(out / "checkpoints" / "step_00000002.pt")["train_state"]["step"] == 2
+    torch.set_num_threads(1)
