@@ -26,11 +26,9 @@ the arrays' pages between the processes that read them.
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import itertools
 import json
-import multiprocessing
 import os
 import shutil
 import time
@@ -50,8 +48,20 @@ from bahdanau._checks import (
     is_int,
     usable_cores,
 )
-from bahdanau._files import atomic_write, fsync_dir, fsync_file
+from bahdanau._files import atomic_write, fsync_file
+from bahdanau.config import BOS_ID, EOS_ID, PAD_ID
 from bahdanau.data.batching import Example
+from bahdanau.data.destination import check_destination, held, partial_folder, replace_folder
+from bahdanau.data.manifest import (
+    FORMAT,
+    MANIFEST,
+    VERSION,
+    check_shipped,
+    read_manifest,
+    seal,
+    sha256_file,
+    verify_digest,
+)
 from bahdanau.data.sentencepiece import SentencePieceTokenizer, check_vocabs
 from bahdanau.data.text import iter_lines
 from bahdanau.data.tokenizers import (
@@ -61,17 +71,16 @@ from bahdanau.data.tokenizers import (
     save_tokenizer,
     tokenizer_to_payload,
 )
-from bahdanau.data.vocab import Vocab
+from bahdanau.data.vocab import SPECIALS, Vocab
+from bahdanau.data.workers import Chunk, stop_on_signals, tokenised
 from bahdanau.errors import InputError
 
 __all__ = ["FORMAT", "VERSION", "PreparedCorpus", "TrainSentencePiece", "prepare_corpus"]
 
-FORMAT = "bahdanau prepared corpus"
-VERSION = 1
-MANIFEST = "manifest.json"
 CHUNK_PAIRS = 20_000        # pairs a worker tokenises at a time
 _COPY_IDS = 1 << 24         # ids remapped at a time when the arrays are written
 _SIDES = ("src", "tgt")
+_INSIDE = (PAD_ID, BOS_ID, EOS_ID)   # ids that never stand inside a sentence
 
 
 @dataclass(frozen=True)
@@ -109,53 +118,9 @@ def _pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
             yield s, t
 
 
-def _chunks(pairs: Iterator[tuple[str, str]]) -> Iterator[tuple[list[str], list[str]]]:
+def _chunks(pairs: Iterator[tuple[str, str]]) -> Iterator[Chunk]:
     while chunk := list(itertools.islice(pairs, CHUNK_PAIRS)):
         yield [s for s, _ in chunk], [t for _, t in chunk]
-
-
-_worker_tokenizer: Tokenizer | None = None
-
-
-def _set_worker_tokenizer(tokenizer: Tokenizer) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = tokenizer
-
-
-def _encode_chunk(chunk: tuple[list[str], list[str]]) -> tuple[Any, Any]:
-    """Tokenise a chunk in a worker: per side, the chunk's own word list, its ids in that list
-    (uint32) and the sentence lengths. Words become corpus-wide ids in the main process."""
-    assert _worker_tokenizer is not None   # set first by _set_worker_tokenizer, in every worker
-    tokenize = _worker_tokenizer.tokenize
-    sides = []
-    for lines in chunk:
-        words: dict[str, int] = {}
-        ids: list[int] = []
-        lengths = np.empty(len(lines), dtype=np.int64)
-        for i, line in enumerate(lines):
-            tokens = tokenize(line)
-            lengths[i] = len(tokens)
-            ids.extend([words.setdefault(t, len(words)) for t in tokens])
-        sides.append((list(words), np.asarray(ids, dtype=np.uint32), lengths))
-    return sides[0], sides[1]
-
-
-def _encoded(chunks: Iterator[tuple[list[str], list[str]]], tokenizer: Tokenizer,
-             workers: int) -> Iterator[tuple[Any, Any]]:
-    if workers == 1:
-        _set_worker_tokenizer(tokenizer)
-        yield from map(_encode_chunk, chunks)
-        return
-    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    context = multiprocessing.get_context(method)
-    with context.Pool(workers, initializer=_set_worker_tokenizer, initargs=(tokenizer,)) as pool:
-        pending: collections.deque[Any] = collections.deque()
-        for chunk in chunks:        # at most 2 chunks a worker in flight: memory stays bounded
-            pending.append(pool.apply_async(_encode_chunk, (chunk,)))
-            if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
 
 
 class _Side:
@@ -215,14 +180,6 @@ def _id_dtype(vocab: Vocab) -> type:
     return np.uint16 if len(vocab) <= 1 << 16 else np.uint32
 
 
-def _sha256(path: Path) -> str:
-    hasher = hashlib.sha256()
-    with path.open("rb") as f:
-        while block := f.read(1 << 22):
-            hasher.update(block)
-    return hasher.hexdigest()
-
-
 # ----------------------------------------------------------------------------------------------
 # prepare
 
@@ -251,68 +208,99 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
             `SentencePieceTokenizer` loaded from one's own model, or `TrainSentencePiece(...)`
             to train one on these files.
         vocab_size: most frequent words kept per side when the vocabularies are built (None:
-            all); for a SentencePiece tokenizer, leave it at or above its piece count.
+            all); with a SentencePiece tokenizer, None or at least its piece count (a smaller
+            one is refused: the pieces left out would become <unk>).
         src_vocab, tgt_vocab: vocabularies to use instead of building them (both or neither).
         max_len: drop pairs with a side longer than this many tokens (None: keep all).
         max_ratio: drop pairs whose longer side has more than this many times the tokens of
             the shorter (None: keep all).
         strict: an empty side is an error (naming the file and line) instead of a dropped pair.
         workers: tokenising processes (default: the usable cores, at most 8).
-        overwrite: replace a prepared corpus of other inputs or options in `out`.
+        overwrite: replace a prepared corpus of other inputs or options in `out`, or a damaged
+            one (a True or False, never a string).
         shipped: recorded in the manifest for a corpus shipped with the package ({"corpus":
             "multi30k", "src_lang": ..., "tgt_lang": ...}): training finds its dev and test sets.
+            The inputs must be that corpus's training files of those languages.
         log: called with progress lines (default: silent).
     Returns:
         The prepared corpus, opened.
     Raises:
         InputError: a bad argument; files that are not line-aligned, not UTF-8 or damaged gzip
             (named, with the line); an empty side with `strict`; no pair left; `out` holding
-            something that may not be replaced. Nothing is written in `out` then.
+            something that may not be replaced, being prepared by another process, or a place
+            that cannot be replaced (`bahdanau.data.destination`: refused before any work); a
+            tokenising worker that died. Nothing is written in `out` then.
+        Stopped: SIGINT or SIGTERM (`bahdanau.data.workers.Stopped`, a KeyboardInterrupt);
+            the workers are stopped and the partial folder removed.
     """
     src, tgt, out = (check_path(n, p) for n, p in (("src_path", src_path),
                                                    ("tgt_path", tgt_path), ("out", out)))
     tokenizer = DefaultTokenizer() if tokenizer is None else tokenizer
     _check_arguments(src, tgt, tokenizer, vocab_size, src_vocab, tgt_vocab, max_len, max_ratio)
+    check_type("strict", strict, bool, "True or False")
+    check_type("overwrite", overwrite, bool, "True or False")
     workers, log = _workers(workers), log or (lambda line: None)
-    existing, start = _existing_corpus(out), time.perf_counter()
+    folder, start = check_destination(out), time.perf_counter()
     options = {"tokenizer": _describe_tokenizer(tokenizer), "vocab_size": vocab_size,
                "src_vocab": _vocab_sha256(src_vocab), "tgt_vocab": _vocab_sha256(tgt_vocab),
                "max_len": max_len, "max_ratio": max_ratio, "strict": strict}
-    inputs = [{"file": p.name, "bytes": p.stat().st_size, "sha256": _sha256(p)}
+    inputs = [{"file": p.name, "bytes": p.stat().st_size, "sha256": sha256_file(p)}
               for p in (src, tgt)]
+    check_shipped(shipped, inputs, "shipped")
+    with held(folder), stop_on_signals():
+        reused = _reuse(folder, out, inputs, options, overwrite, log)
+        if reused is not None:
+            return reused
+        if isinstance(tokenizer, TrainSentencePiece):
+            log(f"training a SentencePiece {tokenizer.model_type} model of "
+                f"{tokenizer.vocab_size} pieces on at most {tokenizer.max_sentences:,} sentences "
+                "per side")
+            tokenizer = _train_sentencepiece(src, tgt, tokenizer)
+        partial = partial_folder(folder)
+        partial.mkdir()
+        try:
+            manifest = _write(partial, src, tgt, tokenizer, vocab_size, src_vocab, tgt_vocab,
+                              max_len, max_ratio, strict, workers, log)
+            manifest.update(format=FORMAT, version=VERSION, inputs=inputs, options=options,
+                            shipped=shipped, seconds=round(time.perf_counter() - start, 1))
+            manifest = seal(partial, manifest)
+            replace_folder(folder, partial)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        log(_summary(out, manifest))
+        return _opened(folder, None)
+
+
+def _reuse(folder: Path, out: Path, inputs: list[dict[str, Any]], options: dict[str, Any],
+           overwrite: bool, log: Callable[[str], None]) -> PreparedCorpus | None:
+    """The prepared corpus in `folder` when it is of these inputs and options and whole (its
+    digest checked); None when a new one is to be written there.
+
+    Raises:
+        InputError: `folder` holds something else (another corpus, a damaged one) and
+            `overwrite` is False, or files that are not a prepared corpus (never replaced).
+    """
+    existing = _existing_corpus(folder)
+    if existing is None:
+        return None
+    damage = "" if existing else "a prepared corpus that cannot be read"
     if existing and existing["inputs"] == inputs and existing["options"] == options:
-        log(f"{out} is up to date (same inputs and options): reusing it")
-        return PreparedCorpus(out)
-    if existing is not None and not overwrite:
-        raise InputError(f"{out} holds {_described(existing)}: replace it with overwrite "
-                         "(--overwrite) or choose another folder")
-
-    if isinstance(tokenizer, TrainSentencePiece):
-        log(f"training a SentencePiece {tokenizer.model_type} model of {tokenizer.vocab_size} "
-            f"pieces on at most {tokenizer.max_sentences:,} sentences per side")
-        tokenizer = _train_sentencepiece(src, tgt, tokenizer)
-    partial = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(partial, ignore_errors=True)        # left by a process killed while writing
-    partial.mkdir(parents=True)
-    try:
-        manifest = _write(partial, src, tgt, tokenizer, vocab_size, src_vocab, tgt_vocab,
-                          max_len, max_ratio, strict, workers, log)
-        manifest.update(format=FORMAT, version=VERSION, inputs=inputs, options=options,
-                        shipped=shipped, seconds=round(time.perf_counter() - start, 1))
-        text = json.dumps(manifest, indent=2, ensure_ascii=False) + "\n"
-        atomic_write(partial / MANIFEST, lambda f: f.write(text.encode("utf-8")))
-        _replace(out, partial)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    log(_summary(out, manifest))
-    return PreparedCorpus(out)
-
-
-def _described(existing: dict[str, Any]) -> str:
-    """What `_existing_corpus` found, as a message says it ({} for a damaged manifest)."""
-    return ("a prepared corpus of other inputs or options" if existing
-            else "a damaged prepared corpus")
+        try:
+            corpus = PreparedCorpus(folder)
+        except InputError as err:
+            damage = str(err)
+        else:
+            log(f"{out} is up to date (same inputs and options, digest checked): reusing it")
+            return corpus
+    if not overwrite:
+        what = (f"a damaged prepared corpus ({damage})" if damage
+                else "a prepared corpus of other inputs or options")
+        raise InputError(f"{out} holds {what}: replace it with overwrite (--overwrite) or "
+                         "choose another folder")
+    if damage:
+        log(f"{out} holds a damaged prepared corpus: preparing it again")
+    return None
 
 
 def _summary(out: Path, manifest: dict[str, Any]) -> str:
@@ -337,6 +325,13 @@ def _check_arguments(src: Path, tgt: Path, tokenizer: Tokenizer | TrainSentenceP
         if vocab is not None:
             check_type(name, vocab, Vocab, "a Vocab or None")
     check_optional_positive_int("vocab_size", vocab_size)
+    pieces = _piece_words(tokenizer)
+    if pieces is not None and vocab_size is not None and vocab_size < pieces and (
+            src_vocab is None):
+        raise InputError(f"vocab_size {vocab_size} is below the {pieces:,} pieces of the "
+                         "SentencePiece model: the pieces left out would become <unk>; keep "
+                         "every piece (vocab_size None, or no --vocab-size) or train a smaller "
+                         "model")
     check_optional_positive_int("max_len", max_len)
     if max_ratio is not None and (isinstance(max_ratio, bool) or not isinstance(
             max_ratio, (int, float)) or not 1 <= max_ratio < float("inf")):
@@ -345,6 +340,15 @@ def _check_arguments(src: Path, tgt: Path, tokenizer: Tokenizer | TrainSentenceP
         if not path.is_file():
             raise InputError(f"{what} {path}: " + ("is a folder, not a file" if path.is_dir()
                                                    else "no such file"))
+
+
+def _piece_words(tokenizer: Tokenizer | TrainSentencePiece) -> int | None:
+    """The words a SentencePiece tokenizer can give (its pieces but "<unk>"), None for others."""
+    if isinstance(tokenizer, TrainSentencePiece):
+        return tokenizer.vocab_size - 1
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        return sum(piece not in SPECIALS for piece in tokenizer.pieces)
+    return None
 
 
 def _workers(workers: int | None) -> int:
@@ -383,22 +387,9 @@ def _existing_corpus(out: Path) -> dict[str, Any] | None:
                              "another folder; nothing there is replaced")
         return None
     try:
-        return _read_manifest(out)
+        return read_manifest(out)
     except InputError:
         return {}
-
-
-def _replace(out: Path, partial: Path) -> None:
-    """Put the finished folder `partial` at `out`, moving an old corpus there aside first
-    (it is deleted only once the new one is in place)."""
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-    os.replace(partial, out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old)
 
 
 def _train_sentencepiece(src: Path, tgt: Path, spec: TrainSentencePiece) -> Tokenizer:
@@ -418,10 +409,11 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
            log: Callable[[str], None]) -> dict[str, Any]:
     """Stream, encode and filter the pairs into `folder`; the manifest's counts."""
     sides = [_Side(folder / f".{side}.spool") for side in _SIDES]
+    chunks = tokenised(_chunks(_pairs(src, tgt)), tokenizer, workers)
     kept_lines: list[np.ndarray] = []
     counts = {"lines": 0, "pairs": 0, "empty": 0, "too_long": 0, "ratio": 0}
     try:
-        for encoded in _encoded(_chunks(_pairs(src, tgt)), tokenizer, workers):
+        for encoded in chunks:
             n_src, n_tgt = encoded[0][2], encoded[1][2]
             empty = (n_src == 0) | (n_tgt == 0)
             if strict and empty.any():
@@ -455,6 +447,7 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
                   for side, name, vocab in zip(sides, _SIDES, (src_vocab, tgt_vocab),
                                                strict=True)]
     finally:
+        chunks.close()                   # stops the workers at once when something raised
         for side in sides:
             side.spool.close()
     _save(folder / "lines.npy", np.concatenate(kept_lines))
@@ -466,29 +459,6 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
 
 # ----------------------------------------------------------------------------------------------
 # Reading a prepared corpus
-
-
-def _read_manifest(folder: Path) -> dict[str, Any]:
-    path = folder / MANIFEST
-    if not folder.is_dir():
-        raise InputError(f"{folder}: " + ("not a folder" if folder.exists() else "no such folder")
-                         + "; make a prepared corpus with bahdanau prepare")
-    if not path.is_file():
-        raise InputError(f"{folder} is not a prepared corpus (no {MANIFEST}); make one with "
-                         "bahdanau prepare")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise InputError(f"{path} is damaged ({err})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise InputError(f"{path} is not the manifest of a prepared corpus")
-    if manifest.get("version") != VERSION:
-        raise InputError(f"{folder} is a prepared corpus of version {manifest.get('version')!r}; "
-                         f"this bahdanau reads version {VERSION}: prepare it again")
-    for key in ("inputs", "options", "counts", "vocab_sizes"):
-        if key not in manifest:
-            raise InputError(f"{path} is damaged: no {key!r}")
-    return manifest
 
 
 class PreparedCorpus(Sequence[Example]):
@@ -511,28 +481,39 @@ class PreparedCorpus(Sequence[Example]):
     """
 
     def __init__(self, folder: str | os.PathLike[str], *, max_len: int | None = None) -> None:
-        self.folder = check_path("folder", folder)
+        self._open(check_path("folder", folder), max_len, verify=True)
+
+    def _open(self, folder: Path, max_len: int | None, *, verify: bool) -> None:
+        """Open and check `folder`; `verify`: against its digest too (False only where this
+        process wrote or verified the folder: `prepare_corpus`, a pickled corpus)."""
         check_optional_positive_int("max_len", max_len)
-        self.max_len = max_len
-        self.manifest = _read_manifest(self.folder)
+        self.folder, self.max_len = folder, max_len
+        self.manifest = read_manifest(self.folder)
         self.src_vocab = Vocab.load(self._file("src_vocab.json"))
         self.tgt_vocab = Vocab.load(self._file("tgt_vocab.json"))
         self.tokenizer = load_tokenizer(self.folder)
         check_vocabs(self.tokenizer, self.src_vocab, self.tgt_vocab)
         pairs = self.manifest["counts"]["pairs"]
         self._ids, self._offsets = [], []
-        for side, vocab in zip(_SIDES, (self.src_vocab, self.tgt_vocab), strict=True):
+        for side, vocab, tokens, size in zip(_SIDES, (self.src_vocab, self.tgt_vocab),
+                                             self.manifest["tokens"],
+                                             self.manifest["vocab_sizes"], strict=True):
+            if size != len(vocab):
+                raise InputError(f"{self.folder / f'{side}_vocab.json'} holds {len(vocab)} "
+                                 f"entries; {MANIFEST} says {size}: the folder is damaged")
             offsets = self._array(f"{side}.offsets.npy", (pairs + 1,), np.int64)
-            if offsets[0] != 0 or (pairs and np.diff(offsets).min() < 1):
+            if offsets[0] != 0 or offsets[-1] != tokens or (pairs and np.diff(offsets).min() < 1):
                 raise InputError(f"{self.folder / f'{side}.offsets.npy'} is damaged: sentence "
-                                 "offsets must start at 0 and increase")
-            ids = self._array(f"{side}.ids.npy", (int(offsets[-1]),), None)
-            if len(ids) and int(ids.max()) >= len(vocab):
-                raise InputError(f"{self.folder / f'{side}.ids.npy'} holds id {int(ids.max())}, "
-                                 f"outside its vocabulary of {len(vocab)}")
+                                 f"offsets must start at 0, increase and end at {tokens}")
+            ids = self._array(f"{side}.ids.npy", (tokens,), None)
+            _check_ids(self.folder / f"{side}.ids.npy", ids, offsets, len(vocab))
             self._ids.append(ids)
             self._offsets.append(offsets)
         self._lines = self._array("lines.npy", (pairs,), np.int64)
+        check_shipped(self.manifest["shipped"], self.manifest["inputs"],
+                      f"{self.folder / MANIFEST}: shipped")
+        if verify:
+            verify_digest(self.folder, self.manifest)
         self._rows: np.ndarray | None = None      # the pairs kept by max_len (None: all)
         if max_len is not None:
             longest = np.maximum(*(np.diff(o) for o in self._offsets))
@@ -585,7 +566,7 @@ class PreparedCorpus(Sequence[Example]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickled as its folder (a process started with "spawn" maps the files again)."""
-        return _reopen, (self.folder, self.max_len)
+        return _opened, (self.folder, self.max_len)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -623,8 +604,30 @@ class PreparedCorpus(Sequence[Example]):
         return out
 
 
-def _reopen(folder: Path, max_len: int | None) -> PreparedCorpus:
-    return PreparedCorpus(folder, max_len=max_len)
+def _opened(folder: Path, max_len: int | None) -> PreparedCorpus:
+    """A `PreparedCorpus` of a folder this process has just written or verified (a pickled
+    corpus reopened in a loader worker): checked, but its files are not hashed again."""
+    corpus = PreparedCorpus.__new__(PreparedCorpus)
+    corpus._open(folder, max_len, verify=False)
+    return corpus
+
+
+def _check_ids(path: Path, ids: np.ndarray, offsets: np.ndarray, vocab_size: int) -> None:
+    """Refuse an id outside the vocabulary, or a pad, bos or eos id inside a sentence (where
+    `collate` puts none), naming the file and the pair; vectorised, a block at a time."""
+    for start in range(0, len(ids), _COPY_IDS):
+        block = ids[start:start + _COPY_IDS]
+        if int(block.max()) >= vocab_size:
+            raise InputError(f"{path} holds id {int(block.max())}, outside its vocabulary of "
+                             f"{vocab_size}")
+        if int(block.min()) <= max(_INSIDE):
+            inside = np.flatnonzero(np.isin(block, _INSIDE))
+            if len(inside):
+                at = start + int(inside[0])
+                pair = int(np.searchsorted(offsets, at, side="right")) - 1
+                name = SPECIALS[int(ids[at])]
+                raise InputError(f"{path} holds the special id {int(ids[at])} ({name}) inside "
+                                 f"sentence {pair}: the folder is damaged")
 
 
 def _ragged(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
