@@ -284,8 +284,9 @@ def _reuse(folder: Path, out: Path, inputs: list[dict[str, Any]], options: dict[
     existing = _existing_corpus(folder)
     if existing is None:
         return None
-    damage = "" if existing else "a prepared corpus that cannot be read"
-    if existing and existing["inputs"] == inputs and existing["options"] == options:
+    damage = existing if isinstance(existing, str) else ""
+    if (isinstance(existing, dict) and existing["inputs"] == inputs
+            and existing["options"] == options):
         try:
             corpus = PreparedCorpus(folder)
         except InputError as err:
@@ -374,9 +375,10 @@ def _vocab_sha256(vocab: Vocab | None) -> str | None:
     return hashlib.sha256(json.dumps(vocab.to_dict(), ensure_ascii=False).encode()).hexdigest()
 
 
-def _existing_corpus(out: Path) -> dict[str, Any] | None:
-    """The manifest of the prepared corpus in `out` ({} if it is damaged), None if `out` is
-    missing or empty. Raises when `out` is a file or a folder of other files: never replaced."""
+def _existing_corpus(out: Path) -> dict[str, Any] | str | None:
+    """The manifest of the prepared corpus in `out` (or why it cannot be read), None if `out`
+    is missing or empty. Raises when `out` is a file or a folder of other files: never
+    replaced."""
     if not out.exists():
         return None
     if not out.is_dir():
@@ -388,8 +390,8 @@ def _existing_corpus(out: Path) -> dict[str, Any] | None:
         return None
     try:
         return read_manifest(out)
-    except InputError:
-        return {}
+    except InputError as err:
+        return str(err)
 
 
 def _train_sentencepiece(src: Path, tgt: Path, spec: TrainSentencePiece) -> Tokenizer:

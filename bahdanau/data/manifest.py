@@ -78,16 +78,13 @@ def seal(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def verify_digest(folder: Path, manifest: dict[str, Any]) -> None:
-    """Check a manifest read by `read_manifest` against its digest and the folder's files.
+    """Check the folder's files against a manifest read by `read_manifest` (which checked the
+    manifest's own digest).
 
     Raises:
-        InputError: the manifest was edited, or a file is missing or differs from the one
-            prepared; each names the file.
+        InputError: a file is missing or differs from the one prepared, naming it.
     """
     again = "the folder is damaged: prepare it again with --overwrite"
-    if _manifest_digest(manifest) != manifest["digest"]:
-        raise InputError(f"{folder / MANIFEST} does not match its digest (a field was changed "
-                         f"after prepare): {again}")
     names = sorted(manifest["files"])
     for name in names:
         if not (folder / name).is_file():
@@ -129,8 +126,10 @@ def read_manifest(folder: Path) -> dict[str, Any]:
 
     Raises:
         InputError: no such folder or manifest, a manifest that is not JSON, of another format
-            or version (version 1, without a digest, is to be prepared again), or a field
-            missing or of the wrong type; one line naming the file and the field.
+            or version (version 1, without a digest, is to be prepared again), a field
+            missing or of the wrong type, or fields changed since `seal` wrote them (the
+            manifest's own digest, cheap: the files are checked by `verify_digest`); one line
+            naming the file and the field.
     """
     path = folder / MANIFEST
     if not folder.is_dir():
@@ -158,6 +157,9 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         if not check(manifest[key]):
             raise InputError(f"{path} is damaged: {key!r} must be {expected}, got "
                              f"{_short(manifest[key])}")
+    if _manifest_digest(manifest) != manifest["digest"]:
+        raise InputError(f"{path} does not match its digest (a field was changed after prepare): "
+                         "the folder is damaged: prepare it again with --overwrite")
     return manifest
 
 

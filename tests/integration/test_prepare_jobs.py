@@ -28,7 +28,7 @@ pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(),
                                 reason="finds worker processes through /proc (Linux)")
 
 ROOT = Path(__file__).resolve().parents[2]
-# `bahdanau prepare ARGV...` with a tokenizer that sleeps SECONDS a line: python -c SLOW SECONDS ARGV
+# `bahdanau prepare ARGV...`, its tokenizer sleeping SECONDS a line: python -c SLOW SECONDS ARGV
 SLOW = """
 import sys, time
 import bahdanau.data.corpus
