@@ -141,7 +141,7 @@ SENTENCEPIECE = """
     from bahdanau.data.corpus import TrainSentencePiece, _train_sentencepiece
     start = time.perf_counter()
     spec = TrainSentencePiece(model_type="unigram", vocab_size=int(sys.argv[3]))
-    tokenizer = _train_sentencepiece(Path(sys.argv[1]), Path(sys.argv[2]), spec)
+    tokenizer = _train_sentencepiece(Path(sys.argv[1]), Path(sys.argv[2]), spec, print)
     print(json.dumps({"seconds": time.perf_counter() - start, "pieces": len(tokenizer.pieces),
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
