@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -35,14 +36,15 @@ VERSION = 2                   # 2: the folder is sealed by a digest (version 1 h
 MANIFEST = "manifest.json"
 COUNTS = ("lines", "pairs", "empty", "too_long", "ratio")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_PER_THREAD = 1 << 28       # bytes worth a hashing thread of their own (about 0.15 s of hashing)
 
 
 def sha256_file(path: Path) -> str:
     """The SHA-256 of a file, read in blocks (never whole in memory)."""
     hasher = hashlib.sha256()
-    block = bytearray(1 << 22)
-    view = memoryview(block)
     with path.open("rb") as f:
+        block = bytearray(max(1, min(1 << 22, os.fstat(f.fileno()).st_size)))
+        view = memoryview(block)
         while n := f.readinto(block):
             hasher.update(view[:n])
     return hasher.hexdigest()
@@ -56,9 +58,14 @@ def _manifest_digest(manifest: dict[str, Any]) -> str:
 
 
 def _file_digests(folder: Path, names: list[str]) -> dict[str, str]:
-    """The SHA-256 of each named file of `folder`, hashed in threads (hashlib releases the
-    GIL on large blocks, so the arrays of the two sides hash at once)."""
-    with ThreadPoolExecutor(max_workers=min(4, len(names) or 1)) as pool:
+    """The SHA-256 of each named file of `folder`. A large folder hashes in threads (hashlib
+    releases the GIL on large blocks, so the arrays of the two sides hash at once); a small
+    one here, as starting threads would cost more than it saves."""
+    size = sum((folder / name).stat().st_size for name in names)
+    threads = min(4, len(names), 1 + size // _PER_THREAD)
+    if threads <= 1:
+        return {name: sha256_file(folder / name) for name in names}
+    with ThreadPoolExecutor(max_workers=threads) as pool:
         return dict(zip(names, pool.map(lambda name: sha256_file(folder / name), names),
                         strict=True))
 
