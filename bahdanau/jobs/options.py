@@ -531,7 +531,7 @@ class PrepareOptions(_Options):
     workers: int | None = option(None, "tokenising processes (default: the usable cores, at "
                                        "most 8)", low=1)
     overwrite: bool = option(False, "replace a prepared corpus of other inputs or options in "
-                                    "OUT")
+                                    "OUT, or rebuild a damaged one")
 
     def check(self) -> None:
         if (self.train_src is None) != (self.train_tgt is None):
