@@ -38,12 +38,11 @@ _INSIDE = (PAD_ID, BOS_ID, EOS_ID)   # ids that never stand inside a sentence
 _CHECK_IDS = 1 << 24                 # ids checked at a time
 
 
-
 class PreparedCorpus(Sequence[Example]):
     """A prepared corpus, read through memory maps: item i is the `Example` of kept pair i.
 
-    Opening checks the folder whole (manifest, format version, arrays, their sizes and ids)
-    but reads no sentence; items are read from the maps when asked for.
+    Opening checks the folder whole (module docstring), the digest included, but keeps no
+    sentence in memory; items are read from the maps when asked for.
 
     Args:
         folder: a folder written by `prepare_corpus`.
@@ -54,8 +53,10 @@ class PreparedCorpus(Sequence[Example]):
         tokenizer, src_vocab, tgt_vocab: what the corpus was encoded with.
     Raises:
         InputError: a missing folder or file, a damaged manifest or array, a version this code
-            does not read, ids outside a vocabulary, or a tokenizer that does not match the
-            vocabularies; each names the file.
+            does not read (an earlier one without a digest: prepare again), a file or field
+            changed since `prepare_corpus` wrote it (the digest), ids outside a vocabulary or
+            a special id inside a sentence, a tokenizer that does not match the vocabularies,
+            or a `shipped` key on other files; each names the file.
     """
 
     def __init__(self, folder: str | os.PathLike[str], *, max_len: int | None = None) -> None:

@@ -219,3 +219,24 @@ def test_a_link_to_a_folder_is_followed(files, tmp_path) -> None:
     corpus = prepare_corpus(files / "tr.en", files / "tr.fr", tmp_path / "link", workers=1)
     assert (tmp_path / "link").is_symlink() and len(PreparedCorpus(tmp_path / "real")) == 200
     assert len(corpus) == 200
+
+
+def test_the_lock_refuses_a_second_holder_and_removes_its_file(tmp_path) -> None:
+    """`exclusive_lock`, shared by train's run folder and prepare: a second holder (here a
+    second open file in this process, as flock locks an open file) is refused with the given
+    line; with `remove`, the file goes when the first lets go, and a lock taken on the deleted
+    file (by a process that opened it just before) does not hold the new one."""
+    import fcntl
+
+    from bahdanau._files import exclusive_lock
+
+    path = tmp_path / ".out.lock"
+    with exclusive_lock(path, "busy", remove=True):
+        with pytest.raises(InputError, match="^busy$"), exclusive_lock(path, "busy"):
+            pass
+        late = open(path, "a")                   # opened before the first holder deletes it
+    assert not path.exists()
+    fcntl.flock(late, fcntl.LOCK_EX | fcntl.LOCK_NB)       # a lock on the deleted file
+    with exclusive_lock(path, "busy", remove=True):        # not the same file: not refused
+        assert path.exists()
+    late.close()
