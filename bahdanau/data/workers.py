@@ -122,9 +122,12 @@ def tokenised(chunks: Iterator[Chunk], tokenizer: Tokenizer,
             pending.append(pool.submit(encode_chunk, chunk))
             processes.update(set(multiprocessing.active_children()) - before)
             if len(pending) >= 2 * workers:
-                yield _result(pending.popleft(), processes)
+                yield pending.popleft().result()
         while pending:
-            yield _result(pending.popleft(), processes)
+            yield pending.popleft().result()
+    except BrokenProcessPool:
+        pool.shutdown(wait=True)            # the pool ends the others: every exit code is known
+        raise _died(processes) from None
     finally:
         if pending:                                      # stopped early: no waiting for them
             for process in processes:
@@ -132,19 +135,18 @@ def tokenised(chunks: Iterator[Chunk], tokenizer: Tokenizer,
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _result(future: Future[Encoded], processes: set[BaseProcess]) -> Encoded:
-    try:
-        return future.result()
-    except BrokenProcessPool:
-        dead = [p for p in processes if p.exitcode not in (None, 0)]
-        if not dead:
-            raise InputError("a tokenising worker died") from None
-        worker, code = dead[0], dead[0].exitcode
-        assert code is not None
-        how = f"exit code {code}" if code > 0 else f"killed by {_signal_name(-code)}"
-        hint = " (the out-of-memory killer sends SIGKILL)" if code == -signal.SIGKILL else ""
-        raise InputError(f"tokenising worker {worker.pid} died ({how}){hint}: nothing was "
-                         "written") from None
+def _died(processes: set[BaseProcess]) -> InputError:
+    """The error of a pool broken by a dead worker, naming it. The pool stops the others with
+    SIGTERM, so a worker ended otherwise is the one that died first."""
+    dead = sorted((p for p in processes if p.exitcode not in (None, 0)),
+                  key=lambda p: p.exitcode == -signal.SIGTERM)
+    if not dead:
+        return InputError("a tokenising worker died: nothing was written")
+    worker, code = dead[0], dead[0].exitcode
+    assert code is not None
+    how = f"exit code {code}" if code > 0 else f"killed by {_signal_name(-code)}"
+    hint = " (the out-of-memory killer sends SIGKILL)" if code == -signal.SIGKILL else ""
+    return InputError(f"tokenising worker {worker.pid} died ({how}){hint}: nothing was written")
 
 
 def _signal_name(signum: int) -> str:
