@@ -236,8 +236,8 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
     options = {"tokenizer": _describe_tokenizer(tokenizer), "vocab_size": vocab_size,
                "src_vocab": _vocab_sha256(src_vocab), "tgt_vocab": _vocab_sha256(tgt_vocab),
                "max_len": max_len, "max_ratio": max_ratio, "strict": strict}
-    inputs = _inputs(src, tgt, shipped)
     with held(folder), stop_on_signals():
+        inputs = _inputs(src, tgt, shipped)          # hashing a large corpus takes seconds
         reused = _reuse(folder, out, inputs, options, overwrite, log)
         if reused is not None:
             return reused
