@@ -7,7 +7,8 @@ a symlink is followed and its target replaced so (the link stays). A path that i
 file (a device such as /dev/null, a FIFO, /dev/stdout or another link to an open file
 descriptor) is written into where it is and never replaced (`writes_in_place`). A write that
 fails (a full disk, an I/O error) is one `OSError` naming the file; Ctrl-C stays a
-KeyboardInterrupt; neither leaves a temporary file behind.
+KeyboardInterrupt; neither leaves a temporary file behind. `exclusive_lock` keeps two processes
+from writing one output folder.
 """
 
 from __future__ import annotations
@@ -150,3 +151,44 @@ def atomic_write(path: Path, write: Callable[[Any], None]) -> None:
     """Write via `write(file)` into an `atomic_file(path)`."""
     with atomic_file(path) as f:
         write(f)
+
+
+@contextmanager
+def exclusive_lock(path: Path, busy: str, *, remove: bool = False) -> Iterator[None]:
+    """Hold an advisory lock on the file `path` (created if missing) while inside.
+
+    Args:
+        path: the lock file; its folder must exist.
+        busy: the message of the InputError raised when another process holds the lock.
+        remove: delete the lock file when leaving (for a lock beside the folder it guards, so
+            nothing is left behind). A process that opened the file before it was deleted then
+            holds a lock on a file no longer at `path`: it sees that and takes the new one.
+    Raises:
+        InputError: `busy`, when another process holds the lock.
+        OSError: the file cannot be created (e.g. a read-only folder).
+    """
+    try:
+        import fcntl
+    except ImportError:                                   # no advisory locks on this platform
+        yield
+        return
+    while True:
+        handle = open(path, "a")                          # noqa: SIM115 (closed below)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            raise InputError(busy) from None
+        try:
+            same = os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        handle.close()                                    # deleted by its last holder: again
+    try:
+        yield
+    finally:
+        if remove:
+            Path(path).unlink(missing_ok=True)
+        handle.close()

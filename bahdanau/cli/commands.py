@@ -19,6 +19,7 @@ from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.text import iter_lines, multi30k_files, read_lines
 from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
 from bahdanau.data.vocab import Vocab
+from bahdanau.data.workers import Stopped
 from bahdanau.errors import InputError
 from bahdanau.evaluate import Translation, translate_corpus
 from bahdanau.jobs.files import (
@@ -30,6 +31,7 @@ from bahdanau.jobs.files import (
     write_text,
 )
 from bahdanau.jobs.options import (
+    PREPARE_WORDS,
     AverageOptions,
     EvaluateOptions,
     PlotOptions,
@@ -41,7 +43,8 @@ from bahdanau.jobs.resolve import beam_search, checkpoint_paths, load_decoder, m
 
 
 def prepare(o: PrepareOptions) -> int:
-    """`bahdanau prepare`: a corpus tokenised and encoded once, for train --data."""
+    """`bahdanau prepare`: a corpus tokenised and encoded once, for train --data. SIGINT or
+    SIGTERM stop it with one line (nothing is left in --out) and exit 128 + the signal."""
     if o.train_src is not None and o.train_tgt is not None:   # check(): both or neither
         src, tgt = existing(o.train_src, "--train-src"), existing(o.train_tgt, "--train-tgt")
         shipped = None
@@ -49,6 +52,7 @@ def prepare(o: PrepareOptions) -> int:
         src_lang, tgt_lang = o.src_lang or "en", o.tgt_lang or "fr"
         src, tgt = multi30k_files("train", src_lang), multi30k_files("train", tgt_lang)
         shipped = {"corpus": "multi30k", "src_lang": src_lang, "tgt_lang": tgt_lang}
+    vocab_size = o.vocab_size
     if o.sentencepiece_model is not None:
         tokenizer: Any = SentencePieceTokenizer.load(
             existing(o.sentencepiece_model, "--sentencepiece-model"))
@@ -57,10 +61,15 @@ def prepare(o: PrepareOptions) -> int:
                                        max_sentences=o.sample_sentences)
     else:
         tokenizer = DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
-    prepare_corpus(src, tgt, o.out, tokenizer=tokenizer, vocab_size=o.vocab_size,
-                   max_len=o.max_len, max_ratio=o.max_ratio, strict=o.strict,
-                   workers=o.workers, overwrite=o.overwrite, shipped=shipped,
-                   log=lambda line: print(line, flush=True))
+        vocab_size = PREPARE_WORDS if vocab_size is None else vocab_size
+    try:
+        prepare_corpus(src, tgt, o.out, tokenizer=tokenizer, vocab_size=vocab_size,
+                       max_len=o.max_len, max_ratio=o.max_ratio, strict=o.strict,
+                       workers=o.workers, overwrite=o.overwrite, shipped=shipped,
+                       log=lambda line: print(line, flush=True))
+    except Stopped as stop:
+        print(f"bahdanau: prepare {stop}: nothing was written in {o.out}", file=sys.stderr)
+        return 128 + stop.signum
     return 0
 
 

@@ -17,7 +17,10 @@ The pieces compose; none owns a loop::
 * `text`: reading line-aligned text (plain or gzip, files and stdin), `read_parallel`, and the
   shipped Multi30k files;
 * `batching`: `Example`, `encode_pairs`, `Batch`, `collate`, `BucketBatchSampler`;
-* `corpus`: a corpus prepared once (`prepare_corpus`) and memory-mapped (`PreparedCorpus`).
+* `corpus`: a corpus prepared once (`prepare_corpus`), with `destination` (where it goes,
+  checked and locked before any work), `workers` (the tokenising processes, stopped cleanly) and
+  `manifest` (the manifest and the digest that seals the folder); `prepared`: the folder
+  memory-mapped and checked on open (`PreparedCorpus`).
 
 The special ids are `bahdanau.config`'s (`PAD_ID` ...), which `Vocab` puts its specials at:
 `collate` pads and frames with them, and `ModelConfig.check_vocabs` refuses a config that

@@ -493,6 +493,10 @@ class AverageOptions(_Options):
             raise InputError("give --last N or --best N, not both")
 
 
+# Words a side that `bahdanau prepare` keeps by default (a SentencePiece model keeps its pieces).
+PREPARE_WORDS = 10000
+
+
 @dataclass(frozen=True)
 class PrepareOptions(_Options):
     """`bahdanau prepare`: a parallel corpus tokenised and encoded once, for `train --data`."""
@@ -515,8 +519,9 @@ class PrepareOptions(_Options):
     subword_vocab: int = option(8000, "pieces of a SentencePiece model trained here", low=1)
     sample_sentences: int = option(1_000_000, "most sentences a side that SentencePiece "
                                               "training reads", low=1)
-    vocab_size: int = option(10000, "most frequent tokens kept per side (the paper: 30000)",
-                             low=1)
+    vocab_size: int | None = option(None, "most frequent tokens kept per side (default: "
+                                          f"{PREPARE_WORDS} words, or every piece of a "
+                                          "SentencePiece model; the paper: 30000)", low=1)
     lowercase: bool = option(False, "lowercase both sides (default tokenizer)")
     joiners: Literal["prefix", "punctuation"] = option(
         "prefix", "where the default tokenizer marks glued tokens")
@@ -529,7 +534,7 @@ class PrepareOptions(_Options):
     workers: int | None = option(None, "tokenising processes (default: the usable cores, at "
                                        "most 8)", low=1)
     overwrite: bool = option(False, "replace a prepared corpus of other inputs or options in "
-                                    "OUT")
+                                    "OUT, or rebuild a damaged one")
 
     def check(self) -> None:
         if (self.train_src is None) != (self.train_tgt is None):

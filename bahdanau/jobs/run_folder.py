@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bahdanau._files import exclusive_lock
 from bahdanau.checkpoint.manager import CheckpointManager
 from bahdanau.errors import InputError
 from bahdanau.jobs.options import TrainOptions
@@ -84,17 +85,8 @@ def locked(out: Path) -> Iterator[None]:
     """Create `out` and hold a lock on it while inside: a second `train` into the same folder
     is refused instead of mixing two runs' checkpoints."""
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / RUN_LOCK, "a") as handle:
-        try:
-            import fcntl
-        except ImportError:                               # no advisory locks on this platform
-            yield
-            return
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise InputError(f"--out {out} is in use by another bahdanau train; wait for it "
-                             "to finish or choose another --out") from None
+    with exclusive_lock(out / RUN_LOCK, f"--out {out} is in use by another bahdanau train; wait "
+                                       "for it to finish or choose another --out"):
         yield
 
 

@@ -51,6 +51,7 @@ from bahdanau.data import (
     save_tokenizer,
 )
 from bahdanau.data import corpus as corpus_module
+from bahdanau.data.manifest import FORMAT, VERSION, seal
 from bahdanau.training import BatchLoader, BatchPlan
 
 WORDS = 50_000          # distinct words a side in the synthetic corpus
@@ -104,12 +105,16 @@ def write_prepared_directly(folder: Path, pairs: int, seed: int = 0) -> None:
         vocab.save(folder / f"{side}_vocab.json")
     np.save(folder / "lines.npy", np.arange(pairs, dtype=np.int64))
     save_tokenizer(DefaultTokenizer(), folder)
-    manifest = {"format": corpus_module.FORMAT, "version": corpus_module.VERSION,
-                "inputs": [], "options": {"synthetic": True}, "shipped": None,
-                "counts": {"lines": pairs, "pairs": pairs, "empty": 0, "too_long": 0,
-                           "ratio": 0},
-                "tokens": tokens, "vocab_sizes": [len(vocab), len(vocab)]}
-    (folder / corpus_module.MANIFEST).write_text(json.dumps(manifest))
+    options = {"tokenizer": {"name": "default", "lowercase": False, "joiners": "prefix"},
+               "vocab_size": None, "src_vocab": None, "tgt_vocab": None, "max_len": None,
+               "max_ratio": None, "strict": False}
+    synthetic = [{"file": f"synthetic.{side}", "bytes": 0, "sha256": "0" * 64}
+                 for side in ("src", "tgt")]
+    seal(folder, {"format": FORMAT, "version": VERSION, "inputs": synthetic,
+                  "options": options, "shipped": None, "seconds": 0,
+                  "counts": {"lines": pairs, "pairs": pairs, "empty": 0, "too_long": 0,
+                             "ratio": 0},
+                  "tokens": tokens, "vocab_sizes": [len(vocab), len(vocab)]})
 
 
 def run_child(code: str, *args: str) -> dict:
@@ -136,7 +141,7 @@ SENTENCEPIECE = """
     from bahdanau.data.corpus import TrainSentencePiece, _train_sentencepiece
     start = time.perf_counter()
     spec = TrainSentencePiece(model_type="unigram", vocab_size=int(sys.argv[3]))
-    tokenizer = _train_sentencepiece(Path(sys.argv[1]), Path(sys.argv[2]), spec)
+    tokenizer = _train_sentencepiece(Path(sys.argv[1]), Path(sys.argv[2]), spec, print)
     print(json.dumps({"seconds": time.perf_counter() - start, "pieces": len(tokenizer.pieces),
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """

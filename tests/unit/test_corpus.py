@@ -158,7 +158,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, case, message) -> None:
 @pytest.mark.parametrize("damage, message", [
     ("no_folder", r"no such folder"),
     ("no_manifest", r"is not a prepared corpus \(no manifest\.json\)"),
-    ("version", r"prepared corpus of version 99; this bahdanau reads version 1"),
+    ("version", r"prepared corpus of version 99; this bahdanau reads version 2"),
     ("manifest_json", r"manifest\.json is damaged"),
     ("truncated_ids", r"src\.ids\.npy is damaged"),
     ("missing_ids", r"tgt\.ids\.npy is missing"),
