@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from bahdanau._checks import check_path, describe, is_finite_number, is_int
 from bahdanau._files import atomic_write, fsync_dir
 from bahdanau.checkpoint.files import load_checkpoint, named, save_checkpoint, upgrade_payload
+from bahdanau.checkpoint.release import is_release
 from bahdanau.errors import InputError
 
 
@@ -309,9 +310,9 @@ def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> P
     """The checkpoint file that `path` stands for.
 
     Args:
-        path: a checkpoint file, or a training output folder: its ``checkpoints`` subfolder
-            (or the folder itself, if it has none) gives ``best.pt``, else the latest
-            numbered checkpoint.
+        path: a checkpoint file, a model folder (``bahdanau release``; itself), or a training
+            output folder: its ``checkpoints`` subfolder (or the folder itself, if it has
+            none) gives ``best.pt``, else the latest numbered checkpoint.
         name: what to call `path` in the message (e.g. "--checkpoint").
     Returns:
         The file.
@@ -319,9 +320,13 @@ def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> P
         InputError: no such file, a file that cannot be read, or a folder without checkpoints.
     """
     p = check_path(name, path)
+    if is_release(p):
+        return p
     if p.is_dir():
         manager = CheckpointManager(checkpoints_folder(p))
         found = manager.best() or manager.latest()
+        if found is None and (p / "model.safetensors").is_file():
+            raise InputError(f"{name} {path}: a model folder without its manifest.json")
         if found is None:
             raise InputError(f"{name} {path}: no checkpoint in this folder")
         return found

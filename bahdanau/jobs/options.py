@@ -58,6 +58,7 @@ __all__ = [
     "JOB_TRAINING",
     "PlotOptions",
     "PrepareOptions",
+    "ReleaseOptions",
     "TrainOptions",
     "TranslateOptions",
     "add_arguments",
@@ -488,6 +489,16 @@ class AverageOptions(_Options):
     def check(self) -> None:
         if self.last is not None and self.best is not None:
             raise InputError("give --last N or --best N, not both")
+
+
+@dataclass(frozen=True)
+class ReleaseOptions(_Options):
+    """`bahdanau release`: a trained model as a folder to share (docs/release-format.md)."""
+
+    checkpoint: str = option(None, "a checkpoint file, or a training output folder (its best, "
+                                   "else latest checkpoint)", required=True, metavar="PATH")
+    out: str = option(None, "the model folder to write", required=True, metavar="DIR")
+    overwrite: bool = option(False, "replace what OUT holds")
 
 
 @dataclass(frozen=True)
