@@ -333,6 +333,14 @@ class TrainOptions(SearchOptions):
     test_tgt: str | None = option(None, "test target file", metavar="FILE")
     model: ModelChoices = section(ModelChoices())       # --preset, --arch, --dropout, ...
     training: TrainConfig = section(JOB_TRAINING)       # --optimizer, --lr, --max-steps, ...
+    init_from: str | None = option(
+        None, "fine-tune: start from the weights of a trained model (a checkpoint, a run folder "
+        "or a bahdanau release folder) on this run's data; the optimizer starts afresh",
+        on_resume="fixed", metavar="PATH")
+    init_vocab: bool = option(
+        True, "with --init-from: encode the data with the model's vocabularies and tokenizer "
+        "(--no-init-vocab: build them from the data; they must equal the model's)",
+        on_resume="fixed")
     vocab_size: int = option(10000, "most frequent words kept per side (the paper: 30000)",
                              low=1, on_resume="fixed")
     lowercase: bool = option(False, "lowercase both sides", on_resume="fixed")
@@ -377,6 +385,7 @@ class TrainOptions(SearchOptions):
             if fixed:
                 raise InputError(f"{flag(fixed[0])} is fixed by the prepared corpus (--data): "
                                  "set it when running bahdanau prepare")
+        self._check_init()
         t = self.training
         if t.eval_every == 0 and self.dev_src is not None:
             raise InputError("--dev-src/--dev-tgt are read only for --eval-every N: give it, or "
@@ -386,6 +395,21 @@ class TrainOptions(SearchOptions):
         if t.eval_every == 0 and t.schedule == "plateau":
             raise InputError("--schedule plateau decays after dev evaluations: it needs "
                              "--eval-every")
+
+    def _check_init(self) -> None:
+        """--init-from's model brings its vocabularies and tokenizer (unless --no-init-vocab)."""
+        if self.init_from is None:
+            if not self.init_vocab:
+                raise InputError("--no-init-vocab chooses the vocabularies of an --init-from "
+                                 "run; it does nothing without --init-from")
+            return
+        if self.init_vocab and self.data is None:
+            fixed = [name for name in ("vocab_size", "lowercase", "joiners")
+                     if getattr(self, name) != TrainOptions.__dataclass_fields__[name].default]
+            if fixed:
+                raise InputError(f"{flag(fixed[0])} is fixed by the --init-from model (its "
+                                 "vocabularies and tokenizer): leave it out, or give "
+                                 "--no-init-vocab")
 
     @property
     def limits(self) -> Limits:

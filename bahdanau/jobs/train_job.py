@@ -27,6 +27,7 @@ from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.evaluate import corpus_bleu, translate_corpus
 from bahdanau.jobs.files import existing, write_text
+from bahdanau.jobs.init_from import InitModel, check_fit, init_weights, read_init_model
 from bahdanau.jobs.options import TrainOptions, resume_changes, resumed_options
 from bahdanau.jobs.report import (
     TestReport,
@@ -119,14 +120,20 @@ class _Data:
     tgt_vocab: Vocab
 
 
-def _read_data(o: TrainOptions) -> _Data:
+def _read_data(o: TrainOptions, init: InitModel | None) -> _Data:
     """Read and encode the data of the options: a prepared corpus (--data), the user's files or
-    the shipped Multi30k, with vocabularies built from the training side."""
+    the shipped Multi30k, with vocabularies built from the training side, or those of the
+    --init-from model (`init`, with --init-vocab)."""
     corpus = PreparedCorpus(o.data, max_len=o.max_train_len) if o.data else None
     train_pairs, dev_pairs, test_pairs = _data(o, corpus)
     if corpus is not None:
         data = _Data(corpus, corpus.manifest["counts"]["pairs"], dev_pairs, test_pairs,
                      corpus.tokenizer, corpus.src_vocab, corpus.tgt_vocab)
+    elif init is not None and o.init_vocab:
+        examples = encode_pairs(train_pairs, init.src_vocab, init.tgt_vocab, init.tokenizer,
+                                max_len=o.max_train_len)
+        data = _Data(examples, len(train_pairs), dev_pairs, test_pairs, init.tokenizer,
+                     init.src_vocab, init.tgt_vocab)
     else:
         tokenizer = DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
         src_vocab = Vocab.build((tokenizer.tokenize(s) for s, _ in train_pairs),
@@ -143,10 +150,17 @@ def _read_data(o: TrainOptions) -> _Data:
     return data
 
 
-def _build_model(o: TrainOptions, data: _Data) -> torch.nn.Module:
-    """The model of the options' preset and choices, seeded with --seed."""
+def _build_model(o: TrainOptions, data: _Data, init: InitModel | None) -> torch.nn.Module:
+    """The model of the options' preset and choices, seeded with --seed; with --init-from, one
+    that fits its weights (checked first), holding them."""
+    config = o.model.config(len(data.src_vocab), len(data.tgt_vocab))
+    if init is not None:
+        check_fit(init, config, data.src_vocab, data.tgt_vocab, data.tokenizer)
     torch.manual_seed(o.training.seed)
-    return build_model(o.model.config(len(data.src_vocab), len(data.tgt_vocab)))
+    model = build_model(config)
+    if init is not None:
+        init_weights(model, init)
+    return model
 
 
 def _dev_bleu(o: TrainOptions, data: _Data, run: TrainRun, device: torch.device,
@@ -247,8 +261,9 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
     start = time.perf_counter()
     o, device, changes = _checked_options(o)
     out, cfg = Path(o.out), o.train_config()
-    data = _read_data(o)
-    model = _build_model(o, data)
+    init = read_init_model(o.init_from) if o.init_from is not None else None
+    data = _read_data(o, init)
+    model = _build_model(o, data, init)
     with process_group(device) as main, ExitStack() as stack:
         # rank 0 prints and writes OUT/train.log once the run starts; the others say nothing
         log = stack.enter_context(TrainLog()) if main else None
@@ -286,6 +301,8 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
         say(f"data: {len(data.examples)} training pairs (of {data.n_pairs}), vocabularies "
             f"{len(data.src_vocab)} / {len(data.tgt_vocab)}; model {o.model.arch} "
             f"({o.model.name}), {sum(p.numel() for p in model.parameters()):,} parameters")
+        if init is not None and run.resumed_from is None:
+            say(f"weights from {init.path} (--init-from); the optimizer starts afresh")
         if run.plan.processes > 1:
             say(f"{run.plan.processes} processes x accumulation {cfg.accumulation} = "
                 f"{run.plan.size} batches per update")
