@@ -118,22 +118,24 @@ class _Data:
     tokenizer: Tokenizer
     src_vocab: Vocab
     tgt_vocab: Vocab
+    init: InitModel | None = None    # the trained model the run starts from (--init-from)
 
 
-def _read_data(o: TrainOptions, init: InitModel | None) -> _Data:
+def _read_data(o: TrainOptions) -> _Data:
     """Read and encode the data of the options: a prepared corpus (--data), the user's files or
     the shipped Multi30k, with vocabularies built from the training side, or those of the
-    --init-from model (`init`, with --init-vocab)."""
+    --init-from model (with --init-vocab)."""
+    init = read_init_model(o.init_from) if o.init_from is not None else None
     corpus = PreparedCorpus(o.data, max_len=o.max_train_len) if o.data else None
     train_pairs, dev_pairs, test_pairs = _data(o, corpus)
     if corpus is not None:
         data = _Data(corpus, corpus.manifest["counts"]["pairs"], dev_pairs, test_pairs,
-                     corpus.tokenizer, corpus.src_vocab, corpus.tgt_vocab)
+                     corpus.tokenizer, corpus.src_vocab, corpus.tgt_vocab, init)
     elif init is not None and o.init_vocab:
         examples = encode_pairs(train_pairs, init.src_vocab, init.tgt_vocab, init.tokenizer,
                                 max_len=o.max_train_len)
         data = _Data(examples, len(train_pairs), dev_pairs, test_pairs, init.tokenizer,
-                     init.src_vocab, init.tgt_vocab)
+                     init.src_vocab, init.tgt_vocab, init)
     else:
         tokenizer = DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
         src_vocab = Vocab.build((tokenizer.tokenize(s) for s, _ in train_pairs),
@@ -143,17 +145,17 @@ def _read_data(o: TrainOptions, init: InitModel | None) -> _Data:
         examples = encode_pairs(train_pairs, src_vocab, tgt_vocab, tokenizer,
                                 max_len=o.max_train_len)
         data = _Data(examples, len(train_pairs), dev_pairs, test_pairs, tokenizer, src_vocab,
-                     tgt_vocab)
+                     tgt_vocab, init)
     if not data.examples:
         raise InputError(f"no training pair has at most --max-train-len {o.max_train_len} "
                          "tokens on both sides")
     return data
 
 
-def _build_model(o: TrainOptions, data: _Data, init: InitModel | None) -> torch.nn.Module:
+def _build_model(o: TrainOptions, data: _Data) -> torch.nn.Module:
     """The model of the options' preset and choices, seeded with --seed; with --init-from, one
     that fits its weights (checked first), holding them."""
-    config = o.model.config(len(data.src_vocab), len(data.tgt_vocab))
+    config, init = o.model.config(len(data.src_vocab), len(data.tgt_vocab)), data.init
     if init is not None:
         check_fit(init, config, data.src_vocab, data.tgt_vocab, data.tokenizer)
     torch.manual_seed(o.training.seed)
@@ -261,9 +263,8 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
     start = time.perf_counter()
     o, device, changes = _checked_options(o)
     out, cfg = Path(o.out), o.train_config()
-    init = read_init_model(o.init_from) if o.init_from is not None else None
-    data = _read_data(o, init)
-    model = _build_model(o, data, init)
+    data = _read_data(o)
+    model = _build_model(o, data)
     with process_group(device) as main, ExitStack() as stack:
         # rank 0 prints and writes OUT/train.log once the run starts; the others say nothing
         log = stack.enter_context(TrainLog()) if main else None
@@ -301,8 +302,8 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
         say(f"data: {len(data.examples)} training pairs (of {data.n_pairs}), vocabularies "
             f"{len(data.src_vocab)} / {len(data.tgt_vocab)}; model {o.model.arch} "
             f"({o.model.name}), {sum(p.numel() for p in model.parameters()):,} parameters")
-        if init is not None and run.resumed_from is None:
-            say(f"weights from {init.path} (--init-from); the optimizer starts afresh")
+        if data.init is not None and run.resumed_from is None:
+            say(f"weights from {data.init.path} (--init-from); the optimizer starts afresh")
         if run.plan.processes > 1:
             say(f"{run.plan.processes} processes x accumulation {cfg.accumulation} = "
                 f"{run.plan.size} batches per update")
