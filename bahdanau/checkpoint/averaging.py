@@ -29,6 +29,7 @@ from torch import Tensor
 from bahdanau._checks import check_path, describe
 from bahdanau.checkpoint.files import FORMAT_VERSION, load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import CheckpointManager, checkpoints_folder
+from bahdanau.checkpoint.release import is_release
 from bahdanau.checkpoint.payload import (
     check_weights,
     stored_parts,
@@ -50,7 +51,8 @@ def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | N
     averages.
 
     Args:
-        paths: checkpoint files; with `last` or `best`, one training output folder instead
+        paths: checkpoint files or model folders (``bahdanau release``); with `last` or
+            `best`, one training output folder instead
             (``bahdanau train --out``, whose ``checkpoints`` subfolder is used, or a folder of
             checkpoints).
         last: the folder's last `last` numbered checkpoints (highest steps).
@@ -70,10 +72,10 @@ def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | N
     count = last if last is not None else best
     if count is None:
         for path in files:
-            if path.is_dir():
+            if path.is_dir() and not is_release(path):      # a model folder is one
                 raise InputError(f"--checkpoint {path} is a folder: give --last N or --best N "
                                  "to pick its checkpoints, or name checkpoint files")
-            if not path.is_file():
+            if not (path.is_file() or is_release(path)):
                 raise InputError(f"--checkpoint {path}: no such file")
         return files
     flag = "--last" if last is not None else "--best"

@@ -42,16 +42,16 @@ def train_command(options: Any) -> str | None:
 
 
 def _test_scores(checkpoint: Path) -> dict[str, Any] | None:
-    """The test scores of the run folder that holds `checkpoint` (its ``metrics.json``)."""
-    for folder in (checkpoint.parent.parent, checkpoint.parent):
-        path = folder / "metrics.json"
-        if path.is_file():
-            try:
-                data = json.loads(path.read_text(encoding="utf-8"))
-            except (OSError, ValueError):
-                return None
-            return data if isinstance(data, dict) else None
-    return None
+    """The test scores of the run folder whose ``checkpoints`` hold `checkpoint` (its
+    ``metrics.json``); None for a checkpoint elsewhere or a run that scored none."""
+    path = checkpoint.parent.parent / "metrics.json"
+    if not checkpoint.is_file() or checkpoint.parent.name != "checkpoints" or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def model_card(payload: dict[str, Any], parameters: int, test: dict[str, Any] | None) -> str:

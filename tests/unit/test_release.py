@@ -26,10 +26,18 @@ from bahdanau.checkpoint import find_checkpoint, load_checkpoint, translation_we
 from bahdanau.checkpoint.release import read_release, write_release
 from bahdanau.cli import main
 from bahdanau.config import TrainConfig
-from bahdanau.data import DefaultTokenizer, Vocab, encode_pairs, multi30k_files, read_lines
+from bahdanau.data import (
+    DefaultTokenizer,
+    SentencePieceTokenizer,
+    Vocab,
+    encode_pairs,
+    multi30k_files,
+    read_lines,
+)
 from bahdanau.errors import InputError
 from bahdanau.models import build_model
 from bahdanau.training import train
+from bahdanau.training.state import checkpoint_payload
 
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -96,6 +104,33 @@ def test_the_folder_translates_exactly_as_the_checkpoint(run, folder, tmp_path, 
                      str(src), "--max-len", "12", "--json", str(json_path)]) == 0
         scores.append(json.loads(json_path.read_text())["bleu"])
     assert scores[0] == scores[1]
+
+
+def test_average_takes_a_folder_as_a_member(run, folder, tmp_path, capsys) -> None:
+    """The mean of a checkpoint and its own model folder is its weights, unchanged."""
+    best = find_checkpoint(run)
+    out = tmp_path / "avg.pt"
+    assert main(["average", "--checkpoint", str(best), str(folder), "--output", str(out)]) == 0
+    _, expected = translation_weights(load_checkpoint(best))
+    averaged = load_checkpoint(out)["model"]
+    assert all(torch.equal(averaged[k], v) for k, v in expected.items())
+
+
+def test_a_sentencepiece_model_travels_as_its_own_file(tmp_path) -> None:
+    pytest.importorskip("sentencepiece")
+    en = read_lines(multi30k_files("train", "en"))[:200]
+    tok = SentencePieceTokenizer.train(en, vocab_size=200, model_type="bpe")
+    vocab = Vocab.build(tok.tokenize(s) for s in en)
+    torch.manual_seed(0)
+    model = build_model(presets.tiny(len(vocab), len(vocab)))
+    payload = checkpoint_payload(model, src_vocab=vocab, tgt_vocab=vocab, tokenizer=tok)
+    write_release(payload, tmp_path / "sp", card="card")
+    assert (tmp_path / "sp" / "tokenizer.model").read_bytes() == tok.model_proto
+    assert json.loads((tmp_path / "sp" / "tokenizer.json").read_text()) == {
+        "name": "sentencepiece", "model": "tokenizer.model"}
+    loaded = bahdanau.load(tmp_path / "sp")
+    assert loaded.tokenizer.model_proto == tok.model_proto
+    assert loaded.tokenizer.tokenize(SOURCES[0]) == tok.tokenize(SOURCES[0])
 
 
 def test_manifest_holds_every_file_digest_and_the_card_its_facts(run, folder) -> None:
