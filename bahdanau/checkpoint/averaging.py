@@ -29,13 +29,13 @@ from torch import Tensor
 from bahdanau._checks import check_path, describe
 from bahdanau.checkpoint.files import FORMAT_VERSION, load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import CheckpointManager, checkpoints_folder
-from bahdanau.checkpoint.release import is_release
 from bahdanau.checkpoint.payload import (
     check_weights,
     stored_parts,
     tokenizer_data,
     translation_weights,
 )
+from bahdanau.checkpoint.release import is_release
 from bahdanau.data.tokenizers import DefaultTokenizer, tokenizer_to_payload
 from bahdanau.errors import InputError
 from bahdanau.models import build_model

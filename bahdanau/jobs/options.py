@@ -447,8 +447,9 @@ class DecodeOptions(SearchOptions):
     """What every command that loads a checkpoint takes."""
 
     checkpoint: tuple[str, ...] = option(
-        None, "a checkpoint file, or a training output folder (its best, else latest "
-        "checkpoint); several decode as an ensemble", required=True, metavar="PATH")
+        None, "a checkpoint file, a model folder (bahdanau release), or a training output "
+        "folder (its best, else latest checkpoint); several decode as an ensemble",
+        required=True, metavar="PATH")
     device: str = option("auto", _DEVICE_HELP)
     threads: int | None = option(None, _THREADS_HELP, low=1)
 
