@@ -5,7 +5,9 @@
 * `manager`: `CheckpointManager` (the last N and the best kept) and `find_checkpoint`;
 * `payload`: what translates from a checkpoint, `model_from_checkpoint`, `translation_weights`
   and `tokenizer_of`;
-* `averaging`: `average_checkpoints` and the checks of members averaged or ensembled together.
+* `averaging`: `average_checkpoints` and the checks of members averaged or ensembled together;
+* `release`: a model folder to share (`write_release`, `read_release`; docs/release-format.md),
+  which `load_checkpoint` reads like a checkpoint file.
 
 A checkpoint of a training run is built and restored by `bahdanau.training.checkpoint_payload`
 and `bahdanau.training.restore`, beside the `TrainState` it holds.

@@ -41,6 +41,7 @@ from bahdanau.checkpoint.payload import (
     tokenizer_data,
     translation_weights,
 )
+from bahdanau.checkpoint.release import is_release
 from bahdanau.data.tokenizers import DefaultTokenizer, tokenizer_to_payload
 from bahdanau.errors import InputError
 from bahdanau.models import build_model
@@ -56,7 +57,8 @@ def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | N
     averages.
 
     Args:
-        paths: checkpoint files; with `last` or `best`, one training output folder instead
+        paths: checkpoint files or model folders (``bahdanau release``); with `last` or
+            `best`, one training output folder instead
             (``bahdanau train --out``, whose ``checkpoints`` subfolder is used, or a folder of
             checkpoints).
         last: the folder's last `last` numbered checkpoints (highest steps).
@@ -76,10 +78,10 @@ def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | N
     count = last if last is not None else best
     if count is None:
         for path in files:
-            if path.is_dir():
+            if path.is_dir() and not is_release(path):      # a model folder is one
                 raise InputError(f"--checkpoint {path} is a folder: give --last N or --best N "
                                  "to pick its checkpoints, or name checkpoint files")
-            if not path.is_file():
+            if not (path.is_file() or is_release(path)):
                 raise InputError(f"--checkpoint {path}: no such file")
         return files
     flag = "--last" if last is not None else "--best"

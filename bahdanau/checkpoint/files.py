@@ -101,8 +101,9 @@ def load_checkpoint(path: str | os.PathLike[str], *,
     """Load a checkpoint with `torch.load(weights_only=True)` and check its digest.
 
     Args:
-        path: the file.
-        map_location: where the tensors go.
+        path: the file, or a model folder (``bahdanau release``), which
+            `bahdanau.checkpoint.release.read_release` reads and checks.
+        map_location: where the tensors go (a model folder's stay on the CPU).
     Returns:
         The payload, without its `digest` entry. A file without one (written by an earlier
         version) loads unchecked.
@@ -113,6 +114,9 @@ def load_checkpoint(path: str | os.PathLike[str], *,
             named first).
     """
     path = check_path("path", path)
+    if (path / "manifest.json").is_file():       # a model folder (bahdanau.checkpoint.release)
+        from bahdanau.checkpoint.release import read_release  # it imports this module
+        return read_release(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file {path}")
     try:

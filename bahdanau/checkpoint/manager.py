@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
 from bahdanau._checks import check_path, describe, is_finite_number, is_int
-from bahdanau._files import atomic_write
+from bahdanau._files import atomic_write, fsync_dir
 from bahdanau.checkpoint.files import load_checkpoint, named, save_checkpoint, upgrade_payload
+from bahdanau.checkpoint.release import is_release
 from bahdanau.errors import InputError
 
 
@@ -31,9 +33,10 @@ class SavedState(Protocol):
 class CheckpointManager:
     """Numbered checkpoints in one directory: keeps the last `keep_last` and the best.
 
-    Files are ``step_00001000.pt`` (one per saved step) and ``best.pt``, a byte copy of the
-    checkpoint with the highest metric so far (higher is better, e.g. dev BLEU); ``best.json``
-    records that metric and step so a resumed run keeps comparing against it. With
+    Files are ``step_00001000.pt`` (one per saved step) and ``best.pt``, a hard link to (where
+    links fail, a copy of) the checkpoint with the highest metric so far (higher is better,
+    e.g. dev BLEU), which outlives the numbered file's deletion; ``best.json`` records that
+    metric and step so a resumed run keeps comparing against it. With
     `keep_best` > 1 the numbered checkpoints of the `keep_best` best evaluations are kept too,
     whatever their age, and each checkpoint saved records that ranking in its `best_n` section
     (docs/checkpoint-format.md), from which `best_n` reads it back. Each save first
@@ -241,7 +244,7 @@ class CheckpointManager:
 
         If `state` (the train state stored in `path`) is its own best (its `best_step` is its
         `step`) but that step is not the recorded best, the crash came between the numbered
-        file and ``best.json``: `path` is copied to ``best.pt`` and ``best.json`` written.
+        file and ``best.json``: ``best.pt`` is made `path` and ``best.json`` written.
         Otherwise a ``best.json`` that was read back from ``best.pt`` is rewritten.
         `bahdanau.training.setup_run` calls this when it resumes.
 
@@ -257,10 +260,24 @@ class CheckpointManager:
             self._write_best_json(self.best_metric, self.best_step)
 
     def _record_best(self, path: Path, metric: float, step: int) -> None:
-        """Copy `path` to ``best.pt`` (durable), then record `metric` and `step` in best.json."""
-        with open(path, "rb") as source:
-            atomic_write(self.directory / "best.pt",
-                          lambda f: shutil.copyfileobj(source, f, 1 << 22))
+        """Make ``best.pt`` the file `path` (durable), then record `metric` and `step` in
+        best.json.
+
+        ``best.pt`` is a hard link to the numbered file: no second copy on disk, and it
+        outlives the numbered file's deletion by `keep_last`. Where links fail (a file system
+        without them), it is a copy. Either way it replaces the old ``best.pt`` atomically.
+        """
+        best = self.directory / "best.pt"
+        temp = self.directory / f".best.pt.{secrets.token_hex(8)}.tmp"   # a _TEMP_FILE name
+        try:
+            if not (best.is_file() and best.samefile(path)):   # else linked before a crash
+                os.link(path, temp)           # (a rename onto the same file does nothing)
+                os.replace(temp, best)
+            fsync_dir(self.directory)
+        except OSError:
+            temp.unlink(missing_ok=True)
+            with open(path, "rb") as source:
+                atomic_write(best, lambda f: shutil.copyfileobj(source, f, 1 << 22))
         self._write_best_json(metric, step)
 
     def _write_best_json(self, metric: float, step: int) -> None:
@@ -299,9 +316,9 @@ def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> P
     """The checkpoint file that `path` stands for.
 
     Args:
-        path: a checkpoint file, or a training output folder: its ``checkpoints`` subfolder
-            (or the folder itself, if it has none) gives ``best.pt``, else the latest
-            numbered checkpoint.
+        path: a checkpoint file, a model folder (``bahdanau release``; itself), or a training
+            output folder: its ``checkpoints`` subfolder (or the folder itself, if it has
+            none) gives ``best.pt``, else the latest numbered checkpoint.
         name: what to call `path` in the message (e.g. "--checkpoint").
     Returns:
         The file.
@@ -309,9 +326,13 @@ def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> P
         InputError: no such file, a file that cannot be read, or a folder without checkpoints.
     """
     p = check_path(name, path)
+    if is_release(p):
+        return p
     if p.is_dir():
         manager = CheckpointManager(checkpoints_folder(p))
         found = manager.best() or manager.latest()
+        if found is None and (p / "model.safetensors").is_file():
+            raise InputError(f"{name} {path}: a model folder without its manifest.json")
         if found is None:
             raise InputError(f"{name} {path}: no checkpoint in this folder")
         return found

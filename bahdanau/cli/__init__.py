@@ -1,4 +1,4 @@
-"""The `bahdanau` command: prepare, train, translate, evaluate, plot, average.
+"""The `bahdanau` command: prepare, train, translate, evaluate, plot, average, release.
 
 `bahdanau train` with no options is the default job: a small RNNsearch trained on the shipped
 Multi30k English->French data for 5 epochs (`bahdanau.jobs.options.DEFAULT_EPOCHS`), then evaluated
@@ -22,6 +22,10 @@ on the command line override it.
 `bahdanau average` writes one checkpoint whose weights are the mean of several (the last N of a
 run, its N best, or files), which the other commands load like any checkpoint; translate,
 evaluate and plot given several checkpoints decode with their ensemble.
+
+`bahdanau release` writes a trained model as a folder to share (weights as safetensors, plain
+config, vocabularies and tokenizer, a model card, a manifest of digests:
+docs/release-format.md), which every command that takes --checkpoint reads.
 
 Under ``torchrun --nproc-per-node N -m bahdanau train ...`` the N processes train one run with
 DDP (NCCL on CUDA, each process on cuda:LOCAL_RANK; gloo on CPU): rank 0 alone holds and writes
@@ -51,7 +55,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from bahdanau.cli.commands import average, evaluate, plot, prepare, translate
+from bahdanau.cli.commands import average, evaluate, plot, prepare, release, translate
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import existing
 from bahdanau.jobs.options import (
@@ -59,6 +63,7 @@ from bahdanau.jobs.options import (
     EvaluateOptions,
     PlotOptions,
     PrepareOptions,
+    ReleaseOptions,
     SearchOptions,
     TrainOptions,
     TranslateOptions,
@@ -93,6 +98,11 @@ _COMMANDS: dict[str, tuple[type[Any], str, str]] = {
     "average": (AverageOptions, "average the weights of several checkpoints into one",
                 "Write one checkpoint whose weights are the mean of several: the last N or "
                 "best N of a training output folder, or the files given."),
+    "release": (ReleaseOptions, "write a trained model as a folder to share",
+                "Write a model folder to share: the weights as safetensors, the model config, "
+                "vocabularies and tokenizer as plain files, a model card (README.md) and a "
+                "manifest with the SHA-256 of every file. bahdanau.load, translate, evaluate "
+                "and train --init-from read it. Needs the share extra (safetensors)."),
 }
 
 
@@ -114,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _RUN: dict[str, Callable[[Any], int]] = {
     "prepare": prepare, "translate": translate, "evaluate": evaluate, "plot": plot,
-    "average": average}
+    "average": average, "release": release}
 
 
 def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The commands besides train, each a thin shell over the library: prepare, translate, evaluate,
-plot, average.
+plot, average, release.
 """
 
 from __future__ import annotations
@@ -36,8 +36,10 @@ from bahdanau.jobs.options import (
     EvaluateOptions,
     PlotOptions,
     PrepareOptions,
+    ReleaseOptions,
     TranslateOptions,
 )
+from bahdanau.jobs.release import release_model
 from bahdanau.jobs.report import plot_alignment_file, score_translations
 from bahdanau.jobs.resolve import beam_search, checkpoint_paths, load_decoder, machine
 
@@ -243,4 +245,12 @@ def average(o: AverageOptions) -> int:
     save_checkpoint(o.output, averaged)
     print(f"averaged {len(paths)} checkpoint{'s' if len(paths) > 1 else ''} "
           f"({', '.join(map(str, paths))}) into {o.output}")
+    return 0
+
+
+def release(o: ReleaseOptions) -> int:
+    """`bahdanau release`: a trained model as a folder to share (docs/release-format.md)."""
+    out = release_model(o)
+    print(f"wrote the model folder {out} (weights, config, vocabularies, tokenizer, README.md, "
+          "manifest.json); load it with bahdanau.load or --checkpoint")
     return 0

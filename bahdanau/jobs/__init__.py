@@ -4,6 +4,8 @@
 * `train_job`: the default job, `run_train_job` (data, vocabularies, model, run, test report);
 * `run_folder`: a run folder's options file, lock, overwrite and results;
 * `report`: a model's test-set report (`TestReport`);
+* `release`: ``bahdanau release``, a model folder to share with its model card (`release_model`);
+* `init_from`: ``train --init-from``, a new run from a trained model's weights (fine-tuning);
 * `files`, `resolve`: inputs and outputs checked, and options resolved into a device, a search
   and loaded checkpoints, before any work.
 

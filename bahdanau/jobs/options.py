@@ -58,6 +58,7 @@ __all__ = [
     "JOB_TRAINING",
     "PlotOptions",
     "PrepareOptions",
+    "ReleaseOptions",
     "TrainOptions",
     "TranslateOptions",
     "add_arguments",
@@ -332,6 +333,14 @@ class TrainOptions(SearchOptions):
     test_tgt: str | None = option(None, "test target file", metavar="FILE")
     model: ModelChoices = section(ModelChoices())       # --preset, --arch, --dropout, ...
     training: TrainConfig = section(JOB_TRAINING)       # --optimizer, --lr, --max-steps, ...
+    init_from: str | None = option(
+        None, "fine-tune: start from the weights of a trained model (a checkpoint, a run folder "
+        "or a bahdanau release folder) on this run's data; the optimizer starts afresh",
+        on_resume="fixed", metavar="PATH")
+    init_vocab: bool = option(
+        True, "with --init-from: encode the data with the model's vocabularies and tokenizer "
+        "(--no-init-vocab: build them from the data; they must equal the model's)",
+        on_resume="fixed")
     vocab_size: int = option(10000, "most frequent words kept per side (the paper: 30000)",
                              low=1, on_resume="fixed")
     lowercase: bool = option(False, "lowercase both sides", on_resume="fixed")
@@ -376,6 +385,7 @@ class TrainOptions(SearchOptions):
             if fixed:
                 raise InputError(f"{flag(fixed[0])} is fixed by the prepared corpus (--data): "
                                  "set it when running bahdanau prepare")
+        self._check_init()
         t = self.training
         if t.eval_every == 0 and self.dev_src is not None:
             raise InputError("--dev-src/--dev-tgt are read only for --eval-every N: give it, or "
@@ -385,6 +395,21 @@ class TrainOptions(SearchOptions):
         if t.eval_every == 0 and t.schedule == "plateau":
             raise InputError("--schedule plateau decays after dev evaluations: it needs "
                              "--eval-every")
+
+    def _check_init(self) -> None:
+        """--init-from's model brings its vocabularies and tokenizer (unless --no-init-vocab)."""
+        if self.init_from is None:
+            if not self.init_vocab:
+                raise InputError("--no-init-vocab chooses the vocabularies of an --init-from "
+                                 "run; it does nothing without --init-from")
+            return
+        if self.init_vocab and self.data is None:
+            fixed = [name for name in ("vocab_size", "lowercase", "joiners")
+                     if getattr(self, name) != TrainOptions.__dataclass_fields__[name].default]
+            if fixed:
+                raise InputError(f"{flag(fixed[0])} is fixed by the --init-from model (its "
+                                 "vocabularies and tokenizer): leave it out, or give "
+                                 "--no-init-vocab")
 
     @property
     def limits(self) -> Limits:
@@ -422,8 +447,9 @@ class DecodeOptions(SearchOptions):
     """What every command that loads a checkpoint takes."""
 
     checkpoint: tuple[str, ...] = option(
-        None, "a checkpoint file, or a training output folder (its best, else latest "
-        "checkpoint); several decode as an ensemble", required=True, metavar="PATH")
+        None, "a checkpoint file, a model folder (bahdanau release), or a training output "
+        "folder (its best, else latest checkpoint); several decode as an ensemble",
+        required=True, metavar="PATH")
     device: str = option("auto", _DEVICE_HELP)
     threads: int | None = option(None, _THREADS_HELP, low=1)
 
@@ -495,6 +521,16 @@ class AverageOptions(_Options):
 
 # Words a side that `bahdanau prepare` keeps by default (a SentencePiece model keeps its pieces).
 PREPARE_WORDS = 10000
+
+
+@dataclass(frozen=True)
+class ReleaseOptions(_Options):
+    """`bahdanau release`: a trained model as a folder to share (docs/release-format.md)."""
+
+    checkpoint: str = option(None, "a checkpoint file, or a training output folder (its best, "
+                                   "else latest checkpoint)", required=True, metavar="PATH")
+    out: str = option(None, "the model folder to write", required=True, metavar="DIR")
+    overwrite: bool = option(False, "replace what OUT holds")
 
 
 @dataclass(frozen=True)

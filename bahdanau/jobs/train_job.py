@@ -27,6 +27,7 @@ from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.evaluate import corpus_bleu, translate_corpus
 from bahdanau.jobs.files import existing, write_text
+from bahdanau.jobs.init_from import InitModel, check_fit, init_weights, read_init_model
 from bahdanau.jobs.options import TrainOptions, resume_changes, resumed_options
 from bahdanau.jobs.report import (
     TestReport,
@@ -117,16 +118,24 @@ class _Data:
     tokenizer: Tokenizer
     src_vocab: Vocab
     tgt_vocab: Vocab
+    init: InitModel | None = None    # the trained model the run starts from (--init-from)
 
 
 def _read_data(o: TrainOptions) -> _Data:
     """Read and encode the data of the options: a prepared corpus (--data), the user's files or
-    the shipped Multi30k, with vocabularies built from the training side."""
+    the shipped Multi30k, with vocabularies built from the training side, or those of the
+    --init-from model (with --init-vocab)."""
+    init = read_init_model(o.init_from) if o.init_from is not None else None
     corpus = PreparedCorpus(o.data, max_len=o.max_train_len) if o.data else None
     train_pairs, dev_pairs, test_pairs = _data(o, corpus)
     if corpus is not None:
         data = _Data(corpus, corpus.manifest["counts"]["pairs"], dev_pairs, test_pairs,
-                     corpus.tokenizer, corpus.src_vocab, corpus.tgt_vocab)
+                     corpus.tokenizer, corpus.src_vocab, corpus.tgt_vocab, init)
+    elif init is not None and o.init_vocab:
+        examples = encode_pairs(train_pairs, init.src_vocab, init.tgt_vocab, init.tokenizer,
+                                max_len=o.max_train_len)
+        data = _Data(examples, len(train_pairs), dev_pairs, test_pairs, init.tokenizer,
+                     init.src_vocab, init.tgt_vocab, init)
     else:
         tokenizer = DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
         src_vocab = Vocab.build((tokenizer.tokenize(s) for s, _ in train_pairs),
@@ -136,7 +145,7 @@ def _read_data(o: TrainOptions) -> _Data:
         examples = encode_pairs(train_pairs, src_vocab, tgt_vocab, tokenizer,
                                 max_len=o.max_train_len)
         data = _Data(examples, len(train_pairs), dev_pairs, test_pairs, tokenizer, src_vocab,
-                     tgt_vocab)
+                     tgt_vocab, init)
     if not data.examples:
         raise InputError(f"no training pair has at most --max-train-len {o.max_train_len} "
                          "tokens on both sides")
@@ -144,9 +153,16 @@ def _read_data(o: TrainOptions) -> _Data:
 
 
 def _build_model(o: TrainOptions, data: _Data) -> torch.nn.Module:
-    """The model of the options' preset and choices, seeded with --seed."""
+    """The model of the options' preset and choices, seeded with --seed; with --init-from, one
+    that fits its weights (checked first), holding them."""
+    config, init = o.model.config(len(data.src_vocab), len(data.tgt_vocab)), data.init
+    if init is not None:
+        check_fit(init, config, data.src_vocab, data.tgt_vocab, data.tokenizer)
     torch.manual_seed(o.training.seed)
-    return build_model(o.model.config(len(data.src_vocab), len(data.tgt_vocab)))
+    model = build_model(config)
+    if init is not None:
+        init_weights(model, init)
+    return model
 
 
 def _dev_bleu(o: TrainOptions, data: _Data, run: TrainRun, device: torch.device,
@@ -286,6 +302,8 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
         say(f"data: {len(data.examples)} training pairs (of {data.n_pairs}), vocabularies "
             f"{len(data.src_vocab)} / {len(data.tgt_vocab)}; model {o.model.arch} "
             f"({o.model.name}), {sum(p.numel() for p in model.parameters()):,} parameters")
+        if data.init is not None and run.resumed_from is None:
+            say(f"weights from {data.init.path} (--init-from); the optimizer starts afresh")
         if run.plan.processes > 1:
             say(f"{run.plan.processes} processes x accumulation {cfg.accumulation} = "
                 f"{run.plan.size} batches per update")

@@ -451,6 +451,32 @@ def test_save_writes_step_then_best_then_best_json_then_rotates(tmp_path, monkey
     assert (tmp_path / "best.pt").read_bytes() == (tmp_path / "step_00000002.pt").read_bytes()
 
 
+def test_best_pt_is_a_link_that_outlives_the_rotation_of_its_step_file(tmp_path) -> None:
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    manager.save(1, {"step": 1, "w": torch.zeros(1000)}, metric=2.0)
+    step_file = tmp_path / "step_00000001.pt"
+    assert (tmp_path / "best.pt").stat().st_ino == step_file.stat().st_ino   # one file on disk
+    expected = step_file.read_bytes()
+    manager.save(2, {"step": 2, "w": torch.ones(1000)}, metric=1.0)   # not the best
+    assert not step_file.exists()                                     # rotated away
+    assert (tmp_path / "best.pt").read_bytes() == expected
+    assert load_checkpoint(tmp_path / "best.pt")["step"] == 1
+
+
+def test_best_pt_is_a_copy_where_links_fail(tmp_path, monkeypatch) -> None:
+    def no_links(src: Any, dst: Any) -> None:
+        raise OSError("links are not supported here")
+
+    monkeypatch.setattr(os, "link", no_links)
+    manager = CheckpointManager(tmp_path, keep_last=1)
+    manager.save(1, {"step": 1, "w": torch.zeros(10)}, metric=2.0)
+    best, step_file = tmp_path / "best.pt", tmp_path / "step_00000001.pt"
+    assert best.stat().st_ino != step_file.stat().st_ino
+    assert best.read_bytes() == step_file.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.json", "best.pt",
+                                                          "step_00000001.pt"]
+
+
 def test_rotation_keeps_the_file_just_written(tmp_path) -> None:
     manager = CheckpointManager(tmp_path, keep_last=1)
     manager.save(5, {"step": 5})
@@ -553,9 +579,10 @@ def test_crash_between_any_two_writes_loses_neither_latest_nor_best(
                 pass
         resumed_from.add(_check_resume(directory, reference))
         k += 1
-    # the step file is 3 operations (fsync file, replace, fsync directory), so is best.pt and
-    # best.json, a rotation 1 per file
-    writes = {1: 9, 2: 3, 3: 10, 4: 4}[crash_step]
+    # the step file is 3 operations (fsync file, replace, fsync directory), so is best.json;
+    # best.pt, a link to the durable step file, is 2 (replace, fsync directory); a rotation 1
+    # per file
+    writes = {1: 8, 2: 3, 3: 9, 4: 4}[crash_step]
     assert k == writes + 1
     assert resumed_from == {crash_step - 1, crash_step}
 
@@ -583,4 +610,4 @@ def test_crash_while_completing_an_interrupted_save(tmp_path, monkeypatch, refer
                 pass
         assert _check_resume(directory, reference) == 3
         k += 1
-    assert count[0] == 6   # best.pt and best.json, 3 operations each
+    assert count[0] == 5   # best.pt (a link) 2 operations, best.json 3

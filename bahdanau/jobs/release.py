@@ -1,0 +1,109 @@
+"""``bahdanau release``: a trained model as a folder to share, with its model card.
+
+`release_model` finds the checkpoint (a file, or a run folder's best), writes its model folder
+(`bahdanau.checkpoint.release.write_release`) and a model card saying what the model is and how
+it was trained: the architecture, sizes and parameter count, the training command (rebuilt from
+the options the run recorded), the training data's digest, the best dev score and, from the run
+folder's ``metrics.json``, the test scores.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from bahdanau.checkpoint.files import load_checkpoint, named, upgrade_payload
+from bahdanau.checkpoint.manager import find_checkpoint
+from bahdanau.checkpoint.payload import model_from_checkpoint
+from bahdanau.checkpoint.release import MANIFEST, write_release
+from bahdanau.jobs.options import ReleaseOptions, TrainOptions, flag
+
+
+def train_command(options: Any) -> str | None:
+    """``bahdanau train`` with the options a run recorded that differ from the defaults; None
+    when the checkpoint records none (or not as the command line writes them)."""
+    if not isinstance(options, dict):
+        return None
+    defaults = TrainOptions().to_record()
+    words = ["bahdanau", "train"]
+    for key, value in options.items():
+        if key not in defaults or value == defaults[key]:
+            continue
+        if isinstance(value, bool):
+            words.append(flag(key) if value else "--no-" + flag(key)[2:])
+        elif value is None:
+            continue
+        else:
+            words.append(flag(key))
+            words.extend(str(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
+    return shlex.join(words)
+
+
+def _test_scores(checkpoint: Path) -> dict[str, Any] | None:
+    """The test scores of the run folder whose ``checkpoints`` hold `checkpoint` (its
+    ``metrics.json``); None for a checkpoint elsewhere or a run that scored none."""
+    path = checkpoint.parent.parent / "metrics.json"
+    if not checkpoint.is_file() or checkpoint.parent.name != "checkpoints" or not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def model_card(payload: dict[str, Any], parameters: int, test: dict[str, Any] | None) -> str:
+    """The README.md of a model folder: what the model is, how it was trained, its scores."""
+    config = payload["model_config"]
+    state = payload["train_state"] if isinstance(payload["train_state"], dict) else {}
+    extra = payload["extra"] if isinstance(payload["extra"], dict) else {}
+    sizes = ", ".join(f"{k} {config[k]}" for k in (
+        "src_vocab_size", "tgt_vocab_size", "embed_size", "hidden_size", "decoder_size",
+        "align_size", "maxout_size") if k in config)
+    lines = [f"# {config.get('arch', 'rnnsearch')} translation model", "",
+             "Written by `bahdanau release`. Load it with "
+             "`bahdanau.load(FOLDER)`, translate with `bahdanau translate --checkpoint FOLDER`, "
+             "fine-tune it with `bahdanau train --init-from FOLDER`.", "",
+             "## Model", "",
+             f"- architecture: {config.get('arch')} ({config.get('attention')} attention)",
+             f"- sizes: {sizes}",
+             f"- parameters: {parameters:,}",
+             f"- weights: {'moving average (EMA)' if payload.get('ema') is not None else 'trained'}"
+             " weights, as `model.safetensors`", "", "## Training", ""]
+    command = train_command(extra.get("options"))
+    lines.append(f"- command: `{command}`" if command else "- command: not recorded")
+    if state.get("step") is not None:
+        lines.append(f"- updates: {state['step']}")
+    digest = state.get("examples_digest")
+    lines.append(f"- training data digest (SHA-256 of the examples' ids): "
+                 f"{digest if digest else 'not recorded'}")
+    if state.get("best_metric") is not None:
+        lines.append(f"- best dev score: {state['best_metric']:.4f} at update "
+                     f"{state.get('best_step')}")
+    if test is not None and "bleu" in test:
+        lines.append(f"- test: BLEU {test['bleu']:.2f}, chrF {test.get('chrf', float('nan')):.2f}"
+                     f" ({test.get('sentences')} sentences, beam {test.get('beam_size')})")
+    lines += ["", "## License", "",
+              "Not stated. Whoever shares this model adds the license of the model and of its "
+              "training data here.", "",
+              "## Files", "",
+              f"`{MANIFEST}` lists every file with its SHA-256; loading checks them.", ""]
+    return "\n".join(lines)
+
+
+def release_model(o: ReleaseOptions) -> Path:
+    """Write the model folder of `o.checkpoint` into `o.out` (``bahdanau release``).
+
+    Raises:
+        InputError: no checkpoint there or a damaged one (named), an --out that is a file or
+            not empty (without --overwrite), or safetensors is not installed.
+    """
+    path = find_checkpoint(o.checkpoint, "--checkpoint")
+    with named(path):
+        payload = upgrade_payload(load_checkpoint(path))
+        model, _, _ = model_from_checkpoint(payload)    # checks it whole first
+    parameters = sum(p.numel() for p in model.parameters())
+    card = model_card(payload, parameters, _test_scores(path))
+    return write_release(payload, o.out, card=card, overwrite=o.overwrite)

@@ -1,0 +1,148 @@
+"""``bahdanau train --init-from``: fine-tuning a trained model on new data.
+
+Expectation (independent of any earlier run's numbers): a tiny Multi30k en->fr model is
+fine-tuned on a shifted corpus, the same kind of sentences with every French sentence's words in
+reverse order. Before, the model finds the original French references more likely than the
+reversed ones (it learned French word order); after, the reversed ones, and its dev loss on the
+shifted dev set is clearly lower than the starting model's. A run whose model or vocabularies do
+not fit the starting weights is refused in one line before anything is written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from training_fixtures import one_line_error
+
+import bahdanau
+from bahdanau.checkpoint import load_checkpoint
+from bahdanau.cli import main
+from bahdanau.data import collate, encode_pairs, multi30k_files, read_lines
+from bahdanau.jobs.options import TrainOptions
+from bahdanau.jobs.train_job import run_train_job
+from bahdanau.training import evaluate_loss
+
+EN = read_lines(multi30k_files("train", "en"))
+FR = read_lines(multi30k_files("train", "fr"))
+
+
+def _write(root: Path, name: str, lines: list[str]) -> str:
+    path = root / name
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def _reversed(sentence: str) -> str:
+    """The systematic shift: the words of a sentence in reverse order."""
+    return " ".join(reversed(sentence.split()))
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("finetune")
+    return {
+        "tr.en": _write(root, "tr.en", EN[:600]), "tr.fr": _write(root, "tr.fr", FR[:600]),
+        # the shifted corpus: other sentences, their French reversed
+        "sh.en": _write(root, "sh.en", EN[600:1200]),
+        "sh.fr": _write(root, "sh.fr", [_reversed(t) for t in FR[600:1200]]),
+        "dev.en": _write(root, "dev.en", EN[1200:1260]),
+        "dev.fr": _write(root, "dev.fr", FR[1200:1260]),
+        "shdev.fr": _write(root, "shdev.fr", [_reversed(t) for t in FR[1200:1260]]),
+        "root": str(root),
+    }
+
+
+def _train(*args: str) -> None:
+    assert main(["train", "--preset", "tiny", "--threads", "1", "--batch-size", "32", *args]) == 0
+
+
+@pytest.fixture(scope="module")
+def base(corpora) -> Path:
+    out = Path(corpora["root"]) / "base"
+    _train("--train-src", corpora["tr.en"], "--train-tgt", corpora["tr.fr"], "--max-steps",
+           "60", "--lr", "0.01", "--out", str(out))
+    return out
+
+
+def _dev_loss(model_path: Path, corpora: dict[str, str], references: str) -> float:
+    """Per-token loss of `model_path`'s model on the dev sources with these references."""
+    t = bahdanau.load(model_path)
+    pairs = list(zip(read_lines(Path(corpora["dev.en"])), read_lines(Path(references)),
+                     strict=True))
+    examples = encode_pairs(pairs, t.src_vocab, t.tgt_vocab, t.tokenizer, max_len=100)
+    return evaluate_loss(t.model, [collate(examples)])[0]
+
+
+@pytest.mark.slow
+def test_fine_tuning_on_a_shifted_corpus_learns_the_shift(base, corpora) -> None:
+    out = Path(corpora["root"]) / "tuned"
+    _train("--init-from", str(base), "--train-src", corpora["sh.en"], "--train-tgt",
+           corpora["sh.fr"], "--dev-src", corpora["dev.en"], "--dev-tgt", corpora["shdev.fr"],
+           "--eval-every", "30", "--max-steps", "60", "--lr", "0.01", "--out", str(out))
+    assert "(--init-from); the optimizer starts afresh" in (out / "train.log").read_text()
+    before = {ref: _dev_loss(base, corpora, corpora[ref]) for ref in ("dev.fr", "shdev.fr")}
+    after = {ref: _dev_loss(out, corpora, corpora[ref]) for ref in ("dev.fr", "shdev.fr")}
+    print(f"dev loss per token, before: {before}, after: {after}")
+    assert before["dev.fr"] < before["shdev.fr"]           # the base model: French word order
+    assert after["shdev.fr"] < after["dev.fr"]             # fine-tuned: the shift learned
+    assert after["shdev.fr"] < 0.95 * before["shdev.fr"]   # the shifted dev loss moved down
+    # the new run has its own fresh state: a fresh optimizer, its own steps, its own data
+    tuned = load_checkpoint(out / "checkpoints" / "step_00000060.pt")
+    assert tuned["train_state"]["step"] == 60
+    assert tuned["src_vocab"] == load_checkpoint(base / "checkpoints" / "step_00000060.pt")[
+        "src_vocab"]
+    # and it resumes as any run (the same command, a higher limit)
+    result = run_train_job(TrainOptions.from_mapping({
+        "preset": "tiny", "threads": 1, "batch_size": 32, "init_from": str(base),
+        "train_src": corpora["sh.en"], "train_tgt": corpora["sh.fr"],
+        "dev_src": corpora["dev.en"], "dev_tgt": corpora["shdev.fr"], "eval_every": 30,
+        "max_steps": 62, "lr": 0.01, "out": str(out)}))
+    assert result.step == 62 and result.trained
+
+
+def test_the_first_weights_are_the_models(base, corpora, tmp_path) -> None:
+    """After one update at a learning rate of 1e-30, the new run's checkpoint holds the
+    starting model's weights (read here from its release folder)."""
+    pytest.importorskip("safetensors")
+    folder = tmp_path / "released"
+    assert main(["release", "--checkpoint", str(base), "--out", str(folder)]) == 0
+    out = tmp_path / "tuned"
+    _train("--init-from", str(folder), "--train-src", corpora["sh.en"], "--train-tgt",
+           corpora["sh.fr"], "--max-steps", "1", "--lr", "1e-30", "--out", str(out))
+    start = load_checkpoint(base / "checkpoints" / "step_00000060.pt")["model"]
+    tuned = load_checkpoint(out / "checkpoints" / "step_00000001.pt")["model"]
+    for key, value in start.items():
+        torch.testing.assert_close(tuned[key], value, rtol=0, atol=1e-20)
+
+
+@pytest.mark.parametrize("given, fragments", [
+    ({}, ["its model has embed_size", "give the model's preset and sizes"]),   # small, not tiny
+    ({"preset": "tiny", "init_vocab": False},
+     ["its source vocabulary", "is not this run's", "keeps the model's vocabularies"]),
+    ({"preset": "tiny", "vocab_size": 50}, ["--vocab-size is fixed by the --init-from model"]),
+])
+def test_a_model_that_does_not_fit_is_refused_in_one_line(base, corpora, tmp_path, given,
+                                                          fragments) -> None:
+    out = tmp_path / "tuned"
+    options = {"init_from": str(base), "train_src": corpora["sh.en"],
+               "train_tgt": corpora["sh.fr"], "max_steps": 2, "out": str(out), **given}
+    one_line_error(lambda: run_train_job(TrainOptions.from_mapping(options)), *fragments)
+    assert not out.exists()                    # refused before anything was written
+
+
+def test_a_prepared_corpus_with_other_vocabularies_is_refused(base, corpora, tmp_path) -> None:
+    data = tmp_path / "prepared"
+    assert main(["prepare", "--train-src", corpora["sh.en"], "--train-tgt", corpora["sh.fr"],
+                 "--out", str(data), "--workers", "1"]) == 0
+    out = tmp_path / "tuned"
+    one_line_error(lambda: run_train_job(TrainOptions.from_mapping(
+        {"init_from": str(base), "data": str(data), "preset": "tiny", "max_steps": 2,
+         "out": str(out)})), "its source vocabulary", "a prepared --data must be encoded")
+    assert not out.exists()
+
+
+def test_no_init_vocab_needs_init_from() -> None:
+    one_line_error(lambda: TrainOptions(init_vocab=False), "--no-init-vocab",
+                   "without --init-from")

@@ -1,0 +1,211 @@
+"""Unit tests for the model folder (bahdanau.checkpoint.release, bahdanau.jobs.release and
+``bahdanau release``).
+
+Expectations: the folder's weights are, bit for bit, the weights the checkpoint translates with
+(its EMA section here); what loads from the folder translates exactly as the checkpoint does;
+the manifest's digests are the files' SHA-256 computed here with hashlib; a changed, missing or
+unknown-version file is one line naming that file; writes are all or nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from training_fixtures import one_line_error
+
+import bahdanau
+from bahdanau import presets
+from bahdanau.checkpoint import find_checkpoint, load_checkpoint, translation_weights
+from bahdanau.checkpoint.release import read_release, write_release
+from bahdanau.cli import main
+from bahdanau.config import TrainConfig
+from bahdanau.data import (
+    DefaultTokenizer,
+    SentencePieceTokenizer,
+    Vocab,
+    encode_pairs,
+    multi30k_files,
+    read_lines,
+)
+from bahdanau.errors import InputError
+from bahdanau.models import build_model
+from bahdanau.training import train
+from bahdanau.training.state import checkpoint_payload
+
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+SOURCES = read_lines(multi30k_files("val", "en"))[:5]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> Path:
+    """A tiny model trained 4 steps (with a moving average) on 200 Multi30k pairs."""
+    en = read_lines(multi30k_files("train", "en"))[:200]
+    fr = read_lines(multi30k_files("train", "fr"))[:200]
+    tok = DefaultTokenizer(lowercase=True)
+    src_vocab = Vocab.build(tok.tokenize(s) for s in en)
+    tgt_vocab = Vocab.build(tok.tokenize(t) for t in fr)
+    examples = encode_pairs(list(zip(en, fr, strict=True)), src_vocab, tgt_vocab, tok,
+                            max_len=50)
+    torch.manual_seed(0)
+    model = build_model(presets.tiny(len(src_vocab), len(tgt_vocab)))
+    out = tmp_path_factory.mktemp("release") / "run"
+    cfg = TrainConfig(optimizer="adam", batch_size=16, max_steps=4, save_every=2, log_every=2,
+                      ema_decay=0.5)
+    train(model, examples, cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
+          checkpoint_dir=out / "checkpoints", tokenizer=tok, log=lambda line: None,
+          extra={"options": {"max_steps": 4, "lowercase": True, "preset": "tiny"}})
+    return out
+
+
+@pytest.fixture
+def folder(run, tmp_path) -> Path:
+    assert main(["release", "--checkpoint", str(run), "--out", str(tmp_path / "model")]) == 0
+    return tmp_path / "model"
+
+
+def test_weights_round_trip_bit_exactly(run, folder) -> None:
+    payload = load_checkpoint(find_checkpoint(run))
+    section, expected = translation_weights(payload)
+    assert section == "ema"                       # what the checkpoint translates with
+    stored = safetensors_torch.load_file(str(folder / "model.safetensors"))
+    assert stored.keys() == expected.keys()
+    for key, tensor in expected.items():
+        assert stored[key].dtype == tensor.dtype
+        assert torch.equal(stored[key], tensor), key
+    back = read_release(folder)
+    assert back["model_config"] == payload["model_config"]
+    assert back["src_vocab"] == payload["src_vocab"] and back["tgt_vocab"] == payload["tgt_vocab"]
+    assert back["tokenizer"] == {"name": "default", "lowercase": True, "joiners": "prefix"}
+
+
+def test_the_folder_translates_exactly_as_the_checkpoint(run, folder, tmp_path, capsys) -> None:
+    assert bahdanau.load(folder).translate(SOURCES) == bahdanau.load(run).translate(SOURCES)
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    outputs = []
+    for checkpoint in (run, folder):
+        capsys.readouterr()
+        assert main(["translate", "--checkpoint", str(checkpoint), "--input", str(src),
+                     "--max-len", "12"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == len(SOURCES)
+    scores = []
+    for checkpoint in (run, folder):
+        json_path = tmp_path / f"{checkpoint.name}.json"
+        assert main(["evaluate", "--checkpoint", str(checkpoint), "--src", str(src), "--ref",
+                     str(src), "--max-len", "12", "--json", str(json_path)]) == 0
+        scores.append(json.loads(json_path.read_text())["bleu"])
+    assert scores[0] == scores[1]
+
+
+def test_average_takes_a_folder_as_a_member(run, folder, tmp_path, capsys) -> None:
+    """The mean of a checkpoint and its own model folder is its weights, unchanged."""
+    best = find_checkpoint(run)
+    out = tmp_path / "avg.pt"
+    assert main(["average", "--checkpoint", str(best), str(folder), "--output", str(out)]) == 0
+    _, expected = translation_weights(load_checkpoint(best))
+    averaged = load_checkpoint(out)["model"]
+    assert all(torch.equal(averaged[k], v) for k, v in expected.items())
+
+
+def test_a_sentencepiece_model_travels_as_its_own_file(tmp_path) -> None:
+    pytest.importorskip("sentencepiece")
+    en = read_lines(multi30k_files("train", "en"))[:200]
+    tok = SentencePieceTokenizer.train(en, vocab_size=200, model_type="bpe")
+    vocab = Vocab.build(tok.tokenize(s) for s in en)
+    torch.manual_seed(0)
+    model = build_model(presets.tiny(len(vocab), len(vocab)))
+    payload = checkpoint_payload(model, src_vocab=vocab, tgt_vocab=vocab, tokenizer=tok)
+    write_release(payload, tmp_path / "sp", card="card")
+    assert (tmp_path / "sp" / "tokenizer.model").read_bytes() == tok.model_proto
+    assert json.loads((tmp_path / "sp" / "tokenizer.json").read_text()) == {
+        "name": "sentencepiece", "model": "tokenizer.model"}
+    loaded = bahdanau.load(tmp_path / "sp")
+    assert loaded.tokenizer.model_proto == tok.model_proto
+    assert loaded.tokenizer.tokenize(SOURCES[0]) == tok.tokenize(SOURCES[0])
+
+
+def test_manifest_holds_every_file_digest_and_the_card_its_facts(run, folder) -> None:
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["format"] == "bahdanau-model" and manifest["version"] == 1
+    on_disk = sorted(p.name for p in folder.iterdir())
+    assert sorted(manifest["files"]) == [n for n in on_disk if n != "manifest.json"]
+    for name, digest in manifest["files"].items():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o777 & ~umask     # others may read it
+    for path in folder.iterdir():
+        assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask, path
+    card = (folder / "README.md").read_text()
+    model = bahdanau.load(folder).model
+    assert f"parameters: {sum(p.numel() for p in model.parameters()):,}" in card
+    assert "`bahdanau train --max-steps 4 --lowercase --preset tiny`" in card
+    digest = load_checkpoint(find_checkpoint(run))["train_state"]["examples_digest"]
+    assert f"training data digest (SHA-256 of the examples' ids): {digest}" in card
+    assert "## License" in card
+
+
+@pytest.mark.parametrize("damage", ["tampered", "missing", "version"])
+def test_a_damaged_folder_is_one_line_naming_the_file(folder, damage) -> None:
+    if damage == "tampered":
+        path = folder / "src_vocab.json"
+        path.write_bytes(path.read_bytes().replace(b'"tokens"', b'"tokens" '))
+        fragments = [str(path), "SHA-256 differs", "changed or damaged"]
+    elif damage == "missing":
+        path = folder / "tokenizer.json"
+        path.unlink()
+        fragments = [str(path), "missing"]
+    else:
+        path = folder / "manifest.json"
+        manifest = json.loads(path.read_text())
+        path.write_text(json.dumps({**manifest, "version": 2}))
+        fragments = [str(path), "version 2", "reads version 1"]
+    one_line_error(lambda: bahdanau.load(folder), *fragments)
+    assert main(["translate", "--checkpoint", str(folder), "--input", str(path)]) == 2
+
+
+def test_a_folder_without_its_manifest_is_named(folder) -> None:
+    (folder / "manifest.json").unlink()
+    one_line_error(lambda: bahdanau.load(folder), "without its manifest.json")
+
+
+def test_out_is_refused_when_not_empty_and_replaced_whole(run, folder, monkeypatch) -> None:
+    payload = load_checkpoint(find_checkpoint(run))
+    one_line_error(lambda: write_release(payload, folder, card="x"), "is not empty",
+                   "--overwrite")
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def dies(*args, **kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(safetensors_torch, "save_file", dies)
+    with pytest.raises(RuntimeError):
+        write_release(payload, folder, card="x", overwrite=True)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before   # untouched
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["model"]   # no temporary left
+    monkeypatch.undo()
+    write_release(payload, folder, card="new card", overwrite=True)
+    assert (folder / "README.md").read_text() == "new card"
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["model"]
+    read_release(folder)
+
+
+def test_without_safetensors_the_command_says_what_to_install(run, tmp_path, monkeypatch,
+                                                              capsys) -> None:
+    monkeypatch.setitem(sys.modules, "safetensors", None)
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
+    assert main(["release", "--checkpoint", str(run), "--out", str(tmp_path / "m")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pip install 'bahdanau[share]'" in err
+    assert not (tmp_path / "m").exists()
+    with pytest.raises(InputError, match="safetensors"):
+        write_release(load_checkpoint(find_checkpoint(run)), tmp_path / "m", card="x")
