@@ -26,7 +26,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bahdanau._about import versions
 from bahdanau._checks import check_path, describe
+from bahdanau._progress import tracked
 from bahdanau.checkpoint.files import FORMAT_VERSION, load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import CheckpointManager, checkpoints_folder
 from bahdanau.checkpoint.payload import (
@@ -126,7 +128,8 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
     dtypes: dict[str, torch.dtype] = {}
     total: dict[str, Tensor] = {}
     members = []
-    for path, payload in read_members(files, same_config=True):
+    for path, payload in tracked(read_members(files, same_config=True), "averaging",
+                                 total=len(files), unit="checkpoints"):
         with named(path):
             section, weights = translation_weights(payload)
             if model is None:
@@ -155,6 +158,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]]) -> dict[str, An
         "train_config": None, "train_state": None, "optimizer": None, "optimizer_class": None,
         "scaler": None, "rng": None,
         "extra": {"averaged_from": members},
+        "versions": versions(),
         **({} if tokenizer is None else {"tokenizer": tokenizer}),
     }
 

@@ -40,11 +40,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
+from bahdanau._about import __version__
+from bahdanau._progress import clear_bars, show_progress
 from bahdanau.cli.commands import average, evaluate, plot, prepare, translate
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import existing
@@ -61,6 +65,7 @@ from bahdanau.jobs.options import (
 )
 from bahdanau.jobs.train_job import run_train_job
 from bahdanau.plot import PlotDependencyError
+from bahdanau.training.runlog import LOGGER, LogFormatter
 
 __all__ = ["build_parser", "main"]
 
@@ -90,9 +95,22 @@ _COMMANDS: dict[str, tuple[type[Any], str, str]] = {
 }
 
 
+def _add_console_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of every command that say what it shows on the console (not recorded with a
+    run's options): --quiet or --verbose, and --no-progress."""
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", action="store_true",
+                       help="log only warnings and errors on the console (train.log keeps all)")
+    shown.add_argument("--verbose", action="store_true", help="also log debugging detail")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars (default: on stderr when it is a terminal, with "
+                             "the progress extra)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `bahdanau` command (options from `bahdanau.jobs.options`)."""
     parser = _Parser(prog="bahdanau", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"bahdanau {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (options, helptext, description) in _COMMANDS.items():
         command = sub.add_parser(name, help=helptext, description=description,
@@ -103,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "e.g. max_steps); flags given here override it; a run's "
                                       "OUT/config.yaml reproduces it")
         add_arguments(command, options)
+        _add_console_flags(command)
     return parser
 
 
@@ -134,10 +153,41 @@ def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
                          f"{type(data).__name__}")
     known = {setting.key for setting in flat_settings(options)}
     values = {str(key).replace("-", "_"): value for key, value in data.items()}
+    values.pop("versions", None)         # what a run's config.yaml records it ran with
     unknown = sorted(set(values) - known)
     if unknown:
         raise InputError(f"--config {path}: unknown option {unknown[0]!r}")
     return values
+
+
+class _ConsoleHandler(logging.StreamHandler):
+    """Log records on stderr, clearing the progress bars while a line is written."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with clear_bars():
+            super().emit(record)
+
+
+@contextmanager
+def _console(quiet: bool, verbose: bool, no_progress: bool) -> Iterator[None]:
+    """While inside: the package's log records on stderr with their time (`LogFormatter`;
+    warnings only with `quiet`, debugging detail too with `verbose`), and progress bars as
+    asked; on leaving, the logger and the bars are as they were."""
+    handler = _ConsoleHandler(sys.stderr)
+    handler.setFormatter(LogFormatter())
+    handler.setLevel(logging.WARNING if quiet else logging.NOTSET)
+    before = LOGGER.level, LOGGER.propagate
+    LOGGER.setLevel(logging.DEBUG if verbose else logging.INFO)
+    LOGGER.propagate = False                   # the records are shown here, once
+    LOGGER.addHandler(handler)
+    shown = show_progress(False if no_progress else None)
+    try:
+        yield
+    finally:
+        show_progress(shown)
+        LOGGER.removeHandler(handler)
+        LOGGER.setLevel(before[0])
+        LOGGER.propagate = before[1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,6 +195,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")
     config = args.pop("config", None)
+    console = [args.pop(name) for name in ("quiet", "verbose", "no_progress")]
+    with _console(*console):
+        return _run(command, config, args, argv)
+
+
+def _run(command: str, config: str | None, args: dict[str, Any],
+         argv: Sequence[str] | None) -> int:
+    """Run `command` with the parsed `args`; a user's mistake is one line and status 2."""
     try:
         if config is not None:               # the file's values, then the flags given here
             given = {name: value for name, value in args.items() if value is not None}

@@ -30,6 +30,7 @@ import collections
 import hashlib
 import itertools
 import json
+import logging
 import multiprocessing
 import os
 import shutil
@@ -51,6 +52,7 @@ from bahdanau._checks import (
     usable_cores,
 )
 from bahdanau._files import atomic_write, fsync_dir, fsync_file
+from bahdanau._progress import progress_bar
 from bahdanau.data.batching import Example
 from bahdanau.data.sentencepiece import SentencePieceTokenizer, check_vocabs
 from bahdanau.data.text import iter_lines
@@ -97,8 +99,10 @@ class TrainSentencePiece:
 # Reading and encoding
 
 
-def _pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
-    """The lines of two files in lockstep; InputError when one ends before the other."""
+def _pairs(src: Path, tgt: Path, bar: Any) -> Iterator[tuple[str, str]]:
+    """The lines of two files in lockstep, the bytes read counted on `bar`; InputError when one
+    ends before the other."""
+    read = 0
     with src.open("rb") as fs, tgt.open("rb") as ft:
         lines = itertools.zip_longest(iter_lines(fs, str(src)), iter_lines(ft, str(tgt)))
         for number, (s, t) in enumerate(lines, 1):
@@ -107,6 +111,9 @@ def _pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
                 raise InputError(f"{short} has {number - 1} lines but {long} has more: the files "
                                  "are not line-aligned")
             yield s, t
+            if number % CHUNK_PAIRS == 0:
+                read, before = fs.tell() + ft.tell(), read
+                bar.update(read - before)
 
 
 def _chunks(pairs: Iterator[tuple[str, str]]) -> Iterator[tuple[list[str], list[str]]]:
@@ -261,7 +268,8 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
         overwrite: replace a prepared corpus of other inputs or options in `out`.
         shipped: recorded in the manifest for a corpus shipped with the package ({"corpus":
             "multi30k", "src_lang": ..., "tgt_lang": ...}): training finds its dev and test sets.
-        log: called with progress lines (default: silent).
+        log: called with what is done (default: the ``bahdanau.data.corpus`` logger); the
+            bytes read show on a progress bar (`bahdanau._progress`).
     Returns:
         The prepared corpus, opened.
     Raises:
@@ -273,7 +281,7 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
                                                    ("tgt_path", tgt_path), ("out", out)))
     tokenizer = DefaultTokenizer() if tokenizer is None else tokenizer
     _check_arguments(src, tgt, tokenizer, vocab_size, src_vocab, tgt_vocab, max_len, max_ratio)
-    workers, log = _workers(workers), log or (lambda line: None)
+    workers, log = _workers(workers), log or logging.getLogger(__name__).info
     existing, start = _existing_corpus(out), time.perf_counter()
     options = {"tokenizer": _describe_tokenizer(tokenizer), "vocab_size": vocab_size,
                "src_vocab": _vocab_sha256(src_vocab), "tgt_vocab": _vocab_sha256(tgt_vocab),
@@ -295,8 +303,10 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
     shutil.rmtree(partial, ignore_errors=True)        # left by a process killed while writing
     partial.mkdir(parents=True)
     try:
+        bar = progress_bar("preparing", total=src.stat().st_size + tgt.stat().st_size,
+                           unit="B", unit_scale=True)
         manifest = _write(partial, src, tgt, tokenizer, vocab_size, src_vocab, tgt_vocab,
-                          max_len, max_ratio, strict, workers, log)
+                          max_len, max_ratio, strict, workers, bar)
         manifest.update(format=FORMAT, version=VERSION, inputs=inputs, options=options,
                         shipped=shipped, seconds=round(time.perf_counter() - start, 1))
         text = json.dumps(manifest, indent=2, ensure_ascii=False) + "\n"
@@ -414,14 +424,14 @@ def _train_sentencepiece(src: Path, tgt: Path, spec: TrainSentencePiece) -> Toke
 
 def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size: int | None,
            src_vocab: Vocab | None, tgt_vocab: Vocab | None, max_len: int | None,
-           max_ratio: float | None, strict: bool, workers: int,
-           log: Callable[[str], None]) -> dict[str, Any]:
-    """Stream, encode and filter the pairs into `folder`; the manifest's counts."""
+           max_ratio: float | None, strict: bool, workers: int, bar: Any) -> dict[str, Any]:
+    """Stream, encode and filter the pairs into `folder`, the bytes read counted on `bar` (a
+    `bahdanau._progress.progress_bar`, closed here); the manifest's counts."""
     sides = [_Side(folder / f".{side}.spool") for side in _SIDES]
     kept_lines: list[np.ndarray] = []
     counts = {"lines": 0, "pairs": 0, "empty": 0, "too_long": 0, "ratio": 0}
     try:
-        for encoded in _encoded(_chunks(_pairs(src, tgt)), tokenizer, workers):
+        for encoded in _encoded(_chunks(_pairs(src, tgt, bar)), tokenizer, workers):
             n_src, n_tgt = encoded[0][2], encoded[1][2]
             empty = (n_src == 0) | (n_tgt == 0)
             if strict and empty.any():
@@ -441,8 +451,6 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
             counts["empty"] += int(empty.sum())
             counts["too_long"] += int(too_long.sum())
             counts["ratio"] += int(ratio.sum())
-            if counts["lines"] % (50 * CHUNK_PAIRS) == 0:
-                log(f"{counts['lines']:,} lines read")
         counts["pairs"] = sum(len(k) for k in kept_lines)
         if counts["pairs"] == 0:
             raise InputError(f"no pair of {src} and {tgt} is left after filtering "
@@ -455,6 +463,7 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
                   for side, name, vocab in zip(sides, _SIDES, (src_vocab, tgt_vocab),
                                                strict=True)]
     finally:
+        bar.close()
         for side in sides:
             side.spool.close()
     _save(folder / "lines.npy", np.concatenate(kept_lines))

@@ -22,7 +22,7 @@ from bahdanau.jobs.options import TrainOptions
 
 RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML readers also read)
 RUN_FILES = ("checkpoints", RUN_CONFIG, "metrics.json", "test.hyp.txt", "alignment.png",
-             "train.log", "tensorboard")
+             "train.log", "tensorboard", "dev")
 
 
 def stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
