@@ -56,8 +56,8 @@ def device_name(device: torch.device | str | None) -> str | None:
 def versions(device: torch.device | str | None = None) -> dict[str, Any]:
     """The record of what runs this code: {"bahdanau", "torch", "python", "git_commit" (only
     from a checkout), "host", "device" (None when not given)}; plain strings, checkpoint- and
-    JSON-safe."""
-    record: dict[str, Any] = {"bahdanau": __version__, "torch": torch.__version__,
+    JSON-safe (torch.__version__ is a str subclass that torch.load(weights_only=True) refuses)."""
+    record: dict[str, Any] = {"bahdanau": __version__, "torch": str(torch.__version__),
                               "python": platform.python_version()}
     commit = git_commit()
     if commit is not None:

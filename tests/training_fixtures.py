@@ -5,6 +5,7 @@ Importable from any test module (`pythonpath = ["tests"]` in pyproject.toml).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -57,3 +58,13 @@ def one_line_error(call: Callable[[], Any], *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in message, message
     return message
+
+
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")   # a log line's time
+
+
+def logged(text: str) -> list[str]:
+    """The messages of the log lines in `text` (the console's or train.log's), without their
+    times; lines without a time (a library's own warning on stderr) are left out."""
+    return [line[match.end():] for line in text.splitlines()
+            if (match := TIMESTAMP.match(line))]

@@ -51,8 +51,8 @@ def test_resume_continues_from_checkpoint(trained, files, capsys) -> None:
             "--preset", "tiny", "--max-steps", "8", "--time-budget", "0", "--out", str(trained),
             "--beam-size", "1", "--max-len", "5", "--threads", "1"]
     assert main(argv) == 0
-    out = capsys.readouterr().out
-    assert "resumed from" in out and "trained 8 updates" in out
+    err = capsys.readouterr().err
+    assert "resumed from" in err and "trained 8 updates" in err
 
 
 def test_translate_evaluate_plot(trained, files, capsys, tmp_path) -> None:
