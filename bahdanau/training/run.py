@@ -21,6 +21,7 @@ counts the plateau decays.
 from __future__ import annotations
 
 import hashlib
+import logging
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -61,6 +62,8 @@ from bahdanau.training.state import (
     unwrap_model,
 )
 from bahdanau.training.step import AMP_DTYPES, LossModule, StepStats, make_optimizer, train_step
+
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -447,7 +450,9 @@ def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:
                                  optimizer=run.optimizer, scaler=run.scaler, train_config=run.cfg,
                                  train_state=run.state, extra=run.extra,
                                  tokenizer=run.tokenizer, ema=run.ema)
-    return run.manager.save(run.state.step, payload, metric=metric)
+    path = run.manager.save(run.state.step, payload, metric=metric)
+    _LOG.debug(f"saved {path}")
+    return path
 
 
 def stop_reason(run: TrainRun) -> str:
