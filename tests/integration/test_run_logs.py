@@ -7,6 +7,7 @@ The command line on a tiny model trained on 50 Multi30k pairs, as in test_runs.p
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -135,6 +136,49 @@ def test_version_flag(capsys) -> None:
         main(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out == f"bahdanau {bahdanau.__version__}\n"
+
+
+# ----------------------------------------------------------------------------- dev evaluations
+
+
+def _perplexity(checkpoint: Path, pairs: list[tuple[str, str]]) -> float:
+    """exp of the mean loss per target token (eos included) of `pairs`, each sentence scored
+    alone by the model's teacher-forced logits in float64: the dev perplexity, worked out
+    without the batches or the loss the run uses."""
+    from bahdanau import DefaultTokenizer, model_from_checkpoint
+
+    model, src_vocab, tgt_vocab = model_from_checkpoint(checkpoint)
+    tokenizer, total, tokens = DefaultTokenizer(), 0.0, 0
+    with torch.no_grad():
+        for source, target in pairs:
+            src = torch.tensor([src_vocab.encode(tokenizer.tokenize(source))])
+            y = tgt_vocab.encode(tokenizer.tokenize(target))
+            logits = model(src, torch.tensor([src.shape[1]]), torch.tensor([[tgt_vocab.bos_id,
+                                                                               *y]]))
+            log_probs = logits[0].double().log_softmax(-1)           # (T, V)
+            gold = torch.tensor([*y, tgt_vocab.eos_id])
+            total -= float(log_probs[torch.arange(len(gold)), gold].sum())
+            tokens += len(gold)
+    return math.exp(total / tokens)
+
+
+def test_dev_perplexity_and_translations_per_evaluation(data, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    dev = ["--dev-src", str(data / "te.en"), "--dev-tgt", str(data / "te.fr")]
+    assert main(_argv(data, out, "--max-steps", "4", "--eval-every", "2", "--save-every", "2",
+                      "--early-stopping-metric", "ppl", *dev)) == 0
+    pairs = list(zip((data / "te.en").read_text().splitlines(),
+                     (data / "te.fr").read_text().splitlines(), strict=True))
+    dev_lines = [line for line in logged(capsys.readouterr().err) if " | dev " in line]
+    assert [line.split(" | ")[0] for line in dev_lines] == ["step 2", "step 4"]
+    best = json.loads((out / "checkpoints" / "best.json").read_text())
+    assert best["name"] == "ppl"
+    expected = _perplexity(out / "checkpoints" / f"step_{best['step']:08d}.pt", pairs)
+    assert best["metric"] == pytest.approx(expected, rel=1e-5)
+    assert f"ppl {expected:.2f} | best ppl" in dev_lines[best["step"] // 2 - 1]
+    for step in (2, 4):                    # one file per evaluation, a line per dev sentence
+        hyps = (out / "dev" / f"step_{step:08d}.hyp").read_text(encoding="utf-8")
+        assert len(hyps.splitlines()) == len(pairs) == 10
 
 
 # ----------------------------------------------------------------------------- TensorBoard
