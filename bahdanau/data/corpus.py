@@ -268,8 +268,7 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
         overwrite: replace a prepared corpus of other inputs or options in `out`.
         shipped: recorded in the manifest for a corpus shipped with the package ({"corpus":
             "multi30k", "src_lang": ..., "tgt_lang": ...}): training finds its dev and test sets.
-        log: called with what is done (default: the ``bahdanau.data.corpus`` logger); the
-            bytes read show on a progress bar (`bahdanau._progress`).
+        log: called with what it did (default: this module's logger, at INFO).
     Returns:
         The prepared corpus, opened.
     Raises:
@@ -303,10 +302,8 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
     shutil.rmtree(partial, ignore_errors=True)        # left by a process killed while writing
     partial.mkdir(parents=True)
     try:
-        bar = progress_bar("preparing", total=src.stat().st_size + tgt.stat().st_size,
-                           unit="B", unit_scale=True)
         manifest = _write(partial, src, tgt, tokenizer, vocab_size, src_vocab, tgt_vocab,
-                          max_len, max_ratio, strict, workers, bar)
+                          max_len, max_ratio, strict, workers)
         manifest.update(format=FORMAT, version=VERSION, inputs=inputs, options=options,
                         shipped=shipped, seconds=round(time.perf_counter() - start, 1))
         text = json.dumps(manifest, indent=2, ensure_ascii=False) + "\n"
@@ -424,9 +421,11 @@ def _train_sentencepiece(src: Path, tgt: Path, spec: TrainSentencePiece) -> Toke
 
 def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size: int | None,
            src_vocab: Vocab | None, tgt_vocab: Vocab | None, max_len: int | None,
-           max_ratio: float | None, strict: bool, workers: int, bar: Any) -> dict[str, Any]:
-    """Stream, encode and filter the pairs into `folder`, the bytes read counted on `bar` (a
-    `bahdanau._progress.progress_bar`, closed here); the manifest's counts."""
+           max_ratio: float | None, strict: bool, workers: int) -> dict[str, Any]:
+    """Stream, encode and filter the pairs into `folder`, the bytes read counted on a progress
+    bar; the manifest's counts."""
+    bar = progress_bar("preparing", total=src.stat().st_size + tgt.stat().st_size, unit="B",
+                       unit_scale=True)
     sides = [_Side(folder / f".{side}.spool") for side in _SIDES]
     kept_lines: list[np.ndarray] = []
     counts = {"lines": 0, "pairs": 0, "empty": 0, "too_long": 0, "ratio": 0}
