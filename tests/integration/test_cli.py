@@ -41,6 +41,9 @@ def test_train_writes_outputs(trained) -> None:
     assert len((trained / "test.hyp.txt").read_text().splitlines()) == 20
     assert (trained / "alignment.png").read_bytes()[:4] == b"\x89PNG"
     assert (trained / "checkpoints" / "best.pt").is_file()
+    for step in (3, 6):             # the dev translations of each evaluation, one per line
+        hyps = (trained / "dev" / f"step_{step:08d}.hyp").read_text(encoding="utf-8")
+        assert len(hyps.splitlines()) == 20
 
 
 def test_resume_continues_from_checkpoint(trained, files, capsys) -> None:

@@ -82,6 +82,7 @@ def test_bad_prepare_and_data_options(files, capsys, argv, message) -> None:
     if not prepared.exists():
         assert main(["prepare", "--train-src", str(files / "tr.en"), "--train-tgt",
                      str(files / "tr.fr"), "--out", str(prepared), "--workers", "1"]) == 0
+        capsys.readouterr()                      # its log: the error is the only line after
     argv = [a.format(p=prepared, f=files) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err
