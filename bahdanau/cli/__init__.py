@@ -3,9 +3,14 @@
 `bahdanau train` with no options is the default job: a small RNNsearch trained on the shipped
 Multi30k English->French data for 5 epochs (`bahdanau.jobs.options.DEFAULT_EPOCHS`), then evaluated
 on test_2016_flickr (BLEU with sacrebleu's signature, BLEU without [UNK], BLEU by length), with
-translations and an alignment plot written to the output folder. What it prints also goes to
-the run's ``train.log``; ``--tensorboard`` also writes TensorBoard events
-(`bahdanau.training.runlog`).
+translations and an alignment plot written to the output folder. What it logs (on stderr, each
+line with its time) also goes to the run's ``train.log``; ``--tensorboard`` also writes
+TensorBoard events (`bahdanau.training.runlog`).
+
+Every command takes ``--quiet`` (only warnings and errors on the console) or ``--verbose`` (more
+detail), and ``--no-progress``: with the progress extra, long work draws progress bars on
+stderr when it is a terminal (`bahdanau._progress`); stdout carries only a command's results
+(translations, scores). ``bahdanau --version`` prints the package's version.
 
 Every option is declared once, in `bahdanau.jobs.options`, and checked with the files, devices and
 run folder before any work. A user's mistake (`bahdanau.InputError`, a usage error, a file that

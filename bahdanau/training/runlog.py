@@ -68,6 +68,9 @@ class TrainLog:
             capacity=1 << 30, flushLevel=logging.CRITICAL + 1)
         self._file: logging.FileHandler | None = None
         LOGGER.addHandler(self._held)
+        self._level = LOGGER.level       # the file takes INFO records whatever the console shows
+        if LOGGER.getEffectiveLevel() > logging.INFO:
+            LOGGER.setLevel(logging.INFO)
 
     def open(self, path: str | os.PathLike[str], command: str,
              versions: Mapping[str, Any] | None = None) -> None:
@@ -94,8 +97,10 @@ class TrainLog:
             self._held = None
 
     def close(self) -> None:
-        """Stop logging to the file, and close it (what was held and not written is dropped)."""
+        """Stop logging to the file, and close it (what was held and not written is dropped);
+        the logger's level is as it was."""
         self._drop_held()
+        LOGGER.setLevel(self._level)
         if self._file is not None:
             LOGGER.removeHandler(self._file)
             self._file.close()

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shlex
 import sys
 import time
@@ -58,6 +59,7 @@ from bahdanau.evaluate import LengthBucket, Translation, has_unk, translate_corp
 from bahdanau.jobs import TestReport, TrainOptions, run_train_job
 from bahdanau.jobs.report import plot_alignment_file
 from bahdanau.search import BeamSearch
+from bahdanau.training.runlog import LOGGER, LogFormatter
 
 # (name, architecture, maximum training sentence length), in training order.
 MODELS: tuple[tuple[str, str, int], ...] = (
@@ -262,6 +264,11 @@ def plot_bleu(metrics: dict[str, dict[str, Any]], path: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    # the jobs' log lines on the console, as `bahdanau train` shows them (train.log keeps them)
+    console = logging.StreamHandler()
+    console.setFormatter(LogFormatter())
+    LOGGER.addHandler(console)
+    LOGGER.setLevel(logging.INFO)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "examples/reproduce/reproduce_paper.py",

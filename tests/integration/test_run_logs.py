@@ -86,6 +86,25 @@ def test_train_log_holds_what_was_logged_and_appends(data, tmp_path, capsys) -> 
     assert "--overwrite" in header[0] and lines == logged(capsys.readouterr().err)
 
 
+def test_train_log_outside_the_command_line(tmp_path, capsys) -> None:
+    """`TrainLog` writes the package's INFO records to the file even where nobody configured
+    logging (a script calling `run_train_job`), holds what came before `open`, and shows
+    nothing on the console."""
+    import logging
+
+    from bahdanau.training.runlog import LOGGER, TrainLog
+
+    before = LOGGER.level
+    with TrainLog() as log:
+        logging.getLogger("bahdanau.jobs").info("held")
+        log.open(tmp_path / "train.log", "my-script", versions={"bahdanau": "x"})
+        logging.getLogger("bahdanau.training").info("after")
+    logging.getLogger("bahdanau.training").info("not in the file: it is closed")
+    assert _starts(tmp_path / "train.log") == [(["# my-script", '# versions {"bahdanau": "x"}'],
+                                                ["held", "after"])]
+    assert capsys.readouterr().err == "" and LOGGER.level == before
+
+
 def _is_versions(record: dict, device: str = "cpu") -> bool:
     """A versions record of this process: the package, torch and Python versions, the host,
     the device, and the commit of the checkout the tests run from (when it is one)."""
