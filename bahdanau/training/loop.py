@@ -86,7 +86,7 @@ class TrainResult:
     stopped: str                       # why it stopped: a `stop_reason`
     elapsed_s: float                   # training time, resumed runs included
     start_step: int = 0                # the step this call started from (resumed: > 0)
-    best_metric: float | None = None   # best validate() value
+    best_metric: float | None = None   # best early-stopping metric (validate_run)
     best_step: int | None = None
     train_loss: float = math.nan       # per-token loss, last log window (nan: no step taken)
     history: list[dict[str, float]] = field(default_factory=list)   # one dict per log line
