@@ -136,8 +136,8 @@ class TensorBoardLog:
         folder: where the event files go (`tensorboard --logdir` it, or its parent).
         purge_step: a resumed run's step: events that an earlier start wrote from this step
             on (after its last checkpoint) are dropped, so the curves do not fold back.
-        tags: tag renames for `scalars`, e.g. {"dev/metric": "dev/bleu"} when the validation
-            metric is BLEU.
+        tags: tag renames for `scalars`, e.g. {"dev/ppl": "dev/perplexity"} (`train_run`
+            passes each dev score as "dev/NAME").
     Raises:
         InputError: tensorboard is not installed.
     """
