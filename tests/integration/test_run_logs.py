@@ -133,6 +133,24 @@ def test_versions_are_recorded_everywhere(data, tmp_path, capsys) -> None:
     assert main(["train", *config, "--out", str(tmp_path / "again")]) == 0
 
 
+def test_no_git_commit_without_git(monkeypatch) -> None:
+    """Away from a checkout (or without git) the record simply has no commit."""
+    import subprocess
+
+    from bahdanau import _about
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    _about.git_commit.cache_clear()
+    try:
+        assert _about.git_commit() is None and "git_commit" not in _about.versions("cpu")
+        assert _is_versions(_about.versions("cpu"))
+    finally:
+        _about.git_commit.cache_clear()
+
+
 def test_quiet_and_verbose_change_the_console_only(data, tmp_path, capsys) -> None:
     out = tmp_path / "run"
     assert main(_argv(data, out, "--max-steps", "1", "--quiet")) == 0
