@@ -1,6 +1,7 @@
 """bahdanau: RNNsearch (Bahdanau, Cho & Bengio, ICLR 2015) as composable PyTorch modules."""
 
 from bahdanau import engine, functional, presets
+from bahdanau._about import __version__
 from bahdanau.attention import AdditiveAttention, Attention, AttentionStep, LuongAttention
 from bahdanau.checkpoint import (
     CheckpointManager,
@@ -52,8 +53,6 @@ from bahdanau.training import (
     train_step,
 )
 from bahdanau.translate import Translator, load
-
-__version__ = "0.1.0"
 
 __all__ = [
     "AdditiveAttention",

@@ -39,6 +39,16 @@ GRUForm = Literal["torch", "paper"]
 Init = Literal["paper", "glorot"]
 Amp = Literal["none", "bf16", "fp16"]
 Schedule = Literal["constant", "inverse_sqrt", "plateau"]
+StoppingMetric = Literal["bleu", "chrf", "ppl"]
+LOWER_IS_BETTER = frozenset({"ppl"})    # scores where less is better; the others: more
+
+
+def improves(metric: str | None, new: float, best: float | None) -> bool:
+    """Whether the score `new` of `metric` beats `best` (None: nothing to beat): a lower
+    perplexity, a higher BLEU or chrF (and a higher value of a metric without a name)."""
+    if best is None:
+        return True
+    return new < best if metric in LOWER_IS_BETTER else new > best
 
 ARCHS: tuple[str, ...] = ("rnnsearch", "rnnencdec")
 ATTENTIONS: tuple[str, ...] = ("additive", "luong_general", "luong_dot")
@@ -252,6 +262,10 @@ class TrainConfig(DictConfig):
                                     "greedy, on --dev-size sentences); 0: never", low=0,
                               high=2**63 - 1)   # older runs stored 10**12 for "never"
     patience: int | None = setting(None, "stop after N evaluations without improvement", low=1)
+    early_stopping_metric: StoppingMetric = setting(
+        "bleu", "the dev score that ranks checkpoints (best.pt, --keep-best) and counts "
+        "--patience: bleu or chrf (higher is better) or ppl, the perplexity (lower is better)",
+        on_resume="fixed")
     save_every: int = setting(1000, "checkpoint every N updates (and at the end)", low=1)
     keep_last: int = setting(3, "numbered checkpoints kept: the last N", low=1)
     keep_best: int = setting(1, "also keep the checkpoints of the N best evaluations (for "

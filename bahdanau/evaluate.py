@@ -23,6 +23,7 @@ from bahdanau._checks import (
     is_int,
     resolve_device,
 )
+from bahdanau._progress import Bar, progress_bar
 from bahdanau.data.batching import pad_sources
 from bahdanau.data.text import normalize_whitespace
 from bahdanau.data.tokenizers import Tokenizer
@@ -185,7 +186,8 @@ class Translation:
 def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab: Vocab,
                      tgt_vocab: Vocab, tokenizer: Tokenizer, *, search: BeamSearch | None = None,
                      batch_size: int = 64, unk_replace: bool = False,
-                     device: str | torch.device = "cpu") -> list[Translation]:
+                     device: str | torch.device = "cpu",
+                     progress: str | None = "translating") -> list[Translation]:
     """Translate raw sentences; results come back in input order.
 
     Sentences are sorted by length and batched (less padding); each is tokenised, encoded
@@ -201,6 +203,8 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
         unk_replace: replace generated [UNK]s by the most attended source word (an extension
             beyond the paper; needs attention).
         device: where the model lives.
+        progress: the label of the progress bar (sentences translated, on stderr, when bars
+            are shown: `bahdanau._progress`); None: no bar (the caller draws its own).
     Returns:
         One `Translation` per sentence, in input order.
     Raises:
@@ -231,15 +235,18 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
     ids = [src_vocab.encode(toks) for toks in tokenized]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     results: list[Translation | None] = [None] * len(ids)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        src, lengths = pad_sources([ids[i] for i in chunk], src_vocab.pad_id)
-        for i, hyps in zip(chunk, search(model, src.to(device), lengths.to(device)),
-                           strict=True):
-            best = hyps[0]
-            words = tgt_vocab.decode(best.tokens)
-            if unk_replace:
-                words = replace_unk(best, tokenized[i], words,
-                                    unk=tgt_vocab.id_to_token(tgt_vocab.unk_id))
-            results[i] = Translation(tokenizer.detokenize(words), words, best, hyps)
+    bar = progress_bar(progress, total=len(ids), unit="sentences") if progress else Bar()
+    with bar:
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            src, lengths = pad_sources([ids[i] for i in chunk], src_vocab.pad_id)
+            for i, hyps in zip(chunk, search(model, src.to(device), lengths.to(device)),
+                               strict=True):
+                best = hyps[0]
+                words = tgt_vocab.decode(best.tokens)
+                if unk_replace:
+                    words = replace_unk(best, tokenized[i], words,
+                                        unk=tgt_vocab.id_to_token(tgt_vocab.unk_id))
+                results[i] = Translation(tokenizer.detokenize(words), words, best, hyps)
+            bar.update(len(chunk))
     return [r for r in results if r is not None]

@@ -6,6 +6,7 @@ Importable from any test module (`pythonpath = ["tests"]` in pyproject.toml).
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -96,3 +97,13 @@ def failing_writes(monkeypatch: pytest.MonkeyPatch, error: BaseException, *, aft
         return _FailingFile(f, error, after)
 
     monkeypatch.setattr(os, "fdopen", fdopen)
+
+
+TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")   # a log line's time
+
+
+def logged(text: str) -> list[str]:
+    """The messages of the log lines in `text` (the console's or train.log's), without their
+    times; lines without a time (a library's own warning on stderr) are left out."""
+    return [line[match.end():] for line in text.splitlines()
+            if (match := TIMESTAMP.match(line))]

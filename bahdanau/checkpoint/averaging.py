@@ -32,7 +32,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from bahdanau._about import versions
 from bahdanau._checks import check_path, describe
+from bahdanau._progress import tracked
 from bahdanau.checkpoint.files import FORMAT_VERSION, load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import CheckpointManager, checkpoints_folder
 from bahdanau.checkpoint.payload import (
@@ -139,7 +141,8 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]], *,
     dtypes: dict[str, torch.dtype] = {}
     total: dict[str, Tensor] = {}
     members: list[dict[str, Any]] = []
-    for path, payload in read_members(files, same_config=True):
+    for path, payload in tracked(read_members(files, same_config=True), "averaging",
+                                 total=len(files), unit="checkpoints"):
         run_id = _run_id(path, payload)
         if not allow_different_runs:
             _check_same_run(path, run_id, members)
@@ -172,6 +175,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]], *,
         "train_config": None, "train_state": None, "optimizer": None, "optimizer_class": None,
         "scaler": None, "rng": None,
         "extra": {"averaged_from": members},
+        "versions": versions(),
         **({} if tokenizer is None else {"tokenizer": tokenizer}),
     }
 

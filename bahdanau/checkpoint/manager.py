@@ -19,6 +19,7 @@ from bahdanau._checks import check_path, describe, is_finite_number, is_int
 from bahdanau._files import atomic_write, fsync_dir
 from bahdanau.checkpoint.files import load_checkpoint, named, save_checkpoint, upgrade_payload
 from bahdanau.checkpoint.release import is_release
+from bahdanau.config import improves
 from bahdanau.errors import InputError
 
 
@@ -34,9 +35,10 @@ class CheckpointManager:
     """Numbered checkpoints in one directory: keeps the last `keep_last` and the best.
 
     Files are ``step_00001000.pt`` (one per saved step) and ``best.pt``, a hard link to (where
-    links fail, a copy of) the checkpoint with the highest metric so far (higher is better,
-    e.g. dev BLEU), which outlives the numbered file's deletion; ``best.json`` records that
-    metric and step so a resumed run keeps comparing against it. With
+    links fail, a copy of) the checkpoint with the best metric so far (the highest BLEU or chrF,
+    the lowest perplexity: `bahdanau.config.improves`), which outlives the numbered file's
+    deletion; ``best.json`` records that metric, its step and its name so a resumed run keeps
+    comparing against it. With
     `keep_best` > 1 the numbered checkpoints of the `keep_best` best evaluations are kept too,
     whatever their age, and each checkpoint saved records that ranking in its `best_n` section
     (docs/checkpoint-format.md), from which `best_n` reads it back. Each save first
@@ -55,21 +57,26 @@ class CheckpointManager:
         keep_last: numbered checkpoints kept (older ones are deleted after each save); >= 1.
         keep_best: numbered checkpoints of the best evaluations also kept; >= 1. With 1 (the
             default) ``best.pt`` alone keeps the best, and no `best_n` section is written.
+        metric: the name of the metric that ranks the checkpoints ("bleu", "chrf", "ppl": see
+            `bahdanau.config.TrainConfig.early_stopping_metric`); None: the one ``best.json``
+            names (higher is better when it names none).
     Raises:
-        InputError: `keep_last` or `keep_best` < 1, or a damaged ``best.json`` that ``best.pt``
-            cannot rebuild (the file and the problem are named).
+        InputError: `keep_last` or `keep_best` < 1, a damaged ``best.json`` that ``best.pt``
+            cannot rebuild (the file and the problem are named), or one that names another
+            metric than `metric`.
     """
 
     _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
     _TEMP_FILE = re.compile(r"^\.(step_\d+\.pt|best\.pt|best\.json)\..+\.tmp$")  # atomic_write's
 
     def __init__(self, directory: str | os.PathLike[str], *, keep_last: int = 3,
-                 keep_best: int = 1) -> None:
+                 keep_best: int = 1, metric: str | None = None) -> None:
         for name, value in (("keep_last", keep_last), ("keep_best", keep_best)):
             if not is_int(value) or value < 1:
                 raise InputError(f"{name} must be a positive int, got {value!r}")
         self.directory = check_path("directory", directory)
         self.keep_last, self.keep_best = keep_last, keep_best
+        self.metric = metric
         self.best_metric: float | None = None
         self.best_step: int | None = None
         self._recorded: tuple[float, int] | None = None   # what best.json holds, if it is sound
@@ -88,8 +95,11 @@ class CheckpointManager:
         except (OSError, ValueError) as err:   # JSON and UTF-8 decoding errors are ValueErrors
             problem = f"unreadable ({type(err).__name__})"
         else:
-            if (isinstance(data, dict) and set(data) == {"metric", "step"}
-                    and _is_evaluation(data["step"], data["metric"])):
+            if (isinstance(data, dict) and set(data) in ({"metric", "step"},
+                                                         {"metric", "step", "name"})
+                    and _is_evaluation(data["step"], data["metric"])
+                    and isinstance(data.get("name", ""), str)):
+                self._check_name(data.get("name"))
                 self.best_metric, self.best_step = float(data["metric"]), data["step"]
                 self._recorded = (self.best_metric, self.best_step)
                 return
@@ -105,6 +115,21 @@ class CheckpointManager:
             raise InputError(f"{info}: {problem}, and best.pt records no best metric and step "
                              "to rebuild it from")
         self.best_metric, self.best_step = float(metric), step
+
+    def _check_name(self, recorded: str | None) -> None:
+        """Take the metric ``best.json`` names, or refuse it when it is not this one's."""
+        if recorded is None or recorded == self.metric:
+            return
+        if self.metric is not None:
+            raise InputError(f"{self.directory / 'best.json'}: the run ranks its checkpoints "
+                             f"by {recorded}, not {self.metric}; a resumed run keeps its "
+                             "early-stopping metric")
+        self.metric = recorded
+
+    def _ranked(self, ranking: list[tuple[int, float]]) -> list[tuple[int, float]]:
+        """(step, metric) pairs best first (ties: the earlier step first)."""
+        sign = 1 if improves(self.metric, 1.0, 0.0) else -1
+        return sorted(ranking, key=lambda entry: (-sign * entry[1], entry[0]))
 
     def _numbered(self) -> list[tuple[int, Path]]:
         """(step, path) of the numbered checkpoint files, lowest step first."""
@@ -190,9 +215,10 @@ class CheckpointManager:
         """Whether a checkpoint with this metric would rank among the `keep_best` best (with
         `keep_best` 1: whether it beats the best so far)."""
         if self.keep_best == 1:
-            return self.best_metric is None or metric > self.best_metric
+            return improves(self.metric, metric, self.best_metric)
         ranking = self.best_n()
-        return len(ranking) < self.keep_best or metric > ranking[self.keep_best - 1][1]
+        return (len(ranking) < self.keep_best
+                or improves(self.metric, metric, ranking[self.keep_best - 1][1]))
 
     def save(self, step: int, payload: dict[str, Any], *, metric: float | None = None) -> Path:
         """Write the checkpoint of `step`; also as ``best.pt`` if `metric` beats the best so far.
@@ -206,7 +232,7 @@ class CheckpointManager:
             payload: the checkpoint, e.g. from `checkpoint_payload`. With `keep_best` > 1 the
                 file also holds the ranking of the best evaluations, this one's included, as
                 its `best_n` section (which replaces any of `payload`'s).
-            metric: this step's validation metric (higher is better), or None.
+            metric: this step's validation metric (of the manager's `metric`), or None.
         Returns:
             The path of the numbered checkpoint.
         Raises:
@@ -223,7 +249,7 @@ class CheckpointManager:
             ranking = [(s, m) for s, m in self.best_n() if s != step]
             if metric is not None:
                 ranking.append((step, float(metric)))
-            ranking = sorted(ranking, key=lambda entry: (-entry[1], entry[0]))[:self.keep_best]
+            ranking = self._ranked(ranking)[:self.keep_best]
             payload = {**payload, "best_n": [{"step": s, "metric": m} for s, m in ranking]}
             kept = {s for s, _ in ranking}
         path = self.path_for(step)
@@ -232,7 +258,7 @@ class CheckpointManager:
             self._ranking = ranking
         else:
             self._ranking = None          # best_n() reads the files again if asked
-        if metric is not None and (self.best_metric is None or metric > self.best_metric):
+        if metric is not None and improves(self.metric, metric, self.best_metric):
             self._record_best(path, float(metric), step)
         for old_step, old in self._numbered()[:-self.keep_last]:
             if old_step < step and old_step not in kept:
@@ -281,7 +307,8 @@ class CheckpointManager:
         self._write_best_json(metric, step)
 
     def _write_best_json(self, metric: float, step: int) -> None:
-        info = json.dumps({"metric": metric, "step": step}).encode()
+        name = {} if self.metric is None else {"name": self.metric}
+        info = json.dumps({"metric": metric, "step": step, **name}).encode()
         atomic_write(self.directory / "best.json", lambda f: f.write(info))
         self.best_metric, self.best_step = metric, step
         self._recorded = (metric, step)

@@ -3,9 +3,14 @@
 `bahdanau train` with no options is the default job: a small RNNsearch trained on the shipped
 Multi30k English->French data for 5 epochs (`bahdanau.jobs.options.DEFAULT_EPOCHS`), then evaluated
 on test_2016_flickr (BLEU with sacrebleu's signature, BLEU without [UNK], BLEU by length), with
-translations and an alignment plot written to the output folder. What it prints also goes to
-the run's ``train.log``; ``--tensorboard`` also writes TensorBoard events
-(`bahdanau.training.runlog`).
+translations and an alignment plot written to the output folder. What it logs (on stderr, each
+line with its time) also goes to the run's ``train.log``; ``--tensorboard`` also writes
+TensorBoard events (`bahdanau.training.runlog`).
+
+Every command takes ``--quiet`` (only warnings and errors on the console) or ``--verbose`` (more
+detail), and ``--no-progress``: with the progress extra, long work draws progress bars on
+stderr when it is a terminal (`bahdanau._progress`); stdout carries only a command's results
+(translations, scores). ``bahdanau --version`` prints the package's version.
 
 Every option is declared once, in `bahdanau.jobs.options`, and checked with the files, devices and
 run folder before any work. A user's mistake (`bahdanau.InputError`, a usage error, a file that
@@ -50,11 +55,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shlex
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NoReturn
 
+from bahdanau._about import __version__
+from bahdanau._progress import clear_bars, show_progress
 from bahdanau.cli.commands import average, evaluate, plot, prepare, release, translate
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import existing
@@ -72,6 +81,7 @@ from bahdanau.jobs.options import (
 )
 from bahdanau.jobs.train_job import run_train_job
 from bahdanau.plot import PlotDependencyError
+from bahdanau.training.runlog import LOGGER, LogFormatter
 
 __all__ = ["build_parser", "main"]
 
@@ -106,9 +116,22 @@ _COMMANDS: dict[str, tuple[type[Any], str, str]] = {
 }
 
 
+def _add_console_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags of every command that say what it shows on the console (not recorded with a
+    run's options): --quiet or --verbose, and --no-progress."""
+    shown = parser.add_mutually_exclusive_group()
+    shown.add_argument("--quiet", action="store_true",
+                       help="log only warnings and errors on the console (train.log keeps all)")
+    shown.add_argument("--verbose", action="store_true", help="also log debugging detail")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bars (default: on stderr when it is a terminal, with "
+                             "the progress extra)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `bahdanau` command (options from `bahdanau.jobs.options`)."""
     parser = _Parser(prog="bahdanau", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"bahdanau {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (options, helptext, description) in _COMMANDS.items():
         command = sub.add_parser(name, help=helptext, description=description,
@@ -119,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "e.g. max_steps); flags given here override it; a run's "
                                       "OUT/config.yaml reproduces it")
         add_arguments(command, options)
+        _add_console_flags(command)
     return parser
 
 
@@ -150,10 +174,41 @@ def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
                          f"{type(data).__name__}")
     known = {setting.key for setting in flat_settings(options)}
     values = {str(key).replace("-", "_"): value for key, value in data.items()}
+    values.pop("versions", None)         # what a run's config.yaml records it ran with
     unknown = sorted(set(values) - known)
     if unknown:
         raise InputError(f"--config {path}: unknown option {unknown[0]!r}")
     return values
+
+
+class _ConsoleHandler(logging.StreamHandler):
+    """Log records on stderr, clearing the progress bars while a line is written."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with clear_bars():
+            super().emit(record)
+
+
+@contextmanager
+def _console(quiet: bool, verbose: bool, no_progress: bool) -> Iterator[None]:
+    """While inside: the package's log records on stderr with their time (`LogFormatter`;
+    warnings only with `quiet`, debugging detail too with `verbose`), and progress bars as
+    asked; on leaving, the logger and the bars are as they were."""
+    handler = _ConsoleHandler(sys.stderr)
+    handler.setFormatter(LogFormatter())
+    handler.setLevel(logging.WARNING if quiet else logging.NOTSET)
+    before = LOGGER.level, LOGGER.propagate
+    LOGGER.setLevel(logging.DEBUG if verbose else logging.INFO)
+    LOGGER.propagate = False                   # the records are shown here, once
+    LOGGER.addHandler(handler)
+    shown = show_progress(False if no_progress else None)
+    try:
+        yield
+    finally:
+        show_progress(shown)
+        LOGGER.removeHandler(handler)
+        LOGGER.setLevel(before[0])
+        LOGGER.propagate = before[1]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -161,6 +216,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")
     config = args.pop("config", None)
+    console = [args.pop(name) for name in ("quiet", "verbose", "no_progress")]
+    with _console(*console):
+        return _run(command, config, args, argv)
+
+
+def _run(command: str, config: str | None, args: dict[str, Any],
+         argv: Sequence[str] | None) -> int:
+    """Run `command` with the parsed `args`; a user's mistake is one line and status 2."""
     try:
         if config is not None:               # the file's values, then the flags given here
             given = {name: value for name, value in args.items() if value is not None}

@@ -7,11 +7,11 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from bahdanau._progress import Bar, clear_bars, progress_bar
 from bahdanau.checkpoint.averaging import average_checkpoints, select_checkpoints
 from bahdanau.checkpoint.files import save_checkpoint
 from bahdanau.data.corpus import TrainSentencePiece, prepare_corpus
@@ -67,8 +67,7 @@ def prepare(o: PrepareOptions) -> int:
     try:
         prepare_corpus(src, tgt, o.out, tokenizer=tokenizer, vocab_size=vocab_size,
                        max_len=o.max_len, max_ratio=o.max_ratio, strict=o.strict,
-                       workers=o.workers, overwrite=o.overwrite, shipped=shipped,
-                       log=lambda line: print(line, flush=True))
+                       workers=o.workers, overwrite=o.overwrite, shipped=shipped)
     except Stopped as stop:
         print(f"bahdanau: prepare {stop}: nothing was written in {o.out}", file=sys.stderr)
         return 128 + stop.signum
@@ -101,26 +100,29 @@ def translate(o: TranslateOptions) -> int:
         stream = stack.enter_context(path.open("rb")) if path else sys.stdin.buffer
         alignments = (stack.enter_context(output_file(o.alignments))
                       if o.alignments else None)
-        progress = _Progress(path)
         lines = iter_lines(stream, str(path) if path else "<stdin>")
-        # typed at a terminal: each line is answered at once
-        size = 1 if path is None and sys.stdin.isatty() else o.batch_size * WINDOW_BATCHES
-        done = 0
-        while window := list(itertools.islice(lines, size)):
-            sentences = [line for line in window if line.strip()]
-            translated = iter(translate_corpus(
-                model, sentences, src_vocab, tgt_vocab, tokenizer, search=search,
-                batch_size=o.batch_size, unk_replace=o.unk_replace, device=device)
-                if sentences else [])
-            for line in window:
-                t = next(translated) if line.strip() else None
-                _print_translation(done, t, o.n_best, tokenizer, tgt_vocab)
-                if alignments is not None:
-                    alignments.write(_alignment_row(line, t, tokenizer).encode())
-                done += 1
-            sys.stdout.flush()
-            progress.update(done, stream)
-        progress.finish(done)
+        # typed at a terminal: each line is answered at once, and no bar is drawn
+        interactive = path is None and sys.stdin.isatty()
+        size = 1 if interactive else o.batch_size * WINDOW_BATCHES
+        done = read = 0
+        with _input_bar(path, interactive) as bar:
+            while window := list(itertools.islice(lines, size)):
+                sentences = [line for line in window if line.strip()]
+                translated = iter(translate_corpus(
+                    model, sentences, src_vocab, tgt_vocab, tokenizer, search=search,
+                    batch_size=o.batch_size, unk_replace=o.unk_replace, device=device,
+                    progress=None) if sentences else [])
+                with clear_bars():
+                    for line in window:
+                        t = next(translated) if line.strip() else None
+                        _print_translation(done, t, o.n_best, tokenizer, tgt_vocab)
+                        if alignments is not None:
+                            alignments.write(_alignment_row(line, t, tokenizer).encode())
+                        done += 1
+                    sys.stdout.flush()
+                position = stream.tell() if path is not None else done   # bytes, or lines
+                bar.update(position - read)
+                read = position
     return 0
 
 
@@ -145,30 +147,13 @@ def _alignment_row(line: str, t: Translation | None, tokenizer: Tokenizer) -> st
                        [[round(float(x), 5) for x in row] for row in att]}) + "\n"
 
 
-class _Progress:
-    """Sentences/s (and, reading a file, an ETA from the bytes read) on stderr, only when
-    stderr is a terminal."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.enabled = sys.stderr is not None and sys.stderr.isatty()
-        self.size = path.stat().st_size if path else None
-        self.start = time.perf_counter()
-
-    def update(self, done: int, stream: Any) -> None:
-        if not self.enabled:
-            return
-        seconds = time.perf_counter() - self.start
-        line = f"{done} sentences, {done / max(seconds, 1e-9):.1f} sentences/s"
-        if self.size:
-            fraction = min(stream.tell() / self.size, 1.0)
-            if fraction > 0:
-                line += f", about {seconds * (1 - fraction) / fraction:.0f} s left"
-        print(f"\r{line}\x1b[K", end="", file=sys.stderr, flush=True)
-
-    def finish(self, done: int) -> None:
-        if self.enabled:
-            print(f"\r{done} sentences in {time.perf_counter() - self.start:.1f} s\x1b[K",
-                  file=sys.stderr, flush=True)
+def _input_bar(path: Path | None, interactive: bool) -> Any:
+    """The progress bar of translate: the bytes of --input read, or the lines of stdin."""
+    if interactive:
+        return Bar()
+    if path is None:
+        return progress_bar("translating", unit="lines")
+    return progress_bar("translating", total=path.stat().st_size, unit="B", unit_scale=True)
 
 
 def evaluate(o: EvaluateOptions) -> int:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import os
 import shutil
 import time
@@ -47,6 +48,7 @@ from bahdanau._checks import (
     usable_cores,
 )
 from bahdanau._files import atomic_write, fsync_file
+from bahdanau._progress import progress_bar
 from bahdanau.data.destination import check_destination, held, partial_folder, replace_folder
 from bahdanau.data.manifest import (
     FORMAT,
@@ -99,8 +101,10 @@ class TrainSentencePiece:
 # Reading and encoding
 
 
-def _pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
-    """The lines of two files in lockstep; InputError when one ends before the other."""
+def _pairs(src: Path, tgt: Path, bar: Any) -> Iterator[tuple[str, str]]:
+    """The lines of two files in lockstep, the bytes read counted on `bar`; InputError when one
+    ends before the other."""
+    read = 0
     with src.open("rb") as fs, tgt.open("rb") as ft:
         lines = itertools.zip_longest(iter_lines(fs, str(src)), iter_lines(ft, str(tgt)))
         for number, (s, t) in enumerate(lines, 1):
@@ -109,6 +113,9 @@ def _pairs(src: Path, tgt: Path) -> Iterator[tuple[str, str]]:
                 raise InputError(f"{short} has {number - 1} lines but {long} has more: the files "
                                  "are not line-aligned")
             yield s, t
+            if number % CHUNK_PAIRS == 0:
+                read, before = fs.tell() + ft.tell(), read
+                bar.update(read - before)
 
 
 def _chunks(pairs: Iterator[tuple[str, str]]) -> Iterator[Chunk]:
@@ -214,7 +221,7 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
         shipped: recorded in the manifest for a corpus shipped with the package ({"corpus":
             "multi30k", "src_lang": ..., "tgt_lang": ...}): training finds its dev and test sets.
             The inputs must be that corpus's training files of those languages.
-        log: called with progress lines (default: silent).
+        log: called with what it did (default: this module's logger, at INFO).
     Returns:
         The prepared corpus, opened.
     Raises:
@@ -231,7 +238,7 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
     tokenizer = DefaultTokenizer() if tokenizer is None else tokenizer
     _check_arguments(src, tgt, tokenizer, vocab_size, src_vocab, tgt_vocab, max_len, max_ratio,
                      strict, overwrite)
-    workers, log = _workers(workers), log or (lambda line: None)
+    workers, log = _workers(workers), log or logging.getLogger(__name__).info
     folder, start = check_destination(out), time.perf_counter()
     options = {"tokenizer": _describe_tokenizer(tokenizer), "vocab_size": vocab_size,
                "src_vocab": _vocab_sha256(src_vocab), "tgt_vocab": _vocab_sha256(tgt_vocab),
@@ -247,7 +254,7 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
         partial.mkdir()
         try:
             manifest = _write(partial, src, tgt, tokenizer, vocab_size, src_vocab, tgt_vocab,
-                              max_len, max_ratio, strict, workers, log)
+                              max_len, max_ratio, strict, workers)
             manifest.update(format=FORMAT, version=VERSION, inputs=inputs, options=options,
                             shipped=shipped, seconds=round(time.perf_counter() - start, 1))
             manifest = seal(partial, manifest)
@@ -409,11 +416,13 @@ def _train_sentencepiece(src: Path, tgt: Path, spec: TrainSentencePiece,
 
 def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size: int | None,
            src_vocab: Vocab | None, tgt_vocab: Vocab | None, max_len: int | None,
-           max_ratio: float | None, strict: bool, workers: int,
-           log: Callable[[str], None]) -> dict[str, Any]:
-    """Stream, encode and filter the pairs into `folder`; the manifest's counts."""
+           max_ratio: float | None, strict: bool, workers: int) -> dict[str, Any]:
+    """Stream, encode and filter the pairs into `folder`, the bytes read counted on a progress
+    bar; the manifest's counts."""
+    bar = progress_bar("preparing", total=src.stat().st_size + tgt.stat().st_size, unit="B",
+                       unit_scale=True)
     sides = [_Side(folder / f".{side}.spool") for side in SIDES]
-    chunks = tokenised(_chunks(_pairs(src, tgt)), tokenizer, workers)
+    chunks = tokenised(_chunks(_pairs(src, tgt, bar)), tokenizer, workers)
     kept_lines: list[np.ndarray] = []
     counts = {"lines": 0, "pairs": 0, "empty": 0, "too_long": 0, "ratio": 0}
     try:
@@ -437,8 +446,6 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
             counts["empty"] += int(empty.sum())
             counts["too_long"] += int(too_long.sum())
             counts["ratio"] += int(ratio.sum())
-            if counts["lines"] % (50 * CHUNK_PAIRS) == 0:
-                log(f"{counts['lines']:,} lines read")
         counts["pairs"] = sum(len(k) for k in kept_lines)
         if counts["pairs"] == 0:
             raise InputError(f"no pair of {src} and {tgt} is left after filtering "
@@ -452,6 +459,7 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
                                                strict=True)]
     finally:
         chunks.close()                   # stops the workers at once when something raised
+        bar.close()
         for side in sides:
             side.spool.close()
     _save(folder / "lines.npy", np.concatenate(kept_lines))

@@ -25,7 +25,7 @@ from bahdanau.jobs.options import TrainOptions
 
 RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML readers also read)
 RUN_FILES = ("checkpoints", RUN_CONFIG, "metrics.json", "test.hyp.txt", "alignment.png",
-             "train.log", "tensorboard")
+             "train.log", "tensorboard", "dev")
 RUN_LOCK = ".lock"              # held by `locked` while a run trains in the folder
 
 

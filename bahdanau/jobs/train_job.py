@@ -9,6 +9,7 @@ set, writing the translations, one alignment plot and ``metrics.json`` into the 
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -19,13 +20,14 @@ from typing import Any
 
 import torch
 
-from bahdanau.data.batching import Example, encode_pairs
+from bahdanau._about import versions
+from bahdanau.data.batching import Example, collate, encode_pairs
 from bahdanau.data.corpus import PreparedCorpus
 from bahdanau.data.text import multi30k_files, read_parallel
 from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
-from bahdanau.evaluate import corpus_bleu, translate_corpus
+from bahdanau.evaluate import corpus_scores, translate_corpus
 from bahdanau.jobs.files import existing, write_text
 from bahdanau.jobs.init_from import InitModel, check_fit, init_weights, read_init_model
 from bahdanau.jobs.options import TrainOptions, resume_changes, resumed_options
@@ -49,6 +51,7 @@ from bahdanau.training.distributed import (
 from bahdanau.training.loop import TrainResult, train_run
 from bahdanau.training.run import TrainRun, setup_run, stop_reason
 from bahdanau.training.runlog import TensorBoardLog, TrainLog, require_tensorboard
+from bahdanau.training.step import evaluate_loss
 
 
 def _pairs(src: str, tgt: str, split: str) -> list[tuple[str, str]]:
@@ -82,6 +85,9 @@ def _data(o: TrainOptions, corpus: PreparedCorpus | None) -> tuple[list, list, l
     if o.training.eval_every and not sets[1]:
         raise InputError("--eval-every needs a dev set: give --dev-src and --dev-tgt")
     return sets[0], sets[1], sets[2]
+
+
+_LOG = logging.getLogger(__name__)
 
 
 def _quiet(line: str) -> None:
@@ -165,27 +171,40 @@ def _build_model(o: TrainOptions, data: _Data) -> torch.nn.Module:
     return model
 
 
-def _dev_bleu(o: TrainOptions, data: _Data, run: TrainRun, device: torch.device,
-              board: TensorBoardLog | None) -> Callable[[torch.nn.Module], float] | None:
-    """The dev evaluation of the run (greedy BLEU of --dev-size sentences; with TensorBoard, one
-    typical sentence's alignment too), or None without --eval-every."""
+def _dev_scores(o: TrainOptions, data: _Data, run: TrainRun, device: torch.device,
+                board: TensorBoardLog | None
+                ) -> Callable[[torch.nn.Module], dict[str, float]] | None:
+    """The dev evaluation of the run, or None without --eval-every: BLEU and chrF of the greedy
+    translations of --dev-size sentences, and the perplexity of their references (the model's
+    loss per target token). Each evaluation's translations go to OUT/dev/step_N.hyp; with
+    TensorBoard, one typical sentence's alignment too."""
     if not o.training.eval_every:
         return None
-    sources = [s for s, _ in data.dev[: o.dev_size]]
-    references = [t for _, t in data.dev[: o.dev_size]]
+    pairs = data.dev[: o.dev_size]
+    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+    examples = encode_pairs(pairs, data.src_vocab, data.tgt_vocab, data.tokenizer)
+    batches = [collate(examples[i:i + o.batch_size])
+               for i in range(0, len(examples), o.batch_size)]
     shown = typical_sentence(sources, data.tokenizer) if board is not None and sources else None
+    folder = Path(o.out) / "dev"
 
-    def validate(m: torch.nn.Module) -> float:
+    def validate(m: torch.nn.Module) -> dict[str, float]:
         hyps = translate_corpus(m, sources, data.src_vocab, data.tgt_vocab, data.tokenizer,
                                 search=BeamSearch(beam_size=1, max_len=o.max_len),
-                                batch_size=o.batch_size, device=device)
+                                batch_size=o.batch_size, device=device, progress="dev")
+        folder.mkdir(exist_ok=True)
+        write_text(folder / f"step_{run.state.step:08d}.hyp",
+                   "".join(h.text + "\n" for h in hyps))
         attention = hyps[shown].hypothesis.attention if shown is not None else None
         if board is not None and shown is not None and attention is not None:
             board.alignment(run.state.step, attention,
                             *alignment_labels(hyps[shown],
                                               data.tokenizer.tokenize(sources[shown])))
-        return corpus_bleu([h.text for h in hyps], references,
-                           lowercase=getattr(data.tokenizer, "lowercase", False))
+        scores = corpus_scores([h.text for h in hyps], references,
+                               lowercase=getattr(data.tokenizer, "lowercase", False))
+        with torch.no_grad():
+            _, ppl = evaluate_loss(m, batches)
+        return {"bleu": scores.bleu, "chrf": scores.chrf, "ppl": ppl}
 
     return validate
 
@@ -226,22 +245,46 @@ def _checked_options(o: TrainOptions) -> tuple[TrainOptions, torch.device, list[
 
 
 def _score(o: TrainOptions, data: _Data, run: TrainRun, device: torch.device,
-           result: TrainResult, start: float, say: Callable[[str], None]
+           result: TrainResult, start: float, board: TensorBoardLog | None
            ) -> tuple[TestReport, dict[str, Any]]:
     """The test report of the trained run, written into its folder with ``metrics.json`` (the
-    report and the run's numbers), and printed."""
+    report, the run's numbers and the versions it ran with), logged, and with TensorBoard
+    written as test/bleu, test/chrf and test/bleu_no_unk at the last step."""
     out = Path(o.out)
     report, plot_note = _test_report(o, data, run, device)
     metrics = {**report.metrics(), "updates": result.step,
                "train_minutes": round(result.elapsed_s / 60, 2),
                "wall_minutes": round((time.perf_counter() - start) / 60, 2),
-               "arch": o.model.arch, "preset": o.model.preset}
+               "arch": o.model.arch, "preset": o.model.preset, "versions": versions(device)}
     write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+    if board is not None:
+        board.scalars(result.step, {f"test/{name}": metrics[name]
+                                    for name in ("bleu", "chrf", "bleu_no_unk")
+                                    if metrics[name] is not None})
     for line in report.lines():
-        say(line)
-    say(f"translations: {out / 'test.hyp.txt'}; {plot_note}; metrics: {out / 'metrics.json'}")
-    say(f"total wall time {metrics['wall_minutes']:.1f} min")
+        _LOG.info(line)
+    _LOG.info(f"translations: {out / 'test.hyp.txt'}; {plot_note}; metrics: "
+              f"{out / 'metrics.json'}")
+    _LOG.info(f"total wall time {metrics['wall_minutes']:.1f} min")
     return report, metrics
+
+
+def _open_records(o: TrainOptions, run: TrainRun, log: TrainLog | None, command: str,
+                  device: torch.device, stack: ExitStack) -> TensorBoardLog | None:
+    """On rank 0 (`log` given), once the run is set up: start its train.log (header: `command`
+    and the versions), its TensorBoard events with --tensorboard (returned), and write its
+    options, with the versions, as config.yaml."""
+    if log is None:
+        return None
+    out, record = Path(o.out), versions(device)
+    log.open(out / "train.log", command, versions=record)
+    board = None
+    if o.tensorboard:        # a resumed run drops the events a crash left past its step
+        board = stack.enter_context(TensorBoardLog(
+            out / "tensorboard", purge_step=run.state.step if run.resumed_from else None))
+    write_text(out / RUN_CONFIG, json.dumps({**o.to_record(), "versions": record}, indent=2)
+               + "\n")
+    return board
 
 
 def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobResult:
@@ -266,9 +309,9 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
     data = _read_data(o)
     model = _build_model(o, data)
     with process_group(device) as main, ExitStack() as stack:
-        # rank 0 prints and writes OUT/train.log once the run starts; the others say nothing
+        # rank 0 logs, and writes OUT/train.log once the run starts; the others say nothing
         log = stack.enter_context(TrainLog()) if main else None
-        say = log if log is not None else _quiet
+        say = _LOG.info if main else _quiet
         if not data.test:
             say("no test set: the model is trained and saved but not scored (give --test-src "
                 "and --test-tgt to score it)")
@@ -284,21 +327,12 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
                         extra={"options": o.to_record()}, tokenizer=data.tokenizer)
         finished = stop_reason(run)       # then the folder, train.log too, is left as it is
         if finished and (not data.test or (out / "metrics.json").is_file()):
-            if main:
-                print(f"nothing to do: the run in {out} finished at step {run.state.step} "
-                      f"({finished}); raise its limit to train on, or score it with bahdanau "
-                      "evaluate")
+            say(f"nothing to do: the run in {out} finished at step {run.state.step} "
+                f"({finished}); raise its limit to train on, or score it with bahdanau evaluate")
             return TrainJobResult(out, run.state.step, finished, None, None, trained=False)
         if changes is not None:
             run.resume_changes = changes                 # in the command line's terms
-        board = None
-        if log is not None:
-            log.open(out / "train.log", command)
-            if o.tensorboard:    # a resumed run drops the events a crash left past its step
-                board = stack.enter_context(TensorBoardLog(
-                    out / "tensorboard", tags={"dev/metric": "dev/bleu"},
-                    purge_step=run.state.step if run.resumed_from else None))
-            write_text(out / RUN_CONFIG, json.dumps(o.to_record(), indent=2) + "\n")
+        board = _open_records(o, run, log, command, device, stack)
         say(f"data: {len(data.examples)} training pairs (of {data.n_pairs}), vocabularies "
             f"{len(data.src_vocab)} / {len(data.tgt_vocab)}; model {o.model.arch} "
             f"({o.model.name}), {sum(p.numel() for p in model.parameters()):,} parameters")
@@ -307,7 +341,7 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
         if run.plan.processes > 1:
             say(f"{run.plan.processes} processes x accumulation {cfg.accumulation} = "
                 f"{run.plan.size} batches per update")
-        result = train_run(run, validate=_dev_bleu(o, data, run, device, board), log=say,
+        result = train_run(run, validate=_dev_scores(o, data, run, device, board), log=say,
                            scalars=board.scalars if board is not None else None)
         job = TrainJobResult(out, result.step, result.stopped, None, None)
         if job.signal is not None:
@@ -322,5 +356,5 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
         if not data.test:
             say(f"checkpoints: {out / 'checkpoints'}")
             return job
-        report, metrics = _score(o, data, run, device, result, start, say)
+        report, metrics = _score(o, data, run, device, result, start, board)
         return replace(job, report=report, metrics=metrics)

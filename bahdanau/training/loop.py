@@ -11,6 +11,7 @@ process would.
 
 from __future__ import annotations
 
+import logging
 import math
 import signal
 import threading
@@ -30,7 +31,15 @@ from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.training.plan import LoaderWorkerError
-from bahdanau.training.run import TrainRun, run_step, save_run, setup_run, stop_reason, validate_run
+from bahdanau.training.run import (
+    TrainRun,
+    Validate,
+    run_step,
+    save_run,
+    setup_run,
+    stop_reason,
+    validate_run,
+)
 
 # Ctrl-C, a scheduler's or `kill`'s request, a closed terminal (where the platform has it).
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
@@ -42,6 +51,7 @@ _LIMITS = ("max_steps", "max_time", "max_epochs")   # stops after which a last e
 _SCALAR_TAGS = {"loss": "train/loss", "ppl": "train/ppl", "lr": "train/lr",
                 "grad_norm": "train/grad_norm", "tokens_per_s": "train/tgt_tokens_per_s"}
 _Scalars = Callable[[int, dict[str, float]], None]    # train_run's `scalars` callback
+_LOG = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -77,7 +87,7 @@ class TrainResult:
     stopped: str                       # why it stopped: a `stop_reason`
     elapsed_s: float                   # training time, resumed runs included
     start_step: int = 0                # the step this call started from (resumed: > 0)
-    best_metric: float | None = None   # best validate() value
+    best_metric: float | None = None   # best early-stopping metric (validate_run)
     best_step: int | None = None
     train_loss: float = math.nan       # per-token loss, last log window (nan: no step taken)
     history: list[dict[str, float]] = field(default_factory=list)   # one dict per log line
@@ -106,9 +116,10 @@ def _eta(run: TrainRun, seconds_per_step: float) -> str:
     return _format_eta(min(left)) if left else "?"
 
 
-def _evaluate(run: TrainRun, validate: Callable[[nn.Module], float], result: TrainResult,
+def _evaluate(run: TrainRun, validate: Validate, result: TrainResult,
               log: Callable[[str], None], scalars: _Scalars | None) -> tuple[float, bool]:
-    """`validate_run`, recorded in `result` and logged."""
+    """`validate_run`, recorded in `result` and logged: ``step N | dev bleu 4.74 chrf 20.10
+    ppl 123.40 | best bleu 4.74 at step N``, every score by its name."""
     state = run.state
     lr = run.schedule(state.step + 1, state.lr_decays)
     metric, improved = validate_run(run, validate)
@@ -116,17 +127,18 @@ def _evaluate(run: TrainRun, validate: Callable[[nn.Module], float], result: Tra
     if run.is_main:
         new_lr = run.schedule(state.step + 1, state.lr_decays)
         decayed = f" | lr decayed to {new_lr:.3g}" if new_lr < lr else ""
-        log(f"step {state.step} | eval {metric:.4f} | best {state.best_metric:.4f} at step "
-            f"{state.best_step}{decayed}")
+        scores = " ".join(f"{name} {value:.2f}" for name, value in run.scores.items())
+        log(f"step {state.step} | dev {scores} | best {run.cfg.early_stopping_metric} "
+            f"{state.best_metric:.2f} at step {state.best_step}{decayed}")
         if scalars is not None:
-            scalars(state.step, {"dev/metric": metric})
+            scalars(state.step, {f"dev/{name}": value for name, value in run.scores.items()})
     return metric, improved
 
 
 def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, src_vocab: Vocab,
           tgt_vocab: Vocab, checkpoint_dir: str | Path | None = None, resume: bool = True,
-          validate: Callable[[nn.Module], float] | None = None,
-          log: Callable[[str], None] = print, device: str | torch.device = "cpu",
+          validate: Validate | None = None,
+          log: Callable[[str], None] = _LOG.info, device: str | torch.device = "cpu",
           extra: dict[str, Any] | None = None, tokenizer: Tokenizer | None = None,
           scalars: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
     """Train `model` on `examples` until a step, epoch, time or patience limit is reached.
@@ -147,13 +159,15 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
         model, examples, cfg, src_vocab, tgt_vocab, checkpoint_dir, resume, device, extra,
             tokenizer: as for `setup_run`.
         validate: called as `validate(model)` (in eval mode) every `cfg.eval_every` steps (0:
-            none) and at the end; higher is better (e.g. dev BLEU). Drives best.pt and early
-            stopping.
-        log: receives one line every `cfg.log_every` steps and at evaluations.
+            none) and at the end; returns the early-stopping metric
+            (`TrainConfig.early_stopping_metric`) or a dict of scores by name that holds it
+            (`validate_run`). Drives best.pt and early stopping.
+        log: receives one line every `cfg.log_every` steps and at evaluations (default: the
+            ``bahdanau.training.loop`` logger, at INFO).
         scalars: called as `scalars(step, values)` with a log line's numbers by tag
             ("train/loss" and "train/ppl" per target token over the steps since the last line,
             "train/lr", "train/grad_norm" of the last step, "train/tgt_tokens_per_s") and at
-            each evaluation with {"dev/metric": validate's value}; for TensorBoard, pass
+            each evaluation with validate's scores as {"dev/NAME": value}; for TensorBoard, pass
             `bahdanau.training.runlog.TensorBoardLog(folder).scalars`. On rank 0 only, as `log`.
     Returns:
         A `TrainResult`.
@@ -170,8 +184,8 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
     return train_run(run, validate=validate, log=log, scalars=scalars)
 
 
-def train_run(run: TrainRun, *, validate: Callable[[nn.Module], float] | None = None,
-              log: Callable[[str], None] = print,
+def train_run(run: TrainRun, *, validate: Validate | None = None,
+              log: Callable[[str], None] = _LOG.info,
               scalars: Callable[[int, dict[str, float]], None] | None = None) -> TrainResult:
     """The loop of `train` over a run from `setup_run`.
 
@@ -212,7 +226,7 @@ def train_run(run: TrainRun, *, validate: Callable[[nn.Module], float] | None = 
     return result
 
 
-def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
+def _loop(run: TrainRun, validate: Validate | None,
           log: Callable[[str], None], result: TrainResult, scalars: _Scalars | None) -> str:
     """`train_run`'s steps, evaluations and checkpoints; returns the stop reason."""
     cfg, state = run.cfg, run.state

@@ -21,10 +21,11 @@ counts the plateau decays.
 from __future__ import annotations
 
 import hashlib
+import logging
 import signal
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +44,7 @@ from bahdanau.checkpoint.files import (
     upgrade_payload,
 )
 from bahdanau.checkpoint.manager import CheckpointManager
-from bahdanau.config import TrainConfig
+from bahdanau.config import TrainConfig, improves
 from bahdanau.data.batching import Batch, BucketBatchSampler, Example, check_examples, collate
 from bahdanau.data.corpus import PreparedCorpus
 from bahdanau.data.sentencepiece import check_vocabs
@@ -62,6 +63,8 @@ from bahdanau.training.state import (
     unwrap_model,
 )
 from bahdanau.training.step import AMP_DTYPES, LossModule, StepStats, make_optimizer, train_step
+
+_LOG = logging.getLogger(__name__)
 
 
 @dataclass
@@ -96,6 +99,7 @@ class TrainRun:
     clock: float = field(default_factory=time.monotonic)  # when state.elapsed_s was updated
     loader: BatchLoader | None = None       # with cfg.loader_workers: batches collated ahead
     ema: WeightEMA | None = None            # with cfg.ema_decay: the weights' moving average
+    scores: dict[str, float] = field(default_factory=dict)  # the last evaluation's (rank 0)
 
 
 def _tick(run: TrainRun) -> None:
@@ -240,7 +244,8 @@ def _check_inputs(model: nn.Module, examples: Sequence[Example], cfg: TrainConfi
 def _checkpoint_manager(checkpoint_dir: str | Path, cfg: TrainConfig, resume: bool
                         ) -> CheckpointManager:
     """The run's checkpoint folder; refuses one that the run cannot continue or must not touch."""
-    manager = CheckpointManager(checkpoint_dir, keep_last=cfg.keep_last, keep_best=cfg.keep_best)
+    manager = CheckpointManager(checkpoint_dir, keep_last=cfg.keep_last, keep_best=cfg.keep_best,
+                                metric=cfg.early_stopping_metric)
     if not resume and (manager.latest() or manager.best()):
         raise InputError(f"{checkpoint_dir} holds checkpoints of an earlier run: resume it, "
                          "or start over in another directory (nothing is deleted)")
@@ -363,37 +368,46 @@ def run_step(run: TrainRun) -> StepStats:
     return stats
 
 
-def validate_run(run: TrainRun, validate: Callable[[nn.Module], float]) -> tuple[float, bool]:
-    """Score the model with `validate(model)` (higher is better) and update the best metric.
+# What scores a model for `validate_run`: the early-stopping metric, or scores by name.
+Validate = Callable[[nn.Module], float | Mapping[str, float]]
 
-    `validate` runs on rank 0 only, in eval mode (the model is back in train mode afterwards),
-    and its result is broadcast to every rank. With `run.ema`, the model holds the averaged
-    weights while `validate` runs (`WeightEMA.applied_to`): what is scored is what the
-    checkpoints translate with. An improvement records the metric and step as the best and
-    resets `state.bad_evals`; otherwise `bad_evals` grows by one, and when the schedule decays
-    after that many (`LRSchedule.decays_after`), `state.lr_decays` too.
+
+def validate_run(run: TrainRun, validate: Validate) -> tuple[float, bool]:
+    """Score the model with `validate(model)` and update the best metric.
+
+    `validate` returns the run's early-stopping metric (`TrainConfig.early_stopping_metric`:
+    BLEU or chrF, higher is better; perplexity, lower is better), or a dict of scores by name
+    that holds it (e.g. {"bleu": 4.7, "chrf": 21.0, "ppl": 123.4}); `run.scores` keeps them
+    all (the metric alone under its name when `validate` returns a number). `validate` runs on
+    rank 0 only, in eval mode (the model is back in train mode afterwards), and the metric is
+    broadcast to every rank. With `run.ema`, the model holds the averaged weights while
+    `validate` runs (`WeightEMA.applied_to`): what is scored is what the checkpoints translate
+    with. An improvement records the metric and step as the best and resets
+    `state.bad_evals`; otherwise `bad_evals` grows by one, and when the schedule decays after
+    that many (`LRSchedule.decays_after`), `state.lr_decays` too.
 
     Args:
         run: the run.
-        validate: called as `validate(model)`; returns a float, higher is better (e.g. BLEU).
+        validate: called as `validate(model)`; returns a number or a dict of numbers.
     Returns:
         (metric, whether it improved on the best so far).
+    Raises:
+        InputError: `validate` returned a value that is not a finite number, or a dict without
+            the early-stopping metric.
     """
-    metric = None
+    name, metric = run.cfg.early_stopping_metric, None
     if run.is_main:
         run.model.eval()
         try:
             with run.ema.applied_to(run.model) if run.ema is not None else nullcontext():
-                metric = validate(run.model)
+                returned = validate(run.model)
         finally:
             run.model.train()
-        if not is_finite_number(metric):      # nan would never be beaten, nor beat anything
-            raise InputError(f"validate returned {metric!r}; it must return a finite number "
-                             "(higher is better)")
-        metric = float(metric)
+        run.scores = _scores(returned, name)
+        metric = run.scores[name]
     metric = broadcast(metric, run.distributed)
     state = run.state
-    improved = state.best_metric is None or metric > state.best_metric
+    improved = improves(name, metric, state.best_metric)
     if improved:
         state.best_metric, state.best_step, state.bad_evals = metric, state.step, 0
     else:
@@ -402,6 +416,24 @@ def validate_run(run: TrainRun, validate: Callable[[nn.Module], float]) -> tuple
             state.lr_decays += 1
     _tick(run)
     return metric, improved
+
+
+def _scores(returned: Any, name: str) -> dict[str, float]:
+    """What `validate` returned as scores by name, checked; a number is the metric `name`."""
+    if not isinstance(returned, Mapping):  # nan would never be beaten, nor beat anything
+        if not is_finite_number(returned):
+            raise InputError(f"validate returned {returned!r}; it must return a finite number "
+                             "or a dict of them")
+        return {name: float(returned)}
+    if name not in returned:
+        raise InputError(f"validate returned the scores {sorted(returned)}, without {name!r}, "
+                         "the early-stopping metric")
+    for key, value in returned.items():
+        if not is_finite_number(value):
+            raise InputError(f"validate returned {key} {value!r}; scores must be finite "
+                             "numbers")
+    scores = returned
+    return {str(key): float(value) for key, value in scores.items()}
 
 
 def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:
@@ -421,7 +453,9 @@ def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:
                                  optimizer=run.optimizer, scaler=run.scaler, train_config=run.cfg,
                                  train_state=run.state, extra=run.extra,
                                  tokenizer=run.tokenizer, ema=run.ema)
-    return run.manager.save(run.state.step, payload, metric=metric)
+    path = run.manager.save(run.state.step, payload, metric=metric)
+    _LOG.debug(f"saved {path}")
+    return path
 
 
 def stop_reason(run: TrainRun) -> str:

@@ -1,8 +1,10 @@
 """A training run's records besides its checkpoints: the log file and TensorBoard events.
 
-`TrainLog` is the `log` that `bahdanau train` hands to `bahdanau.training.train_run`: every line is
-printed and also appended to the run folder's ``train.log`` (flushed line by line, a header line
-per start naming the command line and the time). `TensorBoardLog` writes what `train_run` passes
+The package logs through the standard `logging` module, to the `bahdanau` logger (`LOGGER`; each
+module to a child of it, ``bahdanau.training.loop``, ...); the command line puts its records on
+the console, and `TrainLog` appends them to the run folder's ``train.log`` (a line per record,
+each with its time (`LogFormatter`), and at each start header lines naming the command line
+and the versions it ran with). `TensorBoardLog` writes what `train_run` passes
 to its `scalars` callback, and alignment images, as TensorBoard event files:
 
     board = TensorBoardLog("runs/my-run/tensorboard")
@@ -17,53 +19,90 @@ a grayscale image.
 
 from __future__ import annotations
 
+import json
+import logging
+import logging.handlers
 import os
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import torch
 from typing_extensions import Self
 
 from bahdanau.errors import InputError
 
-__all__ = ["TensorBoardLog", "TrainLog", "require_tensorboard"]
+__all__ = ["LOGGER", "LogFormatter", "TensorBoardLog", "TrainLog", "require_tensorboard"]
+
+
+LOGGER = logging.getLogger("bahdanau")     # the package's logger; each module logs to a child
+TIME_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+class LogFormatter(logging.Formatter):
+    """One line per record: its time, the level when it is not INFO, and the message, as in
+    ``2026-01-31 12:00:00 step 100 | loss 5.1234 | ...`` or ``... WARNING: ...``; the console
+    and ``train.log`` both use it."""
+
+    def __init__(self) -> None:
+        super().__init__(datefmt=TIME_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        level = "" if record.levelno == logging.INFO else f"{record.levelname}: "
+        return f"{self.formatTime(record, self.datefmt)} {level}{record.getMessage()}"
 
 
 class TrainLog:
-    """Prints lines and, once `open` has named the log file, appends them to it too.
+    """The run's ``train.log``: what the `bahdanau` logger logs while it is open, a line per
+    record, each with its time (`LogFormatter`).
 
-    Lines said before `open` (while the run's folder is checked) are kept and written after the
-    header, so the file holds everything printed by a start that trains; a start that ends
-    before `open` (an error, nothing to do) leaves no trace in the file. Use it as a context
-    manager to close the file.
+    Records logged before `open` names the file (while the run's folder is checked) are held
+    and written after the header, so the file holds everything logged by a start that trains;
+    a start that ends before `open` (an error, nothing to do) leaves no trace in the file. Use it
+    as a context manager: the logger's handlers are removed, and the file closed, on leaving.
     """
 
     def __init__(self) -> None:
-        self._held: list[str] = []
-        self._file: IO[str] | None = None
+        # holds what is logged until open() gives it the file (a flush with no target keeps it)
+        self._held: logging.handlers.MemoryHandler | None = logging.handlers.MemoryHandler(
+            capacity=1 << 30, flushLevel=logging.CRITICAL + 1)
+        self._file: logging.FileHandler | None = None
+        LOGGER.addHandler(self._held)
+        self._level = LOGGER.level       # the file takes INFO records whatever the console shows
+        if LOGGER.getEffectiveLevel() > logging.INFO:
+            LOGGER.setLevel(logging.INFO)
 
-    def __call__(self, line: str) -> None:
-        """Print `line` (flushed) and log it."""
-        print(line, flush=True)
-        if self._file is None:
-            self._held.append(line)
-        else:
-            _write(self._file, line)
+    def open(self, path: str | os.PathLike[str], command: str,
+             versions: Mapping[str, Any] | None = None) -> None:
+        """Append from now on to `path` (created if missing): first the header lines (``#
+        COMMAND`` and, given `versions`, ``# versions {JSON}``), then the records held so far."""
+        file = self._file = logging.FileHandler(path, mode="a", encoding="utf-8")
+        file.setFormatter(LogFormatter())
+        header = [f"# {command}"] + ([] if versions is None else
+                                     [f"# versions {json.dumps(dict(versions))}"])
+        for line in header:
+            file.handle(logging.makeLogRecord({"msg": line, "levelno": logging.INFO,
+                                               "levelname": "INFO", "name": LOGGER.name}))
+        if self._held is not None:
+            self._held.setTarget(file)
+            self._held.flush()
+            self._drop_held()
+        LOGGER.addHandler(file)
 
-    def open(self, path: str | os.PathLike[str], command: str) -> None:
-        """Append from now on to `path` (created if missing): first a header line with the time
-        and `command`, then the lines held so far."""
-        file = self._file = open(path, "a", encoding="utf-8")
-        _write(file, f"# {time.strftime('%Y-%m-%d %H:%M:%S %z')}: {command}")
-        for line in self._held:
-            _write(file, line)
-        self._held.clear()
+    def _drop_held(self) -> None:
+        if self._held is not None:
+            LOGGER.removeHandler(self._held)
+            self._held.setTarget(None)
+            self._held.buffer.clear()
+            self._held = None
 
     def close(self) -> None:
-        """Close the file (lines said afterwards are only printed)."""
+        """Stop logging to the file, and close it (what was held and not written is dropped);
+        the logger's level is as it was."""
+        self._drop_held()
+        LOGGER.setLevel(self._level)
         if self._file is not None:
+            LOGGER.removeHandler(self._file)
             self._file.close()
             self._file = None
 
@@ -72,11 +111,6 @@ class TrainLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _write(file: IO[str], line: str) -> None:
-    file.write(line + "\n")
-    file.flush()
 
 
 def require_tensorboard() -> Any:
@@ -102,8 +136,8 @@ class TensorBoardLog:
         folder: where the event files go (`tensorboard --logdir` it, or its parent).
         purge_step: a resumed run's step: events that an earlier start wrote from this step
             on (after its last checkpoint) are dropped, so the curves do not fold back.
-        tags: tag renames for `scalars`, e.g. {"dev/metric": "dev/bleu"} when the validation
-            metric is BLEU.
+        tags: tag renames for `scalars`, e.g. {"dev/ppl": "dev/perplexity"} (`train_run`
+            passes each dev score as "dev/NAME").
     Raises:
         InputError: tensorboard is not installed.
     """

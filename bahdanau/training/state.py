@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from bahdanau._about import versions
 from bahdanau._checks import is_finite_number, is_int
 from bahdanau.checkpoint.files import FORMAT_VERSION, parse_section, upgrade_payload
 from bahdanau.checkpoint.payload import check_weights, stored_parts
@@ -83,7 +84,7 @@ class TrainState(DictConfig):
     step: int = 0                      # optimizer steps taken
     epoch: int = 0                     # epoch of the next batch (0-based)
     position: int = 0                  # batches of `epoch` already trained on
-    best_metric: float | None = None   # best validation metric so far (higher is better)
+    best_metric: float | None = None   # best early-stopping metric so far (config.improves)
     best_step: int | None = None       # the step it was measured at
     bad_evals: int = 0                 # evaluations since the last improvement
     elapsed_s: float = 0.0             # training time so far, resumed runs included
@@ -124,7 +125,9 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
                        extra: dict[str, Any] | None = None,
                        tokenizer: Tokenizer | None = None,
                        ema: WeightEMA | None = None) -> dict[str, Any]:
-    """A checkpoint of the current format (docs/checkpoint-format.md), with the RNG states.
+    """A checkpoint of the current format (docs/checkpoint-format.md), with the RNG states and
+    the versions record of what wrote it (`bahdanau._about.versions`: package, torch, Python,
+    git commit, host, the model's device).
 
     Args:
         model: the model, with its `.config` (DDP / LossModule wrappers are removed).
@@ -162,6 +165,7 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "rng": rng_state(),
         "extra": dict(extra or {}),
+        "versions": versions(next(model.parameters()).device),
         **sections,
     }
 

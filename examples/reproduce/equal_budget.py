@@ -259,6 +259,9 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+LOG_TIME = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")   # a bahdanau log line's time
+
+
 def run_measured(cmd: list[str], log_path: Path, mark: str, bench: Path,
                  idle_wait_max: float) -> dict[str, Any]:
     """Run `cmd` (streaming its output to the console and `log_path`) on an idle machine.
@@ -280,7 +283,7 @@ def run_measured(cmd: list[str], log_path: Path, mark: str, bench: Path,
                                 text=True, encoding="utf-8", env=env)
         assert proc.stdout is not None
         for line in proc.stdout:
-            if mark_s is None and line.startswith(mark):
+            if mark_s is None and LOG_TIME.sub("", line).startswith(mark):
                 mark_s = time.perf_counter() - start
                 b1, t1 = cpu_jiffies()
                 own = process_cpu_s(proc.pid)

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shlex
 import sys
 import time
@@ -59,6 +60,7 @@ from bahdanau.evaluate import LengthBucket, Translation, has_unk, translate_corp
 from bahdanau.jobs import TestReport, TrainOptions, run_train_job
 from bahdanau.jobs.report import plot_alignment_file
 from bahdanau.search import BeamSearch
+from bahdanau.training.runlog import LOGGER, LogFormatter
 
 # (name, architecture, maximum training sentence length), in training order.
 MODELS: tuple[tuple[str, str, int], ...] = (
@@ -88,7 +90,8 @@ SWAPPED_PAIRS: dict[str, str] = {
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", default="data/hansard-fr-en-100k",
-                   help="Hansard folder with {train,dev,test}.{en,fr}.gz (hansard_sample.py builds it)")
+                   help="Hansard folder with {train,dev,test}.{en,fr}.gz "
+                        "(hansard_sample.py builds it)")
     p.add_argument("--out", default="runs/reproduce", help="output folder")
     p.add_argument("--embed-size", type=int, default=128, help="E")
     p.add_argument("--hidden-size", type=int, default=128, help="H, encoder units per direction")
@@ -263,6 +266,11 @@ def plot_bleu(metrics: dict[str, dict[str, Any]], path: Path) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
+    # the jobs' log lines on the console, as `bahdanau train` shows them (train.log keeps them)
+    console = logging.StreamHandler()
+    console.setFormatter(LogFormatter())
+    LOGGER.addHandler(console)
+    LOGGER.setLevel(logging.INFO)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = shlex.join(["python", "examples/reproduce/reproduce_paper.py",

@@ -41,6 +41,9 @@ def test_train_writes_outputs(trained) -> None:
     assert len((trained / "test.hyp.txt").read_text().splitlines()) == 20
     assert (trained / "alignment.png").read_bytes()[:4] == b"\x89PNG"
     assert (trained / "checkpoints" / "best.pt").is_file()
+    for step in (3, 6):             # the dev translations of each evaluation, one per line
+        hyps = (trained / "dev" / f"step_{step:08d}.hyp").read_text(encoding="utf-8")
+        assert len(hyps.splitlines()) == 20
 
 
 def test_resume_continues_from_checkpoint(trained, files, capsys) -> None:
@@ -51,8 +54,8 @@ def test_resume_continues_from_checkpoint(trained, files, capsys) -> None:
             "--preset", "tiny", "--max-steps", "8", "--time-budget", "0", "--out", str(trained),
             "--beam-size", "1", "--max-len", "5", "--threads", "1"]
     assert main(argv) == 0
-    out = capsys.readouterr().out
-    assert "resumed from" in out and "trained 8 updates" in out
+    err = capsys.readouterr().err
+    assert "resumed from" in err and "trained 8 updates" in err
 
 
 def test_translate_evaluate_plot(trained, files, capsys, tmp_path) -> None:

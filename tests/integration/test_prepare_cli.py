@@ -35,7 +35,7 @@ def test_train_on_a_prepared_corpus_equals_train_on_its_files(files, capsys) -> 
     assert main(["prepare", "--train-src", str(files / "tr.en"), "--train-tgt",
                  str(files / "tr.fr"), "--out", str(prepared), "--vocab-size", "300",
                  "--workers", "2"]) == 0
-    assert "prepared" in capsys.readouterr().out
+    assert "prepared" in capsys.readouterr().err
     test = ["--test-src", str(files / "te.en"), "--test-tgt", str(files / "te.fr")]
     assert main(["train", "--data", str(prepared), *test, *TRAIN,
                  "--out", str(files / "from-data")]) == 0
@@ -58,7 +58,7 @@ def test_prepared_shipped_multi30k_keeps_its_dev_and_test_sets(tmp_path, capsys)
     assert json.loads((prepared / "manifest.json").read_text())["shipped"] == {
         "corpus": "multi30k", "src_lang": "en", "tgt_lang": "fr"}
     assert main(["prepare", "--out", str(prepared), "--workers", "1"]) == 0
-    assert "up to date" in capsys.readouterr().out
+    assert "up to date" in capsys.readouterr().err
     assert main(["train", "--data", str(prepared), *TRAIN, "--max-steps", "1",
                  "--out", str(tmp_path / "run")]) == 0
     assert json.loads((tmp_path / "run" / "metrics.json").read_text())["sentences"] == 1000
@@ -82,6 +82,7 @@ def test_bad_prepare_and_data_options(files, capsys, argv, message) -> None:
     if not prepared.exists():
         assert main(["prepare", "--train-src", str(files / "tr.en"), "--train-tgt",
                      str(files / "tr.fr"), "--out", str(prepared), "--workers", "1"]) == 0
+        capsys.readouterr()                      # its log: the error is the only line after
     argv = [a.format(p=prepared, f=files) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -7,14 +7,16 @@ The command line on a tiny model trained on 50 Multi30k pairs, as in test_runs.p
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from training_fixtures import one_line_error, write_multi30k_slice
+from training_fixtures import TIMESTAMP, logged, one_line_error, write_multi30k_slice
 
-from bahdanau import InputError
+import bahdanau
+from bahdanau import InputError, load_checkpoint
 from bahdanau._checks import default_device, default_threads
 from bahdanau.cli import main
 from bahdanau.jobs.options import (
@@ -43,12 +45,17 @@ def _argv(data: Path, out: Path, *extra: str) -> list[str]:
             "--out", str(out), *extra]
 
 
-def _starts(log: Path) -> list[tuple[str, list[str]]]:
-    """train.log as (header, lines) per start."""
-    starts: list[tuple[str, list[str]]] = []
-    for line in log.read_text(encoding="utf-8").splitlines():
+def _starts(log: Path) -> list[tuple[list[str], list[str]]]:
+    """train.log as (header lines, other lines) per start, without the times; every line must
+    start with one."""
+    text = log.read_text(encoding="utf-8")
+    assert all(TIMESTAMP.match(line) for line in text.splitlines()), text
+    starts: list[tuple[list[str], list[str]]] = []
+    for line in logged(text):
         if line.startswith("# "):
-            starts.append((line, []))
+            if not starts or starts[-1][1]:
+                starts.append(([], []))
+            starts[-1][0].append(line)
         else:
             starts[-1][1].append(line)
     return starts
@@ -57,21 +64,158 @@ def _starts(log: Path) -> list[tuple[str, list[str]]]:
 # ----------------------------------------------------------------------------- train.log
 
 
-def test_train_log_holds_what_was_printed_and_appends(data, tmp_path, capsys) -> None:
+def test_train_log_holds_what_was_logged_and_appends(data, tmp_path, capsys) -> None:
+    """Each start appends a header (the command line, the versions) and then what it logged
+    on the console, every line with its time; nothing of the log goes to stdout."""
     out = tmp_path / "run"
     first = _argv(data, out, "--max-steps", "2")
     assert main(first) == 0
-    printed = [capsys.readouterr().out.splitlines()]
+    said = capsys.readouterr()
+    assert said.out == ""
+    shown = [logged(said.err)]
+    assert len(shown[0]) == len(said.err.splitlines())        # every console line is timed
     assert main(_argv(data, out, "--max-steps", "3")) == 0
-    printed.append(capsys.readouterr().out.splitlines())
+    shown.append(logged(capsys.readouterr().err))
     starts = _starts(out / "train.log")
-    assert [lines for _, lines in starts] == printed
-    assert starts[0][0].endswith(": bahdanau train " + " ".join(first[1:]))
-    assert "--max-steps 3" in starts[1][0] and printed[1][1].startswith("resumed from")
-    assert any(line.startswith("step 3 | epoch") for line in printed[1])
+    assert [lines for _, lines in starts] == shown
+    assert starts[0][0][0] == "# bahdanau train " + " ".join(first[1:])
+    assert "--max-steps 3" in starts[1][0][0] and shown[1][1].startswith("resumed from")
+    assert any(line.startswith("step 3 | epoch") for line in shown[1])
     assert main(_argv(data, out, "--max-steps", "1", "--overwrite")) == 0   # a new run: a
     [(header, lines)] = _starts(out / "train.log")                          # new log
-    assert "--overwrite" in header and lines == capsys.readouterr().out.splitlines()
+    assert "--overwrite" in header[0] and lines == logged(capsys.readouterr().err)
+
+
+def test_train_log_outside_the_command_line(tmp_path, capsys) -> None:
+    """`TrainLog` writes the package's INFO records to the file even where nobody configured
+    logging (a script calling `run_train_job`), holds what came before `open`, and shows
+    nothing on the console."""
+    import logging
+
+    from bahdanau.training.runlog import LOGGER, TrainLog
+
+    before = LOGGER.level
+    with TrainLog() as log:
+        logging.getLogger("bahdanau.jobs").info("held")
+        log.open(tmp_path / "train.log", "my-script", versions={"bahdanau": "x"})
+        logging.getLogger("bahdanau.training").info("after")
+    logging.getLogger("bahdanau.training").info("not in the file: it is closed")
+    assert _starts(tmp_path / "train.log") == [(["# my-script", '# versions {"bahdanau": "x"}'],
+                                                ["held", "after"])]
+    assert capsys.readouterr().err == "" and LOGGER.level == before
+
+
+def _is_versions(record: dict, device: str = "cpu") -> bool:
+    """A versions record of this process: the package, torch and Python versions, the host,
+    the device, and the commit of the checkout the tests run from (when it is one)."""
+    import platform
+    import socket
+
+    expected = {"bahdanau": bahdanau.__version__, "torch": torch.__version__,
+                "python": platform.python_version(), "host": socket.gethostname(),
+                "device": device}
+    commit = record.get("git_commit")
+    return ({k: v for k, v in record.items() if k != "git_commit"} == expected
+            and (commit is None or len(commit) == 40))
+
+
+def test_versions_are_recorded_everywhere(data, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(_argv(data, out, "--max-steps", "1")) == 0
+    [(header, _)] = _starts(out / "train.log")
+    assert header[1].startswith("# versions ")
+    record = json.loads(header[1].removeprefix("# versions "))
+    assert _is_versions(record)
+    assert json.loads((out / "config.yaml").read_text())["versions"] == record
+    assert json.loads((out / "metrics.json").read_text())["versions"] == record
+    assert load_checkpoint(out / "checkpoints" / "step_00000001.pt")["versions"] == record
+    config = ["--config", str(out / "config.yaml")]       # a run's config.yaml reproduces it
+    assert main(["train", *config, "--out", str(tmp_path / "again")]) == 0
+
+
+def test_no_git_commit_without_git(monkeypatch) -> None:
+    """Away from a checkout (or without git) the record simply has no commit."""
+    import subprocess
+
+    from bahdanau import _about
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    _about.git_commit.cache_clear()
+    try:
+        assert _about.git_commit() is None and "git_commit" not in _about.versions("cpu")
+        assert _is_versions(_about.versions("cpu"))
+    finally:
+        _about.git_commit.cache_clear()
+
+
+def test_quiet_and_verbose_change_the_console_only(data, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    assert main(_argv(data, out, "--max-steps", "1", "--quiet")) == 0
+    said = capsys.readouterr()
+    assert said.out == said.err == ""
+    logged_lines = _starts(out / "train.log")[0][1]
+    assert any(line.startswith("trained 1 updates") for line in logged_lines)
+    assert main(_argv(data, out, "--max-steps", "2", "--verbose")) == 0
+    shown = logged(capsys.readouterr().err)
+    assert f"DEBUG: saved {out / 'checkpoints' / 'step_00000002.pt'}" in shown
+    assert main(_argv(data, out, "--max-steps", "3")) == 0
+    assert not any("DEBUG" in line for line in logged(capsys.readouterr().err))
+    with pytest.raises(SystemExit) as exit_:                    # a usage error: one line
+        main(["train", "--quiet", "--verbose"])
+    assert exit_.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_version_flag(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"bahdanau {bahdanau.__version__}\n"
+
+
+# ----------------------------------------------------------------------------- dev evaluations
+
+
+def _perplexity(checkpoint: Path, pairs: list[tuple[str, str]]) -> float:
+    """exp of the mean loss per target token (eos included) of `pairs`, each sentence scored
+    alone by the model's teacher-forced logits in float64: the dev perplexity, worked out
+    without the batches or the loss the run uses."""
+    from bahdanau import DefaultTokenizer, model_from_checkpoint
+
+    model, src_vocab, tgt_vocab = model_from_checkpoint(checkpoint)
+    tokenizer, total, tokens = DefaultTokenizer(), 0.0, 0
+    with torch.no_grad():
+        for source, target in pairs:
+            src = torch.tensor([src_vocab.encode(tokenizer.tokenize(source))])
+            y = tgt_vocab.encode(tokenizer.tokenize(target))
+            logits = model(src, torch.tensor([src.shape[1]]), torch.tensor([[tgt_vocab.bos_id,
+                                                                               *y]]))
+            log_probs = logits[0].double().log_softmax(-1)           # (T, V)
+            gold = torch.tensor([*y, tgt_vocab.eos_id])
+            total -= float(log_probs[torch.arange(len(gold)), gold].sum())
+            tokens += len(gold)
+    return math.exp(total / tokens)
+
+
+def test_dev_perplexity_and_translations_per_evaluation(data, tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    dev = ["--dev-src", str(data / "te.en"), "--dev-tgt", str(data / "te.fr")]
+    assert main(_argv(data, out, "--max-steps", "4", "--eval-every", "2", "--save-every", "2",
+                      "--early-stopping-metric", "ppl", *dev)) == 0
+    pairs = list(zip((data / "te.en").read_text().splitlines(),
+                     (data / "te.fr").read_text().splitlines(), strict=True))
+    dev_lines = [line for line in logged(capsys.readouterr().err) if " | dev " in line]
+    assert [line.split(" | ")[0] for line in dev_lines] == ["step 2", "step 4"]
+    best = json.loads((out / "checkpoints" / "best.json").read_text())
+    assert best["name"] == "ppl"
+    expected = _perplexity(out / "checkpoints" / f"step_{best['step']:08d}.pt", pairs)
+    assert best["metric"] == pytest.approx(expected, rel=1e-5)
+    assert f"ppl {expected:.2f} | best ppl" in dev_lines[best["step"] // 2 - 1]
+    for step in (2, 4):                    # one file per evaluation, a line per dev sentence
+        hyps = (out / "dev" / f"step_{step:08d}.hyp").read_text(encoding="utf-8")
+        assert len(hyps.splitlines()) == len(pairs) == 10
 
 
 # ----------------------------------------------------------------------------- TensorBoard
@@ -89,11 +233,16 @@ def test_tensorboard_writes_scalars_and_alignments(data, tmp_path) -> None:
     events.Reload()
     tags = events.Tags()
     expected = {"train/loss", "train/ppl", "train/lr", "train/grad_norm",
-                "train/tgt_tokens_per_s", "dev/bleu"}
+                "train/tgt_tokens_per_s", "dev/bleu", "dev/chrf", "dev/ppl", "test/bleu",
+                "test/chrf"}
     assert expected <= set(tags["scalars"])
     assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4]
     assert [e.value for e in events.Scalars("train/lr")] == pytest.approx([1e-3] * 4)
     assert [e.step for e in events.Scalars("dev/bleu")] == [2, 4]
+    assert [e.step for e in events.Scalars("dev/ppl")] == [2, 4]
+    metrics = json.loads((out / "metrics.json").read_text())
+    [test_bleu] = events.Scalars("test/bleu")
+    assert (test_bleu.step, test_bleu.value) == (4, pytest.approx(metrics["bleu"]))
     assert tags["images"] == ["dev/alignment"]
     assert [e.step for e in events.Images("dev/alignment")] == [2, 4]
 
@@ -248,7 +397,7 @@ def test_a_run_folder_of_the_old_defaults_resumes(data, tmp_path, capsys) -> Non
     (out / "config.yaml").write_text(json.dumps(config, indent=2) + "\n")
     capsys.readouterr()
     assert main([*argv, "--max-steps", "2"]) == 0
-    said = capsys.readouterr().out
+    said = capsys.readouterr().err
     assert "resumed from" in said and "trained 2 updates" in said
     assert "--time-budget" not in said and "changed on resume: --device 'cpu' -> 'auto'" in said
     stored = json.loads((out / "config.yaml").read_text())

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_fixtures import write_multi30k_slice
+from training_fixtures import logged, write_multi30k_slice
 
 from bahdanau import InputError, TrainConfig, Vocab, build_model, presets
 from bahdanau.cli import main
@@ -56,8 +56,8 @@ def test_rerunning_a_finished_run_does_nothing(data, tmp_path, capsys) -> None:
     before = _files(out)
     capsys.readouterr()
     assert main(_argv(data, out, "--max-steps", "2", "--save-every", "1")) == 0
-    said = capsys.readouterr().out
-    assert said.startswith("nothing to do") and "step 2" in said
+    said = logged(capsys.readouterr().err)
+    assert said[0].startswith("nothing to do") and "step 2" in said[0]
     assert _files(out) == before
 
 
@@ -68,7 +68,7 @@ def test_resume_applies_and_records_changed_options(data, tmp_path, capsys) -> N
     assert main(_argv(data, out, "--max-steps", "2", "--lr", "0.001")) == 0
     capsys.readouterr()
     assert main(_argv(data, out, "--max-steps", "4", "--lr", "0.0005")) == 0
-    said = capsys.readouterr().out
+    said = capsys.readouterr().err
     assert "changed on resume: --lr 0.001 -> 0.0005" in said
     assert "changed on resume: --max-steps 2 -> 4" in said and "trained 4 updates" in said
     payload = torch.load(out / "checkpoints" / "step_00000004.pt", weights_only=True)
@@ -103,7 +103,7 @@ def test_optimisation_and_dropout_options_reach_the_run(data, tmp_path, capsys) 
     resumed = [*options[:6], "--schedule", "constant", *options[8:]]
     assert main(_argv(data, out, "--max-steps", "3", *resumed, "--threads", "2",
                       test=False)) == 0
-    said = capsys.readouterr().out
+    said = capsys.readouterr().err
     assert "changed on resume: --threads 1 -> 2" in said
     assert "changed on resume: --schedule 'inverse_sqrt' -> 'constant'" in said
     payload = torch.load(out / "checkpoints" / "step_00000003.pt", weights_only=True)
@@ -133,8 +133,8 @@ def test_no_resume_refuses_and_overwrite_replaces_the_run(data, tmp_path, capsys
 def test_own_corpus_without_test_set_is_not_scored(data, tmp_path, capsys) -> None:
     out = tmp_path / "run"
     assert main(_argv(data, out, "--max-steps", "1", test=False)) == 0
-    said = capsys.readouterr().out
-    assert said.splitlines()[0].startswith("no test set")
+    said = logged(capsys.readouterr().err)
+    assert said[0].startswith("no test set")
     assert not (out / "metrics.json").exists() and (out / "checkpoints").is_dir()
 
 
@@ -170,7 +170,7 @@ def test_resume_refuses_other_data_in_the_same_files(data, tmp_path, capsys) -> 
     assert "training examples differ" in err and err.count("\n") == 1
     assert _files(out) == before
     assert main(_argv(data, out, "--max-steps", "2")) == 0       # the same data, moved
-    assert "trained 2 updates" in capsys.readouterr().out
+    assert "trained 2 updates" in capsys.readouterr().err
 
 
 def test_a_second_train_into_the_same_folder_is_refused(data, tmp_path, capsys) -> None:
@@ -203,14 +203,14 @@ def test_signal_saves_a_checkpoint_and_the_run_resumes(data, tmp_path, sig) -> N
     proc = subprocess.Popen([sys.executable, "-m", "bahdanau", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     deadline = time.monotonic() + 120
-    for line in proc.stdout:                                 # wait until a few steps ran
-        if line.startswith("step 3 "):
+    for line in proc.stderr:                                 # wait until a few steps ran
+        if logged(line) and logged(line)[0].startswith("step 3 "):
             break
         assert time.monotonic() < deadline, "training did not start"
     proc.send_signal(sig)
-    rest, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=120)
     assert proc.returncode == 128 + sig, (proc.returncode, err)
-    assert f"stopped by {signal.Signals(sig).name}" in rest and "Traceback" not in err
+    assert f"stopped by {signal.Signals(sig).name}" in err and "Traceback" not in err
     [saved] = sorted((out / "checkpoints").glob("step_*.pt"))
     step = _stored_step(saved)
     assert step >= 3
@@ -218,8 +218,8 @@ def test_signal_saves_a_checkpoint_and_the_run_resumes(data, tmp_path, sig) -> N
                               *_argv(data, out, "--max-steps", str(step + 2))],
                              capture_output=True, text=True, env=env, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    assert f"resumed from {saved} at step {step}" in resumed.stdout
-    assert f"trained {step + 2} updates" in resumed.stdout
+    assert f"resumed from {saved} at step {step}" in resumed.stderr
+    assert f"trained {step + 2} updates" in resumed.stderr
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:

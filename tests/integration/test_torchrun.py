@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_fixtures import write_multi30k_slice
+from training_fixtures import logged, write_multi30k_slice
 
 from bahdanau.cli import main
 
@@ -55,25 +55,26 @@ def test_torchrun_trains_one_run_and_resumes_in_one_process(tmp_path, capsys) ->
                           capture_output=True, text=True, env=ENV, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     # Rank 0 alone logs, writes the run folder and scores the test set.
-    assert done.stdout.count("trained 2 updates") == done.stdout.count("BLEU without") == 1
-    assert "2 processes x accumulation 1 = 2 batches per update" in done.stdout
+    assert done.stderr.count("trained 2 updates") == done.stderr.count("BLEU without") == 1
+    assert "2 processes x accumulation 1 = 2 batches per update" in done.stderr
     assert _checkpoints(out) == ["step_00000002.pt"]
     assert _load(out / "checkpoints" / "step_00000002.pt")["train_state"]["processes"] == 2
-    log = (out / "train.log").read_text()
-    assert log.count("\n# ") + log.startswith("# ") == 1 and "trained 2 updates" in log
+    log = logged((out / "train.log").read_text())
+    assert sum(line.startswith("# bahdanau train") for line in log) == 1
+    assert "trained 2 updates" in "\n".join(log)
     assert (out / "metrics.json").is_file() and (out / "config.yaml").is_file()
 
     # SIGTERM to torchrun reaches both processes; they agree on one step and rank 0 saves it.
     proc = subprocess.Popen([*TORCHRUN, *_argv(data, out, "--max-steps", "100000")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     deadline = time.monotonic() + 240
-    for line in proc.stdout:
-        if line.startswith("step 5 "):
+    for line in proc.stderr:
+        if logged(line) and logged(line)[0].startswith("step 5 "):
             break
         assert time.monotonic() < deadline, "training did not resume"
     proc.send_signal(signal.SIGTERM)
-    rest, err = proc.communicate(timeout=120)
-    assert rest.count("stopped by SIGTERM") == 1, (rest, err[-3000:])
+    _, err = proc.communicate(timeout=120)
+    assert err.count("stopped by SIGTERM") == 1, err[-3000:]
     stopped = [name for name in _checkpoints(out) if name != "step_00000002.pt"]
     assert len(stopped) == 1
     step = _load(out / "checkpoints" / stopped[0])["train_state"]["step"]

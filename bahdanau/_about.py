@@ -1,0 +1,67 @@
+"""What this copy of bahdanau is: its version, and the `versions` record of what a run ran on.
+
+A run records `versions(device)` in its log header, ``config.yaml``, ``metrics.json`` and every
+checkpoint, so that a result can be traced to the code, the libraries and the machine that made
+it: the package, torch and Python versions, the git commit when the package runs from a checkout
+(absent otherwise), the host and the device.
+"""
+
+from __future__ import annotations
+
+import platform
+import socket
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__version__ = "0.1.0"
+
+__all__ = ["__version__", "git_commit", "versions"]
+
+
+@cache
+def git_commit() -> str | None:
+    """The commit checked out where the package's files are, when they are tracked in a git
+    checkout (a clone installed with ``pip install -e``); None otherwise (an installed wheel,
+    no git, or a package folder that git does not track)."""
+    folder = Path(__file__).resolve().parent
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=folder, capture_output=True, text=True,
+                                  timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    if git("ls-files", "--error-unmatch", Path(__file__).name) is None:
+        return None                  # not tracked: e.g. a venv inside some other checkout
+    return git("rev-parse", "HEAD") or None
+
+
+def device_name(device: torch.device | str | None) -> str | None:
+    """The device as a record names it: "cpu", or "cuda:0 (NVIDIA H100 ...)"."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return f"cuda:{index} ({torch.cuda.get_device_name(index)})"
+    return str(device)
+
+
+def versions(device: torch.device | str | None = None) -> dict[str, Any]:
+    """The record of what runs this code: {"bahdanau", "torch", "python", "git_commit" (only
+    from a checkout), "host", "device" (None when not given)}; plain strings, checkpoint- and
+    JSON-safe (torch.__version__ is a str subclass that torch.load(weights_only=True) refuses)."""
+    record: dict[str, Any] = {"bahdanau": __version__, "torch": str(torch.__version__),
+                              "python": platform.python_version()}
+    commit = git_commit()
+    if commit is not None:
+        record["git_commit"] = commit
+    record["host"] = socket.gethostname()
+    record["device"] = device_name(device)
+    return record
