@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from training_fixtures import write_multi30k_slice
+from training_fixtures import logged, write_multi30k_slice
 
 from bahdanau.cli import main
 from bahdanau.data import PreparedCorpus, TrainSentencePiece, prepare_corpus
@@ -143,7 +143,8 @@ def test_a_second_prepare_into_one_folder_is_refused_while_the_first_runs(files,
                                        "process: wait for it to finish or choose another "
                                        "folder\n")
     code, err = _ended(first)
-    assert (code, err) == (0, "")
+    assert code == 0 and len(logged(err)) == len(err.splitlines())   # its log lines alone
+    assert logged(err)[-1].startswith(f"prepared {out}: 200 pairs kept")
     assert len(PreparedCorpus(out)) == 200                 # the first one's, whole
     _nothing_left(tmp_path, "out")
     assert main(_prepare_args(files, out)) == 0          # free again: reused
