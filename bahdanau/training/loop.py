@@ -29,7 +29,16 @@ from bahdanau.data.batching import Example
 from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
-from bahdanau.training.run import TrainRun, run_step, save_run, setup_run, stop_reason, validate_run
+from bahdanau.training.run import (
+    TrainRun,
+    divergence,
+    run_step,
+    save_run,
+    setup_run,
+    stop_reason,
+    validate_run,
+)
+from bahdanau.training.step import StepStats
 
 # Ctrl-C, a scheduler's or `kill`'s request, a closed terminal (where the platform has it).
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
@@ -193,6 +202,8 @@ def train_run(run: TrainRun, *, validate: Callable[[nn.Module], float] | None = 
         log(f"resumed from {run.resumed_from} at step {state.step}, epoch {state.epoch}")
         for change in run.resume_changes:
             log(f"changed on resume: {change}")
+        for note in run.resume_notes:
+            log(f"on resume: {note}")
     result = TrainResult(step=state.step, epoch=state.epoch, stopped="",
                          elapsed_s=state.elapsed_s, start_step=state.step)
     with _stop_on_signals(run, log):
@@ -214,12 +225,14 @@ def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
     first_step, start = state.step, time.monotonic()
     window_start, window_loss, window_tokens = start, 0.0, 0
     last_saved = last_eval = state.step
-    stopped = stop_reason(run)
+    stopped, skipped = stop_reason(run), 0
     while not stopped:
         stats = run_step(run)
-        window_loss += stats.loss_sum
-        window_tokens += stats.n_tokens
-        if state.step % cfg.log_every == 0:
+        skipped = _count_skipped(run, stats, skipped, log)
+        if not stats.non_finite:
+            window_loss += stats.loss_sum
+            window_tokens += stats.n_tokens
+        if state.step % cfg.log_every == 0 and window_tokens:   # skipped updates: logged above
             now = time.monotonic()
             loss = window_loss / max(window_tokens, 1)
             entry = {"step": state.step, "epoch": state.epoch, "loss": loss,
@@ -237,11 +250,15 @@ def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
                     scalars(state.step, {tag: entry[key] for key, tag in _SCALAR_TAGS.items()})
             window_start, window_loss, window_tokens = now, 0.0, 0
         metric, improved = None, False
-        if validate is not None and cfg.eval_every and state.step % cfg.eval_every == 0:
+        # a skipped update's step is neither evaluated nor saved on schedule: its weights have
+        # just given a loss that is not finite
+        if (not skipped and validate is not None and cfg.eval_every
+                and state.step % cfg.eval_every == 0):
             metric, improved = _evaluate(run, validate, result, log, scalars)
             last_eval = state.step
         stopped = stop_reason(run)
-        if state.step % cfg.save_every == 0 or improved or _kept(run, metric):
+        if not skipped and (state.step % cfg.save_every == 0 or improved
+                            or _kept(run, metric)):
             save_run(run, metric=metric)
             last_saved = state.step
 
@@ -253,6 +270,26 @@ def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
     if last_saved != state.step or _kept(run, final_metric):
         save_run(run, metric=final_metric)
     return stopped
+
+
+def _count_skipped(run: TrainRun, stats: StepStats, skipped: int,
+                   log: Callable[[str], None]) -> int:
+    """The updates skipped in a row so far, `stats`' included (0 after an applied one): each
+    skipped one is logged, and `cfg.max_nonfinite_steps` of them stop the run (divergence)."""
+    if not stats.non_finite:
+        return 0
+    skipped += 1
+    limit = run.cfg.max_nonfinite_steps
+    loss = stats.loss_sum / max(stats.n_tokens, 1)
+    values = f"loss {loss:.4g}, gradient norm {stats.grad_norm:.4g}"
+    if skipped >= limit:
+        raise divergence(run, f"the loss or gradient norm was not finite for {skipped} updates "
+                              f"in a row, which were skipped ({values}; max_nonfinite_steps "
+                              f"{limit})")
+    if run.is_main:
+        log(f"step {run.state.step} | {values}: not finite, update skipped ({skipped} in a "
+            f"row; the run stops at {limit})")
+    return skipped
 
 
 def _kept(run: TrainRun, metric: float | None) -> bool:
