@@ -262,6 +262,8 @@ def _loop(run: TrainRun, validate: Callable[[nn.Module], float] | None,
             save_run(run, metric=metric)
             last_saved = state.step
 
+    if skipped:                  # the weights the run ends with gave no finite loss since
+        raise divergence(run, f"the run stopped ({stopped}) after {_not_finite(stats, skipped)}")
     if window_tokens:
         result.train_loss = window_loss / window_tokens
     final_metric = None
@@ -280,16 +282,24 @@ def _count_skipped(run: TrainRun, stats: StepStats, skipped: int,
         return 0
     skipped += 1
     limit = run.cfg.max_nonfinite_steps
-    loss = stats.loss_sum / max(stats.n_tokens, 1)
-    values = f"loss {loss:.4g}, gradient norm {stats.grad_norm:.4g}"
     if skipped >= limit:
-        raise divergence(run, f"the loss or gradient norm was not finite for {skipped} updates "
-                              f"in a row, which were skipped ({values}; max_nonfinite_steps "
-                              f"{limit})")
+        raise divergence(run, f"{_not_finite(stats, skipped)} (max_nonfinite_steps {limit})")
     if run.is_main:
-        log(f"step {run.state.step} | {values}: not finite, update skipped ({skipped} in a "
-            f"row; the run stops at {limit})")
+        log(f"step {run.state.step} | {_values(stats)}: not finite, update skipped ({skipped} "
+            f"in a row; the run stops at {limit})")
     return skipped
+
+
+def _values(stats: StepStats) -> str:
+    """A step's loss per token and gradient norm, for a message."""
+    return (f"loss {stats.loss_sum / max(stats.n_tokens, 1):.4g}, gradient norm "
+            f"{stats.grad_norm:.4g}")
+
+
+def _not_finite(stats: StepStats, skipped: int) -> str:
+    """What a divergence message says of the updates skipped in a row, the last's `stats`."""
+    return (f"the loss or gradient norm was not finite for {skipped} update"
+            f"{'s' if skipped != 1 else ''} in a row, which were skipped (last: {_values(stats)})")
 
 
 def _kept(run: TrainRun, metric: float | None) -> bool:

@@ -449,8 +449,8 @@ def check_finite(run: TrainRun) -> None:
     """
     parts: list[tuple[str, list[torch.Tensor]]] = [("weights", list(run.model.parameters()))]
     if run.ema is not None:
-        parts.append(("moving average of the weights", list(run.ema.state_dict().values())))
-    parts.append(("optimizer state", [v for s in run.optimizer.state.values()
+        parts.append(("averaged weights (ema)", list(run.ema.state_dict().values())))
+    parts.append(("optimizer moments", [v for s in run.optimizer.state.values()
                                       for v in s.values() if torch.is_tensor(v)]))
     for what, tensors in parts:
         tensors = [t for t in tensors if t.is_floating_point()]

@@ -33,11 +33,21 @@ AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """Adadelta(lr, rho, eps) as in the paper, or Adam(lr, eps) (fused where torch supports it)."""
+    """Adadelta(lr, rho, eps) as in the paper, or Adam(lr, eps) (fused where torch supports it).
+
+    Raises:
+        InputError: Adadelta with a learning rate beyond the largest value of a weight's dtype
+            (torch converts it to that dtype, and would fail at the first update).
+    """
     check_type("model", model, nn.Module, "a torch.nn.Module")
     check_type("cfg", cfg, TrainConfig, "a TrainConfig")
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "adadelta":
+        for dtype in {p.dtype for p in params if p.is_floating_point()}:
+            if cfg.learning_rate > torch.finfo(dtype).max:
+                raise InputError(f"adadelta cannot apply the learning rate "
+                                 f"{cfg.learning_rate:g} to {dtype} weights: it must be at "
+                                 f"most {torch.finfo(dtype).max:.4g}")
         return torch.optim.Adadelta(params, lr=cfg.learning_rate, rho=cfg.rho, eps=cfg.eps)
     try:
         return torch.optim.Adam(params, lr=cfg.learning_rate, eps=cfg.eps, fused=True)
