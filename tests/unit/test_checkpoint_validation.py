@@ -34,7 +34,7 @@ from bahdanau.config import ModelConfig, TrainConfig
 from bahdanau.data import Vocab, collate
 from bahdanau.models import build_model
 from bahdanau.presets import tiny
-from bahdanau.training import make_optimizer, setup_run, train_step
+from bahdanau.training import make_optimizer, save_run, setup_run, train_run, train_step
 from bahdanau.training.state import TrainState, checkpoint_payload, restore
 
 VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
@@ -321,3 +321,53 @@ def test_any_claimed_size_is_checked(tmp_path, sizes: dict[str, int]) -> None:
     message = one_line_error(lambda: model_from_checkpoint(path), "weights do not fit the model")
     assert message.startswith(f"{path}: ")
     one_line_error(lambda: average_checkpoints([path]), "weights do not fit the model")
+
+
+# ----------------------------------------------------------------------------------------------
+# RNG states by rank: each process resumes its own; another process count is said in one line
+
+
+def _two_process_checkpoint(directory: Path) -> tuple[Path, list[torch.Tensor]]:
+    """A one-process run's checkpoint rewritten as a two-process run's would be: processes 2,
+    and two different RNG states by rank. Returns the file and each rank's torch state."""
+    cfg = TrainConfig(batch_size=4, bucket=1, max_steps=4)
+    run = setup_run(tiny_model(), EXAMPLES, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                    checkpoint_dir=directory)
+    path = save_run(run)
+    assert path is not None
+    payload = load_checkpoint(path)
+    assert "rng_by_rank" not in payload                       # one process: `rng` alone
+    other = copy.deepcopy(payload["rng"])
+    torch.manual_seed(99)
+    other["torch"] = torch.get_rng_state()
+    payload["rng_by_rank"] = [payload["rng"], other]
+    payload["train_state"]["processes"] = 2
+    save_checkpoint(path, payload)
+    return path, [payload["rng"]["torch"], other["torch"]]
+
+
+def test_each_rank_restores_the_rng_state_it_saved(tmp_path) -> None:
+    path, streams = _two_process_checkpoint(tmp_path)
+    for rank in (0, 1):
+        restore(load_checkpoint(path), tiny_model(), rank=rank)
+        assert torch.equal(torch.get_rng_state(), streams[rank])
+    restore(load_checkpoint(path), tiny_model(), rank=2)       # none of its own: rank 0's
+    assert torch.equal(torch.get_rng_state(), streams[0])
+
+
+def test_resume_with_another_process_count_says_the_streams_change(tmp_path) -> None:
+    _two_process_checkpoint(tmp_path)
+    cfg = TrainConfig(batch_size=4, bucket=1, max_steps=5, accumulation=2)
+    run = setup_run(tiny_model(), EXAMPLES, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                    checkpoint_dir=tmp_path)
+    assert run.resume_notes == [
+        "the checkpoint holds the random states of 2 processes, this run has 1: the dropout "
+        "streams (every random draw) change from those of an uninterrupted run"]
+    lines: list[str] = []
+    train_run(run, log=lines.append)
+    assert f"on resume: {run.resume_notes[0]}" in lines
+    # the same process count says nothing
+    cfg = TrainConfig(batch_size=4, bucket=1, max_steps=6, accumulation=2)
+    rerun = setup_run(tiny_model(), EXAMPLES, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                      checkpoint_dir=tmp_path)
+    assert rerun.resume_notes == []
