@@ -59,7 +59,7 @@ from bahdanau.training.state import (
     model_config_of,
     restore,
     rng_state,
-    rng_streams_note,
+    rng_streams_notes,
     unwrap_model,
 )
 from bahdanau.training.step import AMP_DTYPES, LossModule, StepStats, make_optimizer, train_step
@@ -93,7 +93,9 @@ class TrainRun:
     is_main: bool = True                    # rank 0: validates, logs and saves
     resumed_from: Path | None = None        # the checkpoint the state came from
     resume_changes: list[str] = field(default_factory=list)  # logged by train_run
-    resume_notes: list[str] = field(default_factory=list)    # what the resume could not keep
+    # logged by train_run: what the resume could not keep (each process resumes the RNG
+    # states it saved; with another number of processes, some cannot)
+    resume_notes: list[str] = field(default_factory=list)
     signal: str = ""                        # "sigint", "sigterm" or "sighup" once one arrived
     clock: float = field(default_factory=time.monotonic)  # when state.elapsed_s was updated
     loader: BatchLoader | None = None       # with cfg.loader_workers: batches collated ahead
@@ -128,10 +130,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     restored (weights, optimizer, GradScaler, RNG states, `TrainState`), and a save of it that a
     crash cut short is completed; otherwise torch's RNG is seeded with `cfg.seed`. Under
     `torch.distributed` the model is wrapped in `DistributedDataParallel` (`run.step_model`),
-    and each update is `processes x cfg.accumulation` batches shared out by `BatchPlan`; each
-    process resumes the RNG states it saved (`save_run` stores every process's), and a resume
-    with another number of processes says in `run.resume_notes` that the random streams
-    (dropout) change.
+    and each update is `processes x cfg.accumulation` batches shared out by `BatchPlan`.
 
     Args:
         model: an `RNNSearch` / `RNNEncDec`, moved to `device`; it needs its `.config` (as
@@ -184,11 +183,10 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
                                tgt_vocab=tgt_vocab, ema=ema, rank=rank)
         assert restored is not None   # _resumable refused a checkpoint without a train_state
         state = restored
-        note = rng_streams_note(payload, processes)
         cfg.set_hyperparameters(optimizer)
         _finish_resume(state, latest, manager, sampler, write=rank == 0)
     else:
-        state, note = TrainState(), None
+        state = TrainState()
         torch.manual_seed(cfg.seed)
     state.examples_digest, state.processes = digest, processes
     return TrainRun(model=model, step_model=_step_model(model, device, distributed),
@@ -197,7 +195,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
                     tgt_vocab=tgt_vocab, state=state, device=device, manager=manager,
                     extra=dict(extra or {}), tokenizer=tokenizer, distributed=distributed,
                     is_main=rank == 0, resumed_from=latest, resume_changes=changes,
-                    resume_notes=[note] if note is not None else [],
+                    resume_notes=rng_streams_notes(payload, processes),
                     loader=BatchLoader(examples, plan, cfg.loader_workers,
                                        pin_memory=device.type == "cuda")
                     if cfg.loader_workers else None, ema=ema)

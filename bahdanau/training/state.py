@@ -144,19 +144,19 @@ def process_rng(payload: dict[str, Any], rank: int) -> dict[str, Any] | None:
     return payload["rng"]
 
 
-def rng_streams_note(payload: dict[str, Any], processes: int) -> str | None:
-    """What a resume with `processes` processes says when the checkpoint does not hold the
-    random states of exactly that many (None when it does): the ranks without their own take
-    rank 0's, so random draws (dropout) differ from an uninterrupted run's."""
-    if payload["rng"] is None:
-        return None
+def rng_streams_notes(payload: dict[str, Any] | None, processes: int) -> list[str]:
+    """What a resume from `payload` (None: a new run) with `processes` processes says when the
+    checkpoint does not hold the random states of exactly that many: the ranks without their
+    own take rank 0's, so random draws (dropout) differ from an uninterrupted run's."""
+    if payload is None or payload["rng"] is None:
+        return []
     by_rank = payload.get("rng_by_rank")
     stored = len(by_rank) if isinstance(by_rank, list) else 1
     if stored == processes:
-        return None
-    return (f"the checkpoint holds the random states of {stored} process"
+        return []
+    return [f"the checkpoint holds the random states of {stored} process"
             f"{'es' if stored != 1 else ''}, this run has {processes}: the dropout streams "
-            "(every random draw) change from those of an uninterrupted run")
+            "(every random draw) change from those of an uninterrupted run"]
 
 
 @dataclass

@@ -183,6 +183,19 @@ def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
             (scaler.scale(loss) if scaler is not None else loss).backward()
         losses.append(loss_sum.detach())
         counts.append(n_tokens)
+    total_loss = sum(float(x) for x in losses)
+    finite_loss = math.isfinite(total_loss if ddp is None
+                                else _all_ranks(total_loss, ddp, device))
+    grad_norm, applied = _update(optimizer, scaler, clip_norm, finite_loss)
+    non_finite = not finite_loss or (scaler is None and not applied)
+    return StepStats(total_loss, sum(int(n) for n in counts), grad_norm, non_finite)
+
+
+def _update(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
+            clip_norm: float | None, finite_loss: bool) -> tuple[float, bool]:
+    """Clip the gradient and step, unless the loss or the gradient norm is not finite; returns
+    the norm before clipping and whether the optimizer stepped (with a GradScaler: was asked
+    to, which it declines for a gradient that is not finite)."""
     if scaler is not None:
         scaler.unscale_(optimizer)
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -191,17 +204,14 @@ def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
                          "build it from this model's parameters")
     max_norm = clip_norm if clip_norm is not None else math.inf
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    total_loss = sum(float(x) for x in losses)
-    finite_loss = math.isfinite(total_loss if ddp is None
-                                else _all_ranks(total_loss, ddp, device))
-    if scaler is not None:
-        if finite_loss:
-            scaler.step(optimizer)   # skips the step itself when the gradient is not finite
-        scaler.update()
-    elif finite_loss and math.isfinite(grad_norm):
+    applied = finite_loss and (scaler is not None or math.isfinite(grad_norm))
+    if applied and scaler is not None:
+        scaler.step(optimizer)       # skips the step itself when the gradient is not finite
+    elif applied:
         optimizer.step()
-    non_finite = not finite_loss or (scaler is None and not math.isfinite(grad_norm))
-    return StepStats(total_loss, sum(int(n) for n in counts), grad_norm, non_finite)
+    if scaler is not None:
+        scaler.update()
+    return grad_norm, applied
 
 
 def _all_ranks(loss_sum: float, ddp: nn.parallel.DistributedDataParallel,
