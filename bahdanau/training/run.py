@@ -424,11 +424,12 @@ def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:
             (`check_finite`): no checkpoint of a diverged run is written.
     """
     _tick(run)
-    if run.manager is None:
+    if run.manager is None and not run.distributed:
         return None
     check_finite(run)                  # on every process: their weights are the same
-    rng_by_rank = gather(rng_state(), run.distributed)   # every process's own random draws
-    if not run.is_main:
+    # every process's own random draws; every process takes part, whatever its manager
+    rng_by_rank = gather(rng_state(), run.distributed)
+    if run.manager is None or not run.is_main:
         return None
     payload = checkpoint_payload(run.model, src_vocab=run.src_vocab, tgt_vocab=run.tgt_vocab,
                                  optimizer=run.optimizer, scaler=run.scaler, train_config=run.cfg,
