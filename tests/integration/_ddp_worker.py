@@ -8,12 +8,14 @@ sentences (`float64.pt`).
 
 With `resume`, the processes instead train a model with dropout for 8 updates twice: once
 straight, once stopped after 4 and resumed from its checkpoint; each rank writes both final
-weights (`resume{rank}.pt`).
+weights (`resume{rank}.pt`), and whether an update in which only rank 1's loss is infinite was
+skipped, and left the weights as they were, on its rank.
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import sys
 from dataclasses import replace
@@ -87,11 +89,35 @@ def _resume_worker(rank: int, out_dir: str, port: int) -> None:
                 train(model, examples, replace(cfg, max_steps=max_steps), src_vocab=vocab,
                       tgt_vocab=vocab, checkpoint_dir=Path(out_dir) / name, log=lambda _: None)
             weights[name] = model.state_dict()
-        torch.save(weights, Path(out_dir) / f"resume{rank}.pt")
+        torch.save({**weights, **_one_rank_infinite(rank, examples)},
+                   Path(out_dir) / f"resume{rank}.pt")
     except BaseException:
         dist.destroy_process_group()
         raise
     leave_process_group()
+
+
+class _InfiniteOnRank1(torch.nn.Module):
+    """A model whose loss is +inf on rank 1 only (its gradient stays finite)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = model
+
+    def loss(self, *args, **kwargs):
+        loss_sum, n = self.inner.loss(*args, **kwargs)
+        return loss_sum + (math.inf if dist.get_rank() == 1 else 0.0), n
+
+
+def _one_rank_infinite(rank: int, examples: list[Example]) -> dict[str, bool]:
+    torch.manual_seed(0)
+    model = build_model(tiny())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    step_model = torch.nn.parallel.DistributedDataParallel(LossModule(_InfiniteOnRank1(model)))
+    stats = train_step(step_model, collate(examples[6 * rank:6 * rank + 6]),
+                       torch.optim.SGD(model.parameters(), lr=1.0))
+    return {"skipped": stats.non_finite, "unchanged": all(
+        torch.equal(v, before[k]) for k, v in model.state_dict().items())}
 
 
 def _float64_step(rank: int, examples: list[Example], out_dir: Path) -> None:

@@ -68,3 +68,5 @@ def test_ddp_resume_with_dropout_is_exact(tmp_path) -> None:
     payload = torch.load(tmp_path / "resumed" / "step_00000008.pt", weights_only=True)
     streams = [state["torch"] for state in payload["rng_by_rank"]]
     assert len(streams) == 2 and not torch.equal(*streams)   # the ranks drew differently
+    # one rank's infinite loss skips the update on both, which keep the same weights
+    assert [(r["skipped"], r["unchanged"]) for r in ranks] == [(True, True), (True, True)]
