@@ -241,6 +241,9 @@ class TrainConfig(DictConfig):
     min_lr: float = setting(0.0, "the decayed learning rate never goes below this", low=0)
     clip_norm: float | None = setting(1.0, "largest L2 norm of the whole gradient (the paper: "
                                            "1)", low=0, above=True)
+    max_nonfinite_steps: int = setting(
+        5, "stop the run (divergence) after N updates in a row skipped for a loss or gradient "
+        "norm that is not finite; the last checkpoint is kept", low=1, metavar="N")
     batch_size: int = setting(80, "sentences per batch (the paper: 80; ignored with "
                                   "--max-tokens)", low=1, on_resume="fixed",
                               flag="train_batch_size")

@@ -229,8 +229,10 @@ class BeamSearch:
         Returns:
             For each sentence, its `n_best` hypotheses, best first.
         Raises:
-            InputError: empty batch or bad shapes, or what `model.encode` refuses (empty
-                sentences, lengths that disagree with the padding, ids out of range).
+            InputError: empty batch or bad shapes, what `model.encode` refuses (empty
+                sentences, lengths that disagree with the padding, ids out of range), or
+                scores that are not finite (NaN logits, or -inf for every way to end a
+                sentence): never an empty or NaN-ranked result.
         """
         check_type("model", model, torch.nn.Module, "a torch.nn.Module such as RNNSearch")
         check_tensor("src", src, 2, integer=True)
@@ -263,6 +265,7 @@ class BeamSearch:
         kept = torch.full((n_sent, n_best), float("-inf"), dtype=dtype, device=device)
         history: list[_Step] = []                       # per step, over the original sentences
         finished: list[tuple[int, Tensor, Tensor, Tensor, Tensor]] = []
+        nan = torch.zeros((), dtype=torch.bool, device=device)   # a score was NaN: read once
         for step in range(int(caps.max()) + 1):
             out = model.step(tokens, state, memory)
             n_live = active.shape[0]
@@ -282,6 +285,7 @@ class BeamSearch:
             if bool(sel.finished.any()):
                 finished.append((step, active, sel.finished, sel.top_scores, sel.top_parent))
             scores, parent, token = sel.scores, sel.parent, sel.token
+            nan |= scores.isnan().any()   # a NaN log-probability ranks first, so it continues
             weights = None if out.weights is None else out.weights.view(n_live, K, -1)
             history.append((active, parent, token, weights))
             # which sentences are done
@@ -299,6 +303,9 @@ class BeamSearch:
                 active, scores, kept = active[keep], scores[keep], kept[keep]
                 state, tokens = state.rows(keep_rows), tokens[keep_rows]
                 memory = memory.select(keep)
+        if bool(nan):
+            raise InputError("the model's scores are NaN: its weights hold NaN or inf, or give "
+                             "logits that overflow (a diverged training run)")
         return self._collect(n_sent, src_len, src_lengths, history, finished)
 
     def _bound(self, scores: Tensor, caps: Tensor) -> Tensor:
@@ -327,6 +334,9 @@ class BeamSearch:
                                                    int(parent[i, rank])))
         results = []
         for sent in range(n_sent):
+            if not candidates[sent]:     # finite log-probabilities always let eos end one
+                raise InputError(f"sentence {sent} of the batch got no hypothesis: the model "
+                                 "gives every ending a log-probability of -inf")
             best = sorted(candidates[sent], key=lambda c: (-c[0], c[2]))[: self.n_best]
             hyps = []
             for score, log_prob, step, beam in best:

@@ -39,6 +39,7 @@ from bahdanau.checkpoint.files import FORMAT_VERSION, load_checkpoint, named, up
 from bahdanau.checkpoint.manager import CheckpointManager, checkpoints_folder
 from bahdanau.checkpoint.payload import (
     check_weights,
+    model_skeleton,
     stored_parts,
     tokenizer_data,
     translation_weights,
@@ -46,7 +47,6 @@ from bahdanau.checkpoint.payload import (
 from bahdanau.checkpoint.release import is_release
 from bahdanau.data.tokenizers import DefaultTokenizer, tokenizer_to_payload
 from bahdanau.errors import InputError
-from bahdanau.models import build_model
 
 __all__ = ["average_checkpoints", "check_members", "read_members", "select_checkpoints"]
 
@@ -151,7 +151,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]], *,
             if model is None:
                 first = {k: payload[k] for k in ("model_config", "src_vocab", "tgt_vocab")}
                 tokenizer = tokenizer_data(payload)[1]
-                model = build_model(stored_parts(payload)[0])
+                model = model_skeleton(stored_parts(payload)[0])   # allocates nothing
             check_weights(weights, model, section)
         for key, value in weights.items():
             dtypes.setdefault(key, value.dtype)

@@ -3,7 +3,8 @@
 `model_from_checkpoint` rebuilds the model (eval mode) and its vocabularies for translation,
 `translation_weights` picks the weights a checkpoint translates with (the moving average when it
 has one) and `tokenizer_of` the tokenizer it was trained with. `stored_parts` and
-`check_weights` are the checks every reader of a payload runs before it changes anything.
+`check_weights` are the checks every reader of a payload runs before it changes anything, the
+weights against `model_skeleton`, which allocates nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from bahdanau._checks import describe, resolve_device
 from bahdanau.checkpoint.files import load_checkpoint, named, parse_section, upgrade_payload
@@ -70,6 +72,28 @@ def check_weights(stored: Any, model: nn.Module, section: str = "model") -> None
             raise InputError(f"{what} weight {key!r} holds NaN or inf")
 
 
+class _WithoutInit(TorchFunctionMode):
+    """Inside, `torch.nn.init`'s functions leave their tensor as it is: on the meta device no
+    value is drawn then (drawing one there imports torch._dynamo, seconds)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **(kwargs or {}))
+
+
+def model_skeleton(config: ModelConfig) -> nn.Module:
+    """The model of `config` on the meta device: its weights' names and shapes, and no memory.
+
+    What a checkpoint's weights are checked against (`check_weights`) before the model is
+    built: a config that claims sizes its stored tensors do not have (a small file claiming
+    embed_size 10**7) is refused before anything is allocated.
+    """
+    with torch.device("meta"), _WithoutInit():
+        return build_model(config)
+
+
 def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *,
                           device: str | torch.device = "cpu", ema: bool = True
                           ) -> tuple[nn.Module, Vocab, Vocab]:
@@ -88,7 +112,8 @@ def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *
         FileNotFoundError: no such file.
         InputError: not a checkpoint this code reads, a damaged file, a malformed section, its
             model config and vocabularies disagree (sizes or special ids; both values are
-            named), or its weights do not fit its config or are not finite. The message starts
+            named), or its weights do not fit its config (checked before the model is built)
+            or are not finite. The message starts
             with the file when `checkpoint` is a path.
     """
     device = resolve_device(device)
@@ -99,9 +124,9 @@ def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *
     with named(path):
         payload = upgrade_payload(checkpoint if path is None else load_checkpoint(path))
         config, src_vocab, tgt_vocab = stored_parts(payload)
-        model = build_model(config)
         section, weights = translation_weights(payload, ema=ema)
-        check_weights(weights, model, section)
+        check_weights(weights, model_skeleton(config), section)   # before any allocation
+    model = build_model(config)
     model.load_state_dict(weights)
     return model.to(device).eval(), src_vocab, tgt_vocab
 

@@ -5,6 +5,7 @@
 * `plan`: `BatchPlan` (each update's batches, shared among processes), `BatchLoader` and
   `LoaderWorkerError`;
 * `state`: `TrainState`, and the checkpoint of a run (`checkpoint_payload`, `restore`);
+* `stored_states`: the checks `restore` runs on a checkpoint's optimizer and GradScaler states;
 * `run`: `TrainRun` and its pieces, `setup_run`, `next_batches`, `run_step`, `validate_run`,
   `save_run`, `stop_reason`;
 * `loop`: `train` and `train_run`, the pieces put together with logging, early stopping and

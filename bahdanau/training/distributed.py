@@ -3,7 +3,7 @@
 `check_launcher` refuses, before any work, several processes without what torchrun sets;
 `process_group` holds the group of a command's processes (NCCL on CUDA, gloo on CPU) and ends
 it with `leave_process_group`, which every process calls together once training is over;
-`broadcast` gives rank 0's value to every rank.
+`broadcast` gives rank 0's value to every rank, `gather` every rank's to rank 0.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import torch
 from bahdanau._checks import launcher_value
 from bahdanau.errors import InputError
 
-__all__ = ["broadcast", "check_launcher", "is_distributed", "leave_process_group", "process_group"]
+__all__ = ["broadcast", "check_launcher", "gather", "is_distributed", "leave_process_group",
+           "process_group"]
 
 
 def is_distributed() -> bool:
@@ -36,6 +37,17 @@ def broadcast(value: Any, distributed: bool) -> Any:
     box = [value]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def gather(value: Any, distributed: bool) -> list[Any] | None:
+    """Every rank's `value`, in rank order, on rank 0 (None on the others); None when not
+    `distributed`."""
+    if not distributed:
+        return None
+    dist = torch.distributed
+    values: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(value, values, dst=0)
+    return values
 
 
 def leave_process_group() -> None:

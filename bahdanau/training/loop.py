@@ -34,12 +34,14 @@ from bahdanau.training.plan import LoaderWorkerError
 from bahdanau.training.run import (
     TrainRun,
     Validate,
+    divergence,
     run_step,
     save_run,
     setup_run,
     stop_reason,
     validate_run,
 )
+from bahdanau.training.step import StepStats
 
 # Ctrl-C, a scheduler's or `kill`'s request, a closed terminal (where the platform has it).
 _STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
@@ -212,6 +214,8 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
         log(f"resumed from {run.resumed_from} at step {state.step}, epoch {state.epoch}")
         for change in run.resume_changes:
             log(f"changed on resume: {change}")
+        for note in run.resume_notes:
+            log(f"on resume: {note}")
     result = TrainResult(step=state.step, epoch=state.epoch, stopped="",
                          elapsed_s=state.elapsed_s, start_step=state.step)
     with _stop_on_signals(run, log):
@@ -233,15 +237,17 @@ def _loop(run: TrainRun, validate: Validate | None,
     first_step, start = state.step, time.monotonic()
     window_start, window_loss, window_tokens = start, 0.0, 0
     last_saved = last_eval = state.step
-    stopped = stop_reason(run)
+    stopped, skipped = stop_reason(run), 0
     while not stopped:
         try:
             stats = run_step(run)
         except LoaderWorkerError as err:      # raised before the step changed anything
             raise _saved_on_failure(run, err, last_saved) from None
-        window_loss += stats.loss_sum
-        window_tokens += stats.n_tokens
-        if state.step % cfg.log_every == 0:
+        skipped = _count_skipped(run, stats, skipped, log)
+        if not stats.non_finite:
+            window_loss += stats.loss_sum
+            window_tokens += stats.n_tokens
+        if state.step % cfg.log_every == 0 and window_tokens:   # skipped updates: logged above
             now = time.monotonic()
             loss = window_loss / max(window_tokens, 1)
             entry = {"step": state.step, "epoch": state.epoch, "loss": loss,
@@ -259,14 +265,20 @@ def _loop(run: TrainRun, validate: Validate | None,
                     scalars(state.step, {tag: entry[key] for key, tag in _SCALAR_TAGS.items()})
             window_start, window_loss, window_tokens = now, 0.0, 0
         metric, improved = None, False
-        if validate is not None and cfg.eval_every and state.step % cfg.eval_every == 0:
+        # a skipped update's step is neither evaluated nor saved on schedule: its weights have
+        # just given a loss that is not finite
+        if (not skipped and validate is not None and cfg.eval_every
+                and state.step % cfg.eval_every == 0):
             metric, improved = _evaluate(run, validate, result, log, scalars)
             last_eval = state.step
         stopped = stop_reason(run)
-        if state.step % cfg.save_every == 0 or improved or _kept(run, metric):
+        if not skipped and (state.step % cfg.save_every == 0 or improved
+                            or _kept(run, metric)):
             save_run(run, metric=metric)
             last_saved = state.step
 
+    if skipped:                  # the weights the run ends with gave no finite loss since
+        raise divergence(run, f"the run stopped ({stopped}) after {_not_finite(stats, skipped)}")
     if window_tokens:
         result.train_loss = window_loss / window_tokens
     final_metric = None
@@ -288,6 +300,34 @@ def _saved_on_failure(run: TrainRun, err: LoaderWorkerError, last_saved: int
              "to continue" if path is not None else f"the run stopped at step {step}")
     return LoaderWorkerError(f"{' '.join(str(err).split())} (a --loader-workers process, "
                              f"killed or out of memory); {where}")
+
+
+def _count_skipped(run: TrainRun, stats: StepStats, skipped: int,
+                   log: Callable[[str], None]) -> int:
+    """The updates skipped in a row so far, `stats`' included (0 after an applied one): each
+    skipped one is logged, and `cfg.max_nonfinite_steps` of them stop the run (divergence)."""
+    if not stats.non_finite:
+        return 0
+    skipped += 1
+    limit = run.cfg.max_nonfinite_steps
+    if skipped >= limit:
+        raise divergence(run, f"{_not_finite(stats, skipped)} (max_nonfinite_steps {limit})")
+    if run.is_main:
+        log(f"step {run.state.step} | {_values(stats)}: not finite, update skipped ({skipped} "
+            f"in a row; the run stops at {limit})")
+    return skipped
+
+
+def _values(stats: StepStats) -> str:
+    """A step's loss per token and gradient norm, for a message."""
+    return (f"loss {stats.loss_sum / max(stats.n_tokens, 1):.4g}, gradient norm "
+            f"{stats.grad_norm:.4g}")
+
+
+def _not_finite(stats: StepStats, skipped: int) -> str:
+    """What a divergence message says of the updates skipped in a row, the last's `stats`."""
+    return (f"the loss or gradient norm was not finite for {skipped} update"
+            f"{'s' if skipped != 1 else ''} in a row, which were skipped (last: {_values(stats)})")
 
 
 def _kept(run: TrainRun, metric: float | None) -> bool:

@@ -51,7 +51,7 @@ from bahdanau.data.sentencepiece import check_vocabs
 from bahdanau.data.tokenizers import Tokenizer, tokenizer_to_payload
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
-from bahdanau.training.distributed import broadcast, is_distributed
+from bahdanau.training.distributed import broadcast, gather, is_distributed
 from bahdanau.training.ema import WeightEMA
 from bahdanau.training.plan import BatchLoader, BatchPlan, PlannedUpdate
 from bahdanau.training.schedules import LRSchedule, set_lr
@@ -60,6 +60,8 @@ from bahdanau.training.state import (
     checkpoint_payload,
     model_config_of,
     restore,
+    rng_state,
+    rng_streams_notes,
     unwrap_model,
 )
 from bahdanau.training.step import AMP_DTYPES, LossModule, StepStats, make_optimizer, train_step
@@ -95,6 +97,9 @@ class TrainRun:
     is_main: bool = True                    # rank 0: validates, logs and saves
     resumed_from: Path | None = None        # the checkpoint the state came from
     resume_changes: list[str] = field(default_factory=list)  # logged by train_run
+    # logged by train_run: what the resume could not keep (each process resumes the RNG
+    # states it saved; with another number of processes, some cannot)
+    resume_notes: list[str] = field(default_factory=list)
     signal: str = ""                        # "sigint", "sigterm" or "sighup" once one arrived
     clock: float = field(default_factory=time.monotonic)  # when state.elapsed_s was updated
     loader: BatchLoader | None = None       # with cfg.loader_workers: batches collated ahead
@@ -180,7 +185,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         assert manager is not None and latest is not None
         with named(latest):
             restored = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
-                               tgt_vocab=tgt_vocab, ema=ema)
+                               tgt_vocab=tgt_vocab, ema=ema, rank=rank)
         assert restored is not None   # _resumable refused a checkpoint without a train_state
         state = restored
         cfg.set_hyperparameters(optimizer)
@@ -195,6 +200,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
                     tgt_vocab=tgt_vocab, state=state, device=device, manager=manager,
                     extra=dict(extra or {}), tokenizer=tokenizer, distributed=distributed,
                     is_main=rank == 0, resumed_from=latest, resume_changes=changes,
+                    resume_notes=rng_streams_notes(payload, processes),
                     loader=BatchLoader(examples, plan, cfg.loader_workers,
                                        pin_memory=device.type == "cuda")
                     if cfg.loader_workers else None, ema=ema)
@@ -392,9 +398,11 @@ def validate_run(run: TrainRun, validate: Validate) -> tuple[float, bool]:
     Returns:
         (metric, whether it improved on the best so far).
     Raises:
-        InputError: `validate` returned a value that is not a finite number, or a dict without
-            the early-stopping metric.
+        InputError: the weights hold NaN or inf (`check_finite`), and nothing is scored; or
+            `validate` returned a value that is not a finite number, or a dict without the
+            early-stopping metric.
     """
+    check_finite(run)
     name, metric = run.cfg.early_stopping_metric, None
     if run.is_main:
         run.model.eval()
@@ -445,17 +453,53 @@ def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:
             ``best.pt`` and its kept best checkpoints (`TrainConfig.keep_best`).
     Returns:
         The numbered checkpoint's path; None without a checkpoint directory or off rank 0.
+    Raises:
+        InputError: the weights, their moving average or the optimizer state hold NaN or inf
+            (`check_finite`): no checkpoint of a diverged run is written.
     """
     _tick(run)
+    if run.manager is None and not run.distributed:
+        return None
+    check_finite(run)                  # on every process: their weights are the same
+    # every process's own random draws; every process takes part, whatever its manager
+    rng_by_rank = gather(rng_state(), run.distributed)
     if run.manager is None or not run.is_main:
         return None
     payload = checkpoint_payload(run.model, src_vocab=run.src_vocab, tgt_vocab=run.tgt_vocab,
                                  optimizer=run.optimizer, scaler=run.scaler, train_config=run.cfg,
                                  train_state=run.state, extra=run.extra,
-                                 tokenizer=run.tokenizer, ema=run.ema)
+                                 tokenizer=run.tokenizer, ema=run.ema, rng_by_rank=rng_by_rank)
     path = run.manager.save(run.state.step, payload, metric=metric)
     _LOG.debug(f"saved {path}")
     return path
+
+
+def check_finite(run: TrainRun) -> None:
+    """Refuse to go on with weights, a moving average or optimizer moments that hold NaN or
+    inf: the run has diverged (an update too large for float32, such as a learning rate of
+    1e308 gives, makes them so before any loss is computed with them).
+
+    Raises:
+        InputError: one line, `divergence`'s, naming what is not finite.
+    """
+    parts: list[tuple[str, list[torch.Tensor]]] = [("weights", list(run.model.parameters()))]
+    if run.ema is not None:
+        parts.append(("averaged weights (ema)", list(run.ema.state_dict().values())))
+    parts.append(("optimizer moments", [v for s in run.optimizer.state.values()
+                                      for v in s.values() if torch.is_tensor(v)]))
+    for what, tensors in parts:
+        tensors = [t for t in tensors if t.is_floating_point()]
+        if tensors and not bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all()):
+            raise divergence(run, f"the {what} hold NaN or inf")
+
+
+def divergence(run: TrainRun, what: str) -> InputError:
+    """The one-line error that stops a diverged run: where, why, and which checkpoint is kept."""
+    latest = run.manager.latest() if run.manager is not None else None
+    kept = (f"the last checkpoint, {latest}, is kept" if latest is not None
+            else "no checkpoint was written")
+    return InputError(f"training diverged at step {run.state.step}: {what}; {kept} (a lower "
+                      "learning rate may help)")
 
 
 def stop_reason(run: TrainRun) -> str:

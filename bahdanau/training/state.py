@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from bahdanau._about import versions
-from bahdanau._checks import is_finite_number, is_int
+from bahdanau._checks import describe, is_finite_number, is_int
 from bahdanau.checkpoint.files import FORMAT_VERSION, parse_section, upgrade_payload
 from bahdanau.checkpoint.payload import check_weights, stored_parts
 from bahdanau.config import DictConfig, ModelConfig, TrainConfig
@@ -29,6 +29,7 @@ from bahdanau.data.tokenizers import (
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.training.ema import WeightEMA
+from bahdanau.training.stored_states import check_optimizer_state, check_scaler_state
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -57,7 +58,7 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of `rng_state`."""
+    """Inverse of `rng_state` (the CUDA states of the devices this machine has)."""
     torch.set_rng_state(state["torch"])
     py = state["python"]
     random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
@@ -65,7 +66,98 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"],
                          npy["has_gauss"], npy["cached"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        for device, cuda_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, device)
+
+
+_MT_WORDS, _WORD = 624, 2**32       # the Mersenne Twister's state: 624 words of 32 bits
+
+
+def _check_words(value: Any, where: str, dtype: torch.dtype, length: int, high: int) -> None:
+    """`value` is a 1-D `dtype` tensor of `length` values in [0, high)."""
+    if not (isinstance(value, torch.Tensor) and value.dtype == dtype
+            and tuple(value.shape) == (length,)):
+        got = (f"{value.dtype} {tuple(value.shape)}" if isinstance(value, torch.Tensor)
+               else describe(value))
+        raise InputError(f"{where} must be a {dtype} tensor of shape ({length},), got {got}")
+    if length and not (int(value.min()) >= 0 and int(value.max()) < high):
+        raise InputError(f"{where} holds values outside [0, {high})")
+
+
+def check_rng_state(state: Any, where: str = "rng") -> None:
+    """Refuse a stored `rng_state` that `set_rng_state` would refuse with a traceback or take
+    wrongly: each generator's state by type and length (torch's a uint8 tensor of
+    `torch.get_rng_state`'s length that torch accepts, Python's 625 words with its position
+    last, NumPy's MT19937 keys, position and cached gaussian, CUDA's a list of uint8 tensors).
+
+    Args:
+        state: the stored value.
+        where: what a message calls it ("rng", "rng_by_rank[1]").
+    Raises:
+        InputError: one line naming the entry.
+    """
+    where = f"checkpoint {where}"
+    if not (isinstance(state, dict) and {"torch", "python", "numpy"} <= set(state)
+            <= {"torch", "python", "numpy", "cuda"}):
+        raise InputError(f"{where} must hold the states of 'torch', 'python', 'numpy' (and "
+                         f"'cuda'), got {describe(state)}")
+    current = torch.get_rng_state()
+    _check_words(state["torch"], f"{where}['torch']", torch.uint8, current.numel(), 256)
+    try:                               # what torch checks of its generator's fields
+        torch.set_rng_state(state["torch"])
+    except RuntimeError as err:
+        raise InputError(f"{where}['torch'] is not a torch generator state: {err}") from None
+    finally:
+        torch.set_rng_state(current)
+    py, npy = state["python"], state["numpy"]
+    if not (isinstance(py, dict) and set(py) == {"version", "state", "gauss"}
+            and py["version"] == random.getstate()[0]
+            and (py["gauss"] is None or is_finite_number(py["gauss"]))):
+        raise InputError(f"{where}['python'] must be {{'version': {random.getstate()[0]}, "
+                         f"'state': ..., 'gauss': None or a number}}, got {describe(py)}")
+    _check_words(py["state"], f"{where}['python']['state']", torch.int64, _MT_WORDS + 1, _WORD)
+    if int(py["state"][-1]) > _MT_WORDS:
+        raise InputError(f"{where}['python']['state'] ends with the position "
+                         f"{int(py['state'][-1])}, which must be <= {_MT_WORDS}")
+    if not (isinstance(npy, dict) and set(npy) == {"kind", "keys", "pos", "has_gauss", "cached"}
+            and npy["kind"] == "MT19937" and is_int(npy["pos"]) and 0 <= npy["pos"] <= _MT_WORDS
+            and npy["has_gauss"] in (0, 1) and is_finite_number(npy["cached"])):
+        raise InputError(f"{where}['numpy'] must be {{'kind': 'MT19937', 'keys', 'pos' in [0, "
+                         f"{_MT_WORDS}], 'has_gauss' 0 or 1, 'cached' a number}}, got "
+                         f"{describe(npy)}")
+    _check_words(npy["keys"], f"{where}['numpy']['keys']", torch.int64, _MT_WORDS, _WORD)
+    cuda = state.get("cuda", [])
+    if not (isinstance(cuda, (list, tuple)) and all(
+            isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1
+            for t in cuda)):
+        raise InputError(f"{where}['cuda'] must be a list of uint8 tensors, one per device")
+
+
+def process_rng(payload: dict[str, Any], rank: int) -> dict[str, Any] | None:
+    """The RNG states that the process of `rank` resumes with: those it saved (the payload's
+    `rng_by_rank`, written by a run of several processes), else rank 0's (`rng`)."""
+    by_rank = payload.get("rng_by_rank")
+    if by_rank is not None and not isinstance(by_rank, list):
+        raise InputError(f"checkpoint rng_by_rank must be a list, one entry per process, got "
+                         f"{describe(by_rank)}")
+    if by_rank is not None and rank < len(by_rank):
+        return by_rank[rank]
+    return payload["rng"]
+
+
+def rng_streams_notes(payload: dict[str, Any] | None, processes: int) -> list[str]:
+    """What a resume from `payload` (None: a new run) with `processes` processes says when the
+    checkpoint does not hold the random states of exactly that many: the ranks without their
+    own take rank 0's, so random draws (dropout) differ from an uninterrupted run's."""
+    if payload is None or payload["rng"] is None:
+        return []
+    by_rank = payload.get("rng_by_rank")
+    stored = len(by_rank) if isinstance(by_rank, list) else 1
+    if stored == processes:
+        return []
+    return [f"the checkpoint holds the random states of {stored} process"
+            f"{'es' if stored != 1 else ''}, this run has {processes}: the dropout streams "
+            "(every random draw) change from those of an uninterrupted run"]
 
 
 @dataclass
@@ -124,7 +216,8 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
                        train_state: TrainState | None = None,
                        extra: dict[str, Any] | None = None,
                        tokenizer: Tokenizer | None = None,
-                       ema: WeightEMA | None = None) -> dict[str, Any]:
+                       ema: WeightEMA | None = None,
+                       rng_by_rank: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A checkpoint of the current format (docs/checkpoint-format.md), with the RNG states and
     the versions record of what wrote it (`bahdanau._about.versions`: package, torch, Python,
     git commit, host, the model's device).
@@ -140,6 +233,10 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
             (`tokenizer_to_payload`); None: no such section.
         ema: the moving average of the weights (`WeightEMA`), stored as the `ema`
             section; None: no such section.
+        rng_by_rank: under torch.distributed, every process's `rng_state()` in rank order
+            (`bahdanau.training.distributed.gather`), stored as the `rng_by_rank` section so
+            that each process resumes its own random draws (`process_rng`); None: no such
+            section (`rng` is this process's).
     Returns:
         A dict that `save_checkpoint` accepts.
     Raises:
@@ -149,9 +246,12 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
     model = unwrap_model(model)
     config = model_config_of(model)
     config.check_vocabs(src_vocab, tgt_vocab)
-    sections = {} if tokenizer is None else {"tokenizer": tokenizer_to_payload(tokenizer)}
+    sections: dict[str, Any] = ({} if tokenizer is None
+                                else {"tokenizer": tokenizer_to_payload(tokenizer)})
     if ema is not None:
         sections["ema"] = ema.state_dict()
+    if rng_by_rank is not None:
+        sections["rng_by_rank"] = rng_by_rank
     return {
         "format": FORMAT_VERSION,
         "model": model.state_dict(),
@@ -163,7 +263,7 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "optimizer_class": type(optimizer).__name__ if optimizer is not None else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
-        "rng": rng_state(),
+        "rng": rng_by_rank[0] if rng_by_rank is not None else rng_state(),
         "extra": dict(extra or {}),
         "versions": versions(next(model.parameters()).device),
         **sections,
@@ -204,37 +304,20 @@ def _stored_state(payload: dict[str, Any]) -> TrainState | None:
     return parse_section(payload, "train_state", TrainState.from_dict)
 
 
-def _check_optimizer(payload: dict[str, Any], optimizer: torch.optim.Optimizer) -> None:
-    """Refuse an optimizer state that `optimizer.load_state_dict` would take wrongly or refuse."""
-    given = type(optimizer).__name__
-    stored_class = payload.get("optimizer_class")   # None in checkpoints of earlier versions
-    if stored_class is not None and stored_class != given:
-        raise InputError(f"checkpoint optimizer state is of {stored_class}, the given optimizer "
-                         f"is {given}")
-    stored = payload["optimizer"]
-    groups = stored.get("param_groups") if isinstance(stored, dict) else None
-    if not (isinstance(groups, list) and isinstance(stored.get("state"), dict) and all(
-            isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)):
-        raise InputError("checkpoint optimizer is not an optimizer's state_dict")
-    theirs = [len(g["params"]) for g in groups]
-    ours = [len(g["params"]) for g in optimizer.param_groups]
-    if theirs != ours:
-        raise InputError(f"checkpoint optimizer state has parameter groups of sizes {theirs}, "
-                         f"the given {given} has {ours}")
-
-
 def restore(payload: dict[str, Any], model: nn.Module,
             optimizer: torch.optim.Optimizer | None = None, *,
             scaler: torch.amp.GradScaler | None = None, src_vocab: Vocab | None = None,
             tgt_vocab: Vocab | None = None, restore_rng: bool = True,
-            ema: WeightEMA | None = None) -> TrainState | None:
+            ema: WeightEMA | None = None, rank: int = 0) -> TrainState | None:
     """Load a checkpoint payload (format 1 or 2) into live objects.
 
     Everything is checked before anything changes: the stored model config against
     `model.config` and against the stored vocabularies, the stored vocabularies against the
     given ones, the train state, the weights (and, with `ema`, the `ema` section's) against the
-    model (keys, shapes, NaN/inf) and the optimizer state against `optimizer` (its type, where
-    the checkpoint records it).
+    model (keys, shapes, NaN/inf), the optimizer state against `optimizer` (its type, where
+    the checkpoint records it, and every state tensor's shape, dtype and finiteness against its
+    parameter: `check_optimizer_state`), the GradScaler state (`check_scaler_state`) and the
+    RNG states (`check_rng_state`).
 
     Args:
         payload: the checkpoint dict, e.g. from `load_checkpoint`.
@@ -244,13 +327,16 @@ def restore(payload: dict[str, Any], model: nn.Module,
         restore_rng: also restore the global torch/CUDA/Python/NumPy RNG states.
         ema: a `WeightEMA` of `model`: receives the `ema` section, or, from a checkpoint
             without one, starts again from the restored weights.
+        rank: this process's rank under torch.distributed: it restores the RNG states it
+            saved (`process_rng`).
     Returns:
         The stored `TrainState`, whole; None if the checkpoint has none.
     Raises:
         InputError: the model config or a vocabulary differs (what differs is named), the stored
             config and vocabularies disagree, a section is malformed, the weights do not fit the
-            model or are not finite, the optimizer state is another optimizer's, or the payload
-            is not a checkpoint this code reads.
+            model or are not finite, the optimizer state is another optimizer's or does not fit
+            its parameters or is not finite, the GradScaler or RNG states are malformed, or the
+            payload is not a checkpoint this code reads.
     """
     payload = upgrade_payload(payload)
     model = unwrap_model(model)
@@ -270,7 +356,12 @@ def restore(payload: dict[str, Any], model: nn.Module,
     if stored_ema is not None:
         check_weights(stored_ema, model, "ema")
     if optimizer is not None and payload["optimizer"] is not None:
-        _check_optimizer(payload, optimizer)
+        check_optimizer_state(payload, optimizer)
+    if scaler is not None and payload["scaler"] is not None:
+        check_scaler_state(payload["scaler"])
+    rng = process_rng(payload, rank) if restore_rng else None
+    if rng is not None:
+        check_rng_state(rng, "rng" if rng is payload["rng"] else f"rng_by_rank[{rank}]")
     model.load_state_dict(payload["model"])
     if ema is not None:
         ema.load_state_dict(stored_ema if stored_ema is not None else model.state_dict())
@@ -278,6 +369,6 @@ def restore(payload: dict[str, Any], model: nn.Module,
         optimizer.load_state_dict(payload["optimizer"])
     if scaler is not None and payload["scaler"] is not None:
         scaler.load_state_dict(payload["scaler"])
-    if restore_rng and payload["rng"] is not None:
-        set_rng_state(payload["rng"])
+    if rng is not None:
+        set_rng_state(rng)
     return state

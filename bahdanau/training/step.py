@@ -33,11 +33,21 @@ AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """Adadelta(lr, rho, eps) as in the paper, or Adam(lr, eps) (fused where torch supports it)."""
+    """Adadelta(lr, rho, eps) as in the paper, or Adam(lr, eps) (fused where torch supports it).
+
+    Raises:
+        InputError: Adadelta with a learning rate beyond the largest value of a weight's dtype
+            (torch converts it to that dtype, and would fail at the first update).
+    """
     check_type("model", model, nn.Module, "a torch.nn.Module")
     check_type("cfg", cfg, TrainConfig, "a TrainConfig")
     params = [p for p in model.parameters() if p.requires_grad]
     if cfg.optimizer == "adadelta":
+        for dtype in {p.dtype for p in params if p.is_floating_point()}:
+            if cfg.learning_rate > torch.finfo(dtype).max:
+                raise InputError(f"adadelta cannot apply the learning rate "
+                                 f"{cfg.learning_rate:g} to {dtype} weights: it must be at "
+                                 f"most {torch.finfo(dtype).max:.4g}")
         return torch.optim.Adadelta(params, lr=cfg.learning_rate, rho=cfg.rho, eps=cfg.eps)
     try:
         return torch.optim.Adam(params, lr=cfg.learning_rate, eps=cfg.eps, fused=True)
@@ -100,6 +110,10 @@ class StepStats(NamedTuple):
     loss_sum: float    # summed target-token loss of the batch
     n_tokens: int      # target tokens (eos included) in the batch
     grad_norm: float   # L2 norm of the gradient before clipping (inf/nan: update skipped)
+    # The loss or the gradient norm was not finite, so no update was applied: a sign of
+    # divergence, which `train_run` counts. A GradScaler's overflowing scaled gradient (which
+    # it skips and backs off from, as fp16 training expects) does not count; its loss does.
+    non_finite: bool = False
 
 
 def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
@@ -131,8 +145,10 @@ def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
             process together; None: each process divides by its own batches' count (the
             gradient is then the mean of the processes' per-sentence averages).
     Returns:
-        `StepStats` of all the batches (this process's). A non-finite gradient norm skips the
-        update (the GradScaler also lowers its scale then).
+        `StepStats` of all the batches (this process's). A non-finite loss or gradient norm
+        skips the update: the optimizer never applies it (the GradScaler lowers its scale on
+        a non-finite gradient). Under DDP every process skips together: the gradient is the
+        same on all, and the loss of any counts for all.
     Raises:
         InputError: an empty sequence of batches, `update_sentences` without DDP or below
             these batches' sentence count, or an optimizer without the parameters the loss
@@ -153,7 +169,8 @@ def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
         sentences = update_sentences / torch.distributed.get_world_size(ddp.process_group)
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    autocast = (torch.autocast(batches[0].src.device.type, dtype=amp_dtype)
+    device = batches[0].src.device
+    autocast = (torch.autocast(device.type, dtype=amp_dtype)
                 if amp_dtype is not None else nullcontext())
     losses, counts = [], []
     for i, b in enumerate(batches):
@@ -166,6 +183,19 @@ def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
             (scaler.scale(loss) if scaler is not None else loss).backward()
         losses.append(loss_sum.detach())
         counts.append(n_tokens)
+    total_loss = sum(float(x) for x in losses)
+    finite_loss = math.isfinite(total_loss if ddp is None
+                                else _all_ranks(total_loss, ddp, device))
+    grad_norm, applied = _update(optimizer, scaler, clip_norm, finite_loss)
+    non_finite = not finite_loss or (scaler is None and not applied)
+    return StepStats(total_loss, sum(int(n) for n in counts), grad_norm, non_finite)
+
+
+def _update(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
+            clip_norm: float | None, finite_loss: bool) -> tuple[float, bool]:
+    """Clip the gradient and step, unless the loss or the gradient norm is not finite; returns
+    the norm before clipping and whether the optimizer stepped (with a GradScaler: was asked
+    to, which it declines for a gradient that is not finite)."""
     if scaler is not None:
         scaler.unscale_(optimizer)
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -174,12 +204,22 @@ def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
                          "build it from this model's parameters")
     max_norm = clip_norm if clip_norm is not None else math.inf
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm))
-    if scaler is not None:
-        scaler.step(optimizer)   # skips the step itself when the gradient is not finite
-        scaler.update()
-    elif math.isfinite(grad_norm):
+    applied = finite_loss and (scaler is not None or math.isfinite(grad_norm))
+    if applied and scaler is not None:
+        scaler.step(optimizer)       # skips the step itself when the gradient is not finite
+    elif applied:
         optimizer.step()
-    return StepStats(sum(float(x) for x in losses), sum(int(n) for n in counts), grad_norm)
+    if scaler is not None:
+        scaler.update()
+    return grad_norm, applied
+
+
+def _all_ranks(loss_sum: float, ddp: nn.parallel.DistributedDataParallel,
+               device: torch.device) -> float:
+    """The loss summed over the processes: not finite where any process's is not."""
+    total = torch.tensor([loss_sum], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(total, group=ddp.process_group)
+    return float(total)
 
 
 @torch.no_grad()

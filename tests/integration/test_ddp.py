@@ -1,4 +1,5 @@
-"""Two CPU processes (gloo) train with DistributedDataParallel and keep identical weights."""
+"""Two CPU processes (gloo) train with DistributedDataParallel and keep identical weights, and
+a run with dropout resumed from its checkpoint ends with the weights of an uninterrupted one."""
 
 from __future__ import annotations
 
@@ -21,15 +22,22 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.skipif(not torch.distributed.is_available() or
-                    not torch.distributed.is_gloo_available(),
-                    reason="torch.distributed with gloo is not available")
-def test_ddp_two_processes_identical_weights(tmp_path) -> None:
+GLOO = pytest.mark.skipif(not torch.distributed.is_available()
+                          or not torch.distributed.is_gloo_available(),
+                          reason="torch.distributed with gloo is not available")
+
+
+def _run_worker(out: Path, *mode: str) -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    proc = subprocess.run([sys.executable, str(WORKER), str(tmp_path), str(_free_port())],
+    proc = subprocess.run([sys.executable, str(WORKER), str(out), str(_free_port()), *mode],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@GLOO
+def test_ddp_two_processes_identical_weights(tmp_path) -> None:
+    _run_worker(tmp_path)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
     assert ranks[0]["step"] == ranks[1]["step"] == 12
     for key, value in ranks[0]["state"].items():
@@ -46,3 +54,19 @@ def test_ddp_two_processes_identical_weights(tmp_path) -> None:
     for name, gradient in step["gradient"].items():
         assert torch.allclose(step["change"][name], gradient, rtol=1e-12, atol=1e-15), name
     assert any(g.abs().max() > 1e-6 for g in step["gradient"].values())
+
+
+@GLOO
+def test_ddp_resume_with_dropout_is_exact(tmp_path) -> None:
+    """Each process resumes its own random draws (dropout masks): rank 0's state restored on
+    both would give rank 1 other masks, and other weights, from the resumed step on."""
+    _run_worker(tmp_path, "resume")
+    ranks = [torch.load(tmp_path / f"resume{r}.pt", weights_only=True) for r in range(2)]
+    for weights in ranks:
+        for key, value in weights["straight"].items():
+            assert torch.equal(weights["resumed"][key], value), key
+    payload = torch.load(tmp_path / "resumed" / "step_00000008.pt", weights_only=True)
+    streams = [state["torch"] for state in payload["rng_by_rank"]]
+    assert len(streams) == 2 and not torch.equal(*streams)   # the ranks drew differently
+    # one rank's infinite loss skips the update on both, which keep the same weights
+    assert [(r["skipped"], r["unchanged"]) for r in ranks] == [(True, True), (True, True)]
