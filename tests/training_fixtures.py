@@ -102,6 +102,12 @@ def failing_writes(monkeypatch: pytest.MonkeyPatch, error: BaseException, *, aft
 TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")   # a log line's time
 
 
+def unlogged(text: str) -> str:
+    """`text` (what a command wrote on stderr) without its log lines: what it said apart from
+    logging, such as its one error line."""
+    return "".join(line for line in text.splitlines(keepends=True) if not TIMESTAMP.match(line))
+
+
 def logged(text: str) -> list[str]:
     """The messages of the log lines in `text` (the console's or train.log's), without their
     times; lines without a time (a library's own warning on stderr) are left out."""

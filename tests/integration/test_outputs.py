@@ -28,10 +28,10 @@ from pathlib import Path
 import pytest
 import torch
 from training_fixtures import (
-    TIMESTAMP,
     failing_writes,
     random_examples,
     tiny_model,
+    unlogged,
     write_multi30k_slice,
 )
 
@@ -66,8 +66,7 @@ def root(tmp_path_factory) -> Path:
 def _one_error(capsys, code: int, *fragments: str) -> str:
     captured = capsys.readouterr()
     assert code == 2, f"exit {code}, expected 2 ({captured.err!r})"
-    err = "".join(line for line in captured.err.splitlines(keepends=True)
-                  if not TIMESTAMP.match(line))          # a run's log lines go to stderr too
+    err = unlogged(captured.err)                     # a run's log lines go to stderr too
     assert err.startswith("bahdanau: error: ") and err.count("\n") == 1, captured.err
     for fragment in fragments:
         assert fragment in err, f"{fragment!r} not in {err!r}"
