@@ -2,6 +2,12 @@
 
 matplotlib is an optional extra (`pip install 'bahdanau[plot]'`), imported only when a function
 here is called; `import bahdanau` never loads it.
+
+Every plot is meant for a reader who has not read the paper: axes, a colour bar or a legend
+saying what is drawn, and a title. An alignment plot draws at most `MAX_CELLS` target rows and
+source columns (a hypothesis that runs to --max-len, a very long sentence) and says so in its
+title, and its figure size is bounded, so an image never exceeds `MAX_IMAGE_PIXELS` on a side
+whatever it is given: a plot of 1,000 x 1,000 cells could not be read, and once cost gigabytes.
 """
 
 from __future__ import annotations
@@ -15,6 +21,22 @@ import torch
 
 from bahdanau.errors import InputError
 from bahdanau.evaluate import LengthBucket
+
+# Target rows and source columns an alignment plot draws; beyond them the first MAX_CELLS are
+# drawn and the title says how many there were. 60 covers the paper's sentences (up to 50 words
+# in training) with labels still legible at 1/4 inch a cell.
+MAX_CELLS = 60
+# Matplotlib's perceptually uniform map, reversed: weight 0 is near white and 1 near black, so
+# a weight is ink (it prints in grey scale as it reads in colour), and the near-uniform
+# attention of an untrained model reads as pale everywhere rather than as black.
+COLORMAP = "magma_r"
+DPI = 120
+# The largest image side: the figure of MAX_CELLS x MAX_CELLS with its labels, title and colour
+# bar (at most 19.5 inches at DPI). tests/unit/test_plot.py renders the worst case against it.
+MAX_IMAGE_PIXELS = 2400
+_MAX_LABEL_CHARS = 16        # a longer token is cut with an ellipsis, so the axes keep their room
+_CHARS_PER_INCH = 11         # title characters a line holds at the default font size
+_MAX_TITLE_LINES = 3         # of the caller's title; a cap note may follow
 
 
 class PlotDependencyError(ImportError):
@@ -51,10 +73,30 @@ def check_image_path(path: str | os.PathLike[str]) -> None:
                          f"{', '.join(sorted(formats))}")
 
 
+def _shorten(text: str, limit: int) -> str:
+    """`text` on one line, cut to `limit` characters with an ellipsis."""
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: max(limit - 1, 1)] + "…"
+
+
+def _cap_note(rows: int, cols: int, shown_rows: int, shown_cols: int) -> str | None:
+    """The title line that says which part of a capped matrix is drawn (None: all of it)."""
+    cut = [f"first {shown} of {total} {what} words"
+           for shown, total, what in ((shown_rows, rows, "target"), (shown_cols, cols, "source"))
+           if shown < total]
+    return f"showing the {' and '.join(cut)}" if cut else None
+
+
 def plot_alignment(weights: torch.Tensor | Sequence[Sequence[float]], src_tokens: Sequence[str],
                    tgt_tokens: Sequence[str], path: str | os.PathLike[str] | None = None, *,
-                   title: str | None = None) -> Any:
-    """Alignment heat map: source words on the x axis, target words on the y axis, grayscale.
+                   title: str | None = None, max_cells: int = MAX_CELLS) -> Any:
+    """Alignment heat map as the paper's Figure 3: source words along the top (x axis), the
+    generated target words down the side (y axis), one cell per weight a_ij.
+
+    The colour scale is fixed to 0..1 (`COLORMAP`, white for 0, black for 1, with a colour bar),
+    so plots compare with each other and a uniform row reads as uniform. At most `max_cells`
+    rows and columns are drawn (the first ones; the title says so), long tokens and title lines
+    are shortened, and the figure is at most `MAX_IMAGE_PIXELS` on a side at `DPI`.
 
     Args:
         weights: (T, S) attention weights a_ij, row i for target token i.
@@ -62,32 +104,62 @@ def plot_alignment(weights: torch.Tensor | Sequence[Sequence[float]], src_tokens
             `DefaultTokenizer.display` over them first to drop the joiner mark).
         tgt_tokens: the T target tokens (include "</s>" for the eos row of a hypothesis).
         path: if given, the figure is saved there (format from the suffix: png, pdf, svg).
-        title: optional title.
+        title: optional title, one or more lines (say which model and sentence).
+        max_cells: the most target rows, and source columns, drawn (1 to `MAX_CELLS`).
     Returns:
-        The matplotlib Figure.
+        The matplotlib Figure (close it with `matplotlib.pyplot.close` when done).
     Raises:
-        InputError: the weights' shape does not match the token lists.
+        InputError: the weights' shape does not match the token lists, the matrix is empty, or
+            max_cells is outside 1..`MAX_CELLS`.
         PlotDependencyError: matplotlib is not installed.
     """
     matrix = torch.as_tensor(weights, dtype=torch.float64).cpu()
     if matrix.dim() != 2 or tuple(matrix.shape) != (len(tgt_tokens), len(src_tokens)):
         raise InputError(f"weights have shape {tuple(matrix.shape)}, expected "
                          f"({len(tgt_tokens)}, {len(src_tokens)}) for the target x source tokens")
+    if matrix.numel() == 0:
+        raise InputError(f"weights of shape {tuple(matrix.shape)} are empty: nothing to plot")
+    if isinstance(max_cells, bool) or not isinstance(max_cells, int) or not (
+            1 <= max_cells <= MAX_CELLS):
+        raise InputError(f"max_cells must be an int in 1..{MAX_CELLS}, got {max_cells!r}")
     if path is not None:
         check_image_path(path)
-    plt = _pyplot()
-    rows, cols = matrix.shape
-    fig, ax = plt.subplots(figsize=(max(3.0, 0.45 * cols + 1.5), max(3.0, 0.45 * rows + 1.2)))
-    ax.imshow(matrix.numpy(), cmap="gray", vmin=0.0, vmax=1.0, aspect="equal")
-    ax.set_xticks(range(cols), labels=list(src_tokens), rotation=90)
-    ax.set_yticks(range(rows), labels=list(tgt_tokens))
-    ax.xaxis.tick_top()
-    if title:
-        ax.set_title(title, pad=12)
-    fig.tight_layout()
+    rows, cols = min(matrix.shape[0], max_cells), min(matrix.shape[1], max_cells)
+    lines = [] if title is None else title.splitlines()[:_MAX_TITLE_LINES]
+    note = _cap_note(*matrix.shape, rows, cols)
+    fig, ax = _alignment_axes(rows, cols, len(lines) + (note is not None))
+    image = ax.imshow(matrix[:rows, :cols].numpy(), cmap=COLORMAP, vmin=0.0, vmax=1.0,
+                      aspect="equal", interpolation="nearest")
+    ax.set_xticks(range(cols), labels=[_shorten(t, _MAX_LABEL_CHARS) for t in src_tokens[:cols]],
+                  rotation=90)
+    ax.set_yticks(range(rows), labels=[_shorten(t, _MAX_LABEL_CHARS) for t in tgt_tokens[:rows]])
+    ax.tick_params(labelsize=8, top=True, labeltop=True, bottom=False, labelbottom=False)
+    ax.xaxis.set_label_position("top")
+    ax.set_xlabel("source words")
+    ax.set_ylabel("generated target words")
+    bar = fig.colorbar(image, ax=ax, shrink=min(1.0, max(0.6, rows / 8)), aspect=30)
+    bar.set_label("attention weight a_ij\n(each row sums to 1)", fontsize=9)
+    width = int(fig.get_figwidth() * _CHARS_PER_INCH)
+    fig.suptitle("\n".join(_shorten(line, width) for line in [*lines, *filter(None, [note])]),
+                 fontsize=10)
     if path is not None:
-        fig.savefig(path, dpi=150)
+        fig.savefig(path, dpi=DPI)
     return fig
+
+
+def _alignment_axes(rows: int, cols: int, title_lines: int) -> tuple[Any, Any]:
+    """A figure sized for `rows` x `cols` cells, its labels, colour bar and title: cells of 1/4
+    to 1/2 inch (larger for small matrices), never more than `MAX_IMAGE_PIXELS` on a side."""
+    cell = min(0.5, max(0.25, 8.0 / max(rows, cols)))
+    width = max(6.0, 2.6 + cell * cols + 1.2)          # y labels, the cells, the colour bar
+    height = max(3.5, 1.6 + 0.2 * title_lines + cell * rows + 0.4)   # x labels, title
+    width, height = (min(side, MAX_IMAGE_PIXELS / DPI) for side in (width, height))
+    return _pyplot().subplots(figsize=(width, height), dpi=DPI, layout="constrained")
+
+
+def _bucket_span(bucket: LengthBucket) -> str:
+    """'10-19' for [10, 20), '50+' for the open last bucket."""
+    return f"{bucket.low}+" if bucket.high is None else f"{bucket.low}-{bucket.high - 1}"
 
 
 def plot_bleu_by_length(systems: Mapping[str, Sequence[LengthBucket]],
@@ -95,27 +167,49 @@ def plot_bleu_by_length(systems: Mapping[str, Sequence[LengthBucket]],
                         title: str = "BLEU by source sentence length") -> Any:
     """Figure 2: one line per system, BLEU against the source-length bucket.
 
+    The x axis names each bucket's span of source lengths and, where the systems agree (one
+    test set), its number of sentences; where they do not, each point carries its own count.
+    Empty buckets (BLEU None) are left out.
+
     Args:
         systems: name -> buckets from `bahdanau.evaluate.bleu_by_length`.
         path: if given, the figure is saved there.
         title: the title.
     Returns:
-        The matplotlib Figure.
+        The matplotlib Figure (close it with `matplotlib.pyplot.close` when done).
+    Raises:
+        InputError: systems is empty.
+        PlotDependencyError: matplotlib is not installed.
     """
     if not systems:
         raise InputError("systems is empty: nothing to plot")
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.0, 4.0))
-    for name, buckets in systems.items():
-        points = [((b.low + (b.high if b.high is not None else b.low + 10)) / 2, b.bleu)
-                  for b in buckets if b.bleu is not None]
-        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
-    ax.set_xlabel("source sentence length (tokens, bucket centre)")
-    ax.set_ylabel("BLEU")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=150)
+        check_image_path(path)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7.0, 4.5), dpi=DPI, layout="constrained")
+    spans: dict[int, str] = {}
+    counts: dict[int, set[int]] = {}
+    for buckets in systems.values():
+        for b in buckets:
+            if b.bleu is not None:
+                spans[b.low] = _bucket_span(b)
+                counts.setdefault(b.low, set()).add(b.n_sentences)
+    agree = all(len(c) == 1 for c in counts.values())
+    for name, buckets in systems.items():
+        shown = [b for b in buckets if b.bleu is not None]
+        ax.plot([b.low for b in shown], [b.bleu for b in shown], marker="o", label=name)
+        for b in [] if agree else shown:
+            ax.annotate(f"n={b.n_sentences}", (b.low, b.bleu), textcoords="offset points",
+                        xytext=(0, 6), ha="center", fontsize=7, color="0.35")
+    ax.set_xticks(sorted(spans), labels=[
+        spans[low] + (f"\n{next(iter(counts[low]))} sentences" if agree else "")
+        for low in sorted(spans)], fontsize=8)
+    ax.set_xlabel("source sentence length (tokens)")
+    ax.set_ylabel("BLEU")
+    ax.set_ylim(bottom=0)                  # heights compare as scores, not as differences
+    ax.set_title(_shorten(title, int(7.0 * _CHARS_PER_INCH)))
+    ax.grid(alpha=0.3)
+    ax.legend(title="system")
+    if path is not None:
+        fig.savefig(path, dpi=DPI)
     return fig
