@@ -37,6 +37,8 @@ MAX_IMAGE_PIXELS = 2400
 _MAX_LABEL_CHARS = 16        # a longer token is cut with an ellipsis, so the axes keep their room
 _CHARS_PER_INCH = 11         # title characters a line holds at the default font size
 _MAX_TITLE_LINES = 3         # of the caller's title; a cap note may follow
+_LABEL_POINTS = 8            # tick label font size
+_EDGE = 0.15                 # inches left blank at the figure's edges
 
 
 class PlotDependencyError(ImportError):
@@ -127,34 +129,62 @@ def plot_alignment(weights: torch.Tensor | Sequence[Sequence[float]], src_tokens
     rows, cols = min(matrix.shape[0], max_cells), min(matrix.shape[1], max_cells)
     lines = [] if title is None else title.splitlines()[:_MAX_TITLE_LINES]
     note = _cap_note(*matrix.shape, rows, cols)
-    fig, ax = _alignment_axes(rows, cols, len(lines) + (note is not None))
+    x_labels = [_shorten(t, _MAX_LABEL_CHARS) for t in src_tokens[:cols]]
+    y_labels = [_shorten(t, _MAX_LABEL_CHARS) for t in tgt_tokens[:rows]]
+    title_lines = [*lines, *filter(None, [note])]
+    fig, ax, bar_ax = _alignment_axes(rows, cols, _label_inches(x_labels),
+                                      _label_inches(y_labels), len(title_lines))
     image = ax.imshow(matrix[:rows, :cols].numpy(), cmap=COLORMAP, vmin=0.0, vmax=1.0,
-                      aspect="equal", interpolation="nearest")
-    ax.set_xticks(range(cols), labels=[_shorten(t, _MAX_LABEL_CHARS) for t in src_tokens[:cols]],
-                  rotation=90)
-    ax.set_yticks(range(rows), labels=[_shorten(t, _MAX_LABEL_CHARS) for t in tgt_tokens[:rows]])
-    ax.tick_params(labelsize=8, top=True, labeltop=True, bottom=False, labelbottom=False)
+                      aspect="auto", interpolation="nearest")
+    ax.set_xticks(range(cols), labels=x_labels, rotation=90)
+    ax.set_yticks(range(rows), labels=y_labels)
+    ax.tick_params(labelsize=_LABEL_POINTS, top=True, labeltop=True, bottom=False,
+                   labelbottom=False)
     ax.xaxis.set_label_position("top")
     ax.set_xlabel("source words")
     ax.set_ylabel("generated target words")
-    bar = fig.colorbar(image, ax=ax, shrink=min(1.0, max(0.6, rows / 8)), aspect=30)
+    bar = fig.colorbar(image, cax=bar_ax)
     bar.set_label("attention weight a_ij\n(each row sums to 1)", fontsize=9)
     width = int(fig.get_figwidth() * _CHARS_PER_INCH)
-    fig.suptitle("\n".join(_shorten(line, width) for line in [*lines, *filter(None, [note])]),
-                 fontsize=10)
+    fig.suptitle("\n".join(_shorten(line, width) for line in title_lines), fontsize=10,
+                 y=1 - _EDGE / fig.get_figheight(), va="top")
     if path is not None:
         fig.savefig(path, dpi=DPI)
     return fig
 
 
-def _alignment_axes(rows: int, cols: int, title_lines: int) -> tuple[Any, Any]:
-    """A figure sized for `rows` x `cols` cells, its labels, colour bar and title: cells of 1/4
-    to 1/2 inch (larger for small matrices), never more than `MAX_IMAGE_PIXELS` on a side."""
+def _label_inches(labels: Sequence[str]) -> float:
+    """The width of the widest tick label, in inches (labels are at most _MAX_LABEL_CHARS)."""
+    from matplotlib.font_manager import FontProperties
+    from matplotlib.textpath import TextToPath
+
+    font, measure = FontProperties(size=_LABEL_POINTS), TextToPath()
+    return max(measure.get_text_width_height_descent(label, font, ismath=False)[0]
+               for label in labels) / 72
+
+
+def _alignment_axes(rows: int, cols: int, x_labels: float, y_labels: float, title_lines: int
+                    ) -> tuple[Any, Any, Any]:
+    """A figure laid out in inches for `rows` x `cols` square cells (1/4 to 1/2 inch, larger
+    for small matrices) under tick labels `x_labels` inches long and beside ones `y_labels`
+    inches wide, a title of `title_lines` lines and a colour bar: (figure, heat-map axes,
+    colour-bar axes). Every part is bounded, so the figure is within `MAX_IMAGE_PIXELS`."""
     cell = min(0.5, max(0.25, 8.0 / max(rows, cols)))
-    width = max(6.0, 2.6 + cell * cols + 1.2)          # y labels, the cells, the colour bar
-    height = max(3.5, 1.6 + 0.2 * title_lines + cell * rows + 0.4)   # x labels, title
+    grid_w, grid_h = cell * cols, cell * rows
+    plot_h = max(grid_h, 2.0)                           # room for the colour bar's scale
+    left = _EDGE + 0.35 + y_labels                      # axis label, tick labels
+    top = _EDGE + 0.22 * title_lines + 0.4 + x_labels   # title, axis label, tick labels
+    right = 0.2 + 0.2 + 1.1                             # gap, the bar, its ticks and label
+    width = max(6.0, left + grid_w + right)             # a title line holds 60+ characters
+    left += (width - left - grid_w - right) / 2         # a narrow grid sits in the middle
+    height = top + plot_h + _EDGE
     width, height = (min(side, MAX_IMAGE_PIXELS / DPI) for side in (width, height))
-    return _pyplot().subplots(figsize=(width, height), dpi=DPI, layout="constrained")
+    fig = _pyplot().figure(figsize=(width, height), dpi=DPI)
+    bottom = height - top - grid_h                      # grid and bar share their top edge
+    ax = fig.add_axes((left / width, bottom / height, grid_w / width, grid_h / height))
+    bar_ax = fig.add_axes(((left + grid_w + 0.2) / width, (height - top - plot_h) / height,
+                           0.2 / width, plot_h / height))
+    return fig, ax, bar_ax
 
 
 def _bucket_span(bucket: LengthBucket) -> str:
