@@ -75,10 +75,16 @@ def check_image_path(path: str | os.PathLike[str]) -> None:
                          f"{', '.join(sorted(formats))}")
 
 
-def _shorten(text: str, limit: int) -> str:
-    """`text` on one line, cut to `limit` characters with an ellipsis."""
+def _shorten(text: str, limit: int, *, middle: bool = False) -> str:
+    """`text` on one line, cut to `limit` characters with an ellipsis: at the end, or in the
+    middle (a title line keeps both a path's start and its file name and step)."""
     text = " ".join(text.split())
-    return text if len(text) <= limit else text[: max(limit - 1, 1)] + "…"
+    if len(text) <= limit:
+        return text
+    if not middle:
+        return text[: max(limit - 1, 1)] + "…"
+    tail = (limit - 1) // 2
+    return text[: limit - 1 - tail] + "…" + text[len(text) - tail:]
 
 
 def _cap_note(rows: int, cols: int, shown_rows: int, shown_cols: int) -> str | None:
@@ -146,8 +152,8 @@ def plot_alignment(weights: torch.Tensor | Sequence[Sequence[float]], src_tokens
     bar = fig.colorbar(image, cax=bar_ax)
     bar.set_label("attention weight a_ij\n(each row sums to 1)", fontsize=9)
     width = int(fig.get_figwidth() * _CHARS_PER_INCH)
-    fig.suptitle("\n".join(_shorten(line, width) for line in title_lines), fontsize=10,
-                 y=1 - _EDGE / fig.get_figheight(), va="top")
+    fig.suptitle("\n".join(_shorten(line, width, middle=True) for line in title_lines),
+                 fontsize=10, y=1 - _EDGE / fig.get_figheight(), va="top")
     if path is not None:
         fig.savefig(path, dpi=DPI)
     return fig
