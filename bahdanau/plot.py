@@ -132,9 +132,10 @@ def plot_alignment(weights: torch.Tensor | Sequence[Sequence[float]], src_tokens
         raise InputError(f"max_cells must be an int in 1..{MAX_CELLS}, got {max_cells!r}")
     if path is not None:
         check_image_path(path)
-    rows, cols = min(matrix.shape[0], max_cells), min(matrix.shape[1], max_cells)
+    all_rows, all_cols = matrix.shape
+    rows, cols = min(all_rows, max_cells), min(all_cols, max_cells)
     lines = [] if title is None else title.splitlines()[:_MAX_TITLE_LINES]
-    note = _cap_note(*matrix.shape, rows, cols)
+    note = _cap_note(all_rows, all_cols, rows, cols)
     x_labels = [_shorten(t, _MAX_LABEL_CHARS) for t in src_tokens[:cols]]
     y_labels = [_shorten(t, _MAX_LABEL_CHARS) for t in tgt_tokens[:rows]]
     title_lines = [*lines, *filter(None, [note])]
