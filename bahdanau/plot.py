@@ -32,7 +32,8 @@ MAX_CELLS = 60
 COLORMAP = "magma_r"
 DPI = 120
 # The largest image side: the figure of MAX_CELLS x MAX_CELLS with its labels, title and colour
-# bar (at most 19.5 inches at DPI). tests/unit/test_plot.py renders the worst case against it.
+# bar is about 18.7 x 18.4 inches at worst (2,250 pixels at DPI); tests/unit/test_plot.py
+# renders that case against this bound.
 MAX_IMAGE_PIXELS = 2400
 _MAX_LABEL_CHARS = 16        # a longer token is cut with an ellipsis, so the axes keep their room
 _CHARS_PER_INCH = 11         # title characters a line holds at the default font size
@@ -101,8 +102,8 @@ def plot_alignment(weights: torch.Tensor | Sequence[Sequence[float]], src_tokens
     """Alignment heat map as the paper's Figure 3: source words along the top (x axis), the
     generated target words down the side (y axis), one cell per weight a_ij.
 
-    The colour scale is fixed to 0..1 (`COLORMAP`, white for 0, black for 1, with a colour bar),
-    so plots compare with each other and a uniform row reads as uniform. At most `max_cells`
+    The colour scale is fixed to 0..1 (`COLORMAP`: near white for 0, near black for 1; a colour
+    bar), so plots compare with each other and a uniform row reads as uniform. At most `max_cells`
     rows and columns are drawn (the first ones; the title says so), long tokens and title lines
     are shortened, and the figure is at most `MAX_IMAGE_PIXELS` on a side at `DPI`.
 
