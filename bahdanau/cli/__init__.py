@@ -64,7 +64,15 @@ from typing import Any, NoReturn
 
 from bahdanau._about import __version__
 from bahdanau._progress import clear_bars, show_progress
-from bahdanau.cli.commands import average, evaluate, plot, prepare, release, translate
+from bahdanau.cli.commands import (
+    PLOT_MAX_TOKENS,
+    average,
+    evaluate,
+    plot,
+    prepare,
+    release,
+    translate,
+)
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import existing
 from bahdanau.jobs.options import (
@@ -80,7 +88,7 @@ from bahdanau.jobs.options import (
     flat_settings,
 )
 from bahdanau.jobs.train_job import run_train_job
-from bahdanau.plot import PlotDependencyError
+from bahdanau.plot import MAX_CELLS, PlotDependencyError
 from bahdanau.training.runlog import LOGGER, LogFormatter
 
 __all__ = ["build_parser", "main"]
@@ -104,7 +112,11 @@ _COMMANDS: dict[str, tuple[type[Any], str, str]] = {
     "evaluate": (EvaluateOptions, "BLEU/chrF of a checkpoint on a test set",
                  "BLEU/chrF of a checkpoint on a test set."),
     "plot": (PlotOptions, "alignment heat map of one sentence",
-             "Alignment heat map of one sentence."),
+             f"Alignment heat map of one sentence (at most {PLOT_MAX_TOKENS} tokens; a longer "
+             f"one is refused before the model runs): source words along the top, the "
+             f"translation down the side, weights on a fixed 0..1 colour scale. At most "
+             f"{MAX_CELLS} target rows and source columns are drawn; the title says when the "
+             f"translation is cut."),
     "average": (AverageOptions, "average the weights of several checkpoints into one",
                 "Write one checkpoint whose weights are the mean of several: the last N or "
                 "best N of a training output folder, or the files given."),

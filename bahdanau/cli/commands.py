@@ -11,9 +11,11 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from bahdanau._progress import Bar, clear_bars, progress_bar
 from bahdanau.checkpoint.averaging import average_checkpoints, select_checkpoints
-from bahdanau.checkpoint.files import save_checkpoint
+from bahdanau.checkpoint.files import save_checkpoint, upgrade_payload
 from bahdanau.data.corpus import TrainSentencePiece, prepare_corpus
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.text import iter_lines, multi30k_files, read_lines
@@ -40,7 +42,7 @@ from bahdanau.jobs.options import (
     TranslateOptions,
 )
 from bahdanau.jobs.release import release_model
-from bahdanau.jobs.report import plot_alignment_file, score_translations
+from bahdanau.jobs.report import alignment_title, plot_alignment_file, score_translations
 from bahdanau.jobs.resolve import beam_search, checkpoint_paths, load_decoder, machine
 
 
@@ -181,8 +183,14 @@ def evaluate(o: EvaluateOptions) -> int:
     return 0
 
 
+# The longest sentence `plot` draws, in source tokens, refused before the model runs: a plot
+# shows at most `bahdanau.plot.MAX_CELLS` columns legibly, and the cost of decoding grows with it.
+PLOT_MAX_TOKENS = 100
+
+
 def plot(o: PlotOptions) -> int:
-    """`bahdanau plot`: the alignment heat map of one sentence."""
+    """`bahdanau plot`: the alignment heat map of one sentence (at most PLOT_MAX_TOKENS
+    tokens), titled with the checkpoint, its step and the sentence."""
     from bahdanau.plot import check_image_path
 
     device = machine(o)
@@ -201,17 +209,40 @@ def plot(o: PlotOptions) -> int:
         sentence = lines[line - 1]
         if not sentence.strip():
             raise InputError(f"--input {o.input}: line {line} is empty")
+    _check_plot_length(len(sentence.split()), "words")   # no tokenizer splits fewer tokens
     model, src_vocab, tgt_vocab, tokenizer = load_decoder(o, checkpoints, device)
     if model.arch == "rnnencdec":
         what = ("is an RNNencdec model: it has" if len(o.checkpoint) == 1
                 else "are RNNencdec models: they have")
         raise InputError(f"{' '.join(o.checkpoint)} {what} no alignment to plot")
+    src_tokens = tokenizer.tokenize(sentence)
+    _check_plot_length(len(src_tokens), "tokens")
     [translation] = translate_corpus(model, [sentence], src_vocab, tgt_vocab, tokenizer,
                                      search=search, unk_replace=o.unk_replace, device=device)
-    note = plot_alignment_file(Path(o.output), translation, tokenizer.tokenize(sentence))
+    model_name = " + ".join(map(_checkpoint_name, checkpoints.values()))
+    note = plot_alignment_file(Path(o.output), translation, src_tokens,
+                               alignment_title(model_name, sentence))
     print(translation.text)
     print(note)
     return 0
+
+
+def _check_plot_length(count: int, unit: str) -> None:
+    if count > PLOT_MAX_TOKENS:
+        raise InputError(f"the sentence has {count} {unit}; plot draws sentences of at most "
+                         f"{PLOT_MAX_TOKENS} tokens (a wider plot cannot be read)")
+
+
+def _checkpoint_name(path: Path) -> str:
+    """'PATH (step N)': the step read from the checkpoint's training state, its tensors mapped
+    rather than read (load_decoder has read and checked the file); PATH alone where there is
+    no step to read."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        step = upgrade_payload(payload)["train_state"]["step"]
+    except Exception:                  # a title without the step, rather than no plot
+        return str(path)
+    return f"{path} (step {step})" if isinstance(step, int) else str(path)
 
 
 def average(o: AverageOptions) -> int:

@@ -97,16 +97,24 @@ def alignment_labels(translation: Translation, src_tokens: list[str]
     return [label(t) for t in src_tokens], [*map(label, translation.tokens), "</s>"]
 
 
-def plot_alignment_file(out_path: Path, translation: Translation, src_tokens: list[str]) -> str:
-    """Draw `translation`'s alignment into `out_path`; returns the line that says where it went
-    (or why there is none: no attention, or no matplotlib)."""
+def alignment_title(model: str, source: str) -> str:
+    """The title of an alignment plot: which model (a checkpoint and its step, a run) on its
+    first line, the source sentence quoted on the second (the plot shortens both to fit)."""
+    return f"{model}\n\u201c{' '.join(source.split())}\u201d"
+
+
+def plot_alignment_file(out_path: Path, translation: Translation, src_tokens: list[str],
+                        title: str | None = None) -> str:
+    """Draw `translation`'s alignment into `out_path` under `title` (`alignment_title`); returns
+    the line that says where it went (or why there is none: no attention, or no matplotlib)."""
     from bahdanau.plot import plot_alignment
 
     if translation.hypothesis.attention is None:
         return "no alignment plot: the model has no attention"
     try:
         figure = plot_alignment(translation.hypothesis.attention,
-                                *alignment_labels(translation, src_tokens), out_path)
+                                *alignment_labels(translation, src_tokens), out_path,
+                                title=title)
     except PlotDependencyError as exc:
         return f"no alignment plot: {exc}"
     import matplotlib.pyplot as plt

@@ -34,6 +34,7 @@ from bahdanau.jobs.options import TrainOptions, resume_changes, resumed_options
 from bahdanau.jobs.report import (
     TestReport,
     alignment_labels,
+    alignment_title,
     plot_alignment_file,
     score_translations,
     typical_sentence,
@@ -224,7 +225,8 @@ def _test_report(o: TrainOptions, data: _Data, run: TrainRun, device: torch.devi
     write_text(out / "test.hyp.txt", "".join(t.text + "\n" for t in report.translations))
     pick = typical_sentence(sources, data.tokenizer)
     note = plot_alignment_file(out / "alignment.png", report.translations[pick],
-                               data.tokenizer.tokenize(sources[pick]))
+                               data.tokenizer.tokenize(sources[pick]),
+                               alignment_title(f"{out}, step {run.state.step}", sources[pick]))
     return report, note
 
 

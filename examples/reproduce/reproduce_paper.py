@@ -58,7 +58,7 @@ import bahdanau
 from bahdanau.data import Tokenizer, Vocab, read_lines, read_parallel
 from bahdanau.evaluate import LengthBucket, Translation, has_unk, translate_corpus
 from bahdanau.jobs import TestReport, TrainOptions, run_train_job
-from bahdanau.jobs.report import plot_alignment_file
+from bahdanau.jobs.report import alignment_title, plot_alignment_file
 from bahdanau.search import BeamSearch
 from bahdanau.training.runlog import LOGGER, LogFormatter
 
@@ -245,7 +245,8 @@ def plot_alignments(lines: list[int], sources: list[str], translations: list[Tra
         if t.hypothesis.attention is None:
             continue
         path = out / f"alignment_{i + 1}.png"
-        plot_alignment_file(path, t, tokenizer.tokenize(sources[i]))
+        plot_alignment_file(path, t, tokenizer.tokenize(sources[i]),
+                            alignment_title(f"RNNsearch-50, test line {i + 1}", sources[i]))
         drawn.append({"test_line": i + 1, "source": sources[i], "translation": t.text,
                       "crossings": crossings(t.hypothesis.attention), "png": path.name})
     return drawn

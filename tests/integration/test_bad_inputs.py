@@ -368,6 +368,11 @@ CASES = [
     ("plot --checkpoint {run} --input {files}/te.en --output {files}/te.en", "would destroy it"),
     # options that would do nothing
     ("plot --output {new}.png --checkpoint {run} --sentence a --line 3", "--line"),
+    # a sentence too long to plot: by its words before the model loads, by its tokens after
+    ("plot --output {new}.png --checkpoint {run} --sentence '" + "w " * 101 + "'",
+     "has 101 words; plot draws sentences of at most 100 tokens"),
+    ("plot --output {new}.png --checkpoint {run} --sentence '" + "a, " * 51 + "'",
+     "has 102 tokens"),
     ("train --out {new} --max-steps 1 --dev-src {files}/te.en --dev-tgt {files}/te.fr",
      "--eval-every"),
 ]

@@ -4,6 +4,8 @@ test_bad_inputs.py; run folders, resumes and signals: in test_runs.py)."""
 from __future__ import annotations
 
 import json
+import os
+import struct
 import subprocess
 import sys
 import threading
@@ -11,6 +13,7 @@ import threading
 import pytest
 from training_fixtures import write_multi30k_slice
 
+from bahdanau.checkpoint import find_checkpoint, load_checkpoint
 from bahdanau.cli import main
 
 
@@ -79,6 +82,51 @@ def test_translate_evaluate_plot(trained, files, capsys, tmp_path) -> None:
     assert main(["plot", "--checkpoint", str(trained), "--input", str(files / "te.en"),
                  "--line", "3", "--output", str(image), "--max-len", "6"]) == 0
     assert image.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_title_names_the_checkpoint_its_step_and_the_sentence(trained, tmp_path,
+                                                                  monkeypatch) -> None:
+    """A hypothesis forced to 80 tokens: the title says which checkpoint (its step as
+    `load_checkpoint` reads it), the sentence, and that 60 of the 81 rows are drawn; the image
+    is within the cap."""
+    plots = pytest.importorskip("bahdanau.plot")
+    pytest.importorskip("matplotlib")
+    figures = []
+    draw = plots.plot_alignment
+    monkeypatch.setattr(plots, "plot_alignment",
+                        lambda *args, **kwargs: figures.append(draw(*args, **kwargs)))
+    image, sentence = tmp_path / "p.png", "Two dogs  play in the snow."
+    assert main(["plot", "--checkpoint", str(trained), "--sentence", sentence, "--output",
+                 str(image), "--beam-size", "1", "--min-len", "80", "--max-len", "80"]) == 0
+    path = find_checkpoint(trained)
+    step = load_checkpoint(path)["train_state"]["step"]
+    [figure] = figures
+    model, source, note = figure.get_suptitle().splitlines()
+    # a long path loses its middle, never its start, file name or step
+    assert model.startswith(str(path)[:20]) and model.endswith(f"{path.name} (step {step})")
+    assert source == "\u201cTwo dogs play in the snow.\u201d"
+    assert note == f"showing the first {plots.MAX_CELLS} of 81 target words"
+    width, height = struct.unpack(">II", image.read_bytes()[16:24])
+    assert max(width, height) <= plots.MAX_IMAGE_PIXELS
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="peak RSS from os.wait4 in KiB: Linux")
+def test_plot_of_a_1000_word_sentence_is_refused_in_bounded_memory(trained, tmp_path) -> None:
+    """Such a plot once took 21.5 GB for a 67,725 x 6,997 pixel image. Now it is one line
+    before the model loads, in the memory of starting the package (the child's peak RSS)."""
+    image, log = tmp_path / "p.png", tmp_path / "log"
+    with log.open("w") as out:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "bahdanau", "plot", "--checkpoint", str(trained),
+             "--sentence", " ".join(["dog"] * 1000), "--output", str(image)],
+            stdout=out, stderr=out)
+        _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)           # reaped by wait4
+    assert child.returncode == 2
+    text = log.read_text()
+    assert text.count("\n") == 1 and "the sentence has 1000 words" in text
+    assert usage.ru_maxrss < 1024 * 1024                            # KiB: under 1 GiB
+    assert not image.exists()
 
 
 def _translate(trained, path, capsys, *flags: str) -> list[str]:
