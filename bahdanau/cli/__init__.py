@@ -1,4 +1,4 @@
-"""The `bahdanau` command: prepare, train, translate, evaluate, plot, average.
+"""The `bahdanau` command: prepare, train, translate, evaluate, plot, average, score, export.
 
 `bahdanau train` with no options is the default job: a small RNNsearch trained on the shipped
 Multi30k English->French data for 5 epochs (`bahdanau.jobs.options.DEFAULT_EPOCHS`), then evaluated
@@ -46,6 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from bahdanau.cli.commands import average, evaluate, plot, prepare, translate
+from bahdanau.cli.score import score
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import existing
 from bahdanau.jobs.options import (
@@ -53,6 +54,7 @@ from bahdanau.jobs.options import (
     EvaluateOptions,
     PlotOptions,
     PrepareOptions,
+    ScoreOptions,
     SearchOptions,
     TrainOptions,
     TranslateOptions,
@@ -87,6 +89,10 @@ _COMMANDS: dict[str, tuple[type[Any], str, str]] = {
     "average": (AverageOptions, "average the weights of several checkpoints into one",
                 "Write one checkpoint whose weights are the mean of several: the last N or "
                 "best N of a training output folder, or the files given."),
+    "score": (ScoreOptions, "log-probabilities of given translations (forced decoding)",
+              "Score given translations with a checkpoint: per line, log p(target | source) "
+              "(eos included), the score the search would rank it by (--length-penalty), and "
+              "the number of target tokens plus eos, tab-separated."),
 }
 
 
@@ -108,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _RUN: dict[str, Callable[[Any], int]] = {
     "prepare": prepare, "translate": translate, "evaluate": evaluate, "plot": plot,
-    "average": average}
+    "average": average, "score": score}
 
 
 def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
