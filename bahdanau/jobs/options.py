@@ -439,12 +439,19 @@ class TranslateOptions(DecodeOptions):
     n_best: int = option(1, "hypotheses per sentence; >1 prints 'i ||| text ||| score'", low=1)
     alignments: str | None = option(None, "write JSON lines with tokens and weights here",
                                     metavar="FILE")
+    alignments_format: Literal["json", "pharaoh"] = option(
+        "json", "what --alignments holds per line: json (tokens and weights) or pharaoh ('i-j' "
+        "pairs, 0-based source token i and target token j, each target token with its most "
+        "attended source token)")
 
     def check(self) -> None:
         super().check()
         if self.n_best > self.beam_size:
             raise InputError(f"--n-best ({self.n_best}) cannot exceed --beam-size "
                              f"({self.beam_size})")
+        if self.alignments_format != "json" and self.alignments is None:
+            raise InputError("--alignments-format sets what --alignments FILE holds: give "
+                             "--alignments too")
 
 
 @dataclass(frozen=True)
