@@ -46,12 +46,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from bahdanau.cli.commands import average, evaluate, plot, prepare, translate
+from bahdanau.cli.export import export
 from bahdanau.cli.score import score
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import existing
 from bahdanau.jobs.options import (
     AverageOptions,
     EvaluateOptions,
+    ExportOptions,
     PlotOptions,
     PrepareOptions,
     ScoreOptions,
@@ -93,6 +95,10 @@ _COMMANDS: dict[str, tuple[type[Any], str, str]] = {
               "Score given translations with a checkpoint: per line, log p(target | source) "
               "(eos included), the score the search would rank it by (--length-penalty), and "
               "the number of target tokens plus eos, tab-separated."),
+    "export": (ExportOptions, "the model as torch.export programs, for serving",
+               "Write the encoder and the decoder step of a checkpoint as torch.export programs "
+               "(dynamic batch and source length), with its vocabularies, tokenizer, a manifest "
+               "and a README of the decoding loop, into a new folder."),
 }
 
 
@@ -114,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _RUN: dict[str, Callable[[Any], int]] = {
     "prepare": prepare, "translate": translate, "evaluate": evaluate, "plot": plot,
-    "average": average, "score": score}
+    "average": average, "score": score, "export": export}
 
 
 def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:

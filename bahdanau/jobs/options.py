@@ -508,7 +508,6 @@ class ExportOptions(_Options):
                                    "else latest checkpoint)", required=True, metavar="PATH")
     out: str = option(None, "the folder to write (created; must not exist yet)", required=True,
                       metavar="DIR")
-    onnx: bool = option(False, "also write ONNX files (needs the onnx extra: onnx, onnxscript)")
 
 @dataclass(frozen=True)
 class AverageOptions(_Options):
