@@ -23,6 +23,10 @@ on the command line override it.
 run, its N best, or files), which the other commands load like any checkpoint; translate,
 evaluate and plot given several checkpoints decode with their ensemble.
 
+`bahdanau score` scores given translations (forced decoding, `bahdanau.evaluate.score_corpus`);
+`bahdanau export` writes a checkpoint's encoder and decoder step as `torch.export` programs for
+serving (`bahdanau.serving.export_folder`).
+
 Under ``torchrun --nproc-per-node N -m bahdanau train ...`` the N processes train one run with
 DDP (NCCL on CUDA, each process on cuda:LOCAL_RANK; gloo on CPU): rank 0 alone holds and writes
 the run folder, logs, evaluates and scores the test set (docs/guides/multi-gpu.md).
