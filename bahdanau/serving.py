@@ -64,7 +64,7 @@ class ServingPrograms(NamedTuple):
 
     encoder: ExportedProgram
     step: ExportedProgram
-    manifest: dict[str, Any]      # sizes, special ids, names of the memory tensors
+    manifest: dict[str, Any]      # sizes, special ids, the number of memory tensors
 
 
 # ---------------------------------------------------------------------------- flat memory
@@ -86,7 +86,8 @@ def _rebuild(template: Any, leaves: list[Any]) -> Any:
 def _per_sentence(memory: Any, batch: int) -> list[bool]:
     """Which leaves of `memory` (built for `batch` >= 2 sentences) hold one row per sentence:
     those that `memory.select` (what the search calls to drop sentences) cuts to one row."""
-    one = _flatten(memory.select(torch.zeros(1, dtype=torch.long)))
+    device = next(leaf for leaf in _flatten(memory) if isinstance(leaf, Tensor)).device
+    one = _flatten(memory.select(torch.zeros(1, dtype=torch.long, device=device)))
     return [isinstance(full, Tensor) and full.dim() > 0 and full.shape[0] == batch
             and part.shape[0] == 1 for full, part in zip(_flatten(memory), one, strict=True)]
 
@@ -122,11 +123,14 @@ class _StepProgram(nn.Module):
 
     def forward(self, prev_tokens: Tensor, hidden: Tensor, *memory: Tensor
                 ) -> tuple[Tensor, ...]:
-        given = iter(memory)
-        leaves = [next(given) if own else
-                  getattr(self, f"shared_{i}") if isinstance(leaf, Tensor) else leaf
-                  for i, (leaf, own) in enumerate(zip(self.constants, self.per_sentence,
-                                                      strict=True))]
+        given, leaves = iter(memory), list[Any]()
+        for i, (leaf, own) in enumerate(zip(self.constants, self.per_sentence, strict=True)):
+            if own:                                      # an input of the program
+                leaves.append(next(given))
+            elif isinstance(leaf, Tensor):               # a tensor shared by every sentence
+                leaves.append(getattr(self, f"shared_{i}"))
+            else:                                        # None, a flag
+                leaves.append(leaf)
         out = self.model_step(prev_tokens, DecoderState(hidden), _rebuild(self.template, leaves))
         dtype = torch.float64 if out.logits.dtype == torch.float64 else torch.float32
         log_probs = torch.log_softmax(out.logits.to(dtype), dim=-1)         # as BeamSearch
@@ -142,11 +146,12 @@ def _ids(model: RNNSearch) -> dict[str, int]:
 
 def _example(model: RNNSearch, lengths: list[int]) -> tuple[Tensor, Tensor]:
     """A padded source batch with these lengths (every real token the unknown word)."""
-    ids = _ids(model)
-    src = torch.full((len(lengths), max(lengths)), ids["pad_id"], dtype=torch.long)
+    ids, device = _ids(model), next(model.parameters()).device
+    src = torch.full((len(lengths), max(lengths)), ids["pad_id"], dtype=torch.long,
+                     device=device)
     for row, n in enumerate(lengths):
         src[row, :n] = ids["unk_id"]
-    return src, torch.tensor(lengths)
+    return src, torch.tensor(lengths, device=device)
 
 
 def _source_dims(model: RNNSearch, per_sentence: list[bool]) -> list[set[int]]:
@@ -197,7 +202,7 @@ def export_programs(model: nn.Module) -> ServingPrograms:
                                       dynamic_shapes=({0: batch, 1: length}, {0: batch}))
         memory_dims = [{0: batch, **{d: length for d in over}}
                        for over in _source_dims(model, per_sentence)]
-        tokens = torch.full((2,), _ids(model)["bos_id"], dtype=torch.long)
+        tokens = torch.full((2,), _ids(model)["bos_id"], dtype=torch.long, device=src.device)
         step = torch.export.export(
             _StepProgram(model, memory, per_sentence), (tokens, state.hidden, *kept),
             dynamic_shapes=({0: batch}, {0: batch}, tuple(memory_dims)))
