@@ -16,15 +16,21 @@ what every sentence shares (the fused step weight) is a constant of the step pro
 takes as many memory rows as state rows: a beam of K repeats each sentence's rows K times
 (``m.repeat_interleave(K, 0)``), and a sentence that is done is dropped from both.
 
+The programs take S >= 2 (`MIN_SRC_LEN`; traced shapes do not hold at S = 1): `pad_source`
+pads a batch of one-token sentences, which changes nothing.
+
 `greedy_decode` is the whole decoding loop over the two programs in plain torch, written to be
-copied into a serving process (it reads nothing of `bahdanau` but the two programs and the
-special ids). It gives the tokens `BeamSearch(beam_size=1)` gives with the default
-``length_penalty="none"`` (`translate --beam-size 1`).
+copied into a serving process: with `pad_source` it reads nothing of `bahdanau` but the two
+programs and the special ids, and the folder's README holds both. It gives the tokens
+`BeamSearch(beam_size=1)` gives with the default ``length_penalty="none"``
+(`translate --beam-size 1`). `ExportedDecoder` makes the programs a model for `BeamSearch`, so
+beam search over them (`translate_corpus` with any search) gives what the model gives.
 
 `export_folder` writes the programs (``encoder.pt2``, ``step.pt2``), the vocabularies, the
-tokenizer, a ``manifest.json`` of the interface and a README with the loop; `bahdanau export`
-runs it. Loading a program needs `import bahdanau` first when the encoder uses the library's
-registered GRU op (``bahdanau::gru_layer``, the traced encoder's path), which every model does.
+tokenizer, a ``manifest.json`` of the interface and a README with the loop; `load_exported`
+reads them back, and `bahdanau export` runs `export_folder`. The step program is plain torch
+ops; the encoder program calls the library's registered GRU op (``bahdanau::gru_layer``, the
+traced encoder's path, which keeps S dynamic), so loading it needs `import bahdanau` first.
 """
 
 from __future__ import annotations
