@@ -31,16 +31,18 @@ from bahdanau.ensemble import Ensemble
 from bahdanau.errors import InputError
 from bahdanau.evaluate import (
     CorpusScores,
+    ForcedScore,
     LengthBucket,
     Translation,
     bleu_by_length,
     bleu_without_unk,
     corpus_bleu,
     corpus_scores,
+    score_corpus,
     translate_corpus,
 )
 from bahdanau.models import RNNEncDec, RNNSearch, build_model
-from bahdanau.search import BeamSearch, Hypothesis, greedy_search, replace_unk
+from bahdanau.search import BeamSearch, Hypothesis, argmax_alignment, greedy_search, replace_unk
 from bahdanau.training import (
     LossModule,
     StepStats,
@@ -114,5 +116,8 @@ __all__ = [
     "load",
     "Ensemble",
     "average_checkpoints",
+    "ForcedScore",
+    "score_corpus",
+    "argmax_alignment",
     "__version__",
 ]

@@ -4,7 +4,9 @@ Scores are computed on detokenised hypotheses against raw references, with sacre
 (13a tokenisation for BLEU), and come with sacrebleu's signature so they can be reproduced.
 `translate_corpus` turns raw sentences into detokenised translations with any model built from
 our decoder; the paper's "No UNK" column and its Figure 2 (BLEU by source length) are
-`bleu_without_unk` and `bleu_by_length`.
+`bleu_without_unk` and `bleu_by_length`. `score_corpus` (and `score_ids` below it) scores given
+translations instead of searching for them (forced decoding): log p(Y | X) of each target, and
+the length-normalised score that `BeamSearch` would rank it by.
 """
 
 from __future__ import annotations
@@ -20,16 +22,25 @@ from bahdanau._checks import (
     check_strings,
     check_tokenizer,
     check_type,
+    is_finite_number,
     is_int,
     resolve_device,
 )
 from bahdanau._progress import Bar, progress_bar
-from bahdanau.data.batching import pad_sources
+from bahdanau.data.batching import Example, collate, pad_sources
 from bahdanau.data.text import normalize_whitespace
 from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
-from bahdanau.search import BeamSearch, Hypothesis, replace_unk
+from bahdanau.models import RNNSearch
+from bahdanau.search import (
+    LENGTH_PENALTIES,
+    BeamSearch,
+    Hypothesis,
+    LengthPenalty,
+    length_normalise,
+    replace_unk,
+)
 
 
 @dataclass(frozen=True)
@@ -250,3 +261,141 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
                 results[i] = Translation(tokenizer.detokenize(words), words, best, hyps)
             bar.update(len(chunk))
     return [r for r in results if r is not None]
+
+
+# ----------------------------------------------------------------------------------------------
+# Forced decoding: the scores of given translations
+
+
+@dataclass(frozen=True)
+class ForcedScore:
+    """How likely the model finds one given translation Y of a source X.
+
+    Attributes:
+        log_prob: log p(Y | X), the sum of the log-probabilities of Y's tokens and of eos: what
+            `Hypothesis.log_prob` holds when the search finds Y.
+        score: `log_prob` normalised as `BeamSearch(length_penalty=..., alpha=...)` ranks
+            hypotheses (`bahdanau.search.length_normalise`): `Hypothesis.score` for Y.
+        n_tokens: |Y|, the target's tokens plus eos, the length the normalisation uses.
+    """
+
+    log_prob: float
+    score: float
+    n_tokens: int
+
+
+def score_ids(model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
+              batch_size: int = 64, length_penalty: LengthPenalty = "none", alpha: float = 0.6,
+              device: str | torch.device = "cpu") -> list[ForcedScore]:
+    """Score given target ids under the model by teacher forcing (forced decoding), batched.
+
+    Each batch runs the model's teacher-forced `forward` (the path its loss takes, in eval mode,
+    without gradients) on bos y_1 .. y_n, and sums log_softmax of the logits at y_1 .. y_n eos,
+    the log-probabilities `BeamSearch` adds up when it generates the same tokens (in the same
+    dtype: float32, or float64 for a float64 model; the sum is taken in float64).
+
+    Args:
+        model: an `RNNSearch` / `RNNEncDec` on `device` (an `Ensemble` only decodes).
+        pairs: (source ids, target ids) per sentence, without bos and eos; a target may be
+            empty (eos alone), a source may not.
+        batch_size: sentences per batch (sorted by length, so padding stays small).
+        length_penalty, alpha: the normalisation of `ForcedScore.score`, as `BeamSearch`'s.
+        device: where the model lives.
+    Returns:
+        One `ForcedScore` per pair, in input order.
+    Raises:
+        InputError: a bad argument, an empty source, or ids outside the vocabularies (the
+            model's `check_batch`), before any batch is scored.
+    """
+    if not isinstance(model, RNNSearch):          # a Module's repr would run over many lines
+        raise InputError(f"model must be an RNNSearch or RNNEncDec, got a "
+                         f"{type(model).__name__} (an Ensemble only decodes)")
+    if not (is_int(batch_size) and batch_size >= 1):
+        raise InputError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    if length_penalty not in LENGTH_PENALTIES:
+        raise InputError(f"length_penalty must be one of {LENGTH_PENALTIES}, "
+                         f"got {length_penalty!r}")
+    if not (is_finite_number(alpha) and alpha >= 0):
+        raise InputError(f"alpha must be a finite number >= 0, got {alpha!r}")
+    examples = [Example(i, list(src), list(tgt)) for i, (src, tgt) in enumerate(pairs)]
+    batches = [collate([examples[i] for i in chunk]) for chunk in _length_sorted(
+        [len(ex.src) + len(ex.tgt) for ex in examples], batch_size)]   # checks every example
+    for batch in batches:                                  # every value, before any work
+        model.check_batch(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out)
+    device = resolve_device(device)
+    log_probs: list[float] = [0.0] * len(examples)
+    was_training = model.training
+    model.eval()
+    try:
+        for batch in batches:
+            batch = batch.to(device)
+            for index, value in zip(batch.indices.tolist(), _target_log_probs(model, batch),
+                                    strict=True):
+                log_probs[index] = value
+    finally:
+        model.train(was_training)
+    return [ForcedScore(lp, float(length_normalise(torch.tensor(lp, dtype=torch.float64),
+                                                   len(ex.tgt) + 1, length_penalty, alpha)),
+                        len(ex.tgt) + 1)
+            for lp, ex in zip(log_probs, examples, strict=True)]
+
+
+def _length_sorted(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices sorted by length, in chunks of `batch_size` (little padding in each)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+@torch.inference_mode()
+def _target_log_probs(model: RNNSearch, batch: Any) -> list[float]:
+    """log p(tgt_out | src) of each row of a checked `Batch`: teacher forcing, then log_softmax
+    at the targets, summed over the real (non-pad) positions."""
+    logits = model(batch.src, batch.src_lengths, batch.tgt_in)            # (B, T, V)
+    assert isinstance(logits, torch.Tensor)               # no return_attention
+    dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    token = torch.log_softmax(logits.to(dtype), -1).gather(
+        -1, batch.tgt_out[..., None]).squeeze(-1)                           # (B, T)
+    real = batch.tgt_out != batch.pad_id
+    return token.double().masked_fill(~real, 0.0).sum(1).tolist()
+
+
+def score_corpus(model: torch.nn.Module, sources: Sequence[str], targets: Sequence[str],
+                 src_vocab: Vocab, tgt_vocab: Vocab, tokenizer: Tokenizer, *,
+                 batch_size: int = 64, length_penalty: LengthPenalty = "none",
+                 alpha: float = 0.6, device: str | torch.device = "cpu") -> list[ForcedScore]:
+    """Score raw translations of raw sentences (forced decoding); see `score_ids`.
+
+    Both sides are tokenised with `tokenizer` and encoded with the vocabularies, as in
+    training: a target word outside `tgt_vocab` is scored as ``<unk>``.
+
+    Args:
+        model: an `RNNSearch` / `RNNEncDec` on `device`.
+        sources, targets: line-aligned raw sentences; none may be empty.
+        src_vocab, tgt_vocab, tokenizer: what the model was trained with.
+        batch_size, length_penalty, alpha, device: as for `score_ids`.
+    Returns:
+        One `ForcedScore` per sentence pair, in input order.
+    Raises:
+        InputError: lists of different lengths, an empty sentence (named by its 1-based line),
+            vocabularies that do not fit the model, or what `score_ids` refuses; all before
+            any scoring.
+    """
+    check_type("src_vocab", src_vocab, Vocab, "a Vocab")
+    check_type("tgt_vocab", tgt_vocab, Vocab, "a Vocab")
+    check_tokenizer("tokenizer", tokenizer)
+    check_strings("sources", sources)
+    check_strings("targets", targets)
+    if len(sources) != len(targets):
+        raise InputError(f"{len(sources)} sources but {len(targets)} targets")
+    config = getattr(model, "config", None)
+    if config is not None:  # a model built without a config uses the Vocab ids
+        config.check_vocabs(src_vocab, tgt_vocab)
+    pairs = []
+    for line, (src, tgt) in enumerate(zip(sources, targets, strict=True), start=1):
+        src_tokens, tgt_tokens = tokenizer.tokenize(src), tokenizer.tokenize(tgt)
+        for side, tokens in (("source", src_tokens), ("target", tgt_tokens)):
+            if not tokens:
+                raise InputError(f"{side} sentence {line} is empty")
+        pairs.append((src_vocab.encode(src_tokens), tgt_vocab.encode(tgt_tokens)))
+    return score_ids(model, pairs, batch_size=batch_size, length_penalty=length_penalty,
+                     alpha=alpha, device=device)

@@ -396,3 +396,20 @@ def replace_unk(hypothesis: Hypothesis, src_tokens: Sequence[str], tgt_tokens: S
             word = src_tokens[int(hypothesis.attention[i].argmax())]
             out[i] = dictionary.get(word, word) if dictionary else word
     return out
+
+
+def argmax_alignment(hypothesis: Hypothesis) -> list[tuple[int, int]]:
+    """Hard alignment: each target token j with the source position i it attends to most.
+
+    The (i, j) pairs, 0-based, in target order, are what Pharaoh / fast_align files write as
+    ``i-j`` (source first). Positions count the tokens the model reads and writes (the
+    tokenizer's tokens or subword pieces, before detokenisation); eos has no pair (its row of
+    attention is left out), and ties go to the first source position.
+
+    Raises:
+        InputError: no attention (RNNencdec).
+    """
+    if hypothesis.attention is None:
+        raise InputError("an alignment needs attention weights; RNNencdec has none")
+    best = hypothesis.attention[:-1].argmax(dim=1).tolist()       # one per target token
+    return [(int(i), j) for j, i in enumerate(best)]

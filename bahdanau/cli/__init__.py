@@ -1,4 +1,5 @@
-"""The `bahdanau` command: prepare, train, translate, evaluate, plot, average, release.
+"""The `bahdanau` command: prepare, train, translate, evaluate, plot, average, release, score,
+export.
 
 `bahdanau train` with no options is the default job: a small RNNsearch trained on the shipped
 Multi30k English->French data for 5 epochs (`bahdanau.jobs.options.DEFAULT_EPOCHS`), then evaluated
@@ -31,6 +32,9 @@ evaluate and plot given several checkpoints decode with their ensemble.
 `bahdanau release` writes a trained model as a folder to share (weights as safetensors, plain
 config, vocabularies and tokenizer, a model card, a manifest of digests:
 docs/release-format.md), which every command that takes --checkpoint reads.
+`bahdanau score` scores given translations (forced decoding, `bahdanau.evaluate.score_corpus`);
+`bahdanau export` writes a checkpoint's encoder and decoder step as `torch.export` programs for
+serving (`bahdanau.serving.export_folder`).
 
 Under ``torchrun --nproc-per-node N -m bahdanau train ...`` the N processes train one run with
 DDP (NCCL on CUDA, each process on cuda:LOCAL_RANK; gloo on CPU): rank 0 alone holds and writes
@@ -73,14 +77,18 @@ from bahdanau.cli.commands import (
     release,
     translate,
 )
+from bahdanau.cli.export import export
+from bahdanau.cli.score import score
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import existing
 from bahdanau.jobs.options import (
     AverageOptions,
     EvaluateOptions,
+    ExportOptions,
     PlotOptions,
     PrepareOptions,
     ReleaseOptions,
+    ScoreOptions,
     SearchOptions,
     TrainOptions,
     TranslateOptions,
@@ -125,6 +133,14 @@ _COMMANDS: dict[str, tuple[type[Any], str, str]] = {
                 "vocabularies and tokenizer as plain files, a model card (README.md) and a "
                 "manifest with the SHA-256 of every file. bahdanau.load, translate, evaluate "
                 "and train --init-from read it. Needs the share extra (safetensors)."),
+    "score": (ScoreOptions, "log-probabilities of given translations (forced decoding)",
+              "Score given translations with a checkpoint: per line, log p(target | source) "
+              "(eos included), the score the search would rank it by (--length-penalty), and "
+              "the number of target tokens plus eos, tab-separated."),
+    "export": (ExportOptions, "the model as torch.export programs, for serving",
+               "Write the encoder and the decoder step of a checkpoint as torch.export programs "
+               "(dynamic batch and source length), with its vocabularies, tokenizer, a manifest "
+               "and a README of the decoding loop, into a new folder."),
 }
 
 
@@ -160,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _RUN: dict[str, Callable[[Any], int]] = {
     "prepare": prepare, "translate": translate, "evaluate": evaluate, "plot": plot,
-    "average": average, "release": release}
+    "average": average, "release": release, "score": score, "export": export}
 
 
 def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from bahdanau.jobs.options import (
 from bahdanau.jobs.release import release_model
 from bahdanau.jobs.report import alignment_title, plot_alignment_file, score_translations
 from bahdanau.jobs.resolve import beam_search, checkpoint_paths, load_decoder, machine
+from bahdanau.search import argmax_alignment
 
 
 def prepare(o: PrepareOptions) -> int:
@@ -98,6 +99,9 @@ def translate(o: TranslateOptions) -> int:
         raise InputError("stdin or stdout is closed: translate reads stdin (or --input) and "
                          "writes stdout")
     model, src_vocab, tgt_vocab, tokenizer = load_decoder(o, checkpoints, device)
+    if o.alignments and o.alignments_format == "pharaoh" and model.arch == "rnnencdec":
+        raise InputError("--alignments-format pharaoh needs attention weights; "
+                         f"{' '.join(o.checkpoint)} has none (RNNencdec)")
     with ExitStack() as stack:
         stream = stack.enter_context(path.open("rb")) if path else sys.stdin.buffer
         alignments = (stack.enter_context(output_file(o.alignments))
@@ -119,7 +123,8 @@ def translate(o: TranslateOptions) -> int:
                         t = next(translated) if line.strip() else None
                         _print_translation(done, t, o.n_best, tokenizer, tgt_vocab)
                         if alignments is not None:
-                            alignments.write(_alignment_row(line, t, tokenizer).encode())
+                            alignments.write(_alignment_row(line, t, tokenizer,
+                                                        o.alignments_format).encode())
                         done += 1
                     sys.stdout.flush()
                 position = stream.tell() if path is not None else done   # bytes, or lines
@@ -139,8 +144,13 @@ def _print_translation(index: int, t: Translation | None, n_best: int,
         print(f"{index} ||| {text} ||| {hyp.score:.4f}")
 
 
-def _alignment_row(line: str, t: Translation | None, tokenizer: Tokenizer) -> str:
-    """The JSON line --alignments writes for one input line."""
+def _alignment_row(line: str, t: Translation | None, tokenizer: Tokenizer,
+                   form: str = "json") -> str:
+    """The line --alignments writes for one input line: JSON, or Pharaoh ``i-j`` pairs (an
+    empty line for an empty input line)."""
+    if form == "pharaoh":
+        pairs = [] if t is None else argmax_alignment(t.hypothesis)
+        return " ".join(f"{i}-{j}" for i, j in pairs) + "\n"
     if t is None:
         return json.dumps({"source": [], "target": [], "weights": None}) + "\n"
     att = t.hypothesis.attention

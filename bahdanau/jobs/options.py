@@ -1,7 +1,8 @@
 """The options of the `bahdanau` command, each declared once.
 
 Each command's options are a frozen dataclass (`TrainOptions`, `TranslateOptions`,
-`EvaluateOptions`, `PlotOptions`, `AverageOptions`, `PrepareOptions`); each field is one option
+`EvaluateOptions`, `PlotOptions`, `AverageOptions`, `PrepareOptions`, `ScoreOptions`,
+`ExportOptions`); each field is one option
 declared with `bahdanau.settings.setting` (type, default, help, bounds, resume rule), or a
 section of settings declared elsewhere and flattened into the same flags: `TrainOptions.model`
 (`bahdanau.presets.ModelChoices`) and `TrainOptions.training` (`bahdanau.config.TrainConfig`,
@@ -55,10 +56,12 @@ from bahdanau.settings import setting as option
 __all__ = [
     "AverageOptions",
     "EvaluateOptions",
+    "ExportOptions",
     "JOB_TRAINING",
     "PlotOptions",
     "PrepareOptions",
     "ReleaseOptions",
+    "ScoreOptions",
     "TrainOptions",
     "TranslateOptions",
     "add_arguments",
@@ -462,12 +465,19 @@ class TranslateOptions(DecodeOptions):
     n_best: int = option(1, "hypotheses per sentence; >1 prints 'i ||| text ||| score'", low=1)
     alignments: str | None = option(None, "write JSON lines with tokens and weights here",
                                     metavar="FILE")
+    alignments_format: Literal["json", "pharaoh"] = option(
+        "json", "what --alignments holds per line: json (tokens and weights) or pharaoh ('i-j' "
+        "pairs, 0-based source token i and target token j, each target token with its most "
+        "attended source token)")
 
     def check(self) -> None:
         super().check()
         if self.n_best > self.beam_size:
             raise InputError(f"--n-best ({self.n_best}) cannot exceed --beam-size "
                              f"({self.beam_size})")
+        if self.alignments_format != "json" and self.alignments is None:
+            raise InputError("--alignments-format sets what --alignments FILE holds: give "
+                             "--alignments too")
 
 
 @dataclass(frozen=True)
@@ -497,6 +507,33 @@ class PlotOptions(DecodeOptions):
             raise InputError("--line picks a line of --input; with --sentence it does nothing")
 
 
+
+@dataclass(frozen=True)
+class ScoreOptions(_Options):
+    """`bahdanau score`: the log-probabilities of given translations (forced decoding)."""
+
+    checkpoint: str = option(None, "a checkpoint file, or a training output folder (its best, "
+                                   "else latest checkpoint)", required=True, metavar="PATH")
+    src: str = option(None, "source file, one sentence a line", required=True, metavar="FILE")
+    tgt: str = option(None, "the translations to score, line-aligned with --src",
+                      required=True, metavar="FILE")
+    output: str | None = option(None, "write the scores here (default: stdout)", metavar="FILE")
+    batch_size: int = option(64, "sentences scored together", low=1)
+    length_penalty: LengthPenalty = option(
+        "none", "the normalisation of the second column, as translate's --length-penalty")
+    alpha: float = option(0.6, "exponent of the gnmt length penalty", low=0)
+    device: str = option("auto", _DEVICE_HELP)
+    threads: int | None = option(None, _THREADS_HELP, low=1)
+
+
+@dataclass(frozen=True)
+class ExportOptions(_Options):
+    """`bahdanau export`: the encoder and the decoder step as programs for serving."""
+
+    checkpoint: str = option(None, "a checkpoint file, or a training output folder (its best, "
+                                   "else latest checkpoint)", required=True, metavar="PATH")
+    out: str = option(None, "the folder to write (created; must not exist yet)", required=True,
+                      metavar="DIR")
 
 @dataclass(frozen=True)
 class AverageOptions(_Options):

@@ -16,12 +16,12 @@ from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
-from bahdanau.jobs.options import DecodeOptions, SearchOptions, TrainOptions
+from bahdanau.jobs.options import DecodeOptions, ScoreOptions, SearchOptions, TrainOptions
 from bahdanau.search import BeamSearch
 from bahdanau.translate import load
 
 
-def machine(o: TrainOptions | DecodeOptions) -> torch.device:
+def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
     """Check --device (auto: cuda when available, else cpu) and set --threads (default: the
     usable cores divided by LOCAL_WORLD_SIZE); returns the device. Under torchrun, cuda is
     each process's own GPU, cuda:LOCAL_RANK."""

@@ -22,7 +22,7 @@ import torch
 from bahdanau.cli import main
 from bahdanau.data import multi30k_files, read_lines
 from bahdanau.jobs import EvaluateOptions, PlotOptions, TrainOptions, TranslateOptions
-from bahdanau.jobs.options import flag, flat_settings
+from bahdanau.jobs.options import ScoreOptions, flag, flat_settings
 from bahdanau.settings import base_type
 
 # ----------------------------------------------------------------------------- fixtures
@@ -152,7 +152,7 @@ def _assert_one_error(capsys, code: int, match: str) -> str:
 # ----------------------------------------------------------------------------- numeric options
 
 _COMMAND_OPTIONS = {"train": TrainOptions, "translate": TranslateOptions,
-                    "evaluate": EvaluateOptions, "plot": PlotOptions}
+                    "evaluate": EvaluateOptions, "plot": PlotOptions, "score": ScoreOptions}
 
 
 def _numeric_cases() -> list:
@@ -183,6 +183,7 @@ _BASE = {
     "translate": ["--checkpoint", "{run}", "--input", "{files}/te.en"],
     "evaluate": ["--checkpoint", "{run}", "--src", "{files}/te.en", "--ref", "{files}/te.fr"],
     "plot": ["--checkpoint", "{run}", "--sentence", "a dog", "--output", "{new}.png"],
+    "score": ["--checkpoint", "{run}", "--src", "{files}/te.en", "--tgt", "{files}/te.fr"],
 }
 
 

@@ -53,7 +53,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
                "models", "ensemble")),
     ("scores", ("evaluate", "plot")),
     ("checkpoints", ("checkpoint",)),
-    ("use", ("translate", "training")),
+    ("use", ("translate", "training", "serving")),
     ("jobs", ("jobs",)),
     ("commands", ("cli", "__main__")),
     ("package", ("__init__",)),

@@ -1,0 +1,140 @@
+"""Export for serving: `bahdanau.serving` and `bahdanau export`.
+
+Expectations: decoding from the exported programs alone gives the token ids that `translate`
+(`translate_corpus`) gives, sentence for sentence, on 300 sentences of the shipped Multi30k test
+set: the plain-torch greedy loop against beam size 1, and `BeamSearch` over the programs
+against the default beam of 5. The programs are loaded back from the folder `bahdanau export`
+wrote, so what is tested is what a user ships.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+from serving_fixtures import shared_checkpoint
+from training_fixtures import one_line_error
+
+from bahdanau import presets
+from bahdanau.cli import main
+from bahdanau.data import multi30k_files, pad_sources, read_lines
+from bahdanau.evaluate import translate_corpus
+from bahdanau.models import build_model
+from bahdanau.search import BeamSearch, greedy_search
+from bahdanau.serving import (
+    ExportedDecoder,
+    export_programs,
+    greedy_decode,
+    load_exported,
+)
+from bahdanau.translate import load
+
+N_SENTENCES = 300
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    checkpoint = shared_checkpoint(tmp_path_factory)
+    folder = tmp_path_factory.mktemp("export") / "served"
+    assert main(["export", "--checkpoint", str(checkpoint), "--out", str(folder)]) == 0
+    sentences = read_lines(multi30k_files("test_2016_flickr", "en"))[:N_SENTENCES]
+    return load(checkpoint), load_exported(folder), folder, sentences
+
+
+def test_greedy_loop_gives_translate_tokens(exported) -> None:
+    translator, served, _, sentences = exported
+    want = [t.hypothesis.tokens for t in translate_corpus(
+        translator.model, sentences, translator.src_vocab, translator.tgt_vocab,
+        translator.tokenizer, search=BeamSearch(beam_size=1, max_len=50))]
+    ids = [served.src_vocab.encode(served.tokenizer.tokenize(s)) for s in sentences]
+    got = []
+    for start in range(0, len(ids), 64):                 # batches in input order, any lengths
+        src, lengths = pad_sources(ids[start:start + 64], served.manifest["pad_id"])
+        got += greedy_decode(served.encoder, served.step, src, lengths, max_len=50,
+                             **{k: served.manifest[k] for k in ("bos_id", "eos_id", "pad_id")})
+    assert got == want
+    assert len({tuple(tokens) for tokens in got}) > 1       # not one answer for everything
+
+
+def test_beam_search_over_the_programs_gives_translate_tokens(exported) -> None:
+    translator, served, _, sentences = exported
+    model = ExportedDecoder(served.encoder, served.step, served.manifest)
+    args = (sentences, served.src_vocab, served.tgt_vocab, served.tokenizer)
+    got = translate_corpus(model, *args)                   # the default search: beam 5
+    want = translate_corpus(translator.model, *args)
+    assert [t.hypothesis.tokens for t in got] == [t.hypothesis.tokens for t in want]
+    for g, w in zip(got[:20], want[:20], strict=True):
+        assert g.hypothesis.log_prob == pytest.approx(w.hypothesis.log_prob, abs=1e-4)
+        torch.testing.assert_close(g.hypothesis.attention, w.hypothesis.attention,
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_one_sentence_of_one_token(exported) -> None:
+    """Dynamic B and S hold down to 1 (the programs were traced at B = 2, S = 5)."""
+    translator, served, _, _ = exported
+    src, lengths = torch.tensor([[7]]), torch.tensor([1])
+    ids = {k: served.manifest[k] for k in ("bos_id", "eos_id", "pad_id")}
+    got = greedy_decode(served.encoder, served.step, src, lengths, max_len=20, **ids)
+    assert got == [h.tokens for h in greedy_search(translator.model, src, lengths, max_len=20)]
+
+
+def test_folder_files_and_errors(exported, tmp_path, capsys, tmp_path_factory) -> None:
+    _, served, folder, _ = exported
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "README.md", "encoder.pt2", "manifest.json", "src_vocab.json", "step.pt2",
+        "tgt_vocab.json", "tokenizer.json"]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["memory_tensors"] >= 2 and manifest["attention"] is True
+    readme = (folder / "README.md").read_text()
+    assert "def greedy_decode(" in readme and "eos 2" in readme
+    capsys.readouterr()
+    assert main(["export", "--checkpoint", str(folder / "missing.pt"), "--out",
+                 str(tmp_path / "x")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["export", "--checkpoint", str(shared_checkpoint(tmp_path_factory)), "--out",
+                 str(folder)]) == 2
+    assert capsys.readouterr().err == (f"bahdanau: error: {folder} exists: export writes a "
+                                       "new folder\n")
+    (tmp_path / "partial").mkdir()
+    one_line_error(lambda: load_exported(tmp_path / "partial"), "not an exported model",
+                   "encoder.pt2")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("changes", [
+    {"engine": "reference", "attention": "luong_general"},
+    {"arch": "rnnencdec"},
+    {"gru_form": "paper"},
+])
+def test_other_models_export(changes) -> None:
+    """Every engine, attention, architecture and GRU form exports, and greedy decoding from
+    the programs equals `greedy_search` (float64, random weights, a batch of other lengths)."""
+    torch.manual_seed(0)
+    model = build_model(replace(presets.tiny(), **changes)).double().eval()
+    for p in model.parameters():
+        p.data.normal_(0, 0.5)
+    model.decoder.output.bias.data[2] += 4.0        # eos likely early: min_len and caps matter
+    programs = export_programs(model)
+    gen = torch.Generator().manual_seed(1)
+    lengths = torch.randint(1, 10, (32,), generator=gen)
+    lengths[0] = 9
+    src = torch.randint(4, 16, (32, 9), generator=gen)
+    src[torch.arange(9) >= lengths[:, None]] = 0
+    got = greedy_decode(programs.encoder.module(), programs.step.module(), src, lengths,
+                        bos_id=1, eos_id=2, pad_id=0, max_len=12, min_len=2)
+    want = greedy_search(model, src, lengths, max_len=12, min_len=2)
+    assert got == [h.tokens for h in want]
+    assert len({tuple(tokens) for tokens in got}) > 8       # varied, not one answer
+    assert min(map(len, got)) == 2 and max(map(len, got)) == 12   # min_len and the cap bind
+    # the step program's first output is the log-softmax of the model's step
+    hidden, *memory = programs.encoder.module()(src, lengths)
+    state, model_memory = model.encode(src, lengths)
+    tokens = torch.full((32,), 1)
+    log_probs, next_hidden, *_ = programs.step.module()(tokens, hidden, *memory)
+    out = model.step(tokens, state, model_memory)
+    torch.testing.assert_close(log_probs, torch.log_softmax(out.logits, -1), rtol=1e-10,
+                               atol=1e-10)
+    torch.testing.assert_close(next_hidden, out.state.hidden, rtol=1e-10, atol=1e-10)
+    assert programs.manifest["attention"] is (changes.get("arch") != "rnnencdec")
