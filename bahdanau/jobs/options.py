@@ -382,6 +382,9 @@ class TrainOptions(SearchOptions):
                              "leave the dev files out")
         if t.eval_every == 0 and t.patience is not None:
             raise InputError("--patience counts dev evaluations: it needs --eval-every")
+        if t.eval_every == 0 and t.keep_best > 1:
+            raise InputError(f"--keep-best {t.keep_best} keeps the checkpoints of the best dev "
+                             "evaluations: it needs --eval-every")
         if t.eval_every == 0 and t.schedule == "plateau":
             raise InputError("--schedule plateau decays after dev evaluations: it needs "
                              "--eval-every")

@@ -1,0 +1,56 @@
+"""`bahdanau train` options refused before any work: a --config file that names an option twice,
+and options that would silently do nothing.
+
+Each case runs `bahdanau.cli.main` in-process and expects exit status 2 and one error line, with
+no run folder made (the refusal comes before any work).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bahdanau.cli import main
+
+
+def _refused(args: list[str], capsys: pytest.CaptureFixture[str], out: Path) -> str:
+    # training files that do not exist: a case that is not refused ends there, without training
+    missing = ["--train-src", str(out) + ".src", "--train-tgt", str(out) + ".tgt"]
+    assert main(["train", "--out", str(out), *missing, *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bahdanau: error: "), err
+    assert not out.exists()
+    return err
+
+
+@pytest.mark.parametrize("name, text", [
+    ("dup.yaml", "max_steps: 3\nlr: 0.1\nmax_steps: 5\n"),           # the last used to win
+    ("dup.json", '{"max_steps": 3, "max-steps": 3, "lr": 0.1}'),     # one option, two spellings
+    ("dup-json.json", '{"lr": 0.1, "lr": 0.2}'),
+])
+def test_config_naming_an_option_twice_is_refused(name, text, tmp_path, capsys) -> None:
+    if name.endswith(".yaml"):
+        pytest.importorskip("yaml", reason="reading YAML needs PyYAML (the yaml extra)")
+    config = tmp_path / name
+    config.write_text(text, encoding="utf-8")
+    err = _refused(["--config", str(config)], capsys, tmp_path / "run")
+    assert f"--config {config}: the option " in err and "is given twice" in err
+
+
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path) -> None:
+    pytest.importorskip("yaml", reason="reading YAML needs PyYAML (the yaml extra)")
+    from bahdanau.cli import _config_file          # the reader alone: no run
+    from bahdanau.jobs import TrainOptions
+    config = tmp_path / "merge.yaml"
+    config.write_text("max_steps: 3\nlr: 0.5\n", encoding="utf-8")
+    assert _config_file(str(config), TrainOptions) == {"max_steps": 3, "lr": 0.5}
+
+
+@pytest.mark.parametrize("args", [
+    ["--keep-best", "3", "--max-steps", "5"],                         # the job: no evals
+    ["--keep-best", "2", "--eval-every", "0", "--max-steps", "5"],
+])
+def test_keep_best_without_evaluations_is_refused(args, tmp_path, capsys) -> None:
+    err = _refused(args, capsys, tmp_path / "run")
+    assert "--keep-best" in err and "needs --eval-every" in err
