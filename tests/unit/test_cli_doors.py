@@ -1,8 +1,8 @@
-"""`bahdanau train` options refused before any work: a --config file that names an option twice,
-and options that would silently do nothing.
+"""Command lines refused before any work: a --config file that names an option twice, train
+options that would silently do nothing, an evaluate reference file with an empty line.
 
 Each case runs `bahdanau.cli.main` in-process and expects exit status 2 and one error line, with
-no run folder made (the refusal comes before any work).
+no run folder made and no checkpoint read (the refusal comes before any work).
 """
 
 from __future__ import annotations
@@ -54,3 +54,17 @@ def test_yaml_merge_keys_may_still_be_overridden(tmp_path) -> None:
 def test_keep_best_without_evaluations_is_refused(args, tmp_path, capsys) -> None:
     err = _refused(args, capsys, tmp_path / "run")
     assert "--keep-best" in err and "needs --eval-every" in err
+
+
+@pytest.mark.parametrize("ref_text, line", [("a b\n\nc\n", 2), ("a b\nc\n   \n", 3)])
+def test_evaluate_refuses_an_empty_reference_line(ref_text, line, tmp_path, capsys) -> None:
+    src, ref = tmp_path / "src.txt", tmp_path / "ref.txt"
+    src.write_text("x\ny\nz\n", encoding="utf-8")
+    ref.write_text(ref_text, encoding="utf-8")
+    not_a_model = tmp_path / "model.pt"                 # refused before it is read
+    not_a_model.write_bytes(b"")
+    assert main(["evaluate", "--checkpoint", str(not_a_model), "--src", str(src),
+                 "--ref", str(ref)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"bahdanau: error: {ref}: line {line} is empty; every line needs the "
+                   "reference translation of its source line\n")
