@@ -339,3 +339,23 @@ def test_api_reference_builds_without_warnings(tmp_path: Path) -> None:
         assert page.is_file(), f"no page for {module}"
     decoder = (tmp_path / "bahdanau" / "decoder.html").read_text(encoding="utf-8")
     assert 'id="AttentiveDecoder.step"' in decoder
+
+
+# ---------------------------------------------------------------------------- documented options
+def option_table(page: Path, heading: str) -> list[str]:
+    """The first column's names (in backticks) of the table under `heading` on `page`."""
+    text = prose(page).split(f"\n{heading}\n", 1)[1]
+    table = text.split("\n\n| ", 1)[1].split("\n\n", 1)[0]
+    names: list[str] = []
+    for row in _rows("| " + table):
+        names += CODE_SPAN.findall(row[0])
+    return names
+
+
+def test_decoding_options_are_the_search_s_arguments() -> None:
+    # the guide once listed bos_id/eos_id, which BeamSearch does not take
+    documented = option_table(DOCS / "guides" / "decoding.md", "## Every option")
+    fields = [f.name for f in dataclasses.fields(bahdanau.BeamSearch)]
+    translate = inspect.signature(bahdanau.RNNSearch.translate).parameters
+    assert documented == fields, "docs/guides/decoding.md's option table != BeamSearch's fields"
+    assert set(translate) - {"self", "src", "src_lengths"} == set(fields)
