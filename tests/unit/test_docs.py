@@ -368,6 +368,17 @@ def test_api_reference_builds_without_warnings(tmp_path: Path) -> None:
         assert page.is_file(), f"no page for {module}"
     decoder = (tmp_path / "bahdanau" / "decoder.html").read_text(encoding="utf-8")
     assert 'id="AttentiveDecoder.step"' in decoder
+    # the landing page maps every module, one row each, linked to its page
+    landing = (tmp_path / "bahdanau.html").read_text(encoding="utf-8")
+    for module in public_modules()[1:]:
+        link = "/".join(module.split(".")) + ".html"
+        assert f'<td><code><a href="{link}">{module}</a></code></td>' in landing, module
+    # maths rendered; NamedTuple fields with their types, not ForwardRef('Tensor')
+    assert "MathJax" in (tmp_path / "bahdanau" / "functional.html").read_text(encoding="utf-8")
+    assert "DecoderState</span><span class=\"signature pdoc-code multiline\">" in decoder or \
+        "hidden: torch.Tensor" in re.sub(r"<[^>]+>", "", decoder)
+    pages = [page.read_text(encoding="utf-8") for page in tmp_path.rglob("*.html")]
+    assert not [page for page in pages if "ForwardRef" in page]
 
 
 # ---------------------------------------------------------------------------- documented options
