@@ -167,9 +167,9 @@ class RNNSearch(nn.Module):
 
         The value checks (lengths in [1, S] and agreeing with the padding, so no row is all
         padding; ids in the vocabularies; targets padded only at the end, a real input for every
-        target, nothing but padding after a target's eos) read the tensors' contents, a device sync. In eager mode `forward`, `loss` and
-        `encode` (so `translate` and `BeamSearch`) run this once per batch, at the door; the
-        parts behind it check ranks and sizes at most.
+        target, nothing but padding after a target's eos) read the tensors' contents, a device
+        sync. In eager mode `forward`, `loss` and `encode` (so `translate` and `BeamSearch`) run
+        this once per batch, at the door; the parts behind it check ranks and sizes at most.
         Under `torch.compile` and `torch.export` the value checks stay out of the graph: code that
         calls a compiled or exported model calls this first, once per batch, in eager code.
 

@@ -38,13 +38,13 @@ def test_config_naming_an_option_twice_is_refused(name, text, tmp_path, capsys) 
     assert f"--config {config}: the option " in err and "is given twice" in err
 
 
-def test_yaml_merge_keys_may_still_be_overridden(tmp_path) -> None:
+def test_yaml_merge_keys_may_still_be_overridden(tmp_path, capsys) -> None:
+    # a key after a merge ("<<") overrides the merged one, as YAML means: not a duplicate
     pytest.importorskip("yaml", reason="reading YAML needs PyYAML (the yaml extra)")
-    from bahdanau.cli import _config_file          # the reader alone: no run
-    from bahdanau.jobs import TrainOptions
     config = tmp_path / "merge.yaml"
-    config.write_text("max_steps: 3\nlr: 0.5\n", encoding="utf-8")
-    assert _config_file(str(config), TrainOptions) == {"max_steps": 3, "lr": 0.5}
+    config.write_text("<<: {max_steps: 3, lr: 0.1}\nlr: 0.5\n", encoding="utf-8")
+    err = _refused(["--config", str(config)], capsys, tmp_path / "run")
+    assert "run.src: no such file" in err                  # the file was read; the run stops there
 
 
 @pytest.mark.parametrize("args", [
