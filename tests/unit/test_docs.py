@@ -392,6 +392,55 @@ def option_table(page: Path, heading: str) -> list[str]:
     return names
 
 
+CALL = re.compile(r"([A-Za-z_][\w.]*)\((.*)\)")
+KEYWORD = re.compile(r"(?:^|[,(]\s*)([A-Za-z_]\w*)=")
+
+
+def _named(symbol: str) -> Any:
+    """The object a dotted name (as `resolves` reads it) names, or None."""
+    first, *rest = symbol.split(".")
+    for obj in roots().get(first, []):
+        for part in rest:
+            ok, obj = _attribute(obj, part)
+            if not ok or obj is None:
+                break
+        else:
+            return obj
+    return None
+
+
+def unknown_keywords(page: Path) -> list[str]:
+    """Calls in backticks on `page`, `Name(..., key=...)`, whose keyword `Name` does not take."""
+    unknown = []
+    for span in CODE_SPAN.findall(prose(page)):
+        match = CALL.fullmatch(span.strip())
+        if not match or match.group(1).split(".")[0] not in roots():
+            continue
+        target = _named(match.group(1))
+        if not callable(target):
+            continue
+        parameters = inspect.signature(target).parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        unknown += [f"{match.group(1)}({key}=...)" for key in KEYWORD.findall(match.group(2))
+                    if key not in parameters and not takes_any]
+    return unknown
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_documented_keyword_arguments_exist(page: Path) -> None:
+    unknown = unknown_keywords(page)
+    assert not unknown, f"{rel(page)} shows keywords that do not exist:\n  " + "\n  ".join(unknown)
+
+
+def test_keyword_checker(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text("`BeamSearch(bos_id=1, eos_id=2)`, `BeamSearch(beam_size=3)`, "
+                    "`Vocab.build(..., max_size=30000)`, `Vocab.build(size=3)`\n",
+                    encoding="utf-8")
+    assert unknown_keywords(page) == ["BeamSearch(bos_id=...)", "BeamSearch(eos_id=...)",
+                                      "Vocab.build(size=...)"]
+
+
 def test_decoding_options_are_the_search_s_arguments() -> None:
     # the guide once listed bos_id/eos_id, which BeamSearch does not take
     documented = option_table(DOCS / "guides" / "decoding.md", "## Every option")
