@@ -30,6 +30,14 @@ def check_optional_positive_int(name: str, value: object) -> None:
         raise InputError(f"{name} must be a positive int or None, got {value!r}")
 
 
+def check_sizes(owner: str, **sizes: object) -> None:
+    """Every size is an int >= 1 (not a bool): a layer of size 0 builds, then fails, or worse
+    returns empty tensors, only when it is called. InputError naming `owner` and the size."""
+    for name, value in sizes.items():
+        if not is_int(value) or value < 1:
+            raise InputError(f"{owner}: {name} must be a positive int, got {value!r}")
+
+
 def is_finite_number(value: object) -> TypeGuard[float]:
     """True for a finite int or float that is not a bool (nan and inf are not)."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -48,7 +48,7 @@ import torch
 from torch import Tensor, nn
 
 from bahdanau import functional
-from bahdanau._checks import check_dims, check_tensor
+from bahdanau._checks import check_dims, check_sizes, check_tensor
 from bahdanau.errors import InputError
 from bahdanau.kernels import IMPLS, resolve_impl, sigmoid_attention_weights
 
@@ -175,6 +175,8 @@ class AdditiveAttention(Attention):
             cannot run);
             "auto" "triton" for CUDA tensors when Triton is installed, "sigmoid" on a CPU,
             "reference" otherwise. `implementation(tensor)` says which one runs.
+    Raises:
+        InputError: a size that is not a positive int, or an unknown `impl`.
     """
 
     def __init__(self, query_size: int, key_size: int, align_size: int, *,
@@ -182,6 +184,8 @@ class AdditiveAttention(Attention):
         super().__init__()
         if impl not in IMPLS:
             raise InputError(f"impl must be one of {IMPLS}, got {impl!r}")
+        check_sizes("AdditiveAttention", query_size=query_size, key_size=key_size,
+                    align_size=align_size)
         self.query_size, self.key_size, self.align_size = query_size, key_size, align_size
         self.impl = impl
         self.W_a = nn.Linear(query_size, align_size, bias=False)
@@ -270,6 +274,9 @@ class LuongAttention(Attention):
         query_size: D.
         key_size: 2H.
         score: "general" or "dot".
+    Raises:
+        InputError: a size that is not a positive int, an unknown `score`, or "dot" with
+            query_size != key_size.
     """
 
     SCORES = ("general", "dot")
@@ -278,6 +285,7 @@ class LuongAttention(Attention):
         super().__init__()
         if score not in self.SCORES:
             raise InputError(f"score must be one of {self.SCORES}, got {score!r}")
+        check_sizes("LuongAttention", query_size=query_size, key_size=key_size)
         if score == "dot" and query_size != key_size:
             raise InputError(f"score='dot' needs query_size == key_size, got {query_size} and "
                              f"{key_size}")

@@ -243,7 +243,8 @@ class TrainConfig(DictConfig):
                                            "1)", low=0, above=True)
     max_nonfinite_steps: int = setting(
         5, "stop the run (divergence) after N updates in a row skipped for a loss or gradient "
-        "norm that is not finite; the last checkpoint is kept", low=1, metavar="N")
+        "norm that is not finite; the last checkpoint is kept", low=1, metavar="N",
+        group="limits")
     batch_size: int = setting(80, "sentences per batch (the paper: 80; ignored with "
                                   "--max-tokens)", low=1, on_resume="fixed",
                               flag="train_batch_size")
@@ -256,31 +257,38 @@ class TrainConfig(DictConfig):
                                    "batch N times larger (gradient accumulation)", low=1,
                                 metavar="N")
     loader_workers: int = setting(0, "processes collating batches ahead of the training step "
-                                     "(0: on the training thread)", low=0)
-    max_steps: int | None = setting(None, "stop after this many updates", low=1)
-    max_epochs: int | None = setting(None, "stop after this many epochs", low=1)
+                                     "(0: on the training thread)", low=0, group="machine")
+    max_steps: int | None = setting(None, "stop after this many updates", low=1,
+                                    group="limits")
+    max_epochs: int | None = setting(None, "stop after this many epochs", low=1,
+                                     group="limits")
     max_time_s: float | None = setting(None, "stop after this many seconds of training, resumed "
                                              "runs included", low=0, above=True, flag="")
     eval_every: int = setting(1000, "evaluate every N updates (the command line: dev BLEU, "
                                     "greedy, on --dev-size sentences); 0: never", low=0,
-                              high=2**63 - 1)   # older runs stored 10**12 for "never"
-    patience: int | None = setting(None, "stop after N evaluations without improvement", low=1)
+                              high=2**63 - 1,   # older runs stored 10**12 for "never"
+                              group="limits")
+    patience: int | None = setting(None, "stop after N evaluations without improvement", low=1,
+                                   group="limits")
     early_stopping_metric: StoppingMetric = setting(
         "bleu", "the dev score that ranks checkpoints (best.pt, --keep-best) and counts "
         "--patience: bleu or chrf (higher is better) or ppl, the perplexity (lower is better)",
-        on_resume="fixed")
-    save_every: int = setting(1000, "checkpoint every N updates (and at the end)", low=1)
-    keep_last: int = setting(3, "numbered checkpoints kept: the last N", low=1)
+        on_resume="fixed", group="limits")
+    save_every: int = setting(1000, "checkpoint every N updates (and at the end)", low=1,
+                              group="output")
+    keep_last: int = setting(3, "numbered checkpoints kept: the last N", low=1, group="output")
     keep_best: int = setting(1, "also keep the checkpoints of the N best evaluations (for "
-                                "bahdanau average --best N; 1: best.pt alone)", low=1)
+                                "bahdanau average --best N; 1: best.pt alone)", low=1,
+                             group="output")
     ema_decay: float | None = setting(
         None, "keep an exponential moving average of the weights with this decay (e.g. 0.999); "
         "evaluations, the test score and every checkpoint's translations use it",
         low=0, above=True, high=1, below=True)
     label_smoothing: float = setting(0.0, "label smoothing of the loss (0: none, as in the "
                                           "paper)", low=0, high=1, below=True)
-    amp: Amp = setting("none", "mixed precision (GPU; fp16 adds a gradient scaler)")
-    log_every: int = setting(100, "a log line every N updates", low=1)
+    amp: Amp = setting("none", "mixed precision (GPU; fp16 adds a gradient scaler)",
+                       group="machine")
+    log_every: int = setting(100, "a log line every N updates", low=1, group="output")
     seed: int = setting(1234, "seed of the weights and the batch order", low=0,
                         high=2**63 - 1, on_resume="fixed")
 

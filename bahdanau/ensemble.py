@@ -28,7 +28,7 @@ from typing import Any, NamedTuple, Protocol, cast
 import torch
 from torch import Tensor, nn
 
-from bahdanau.config import SPECIAL_IDS, ModelConfig
+from bahdanau.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, ModelConfig
 from bahdanau.decoder import StepOutput
 from bahdanau.errors import InputError
 
@@ -175,16 +175,29 @@ class Ensemble(nn.Module):
 
 
 def _check_same_ids(models: Sequence[nn.Module]) -> None:
-    """Members with configs must agree on vocabulary sizes and special ids."""
-    fields = ("src_vocab_size", "tgt_vocab_size", *SPECIAL_IDS)
-    configs = [(i, m.config) for i, m in enumerate(models)
-               if isinstance(getattr(m, "config", None), ModelConfig)]
-    if not configs:
+    """Members agree on vocabulary sizes and special ids: those of their configs, and for a
+    member built without one, its `vocab_sizes` and the default ids (what `BeamSearch` uses)."""
+    described = [(i, _ids(model)) for i, model in enumerate(models)]
+    known = [(i, ids) for i, ids in described if ids]
+    if not known:
         return
-    first_index, first = configs[0]
-    for i, config in configs[1:]:
-        for name in fields:
-            if getattr(config, name) != getattr(first, name):
-                raise InputError(f"models[{i}] has {name}={getattr(config, name)} but "
-                                 f"models[{first_index}] has {getattr(first, name)}: ensemble "
-                                 "members share their vocabularies")
+    first_index, first = known[0]
+    for i, ids in known[1:]:
+        for name, value in ids.items():
+            if name in first and value != first[name]:
+                raise InputError(f"models[{i}] has {name}={value} but models[{first_index}] "
+                                 f"has {first[name]}: ensemble members share their "
+                                 "vocabularies")
+
+
+def _ids(model: nn.Module) -> dict[str, int]:
+    """What a member says of its vocabularies: sizes and special ids (empty: nothing known)."""
+    config = getattr(model, "config", None)
+    if isinstance(config, ModelConfig):
+        return {name: getattr(config, name)
+                for name in ("src_vocab_size", "tgt_vocab_size", *SPECIAL_IDS)}
+    sizes = getattr(model, "vocab_sizes", None)
+    if not (isinstance(sizes, tuple) and len(sizes) == 2):
+        return {}
+    defaults = dict(zip(SPECIAL_IDS, (PAD_ID, BOS_ID, EOS_ID, UNK_ID), strict=True))
+    return {"src_vocab_size": sizes[0], "tgt_vocab_size": sizes[1], **defaults}

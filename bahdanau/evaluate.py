@@ -71,6 +71,10 @@ def _check_parallel(hypotheses: Sequence[str], references: Sequence[str]) -> Non
         raise InputError(f"{len(hypotheses)} hypotheses but {len(references)} references")
     if not hypotheses:
         raise InputError("no sentences to score")
+    blank = next((i for i, ref in enumerate(references) if not ref.strip()), None)
+    if blank is not None:                # sacrebleu would score it, against every word
+        raise InputError(f"reference {blank + 1} is empty: every sentence needs its reference "
+                         "translation")
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], *,

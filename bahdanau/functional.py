@@ -1,8 +1,17 @@
-"""The paper's math in plain PyTorch: the reference every other path is checked against.
+r"""The paper's math in plain PyTorch: the reference every other path is checked against.
 
 Everything here works on any device and dtype and gets its gradients from autograd. Shapes follow
 the legend in `bahdanau.config`; N is a number of decoder rows, either B (one per sentence) or B*K
 (K beam hypotheses per sentence, stored sentence-major: row n belongs to sentence n // K).
+
+The alignment model (section 3.1 and appendix A.1.2 of the paper), `additive_attention`:
+
+$$e_{ij} = v_a^\top \tanh(W_a s_{i-1} + U_a h_j), \qquad
+\alpha_{ij} = \frac{\exp e_{ij}}{\sum_{k=1}^{T_x} \exp e_{ik}}, \qquad
+c_i = \sum_{j=1}^{T_x} \alpha_{ij} h_j$$
+
+and the deep output's maxout (appendix A.2.2), `maxout`:
+$t_i = [\max(\tilde t_{i,2j-1}, \tilde t_{i,2j})]_{j=1}^{l}$.
 """
 
 from __future__ import annotations

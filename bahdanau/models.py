@@ -24,7 +24,7 @@ from bahdanau._checks import (
     check_type,
 )
 from bahdanau.attention import AdditiveAttention, LuongAttention
-from bahdanau.config import ENGINES, Arch, ModelConfig
+from bahdanau.config import ENGINES, EOS_ID, Arch, ModelConfig
 from bahdanau.decoder import AttentiveDecoder, DecoderState, StepOutput
 from bahdanau.encoder import BiRNNEncoder
 from bahdanau.engine import DecoderEngine
@@ -67,6 +67,11 @@ class RNNSearch(nn.Module):
         # lets the model skip the value checks it has made at its door).
         self._encoder_checks = callable(getattr(encoder, "check_inputs", None))
         self._encoder_takes_check = "check" in inspect.signature(encoder.forward).parameters
+
+    @property
+    def vocab_sizes(self) -> tuple[int, int]:
+        """(source V, target V): the sizes of the embeddings, with or without a `config`."""
+        return self.encoder.embedding.num_embeddings, self.decoder.vocab_size
 
     @classmethod
     def from_config(cls, cfg: ModelConfig) -> RNNSearch:
@@ -125,10 +130,36 @@ class RNNSearch(nn.Module):
             self.check_batch(*batch)
 
     def step(self, prev_tokens: Tensor, state: DecoderState, memory: Any) -> StepOutput:
-        """One decoder step for N rows from `encode`'s memory (what `BeamSearch` calls)."""
+        """One decoder step for N rows from `encode`'s memory (what `BeamSearch` calls).
+
+        Args:
+            prev_tokens: (N,) y_{i-1}, ids in [0, V).
+            state: (N, D) s_{i-1} (`DecoderState`), from `encode` or the previous step.
+            memory: `encode`'s memory of the B sentences (N is B, or B*K beams).
+        Returns:
+            `StepOutput`: (N, V) logits, the next state, (N, S) weights (None for RNNencdec).
+        Raises:
+            InputError: tokens of the wrong rank, dtype or value, or a state of the wrong shape
+                (cheap checks at this door: one read of the token ids, none under
+                `torch.compile`).
+        """
+        self._check_step(prev_tokens, state)
         if self.engine is None:
             return self.decoder.step(prev_tokens, state, memory)
         return self.engine.step(prev_tokens, state, memory)
+
+    def _check_step(self, prev_tokens: Tensor, state: DecoderState) -> None:
+        check_tensor("prev_tokens", prev_tokens, 1, integer=True)
+        hidden = getattr(state, "hidden", None)
+        if not isinstance(hidden, Tensor):
+            raise InputError(f"state must be the DecoderState that encode() or step() returned, "
+                             f"got {type(state).__name__}")
+        expected = (prev_tokens.shape[0], self.decoder.hidden_size)
+        if tuple(hidden.shape) != expected:
+            raise InputError(f"state.hidden has shape {tuple(hidden.shape)}, expected {expected}: "
+                             "one row of size D per token of prev_tokens")
+        if not torch.compiler.is_compiling():
+            check_token_ids("prev_tokens", prev_tokens, self.decoder.vocab_size)
 
     def check_batch(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor | None = None,
                     tgt_out: Tensor | None = None) -> None:
@@ -136,9 +167,9 @@ class RNNSearch(nn.Module):
 
         The value checks (lengths in [1, S] and agreeing with the padding, so no row is all
         padding; ids in the vocabularies; targets padded only at the end, a real input for every
-        target) read the tensors' contents, a device sync. In eager mode `forward`, `loss` and
-        `encode` (so `translate` and `BeamSearch`) run this once per batch, at the door; the
-        parts behind it check ranks and sizes at most.
+        target, nothing but padding after a target's eos) read the tensors' contents, a device
+        sync. In eager mode `forward`, `loss` and `encode` (so `translate` and `BeamSearch`) run
+        this once per batch, at the door; the parts behind it check ranks and sizes at most.
         Under `torch.compile` and `torch.export` the value checks stay out of the graph: code that
         calls a compiled or exported model calls this first, once per batch, in eager code.
 
@@ -155,6 +186,8 @@ class RNNSearch(nn.Module):
             _check_same_shape(tgt_in, tgt_out)
         if tgt_in is not None:
             self._check_target_padding(tgt_in, tgt_out)
+        if tgt_out is not None:
+            self._check_nothing_after_eos(tgt_out)
 
     def _check_target_padding(self, tgt_in: Tensor, tgt_out: Tensor | None) -> None:
         """Targets are real tokens then padding, at least one per row, and every scored
@@ -172,6 +205,18 @@ class RNNSearch(nn.Module):
             row = int(torch.nonzero(short)[0])
             raise InputError(f"tgt_out row {row} has {int(targets[row])} targets but tgt_in "
                              f"only {int(inputs[row])} inputs: a target at a padded input")
+
+    def _check_nothing_after_eos(self, tgt_out: Tensor) -> None:
+        """A target sentence ends at its first eos: only padding may follow it (a token there
+        would be trained on as part of the sentence, which decoding never continues)."""
+        eos_id = EOS_ID if self.config is None else self.config.eos_id
+        is_eos = (tgt_out == eos_id).int()
+        after_eos = (is_eos.cumsum(dim=1) - is_eos > 0) & (tgt_out != self.decoder.pad_id)
+        if bool(after_eos.any()):
+            row, pos = (int(i) for i in torch.nonzero(after_eos)[0])
+            raise InputError(f"tgt_out row {row} has token {int(tgt_out[row, pos])} at position "
+                             f"{pos}, after its eos (={eos_id}): a sentence ends at its eos, "
+                             "only padding may follow")
 
     def _check_source(self, src: Tensor, src_lengths: Tensor) -> None:
         """The encoder's `check_inputs`, or, for an encoder without one, lengths in [1, S]

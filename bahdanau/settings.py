@@ -52,6 +52,7 @@ class Setting:
     metavar: str | None = None
     flag: str | None = None       # its command-line name, where it is not the field's name;
                                   # "" keeps it off the command line
+    group: str | None = None      # its section of --help, where it is not its options' section's
 
 
 def setting(default: Any, help: str, **kwargs: Any) -> Any:

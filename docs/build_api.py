@@ -7,8 +7,15 @@
 Every public module is documented: pdoc itself follows a package's `__all__`, which for
 `bahdanau` lists the top-level names and only two submodules, so this script finds the modules
 with pkgutil (new modules are picked up without editing it) and hands them to `pdoc.pdoc`.
-Docstrings are Google style. A module whose optional dependency is missing (triton) is left out
-with a note.
+Docstrings are Google style; formulas between ``$`` signs are rendered (MathJax). A module whose
+optional dependency is missing (triton) is left out with a note, and pdoc is told not to walk
+into it.
+
+The landing page (``index.html`` opens the package's page) is the package docstring followed by
+a module map: every documented module in one line, the first line of its docstring, generated
+here so that it never misses a module. NamedTuple fields are shown with their types (pdoc cannot
+evaluate the string annotations of the ``__new__`` that `typing.NamedTuple` generates, and would
+show ``ForwardRef('Tensor')``): this script resolves them first, in their module.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import importlib.util
 import pkgutil
 import re
 import sys
+import typing
 import warnings
 from pathlib import Path
 
@@ -27,11 +35,7 @@ OUTPUT = ROOT / "docs" / "_build" / "api"
 OPTIONAL = {"triton", "matplotlib"}       # extras a module may need at import time
 
 # pdoc warnings that are pdoc's own limitations, not faults of our docstrings or imports.
-KNOWN = [
-    # typing.NamedTuple + `from __future__ import annotations`: the generated __init__'s
-    # annotations cannot be evaluated (mitmproxy/pdoc#765); the signature still renders.
-    re.compile(r"Error parsing type annotation ForwardRef\(.*\) for [\w.]+\.__init__\."),
-]
+KNOWN: list[re.Pattern[str]] = []
 
 
 def public_modules(package: str = "bahdanau") -> tuple[list[str], dict[str, str]]:
@@ -57,6 +61,30 @@ def public_modules(package: str = "bahdanau") -> tuple[list[str], dict[str, str]
     return kept, skipped
 
 
+def module_map(modules: list[str]) -> str:
+    """A Markdown table of `modules` but the first (the package), one row each: the name (pdoc
+    links it) and the first line of its docstring."""
+    rows = ["| module | what it holds |", "| --- | --- |"]
+    for name in modules[1:]:              # the package itself is the page they are on
+        doc = (importlib.import_module(name).__doc__ or "").strip()
+        first = doc.split("\n\n", 1)[0].replace("\n", " ").replace("|", "\\|")
+        rows.append(f"| `{name}` | {first} |")
+    return "\n".join(rows)
+
+
+def resolve_namedtuple_fields(modules: list[str]) -> None:
+    """Give the generated ``__new__`` of each NamedTuple in `modules` its fields' real types
+    (from `typing.get_type_hints` in the class's module) instead of the strings that
+    ``from __future__ import annotations`` leaves, which pdoc cannot evaluate there."""
+    for name in modules:
+        for value in vars(importlib.import_module(name)).values():
+            if (isinstance(value, type) and issubclass(value, tuple)
+                    and hasattr(value, "_fields") and value.__module__ == name):
+                hints = typing.get_type_hints(value)
+                value.__new__.__annotations__ = {
+                    field: hints[field] for field in value._fields if field in hints}
+
+
 def build(output: Path) -> list[str]:
     """Render every public module into `output`; returns pdoc's warnings, known ones removed."""
     import pdoc
@@ -71,7 +99,13 @@ def build(output: Path) -> list[str]:
         if name not in covered:            # too; skip those so no module is added twice
             specs.append(name)
             covered.update(pdoc.extract.walk_specs([name]))
-    pdoc.render.configure(docformat="google", footer_text=f"bahdanau {_version()}")
+    specs += [f"!{re.escape(name)}$" for name in skipped]   # nor into a module left out
+    resolve_namedtuple_fields(modules)
+    package = importlib.import_module(modules[0])
+    package.__doc__ = (f"{(package.__doc__ or '').rstrip()}\n\n## Module map\n\n"
+                       f"{module_map(modules)}\n")
+    pdoc.render.configure(docformat="google", math=True,
+                          footer_text=f"bahdanau {_version()}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         pdoc.pdoc(*specs, output_directory=output)

@@ -179,11 +179,44 @@ _RUN: dict[str, Callable[[Any], int]] = {
     "average": average, "release": release, "score": score, "export": export}
 
 
+class _DuplicateKey(ValueError):
+    """A config file names an option twice (raised while parsing; no JSON or YAML error)."""
+
+
+def _unique(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A mapping's (key, value) pairs as a dict; a key given twice is refused, since the file
+    would otherwise silently mean its last value."""
+    data: dict[Any, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _DuplicateKey(f"the option {key!r} is given twice")
+        data[key] = value
+    return data
+
+
+def _yaml_load(text: bytes) -> Any:
+    """`yaml.safe_load` whose mappings refuse a duplicate key (`_unique`)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+            _unique([(self.construct_object(key, deep=deep), None) for key, _ in node.value
+                     if key.tag != "tag:yaml.org,2002:merge"])   # "<<" may override, as usual
+            return super().construct_mapping(node, deep=deep)
+
+    UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                                    UniqueKeyLoader.construct_mapping)
+    return yaml.load(text, Loader=UniqueKeyLoader)
+
+
 def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
-    """The option values in a --config file: JSON, or YAML (with PyYAML installed)."""
+    """The option values in a --config file: JSON, or YAML (with PyYAML installed); an option
+    named twice is refused."""
     text = existing(path, "--config").read_bytes()
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_unique)
+    except _DuplicateKey as err:
+        raise InputError(f"--config {path}: {err}") from None
     except ValueError:                   # not JSON (or not UTF-8): YAML, which needs PyYAML
         try:
             import yaml
@@ -191,7 +224,9 @@ def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
             raise InputError(f"--config {path}: reading YAML needs PyYAML: pip install "
                              "'bahdanau[yaml]' (or write the file as JSON)") from None
         try:
-            data = yaml.safe_load(text)
+            data = _yaml_load(text)
+        except _DuplicateKey as err:
+            raise InputError(f"--config {path}: {err}") from None
         except yaml.YAMLError as err:
             detail = " ".join(str(err).split())
             raise InputError(f"--config {path} is not valid YAML: {detail}") from None
@@ -201,7 +236,10 @@ def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
         raise InputError(f"--config {path} must map option names to values, not hold a "
                          f"{type(data).__name__}")
     known = {setting.key for setting in flat_settings(options)}
-    values = {str(key).replace("-", "_"): value for key, value in data.items()}
+    try:                                 # "max-steps" and "max_steps" name one option
+        values = _unique([(str(key).replace("-", "_"), value) for key, value in data.items()])
+    except _DuplicateKey as err:
+        raise InputError(f"--config {path}: {err}") from None
     values.pop("versions", None)         # what a run's config.yaml records it ran with
     unknown = sorted(set(values) - known)
     if unknown:

@@ -178,7 +178,10 @@ def evaluate(o: EvaluateOptions) -> int:
     checkpoints = checkpoint_paths(o)
     check_outputs({"--output": o.output, "--json": o.json},
                    {"--src": src, "--ref": ref, **checkpoints})
-    sources, references = read_sources(src), read_lines(ref, non_empty=True)
+    sources = read_sources(src)
+    references = read_sources(ref, needed="the reference translation of its source line")
+    if not references:
+        raise InputError(f"{ref} is empty: at least one line is needed")
     if len(sources) != len(references):
         raise InputError(f"--src has {len(sources)} lines but --ref has {len(references)}")
     model, src_vocab, tgt_vocab, tokenizer = load_decoder(o, checkpoints, device)

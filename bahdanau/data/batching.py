@@ -62,7 +62,8 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: 
     Returns:
         The kept examples, in input order, each with its index in `pairs`.
     Raises:
-        InputError: `max_len` < 1, or a side tokenises to nothing (the pair index is named).
+        InputError: `max_len` < 1, a side tokenises to nothing, or to a token spelled like the
+            pad, bos or eos special (the pair index is named).
     """
     check_optional_positive_int("max_len", max_len)
     check_type("src_vocab", src_vocab, Vocab, "a Vocab")
@@ -70,6 +71,8 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: 
     src_tok, tgt_tok = tokenizer if isinstance(tokenizer, tuple) else (tokenizer, tokenizer)
     check_tokenizer("tokenizer", src_tok)
     check_tokenizer("tokenizer", tgt_tok)
+    # pad, bos, eos: a token spelled like one of them would become its id
+    src_specials, tgt_specials = set(src_vocab.specials[:3]), set(tgt_vocab.specials[:3])
     examples = []
     for index, pair in enumerate(pairs):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2
@@ -78,10 +81,15 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: 
                              f"got {describe(pair)}")
         src_text, tgt_text = pair
         src_tokens, tgt_tokens = src_tok.tokenize(src_text), tgt_tok.tokenize(tgt_text)
-        for side, tokens, text in (("source", src_tokens, src_text),
-                                   ("target", tgt_tokens, tgt_text)):
+        for side, tokens, text, specials in (("source", src_tokens, src_text, src_specials),
+                                             ("target", tgt_tokens, tgt_text, tgt_specials)):
             if not tokens:
                 raise InputError(f"pair {index}: the {side} {text!r} has no tokens")
+            special = next((t for t in tokens if t in specials), None)
+            if special is not None:           # a tokenizer of the user's own: ours escape it
+                raise InputError(f"pair {index}: the {side}'s tokenizer gives the token "
+                                 f"{special!r}, the vocabulary's special; it must spell a word "
+                                 "otherwise (WhitespaceTokenizer escapes it as '\\' + word)")
         if max_len is not None and max(len(src_tokens), len(tgt_tokens)) > max_len:
             continue
         examples.append(Example(index, src_vocab.encode(src_tokens), tgt_vocab.encode(tgt_tokens)))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +30,7 @@ from bahdanau._checks import (
 )
 from bahdanau._files import atomic_write
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
+from bahdanau.data.vocab import SPECIALS
 from bahdanau.errors import InputError
 
 TOKENIZER_FILE = "tokenizer.json"           # save_tokenizer's description of the tokenizer
@@ -48,16 +50,30 @@ class Tokenizer(Protocol):
         ...
 
 
+# A word spelled like the pad, bos or eos special, after any backslashes: `WhitespaceTokenizer`
+# escapes it, so that "</s>" in a text is a word, never the id that ends a sentence.
+_SPECIAL_WORD = re.compile("\\\\*(?:" + "|".join(map(re.escape, SPECIALS[:3])) + ")")
+
+
 class WhitespaceTokenizer:
-    """For pre-tokenised text: split on whitespace, join with single spaces."""
+    """For pre-tokenised text: split on whitespace, join with single spaces.
+
+    A word spelled like a `Vocab` special that shapes a sentence ("<pad>", "<s>", "</s>") is a
+    word like any other: `tokenize` escapes it with a backslash ("</s>" -> "\\</s>", and a word
+    that already is such an escape gets one more backslash), `detokenize` removes that backslash,
+    so ``detokenize(tokenize(s)) == " ".join(s.split())`` for every text. "<unk>" is not escaped:
+    it reads as the unknown word, as in corpora whose rare words were replaced by it, and it
+    decodes as "<unk>" again.
+    """
 
     def tokenize(self, text: str) -> list[str]:
-        """The whitespace-separated tokens of `text`."""
-        return text.split()
+        """The whitespace-separated tokens of `text`, special-looking words escaped."""
+        return ["\\" + t if _SPECIAL_WORD.fullmatch(t) else t for t in text.split()]
 
     def detokenize(self, tokens: list[str]) -> str:
-        """The tokens joined with single spaces."""
-        return " ".join(tokens)
+        """The tokens joined with single spaces, the escapes of `tokenize` removed."""
+        return " ".join(t[1:] if t[:1] == "\\" and _SPECIAL_WORD.fullmatch(t) else t
+                        for t in tokens)
 
 
 def _is_word_char(ch: str) -> bool:

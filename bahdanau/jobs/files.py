@@ -101,12 +101,12 @@ def write_text(path: str | Path, text: str) -> None:
         f.write(data)
 
 
-def read_sources(path: Path | None) -> list[str]:
-    """The source sentences of `path` (None: stdin, read as bytes and decoded exactly like a
-    file); an empty line is refused, naming the line."""
+def read_sources(path: Path | None, *, needed: str = "a sentence to translate") -> list[str]:
+    """The sentences of `path` (None: stdin, read as bytes and decoded exactly like a file); an
+    empty line is refused, naming the line and what it is `needed` for."""
     lines = read_lines(path) if path else decode_lines(sys.stdin.buffer.read(), "<stdin>")
     for i, line in enumerate(lines):
         if not line.strip():
-            raise InputError(f"{path or '<stdin>'}: line {i + 1} is empty; every line needs a "
-                             "sentence to translate")
+            raise InputError(f"{path or '<stdin>'}: line {i + 1} is empty; every line needs "
+                             f"{needed}")
     return lines

@@ -102,10 +102,24 @@ def _flag_of(field: dataclasses.Field) -> str:
     return flag(_key(field))
 
 
-def section(default: Any) -> Any:
+# The sections of a command's --help, in order: a setting names its own (`Setting.group`), or
+# takes that of the section it is declared in (`section`); a setting of neither is listed first.
+GROUPS: dict[str, str] = {
+    "data": "the corpus, its tokenisation and vocabularies",
+    "model": "architecture and sizes (a preset, and changes to it)",
+    "optimisation": "the optimizer, its schedule and the batches",
+    "limits": "when training stops, and the dev evaluations that may stop it",
+    "decoding": "beam search, for dev and test translations",
+    "machine": "device, threads, precision and loader processes",
+    "output": "the run folder, checkpoints and logs",
+}
+
+
+def section(default: Any, group: str) -> Any:
     """A field holding a section of settings declared elsewhere (a frozen dataclass), whose
-    settings are options of their own (flattened: ``--lr``, not ``--training-lr``)."""
-    return dataclasses.field(default=default, metadata={"section": True})
+    settings are options of their own (flattened: ``--lr``, not ``--training-lr``), shown in
+    --help under `group` unless a setting names its own."""
+    return dataclasses.field(default=default, metadata={"section": True, "group": group})
 
 
 class FlatSetting(typing.NamedTuple):
@@ -116,6 +130,7 @@ class FlatSetting(typing.NamedTuple):
     annotation: Any               # its resolved type
     spec: Setting
     section: str | None           # the options' field holding its section; None: its own
+    group: str | None             # its section of --help (`GROUPS`); None: none
 
 
 def flat_settings(cls: type) -> Iterator[FlatSetting]:
@@ -125,10 +140,11 @@ def flat_settings(cls: type) -> Iterator[FlatSetting]:
         if field.metadata.get("section"):
             for inner, annotation, spec in declared(hints[field.name]):
                 if spec.flag != "":                    # "": kept off the command line
-                    yield FlatSetting(_key(inner), inner, annotation, spec, field.name)
+                    yield FlatSetting(_key(inner), inner, annotation, spec, field.name,
+                                      spec.group or field.metadata["group"])
         else:
-            yield FlatSetting(field.name, field, hints[field.name], field.metadata["setting"],
-                              None)
+            spec = field.metadata["setting"]
+            yield FlatSetting(field.name, field, hints[field.name], spec, None, spec.group)
 
 
 def _value(options: Any, s: FlatSetting) -> Any:
@@ -203,14 +219,22 @@ def _from_text(name: str, annotation: Any, value: Any) -> Any:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls: type[_Options]) -> None:
-    """Add one argparse option per option of `cls` (sections flattened).
+    """Add one argparse option per option of `cls` (sections flattened), in argument groups
+    (`GROUPS`, in that order; the options of no group first).
 
     Every option's argparse default is None ("not given"), so that `from_mapping` fills in the
     declared default and a config file can be overridden only by what was given.
     """
     # _Options is a mixin of dataclasses, which mypy cannot see from here
     sections = {f.name: f.default for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    for s in flat_settings(cls):
+    order: dict[str | None, int] = {name: i for i, name in enumerate(GROUPS)}
+    settings = sorted(flat_settings(cls), key=lambda s: order.get(s.group, -1))  # ungrouped first
+    used = {s.group for s in settings}
+    groups: dict[str | None, Any] = {None: parser}
+    for name, title in GROUPS.items():                      # in this order, those used
+        if name in used:
+            groups[name] = parser.add_argument_group(name, title)
+    for s in settings:
         default = (s.field.default if s.section is None
                    else getattr(sections[s.section], s.field.name))
         base, _ = base_type(s.annotation)
@@ -225,7 +249,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[_Options]) -> None:
             kwargs["metavar"] = s.spec.metavar or s.key.split("_")[-1].upper()
             if is_list(base):
                 kwargs["nargs"] = "+"
-        parser.add_argument(flag(s.key), dest=s.key, **kwargs)
+        groups[s.group].add_argument(flag(s.key), dest=s.key, **kwargs)
 
 
 def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
@@ -297,17 +321,18 @@ _THREADS_HELP = ("torch CPU threads (default: the usable cores divided by LOCAL_
 class SearchOptions(_Options):
     """Beam search settings, shared by every command that decodes."""
 
-    beam_size: int = option(5, "beam width; 1 is greedy", low=1)
-    max_len: int = option(100, "most target tokens", low=1)
+    beam_size: int = option(5, "beam width; 1 is greedy", low=1, group="decoding")
+    max_len: int = option(100, "most target tokens", low=1, group="decoding")
     max_len_ratio: float | None = option(
-        None, "also cap target length at RATIO x source length", low=0, above=True)
-    min_len: int = option(1, "fewest target tokens", low=0)
+        None, "also cap target length at RATIO x source length", low=0, above=True,
+        group="decoding")
+    min_len: int = option(1, "fewest target tokens", low=0, group="decoding")
     length_penalty: LengthPenalty = option(
-        "none", "length normalisation of scores (none: as in the paper)")
-    alpha: float = option(0.6, "exponent of the gnmt length penalty", low=0)
-    batch_size: int = option(64, "sentences decoded together", low=1)
+        "none", "length normalisation of scores (none: as in the paper)", group="decoding")
+    alpha: float = option(0.6, "exponent of the gnmt length penalty", low=0, group="decoding")
+    batch_size: int = option(64, "sentences decoded together", low=1, group="decoding")
     unk_replace: bool = option(False, "replace generated <unk> by the most attended source "
-                                      "word (an extension beyond the paper)")
+                                      "word (an extension beyond the paper)", group="decoding")
 
     def check(self) -> None:
         if self.min_len > self.max_len:
@@ -319,57 +344,59 @@ class TrainOptions(SearchOptions):
     """`bahdanau train`: the data, model, optimisation, limits and run folder."""
 
     src_lang: str | None = option(None, "source language of the shipped Multi30k data "
-                                        "(en when no --train-src)", on_resume="fixed")
+                                        "(en when no --train-src)", on_resume="fixed", group="data")
     tgt_lang: str | None = option(None, "target language of the shipped Multi30k data "
-                                        "(fr when no --train-src)", on_resume="fixed")
+                                        "(fr when no --train-src)", on_resume="fixed", group="data")
     # The training files may move on resume; their examples may not (the run checks a digest).
     data: str | None = option(None, "a prepared corpus (bahdanau prepare) to train on, instead "
-                                    "of --train-src/--train-tgt", metavar="DIR")
+                                    "of --train-src/--train-tgt", metavar="DIR", group="data")
     train_src: str | None = option(None, "training source file (default: shipped Multi30k)",
-                                   metavar="FILE")
-    train_tgt: str | None = option(None, "training target file", metavar="FILE")
+                                   metavar="FILE", group="data")
+    train_tgt: str | None = option(None, "training target file", metavar="FILE", group="data")
     dev_src: str | None = option(None, "dev source file (default: shipped Multi30k val when "
-                                       "training on it)", metavar="FILE")
-    dev_tgt: str | None = option(None, "dev target file", metavar="FILE")
+                                       "training on it)", metavar="FILE", group="data")
+    dev_tgt: str | None = option(None, "dev target file", metavar="FILE", group="data")
     test_src: str | None = option(None, "test source file (default: shipped Multi30k "
-                                        "test_2016_flickr when training on it)", metavar="FILE")
-    test_tgt: str | None = option(None, "test target file", metavar="FILE")
-    model: ModelChoices = section(ModelChoices())       # --preset, --arch, --dropout, ...
-    training: TrainConfig = section(JOB_TRAINING)       # --optimizer, --lr, --max-steps, ...
+                                        "test_2016_flickr when training on it)", metavar="FILE",
+                                  group="data")
+    test_tgt: str | None = option(None, "test target file", metavar="FILE", group="data")
+    model: ModelChoices = section(ModelChoices(), "model")  # --preset, --arch, --dropout, ...
+    training: TrainConfig = section(JOB_TRAINING, "optimisation")  # --lr, --max-steps, ...
     init_from: str | None = option(
         None, "fine-tune: start from the weights of a trained model (a checkpoint, a run folder "
         "or a bahdanau release folder) on this run's data; the optimizer starts afresh",
-        on_resume="fixed", metavar="PATH")
+        on_resume="fixed", metavar="PATH", group="model")
     init_vocab: bool = option(
         True, "with --init-from: encode the data with the model's vocabularies and tokenizer "
         "(--no-init-vocab: build them from the data; they must equal the model's)",
-        on_resume="fixed")
+        on_resume="fixed", group="model")
     vocab_size: int = option(10000, "most frequent words kept per side (the paper: 30000)",
-                             low=1, on_resume="fixed")
-    lowercase: bool = option(False, "lowercase both sides", on_resume="fixed")
+                             low=1, on_resume="fixed", group="data")
+    lowercase: bool = option(False, "lowercase both sides", on_resume="fixed", group="data")
     joiners: Literal["prefix", "punctuation"] = option(
         "prefix", "where the tokenizer marks glued tokens (punctuation: on the punctuation, so "
-        "words stay the same token)", on_resume="fixed")
+        "words stay the same token)", on_resume="fixed", group="data")
     max_train_len: int = option(50, "drop training pairs longer than this many tokens", low=1,
-                                on_resume="fixed")
+                                on_resume="fixed", group="data")
     time_budget: float | None = option(None, "stop after this many minutes of training; 0: no "
                                              "time limit (default: none for a new run, a "
-                                             "resumed run keeps its own)", low=0, high=1e9)
-    dev_size: int = option(500, "dev sentences scored at each evaluation", low=1)
+                                             "resumed run keeps its own)", low=0, high=1e9,
+                                      group="limits")
+    dev_size: int = option(500, "dev sentences scored at each evaluation", low=1, group="data")
     tensorboard: bool = option(False, "also write TensorBoard events to OUT/tensorboard: each "
                                       "log line's numbers, and dev BLEU and a dev sentence's "
                                       "alignment image per evaluation (needs the tensorboard "
-                                      "extra)")
-    threads: int | None = option(None, _THREADS_HELP, low=1)
-    device: str = option("auto", _DEVICE_HELP)
+                                      "extra)", group="output")
+    threads: int | None = option(None, _THREADS_HELP, low=1, group="machine")
+    device: str = option("auto", _DEVICE_HELP, group="machine")
     out: str = option("runs/multi30k-en-fr", "output folder", on_resume="not_recorded",
-                      metavar="DIR")
+                      metavar="DIR", group="output")
     resume: bool = option(True, "continue the run in OUT from its latest checkpoint; "
                                 "--no-resume refuses an OUT that holds a run",
-                          on_resume="not_recorded")
+                          on_resume="not_recorded", group="output")
     overwrite: bool = option(False, "start a new run in OUT, deleting the run it holds "
                                     "(checkpoints, config.yaml, results)",
-                             on_resume="not_recorded")
+                             on_resume="not_recorded", group="output")
 
     def check(self) -> None:
         super().check()
@@ -395,6 +422,9 @@ class TrainOptions(SearchOptions):
                              "leave the dev files out")
         if t.eval_every == 0 and t.patience is not None:
             raise InputError("--patience counts dev evaluations: it needs --eval-every")
+        if t.eval_every == 0 and t.keep_best > 1:
+            raise InputError(f"--keep-best {t.keep_best} keeps the checkpoints of the best dev "
+                             "evaluations: it needs --eval-every")
         if t.eval_every == 0 and t.schedule == "plateau":
             raise InputError("--schedule plateau decays after dev evaluations: it needs "
                              "--eval-every")

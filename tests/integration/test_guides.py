@@ -23,6 +23,11 @@ if not DOCS.is_dir():
     pytest.skip("docs/ is not next to the tests (installed package)", allow_module_level=True)
 
 
+# The extras a guide's block may import (pyproject.toml's optional-dependencies): without one, the
+# guide's blocks are skipped with the reason.
+OPTIONAL = {"triton", "matplotlib", "sentencepiece", "yaml", "tensorboard"}
+
+
 def blocks(path: Path, info: str) -> list[str]:
     """The bodies of the fenced blocks of `path` whose info string is exactly `info`."""
     return [body for tag, body in FENCE.findall(path.read_text(encoding="utf-8"))
@@ -42,6 +47,11 @@ def test_python_blocks_run(guide: str, tmp_path, monkeypatch) -> None:
     for i, body in enumerate(code):
         try:
             exec(compile(body, f"{path}:block{i + 1}", "exec"), namespace)
+        except ModuleNotFoundError as exc:
+            if exc.name not in OPTIONAL:
+                raise AssertionError(f"{guide}, python block {i + 1} failed: {exc!r}") from exc
+            pytest.skip(f"{guide}, python block {i + 1} needs {exc.name}, an optional extra "
+                        "that is not installed")
         except Exception as exc:                                     # name the block
             raise AssertionError(f"{guide}, python block {i + 1} failed: {exc!r}") from exc
 

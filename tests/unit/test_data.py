@@ -239,6 +239,42 @@ def test_encode_pairs_tokenizer_per_side_and_errors() -> None:
         encode_pairs(pairs, Vocab(["a"]), Vocab(["x"]), WhitespaceTokenizer(), max_len=0)
 
 
+def test_special_words_in_whitespace_text_stay_words() -> None:
+    # "</s>", "<s>" and "<pad>" typed in pre-tokenised text are words: before, "a </s> b"
+    # encoded as [a, eos, b], cutting the sentence (and "<pad>" broke the padding).
+    tok = WhitespaceTokenizer()
+    text = "a </s> b <s> <pad>"
+    vocab = Vocab.build([tok.tokenize(text)])
+    (example,) = encode_pairs([(text, text)], vocab, vocab, tok)
+    assert not {Vocab.pad_id, Vocab.bos_id, Vocab.eos_id} & set(example.src + example.tgt)
+    assert len(example.tgt) == 5
+    assert tok.detokenize(vocab.decode(example.tgt)) == text     # and back on decoding
+
+
+@pytest.mark.parametrize("text", [r"\</s> </s>", r"x \\<s> <s>x <unk>", "<pad><pad> \\"])
+def test_whitespace_escapes_round_trip(text: str) -> None:
+    # the variant: already-escaped words, look-alikes and "<unk>" (the unknown word, unescaped)
+    tok = WhitespaceTokenizer()
+    tokens = tok.tokenize(text)
+    assert tok.detokenize(tokens) == text
+    assert not set(tokens) & {"<pad>", "<s>", "</s>"}
+    assert Vocab([]).encode(["<unk>"]) == [Vocab.unk_id]
+
+
+def test_encode_pairs_refuses_a_tokenizer_that_gives_a_special() -> None:
+    class Splitter:                          # a tokenizer of the user's own, without escapes
+        def tokenize(self, text: str) -> list[str]:
+            return text.split()
+
+        def detokenize(self, tokens: list[str]) -> str:
+            return " ".join(tokens)
+
+    pairs = [("a", "x"), ("a", "x </s> y")]
+    with pytest.raises(InputError, match=r"^pair 1: the target's tokenizer gives the token "
+                                         r"'</s>'"):
+        encode_pairs(pairs, Vocab(["a"]), Vocab(["x", "y"]), Splitter())
+
+
 def test_collate_pads_and_adds_bos_eos() -> None:
     batch = collate([Example(7, [5, 6, 7], [9]), Example(2, [8], [10, 11])])
     assert batch.src.tolist() == [[5, 6, 7], [8, 0, 0]]

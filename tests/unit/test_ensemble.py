@@ -127,6 +127,26 @@ def test_bad_members_are_refused_in_one_line() -> None:
         Ensemble([tiny_model()])(SRC, LENGTHS, SRC)
 
 
+def _without_config(model: RNNSearch) -> RNNSearch:
+    """The same model assembled from its parts, as a user may build one: no `config`."""
+    return RNNSearch(model.encoder, model.decoder)
+
+
+@pytest.mark.parametrize("sizes, message", [
+    ((16, 17), "models[1] has tgt_vocab_size=17 but models[0] has 16"),   # the issue's case
+    ((15, 16), "models[1] has src_vocab_size=15 but models[0] has 16"),
+])
+def test_members_without_configs_must_share_vocabulary_sizes(sizes, message) -> None:
+    # before, a member built from parts (no config) was not compared, and the ensemble failed
+    # only while decoding (a shape error in the averaging)
+    other = _without_config(RNNSearch.from_config(presets.tiny(*sizes)))
+    for members in ([random_model(), other], [_without_config(random_model()), other]):
+        with pytest.raises(InputError, match=re.escape(message)):
+            Ensemble(members)
+    same = Ensemble([_without_config(random_model()), random_model(seed=1)])   # default ids
+    assert len(same.members) == 2
+
+
 def _checkpoint(path, model, tokenizer=None, tgt_vocab=VOCAB):
     save_checkpoint(path, checkpoint_payload(model, src_vocab=VOCAB, tgt_vocab=tgt_vocab,
                                              tokenizer=tokenizer or DefaultTokenizer()))

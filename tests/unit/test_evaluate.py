@@ -98,6 +98,9 @@ def test_lowercasing_tokenizer_scores_case_insensitively_and_says_so() -> None:
     (lambda: bleu_by_length([1, 2], HYPS, REFS), "2 source lengths"),
     (lambda: bleu_by_length([1, 2, 3], HYPS, REFS, edges=(20, 10)), "edges"),
     (lambda: bleu_without_unk(HYPS, REFS, [True]), "1 unk flags"),
+    # an empty reference used to be scored (every word of its translation a false positive)
+    (lambda: corpus_bleu(HYPS, [REFS[0], "", REFS[2]]), "^reference 2 is empty"),
+    (lambda: corpus_scores(HYPS, [REFS[0], REFS[1], " \t"]), "^reference 3 is empty"),
 ])
 def test_errors(call, match) -> None:
     with pytest.raises(ValueError, match=match):

@@ -14,6 +14,7 @@ from bahdanau import (
     BiRNNEncoder,
     DecoderMemory,
     DecoderState,
+    LuongAttention,
     ModelConfig,
     RNNEncDec,
     RNNSearch,
@@ -21,6 +22,7 @@ from bahdanau import (
     functional,
     presets,
 )
+from bahdanau.errors import InputError
 
 V = 16
 
@@ -347,3 +349,51 @@ def test_padding_never_gives_nan() -> None:
     assert torch.isfinite(loss)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     assert F.softmax(model(src, torch.tensor([1, 5]), tgt), -1).isfinite().all()
+
+
+# ---------------------------------------------------------------------------------- the door
+@pytest.mark.parametrize("build, name", [
+    (lambda: AdditiveAttention(query_size=0, key_size=16, align_size=10), "query_size"),
+    (lambda: AdditiveAttention(12, 16, -3), "align_size"),
+    (lambda: AdditiveAttention(12, 16.0, 10), "key_size"),
+    (lambda: LuongAttention(12, 0), "key_size"),
+    (lambda: LuongAttention(True, 16), "query_size"),
+])
+def test_attention_sizes_must_be_positive_ints(build, name) -> None:
+    with pytest.raises(InputError, match=rf"Attention: {name} must be a positive int, got "):
+        build()
+
+
+@pytest.mark.parametrize("row", [[5, 2, 7, 0, 0], [5, 6, 2, 2, 0]])
+def test_loss_refuses_tokens_after_eos(row) -> None:
+    # the example (a word after eos) and its variant (a second eos)
+    model = random_model()
+    src, src_lengths, tgt_in, _ = batch()
+    tgt_out = torch.tensor([[6, 7, 8, 9, 2], row, [9, 8, 7, 2, 0]])
+    tgt_in[1] = torch.tensor([1, 5, 6, 7, 8])
+    with pytest.raises(InputError, match=r"^tgt_out row 1 has token \d+ at position [23], after "
+                                         r"its eos \(=2\)"):
+        model.loss(src, src_lengths, tgt_in, tgt_out)
+    tgt_out[1] = torch.tensor([5, 2, 0, 0, 0])                 # padding after eos: fine
+    loss, tokens = model.loss(src, src_lengths, tgt_in, tgt_out)
+    assert int(tokens) == 5 + 2 + 4 and torch.isfinite(loss)
+
+
+def test_step_refuses_bad_tokens_and_states_in_one_line() -> None:
+    model = random_model()
+    src, src_lengths, _, _ = batch()
+    state, memory = model.encode(src, src_lengths)
+    tokens = torch.tensor([1, 1, 1])
+    assert model.step(tokens, state, memory).logits.shape == (3, V)
+    D = model.decoder.hidden_size
+    wide = DecoderState(torch.zeros(3, D + 1, dtype=torch.float64))
+    for args, match in (((torch.tensor([1, V, 1]), state), f"token id {V}, outside"),
+                        ((torch.tensor([1, -1, 1]), state), "token id -1, outside"),
+                        ((torch.tensor([1.0, 1.0, 1.0]), state), "must hold integers"),
+                        ((tokens[:2], state), rf"state.hidden has shape \(3, {D}\), expected "
+                                              rf"\(2, {D}\)"),
+                        ((tokens, wide), rf"state.hidden has shape \(3, {D + 1}\)"),
+                        ((tokens, state.hidden), "state must be the DecoderState")):
+        with pytest.raises(InputError, match=match) as err:
+            model.step(*args, memory)
+        assert "\n" not in str(err.value)

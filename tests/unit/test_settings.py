@@ -4,13 +4,21 @@ all come from `TrainConfig`'s declarations (and the model choices' from `ModelCo
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 
 from bahdanau.cli import build_parser
 from bahdanau.config import ModelConfig, TrainConfig
 from bahdanau.errors import InputError
-from bahdanau.jobs.options import JOB_TRAINING, TrainOptions, flag, flat_settings, resume_changes
+from bahdanau.jobs.options import (
+    GROUPS,
+    JOB_TRAINING,
+    TrainOptions,
+    flag,
+    flat_settings,
+    resume_changes,
+)
 from bahdanau.presets import ModelChoices
 from bahdanau.settings import declared
 
@@ -127,3 +135,35 @@ def test_model_size_flags_are_checked_and_fixed_on_resume() -> None:
     with pytest.raises(InputError, match="--decoder-size was 256 when this run began"):
         resume_changes(TrainOptions.from_mapping({"decoder_size": 256}).to_record(),
                        TrainOptions.from_mapping({"decoder_size": 512}))
+
+
+def _help_sections(command: str) -> dict[str, list[str]]:
+    """The sections of `bahdanau COMMAND --help`, in order, each with the flags listed in it."""
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
+    sections: dict[str, list[str]] = {}
+    current = None
+    for line in sub.format_help().splitlines():
+        if re.fullmatch(r"[a-z]+:", line):
+            current = sections.setdefault(line[:-1], [])
+        elif current is not None and line.startswith("  -"):
+            current.append(line.split()[0].rstrip(","))
+    return sections
+
+
+def test_train_help_is_in_groups_each_flag_in_one() -> None:
+    sections = _help_sections("train")
+    assert list(sections) == ["options", *GROUPS]           # in this order, none left out
+    assert sections["options"] == ["-h", "--config"]
+    listed = [f for name in GROUPS for f in sections[name]]
+    flags = [flag(s.key) for s in flat_settings(TrainOptions)]
+    assert sorted(listed) == sorted(flags)                  # every flag once, nothing else
+    assert "--lr" in sections["optimisation"] and "--beam-size" in sections["decoding"]
+    assert "--max-steps" in sections["limits"] and "--out" in sections["output"]
+    assert "--keep-best" in sections["output"] and "--device" in sections["machine"]
+
+
+def test_a_setting_without_a_group_takes_its_section_s() -> None:
+    groups = {s.key: s.group for s in flat_settings(TrainOptions)}
+    assert {groups[f.name] for f in dataclasses.fields(ModelChoices)} == {"model"}
+    assert groups["lr"] == "optimisation" and groups["max_steps"] == "limits"
+    assert set(groups.values()) == set(GROUPS)
