@@ -1,6 +1,7 @@
 """Jobs: what the commands do, as library calls that take their options.
 
 * `options`: every option of every command, declared once (`TrainOptions` ...);
+* `flags`: how an options class becomes command-line flags (`--help` groups) and back;
 * `train_job`: the default job, `run_train_job` (data, vocabularies, model, run, test report);
 * `run_folder`: a run folder's options file, lock, overwrite and results;
 * `report`: a model's test-set report (`TestReport`);

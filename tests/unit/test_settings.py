@@ -58,7 +58,8 @@ def test_a_flag_sets_its_setting_and_names_itself_in_errors() -> None:
 def test_the_resume_rule_has_one_source() -> None:
     """What TrainConfig refuses to change on resume is exactly what the command refuses."""
     fixed = {field.name for field, spec in TRAIN_SETTINGS if spec.on_resume == "fixed"}
-    assert fixed == {"optimizer", "batch_size", "max_tokens", "bucket", "seed"}
+    assert fixed == {"optimizer", "batch_size", "max_tokens", "bucket", "seed",
+                     "early_stopping_metric"}
     base = dataclasses.replace(TrainOptions(), training=BASE)     # with dev evaluations
     stored_options = base.to_record()
     for field, spec in TRAIN_SETTINGS:
@@ -81,7 +82,8 @@ def test_the_resume_rule_has_one_source() -> None:
 def _changed(name: str) -> TrainConfig:
     """`BASE` with another valid value of the setting `name`."""
     value = getattr(BASE, name)
-    literal = {"optimizer": "adadelta", "schedule": "inverse_sqrt", "amp": "bf16"}
+    literal = {"optimizer": "adadelta", "schedule": "inverse_sqrt", "amp": "bf16",
+               "early_stopping_metric": "chrf"}
     candidates = ([literal[name]] if name in literal
                   else [2, 8, 0.5, 0.25] if value is None
                   else [value * 2, value / 2, value + 1, 1, 0.5])
@@ -153,7 +155,7 @@ def _help_sections(command: str) -> dict[str, list[str]]:
 def test_train_help_is_in_groups_each_flag_in_one() -> None:
     sections = _help_sections("train")
     assert list(sections) == ["options", *GROUPS]           # in this order, none left out
-    assert sections["options"] == ["-h", "--config"]
+    assert sections["options"] == ["-h", "--config", "--quiet", "--verbose", "--no-progress"]
     listed = [f for name in GROUPS for f in sections[name]]
     flags = [flag(s.key) for s in flat_settings(TrainOptions)]
     assert sorted(listed) == sorted(flags)                  # every flag once, nothing else
