@@ -148,7 +148,7 @@ def test_a_second_prepare_into_one_folder_is_refused_while_the_first_runs(files,
     assert len(PreparedCorpus(out)) == 200                 # the first one's, whole
     _nothing_left(tmp_path, "out")
     assert main(_prepare_args(files, out)) == 0          # free again: reused
-    assert "up to date" in capsys.readouterr().out
+    assert "up to date" in capsys.readouterr().err            # a log line, on stderr
 
 
 def test_stale_partial_folders_of_dead_processes_are_removed(files, tmp_path) -> None:
