@@ -25,7 +25,7 @@ import numpy as np
 from bahdanau._checks import check_optional_positive_int, check_path, describe
 from bahdanau.config import BOS_ID, EOS_ID, PAD_ID
 from bahdanau.data.batching import Example
-from bahdanau.data.manifest import MANIFEST, check_shipped, read_manifest, verify_digest
+from bahdanau.data.manifest import MANIFEST, SIDES, check_shipped, read_manifest, verify_digest
 from bahdanau.data.sentencepiece import check_vocabs
 from bahdanau.data.tokenizers import load_tokenizer
 from bahdanau.data.vocab import SPECIALS, Vocab
@@ -33,7 +33,6 @@ from bahdanau.errors import InputError
 
 __all__ = ["PreparedCorpus", "open_written"]
 
-SIDES = ("src", "tgt")
 _INSIDE = (PAD_ID, BOS_ID, EOS_ID)   # ids that never stand inside a sentence
 _CHECK_IDS = 1 << 24                 # ids checked at a time
 
