@@ -31,6 +31,8 @@ import json
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -71,7 +73,7 @@ from bahdanau.data.tokenizers import (
     tokenizer_to_payload,
 )
 from bahdanau.data.vocab import SPECIALS, Vocab
-from bahdanau.data.workers import Chunk, stop_on_signals, tokenised
+from bahdanau.data.workers import STOP_SIGNALS, Chunk, stop_on_signals, tokenised
 from bahdanau.errors import InputError
 
 __all__ = ["FORMAT", "VERSION", "PreparedCorpus", "TrainSentencePiece", "prepare_corpus"]
@@ -280,12 +282,27 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
             manifest.update(format=FORMAT, version=VERSION, inputs=inputs, options=options,
                             shipped=shipped, seconds=round(time.perf_counter() - start, 1))
             manifest = seal(partial, manifest)
-            replace_folder(folder, partial)
+            _replace_unstopped(folder, partial)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
         log(_summary(out, manifest))
         return open_written(folder, None)
+
+
+def _replace_unstopped(folder: Path, partial: Path) -> None:
+    """`replace_folder` with SIGINT and SIGTERM held back until both of its renames are done
+    (then they raise `Stopped` as usual): one between them would leave `out` missing and the
+    old corpus aside, while the new one was removed as partial. Only the main thread can hold
+    them back; a crash between the renames is mended by `remove_stale` on the next run."""
+    hold = (threading.current_thread() is threading.main_thread()
+            and hasattr(signal, "pthread_sigmask"))
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS) if hold else None
+    try:
+        replace_folder(folder, partial)
+    finally:
+        if before is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _reuse(folder: Path, out: Path, inputs: list[dict[str, Any]], options: dict[str, Any],

@@ -26,12 +26,12 @@ import numpy as np
 from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.errors import InputError
 
-__all__ = ["Stopped", "stop_on_signals", "tokenised"]
+__all__ = ["STOP_SIGNALS", "Stopped", "stop_on_signals", "tokenised"]
 
 Chunk = tuple[list[str], list[str]]       # the source and target lines of up to CHUNK_PAIRS pairs
 Encoded = tuple[Any, Any]                 # per side: (the chunk's words, their ids, lengths)
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)     # what stops a prepare run
 
 
 class Stopped(KeyboardInterrupt):
@@ -49,14 +49,14 @@ def stop_on_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
     def stop(signum: int, frame: Any) -> None:
         for sig, handler in previous.items():            # a second signal acts as usual
             signal.signal(sig, handler)
         raise Stopped(signum)
 
-    for sig in _STOP_SIGNALS:
+    for sig in STOP_SIGNALS:
         signal.signal(sig, stop)
     try:
         yield
