@@ -63,7 +63,7 @@ from bahdanau.data.manifest import (
     seal,
     sha256_file,
 )
-from bahdanau.data.prepared import PreparedCorpus, open_written
+from bahdanau.data.prepared import PreparedCorpus, check_ids, open_written
 from bahdanau.data.sentencepiece import SentencePieceTokenizer, check_vocabs
 from bahdanau.data.text import iter_lines
 from bahdanau.data.tokenizers import (
@@ -281,6 +281,7 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
                               max_len, max_ratio, strict, workers)
             manifest.update(format=FORMAT, version=VERSION, inputs=inputs, options=options,
                             shipped=shipped, seconds=round(time.perf_counter() - start, 1))
+            check_ids(partial, manifest["vocab_sizes"])    # what opening it relies on
             manifest = seal(partial, manifest)
             _replace_unstopped(folder, partial)
         except BaseException:

@@ -168,7 +168,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, case, message) -> None:
     ("manifest_json", r"manifest\.json is damaged"),
     ("truncated_ids", r"src\.ids\.npy is damaged"),
     ("missing_ids", r"tgt\.ids\.npy is missing"),
-    ("id_outside", r"tgt\.ids\.npy holds id 9999, outside its vocabulary"),
+    ("id_outside", r"tgt\.ids\.npy does not match its digest"),   # ids checked before sealing
     ("offsets", r"src\.offsets\.npy is damaged"),
 ])
 def test_damaged_prepared_folders_are_refused(tmp_path, damage, message) -> None:

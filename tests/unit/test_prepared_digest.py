@@ -23,6 +23,7 @@ from bahdanau.data import (
     multi30k_files,
     prepare_corpus,
 )
+from bahdanau.data import corpus as corpus_module
 from bahdanau.data.manifest import MANIFEST, seal
 
 
@@ -175,17 +176,30 @@ def test_every_manifest_field_is_type_checked(texts, tmp_path, field, value, exp
 
 
 @pytest.mark.parametrize("special", [PAD_ID, BOS_ID, EOS_ID])
-def test_a_special_id_inside_a_sentence_names_the_file(texts, tmp_path, special) -> None:
+def test_a_special_id_written_inside_a_sentence_is_never_sealed(texts, tmp_path, monkeypatch,
+                                                                special) -> None:
+    """The ids are checked before the folder is sealed (opening relies on the seal): a special
+    id planted inside a sentence as the array is written is refused, naming the file and the
+    sentence, and the corpus already in `out` stays."""
     out = tmp_path / "prep"
-    prepare_corpus(*texts, out, workers=1)
-    ids = np.load(out / "src.ids.npy")
-    offsets = np.load(out / "src.offsets.npy")
-    ids[offsets[2] + 1] = special                     # the second token of sentence 2
-    np.save(out / "src.ids.npy", ids)
-    _reseal(out)                                      # the id check, not the digest, refuses
+    old = [ex.src for ex in prepare_corpus(*texts, out, workers=1)]
+    write = corpus_module._Side.write
+
+    def write_planted(side, folder, name, vocab):
+        tokens = write(side, folder, name, vocab)
+        if name == "src":
+            ids = np.load(folder / "src.ids.npy")
+            offsets = np.load(folder / "src.offsets.npy")
+            ids[offsets[2] + 1] = special                 # the second token of sentence 2
+            np.save(folder / "src.ids.npy", ids)
+        return tokens
+
+    monkeypatch.setattr(corpus_module._Side, "write", write_planted)
     name = ["<pad>", "<s>", "</s>"][[PAD_ID, BOS_ID, EOS_ID].index(special)]
-    one_line_error(lambda: PreparedCorpus(out), f"{out / 'src.ids.npy'} holds the special id "
-                   f"{special} ({name}) inside sentence 2")
+    one_line_error(lambda: prepare_corpus(*texts, out, max_len=9, workers=1, overwrite=True),
+                   f"src.ids.npy holds the special id {special} ({name}) inside sentence 2")
+    assert [ex.src for ex in PreparedCorpus(out)] == old
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 def test_a_folder_without_a_digest_is_to_be_prepared_again(texts, tmp_path) -> None:
