@@ -281,7 +281,6 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
                               max_len, max_ratio, strict, workers)
             manifest.update(format=FORMAT, version=VERSION, inputs=inputs, options=options,
                             shipped=shipped, seconds=round(time.perf_counter() - start, 1))
-            check_ids(partial, manifest["vocab_sizes"])    # what opening it relies on
             manifest = seal(partial, manifest)
             _replace_unstopped(folder, partial)
         except BaseException:
@@ -509,4 +508,5 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
     src_vocab.save(folder / "src_vocab.json")
     tgt_vocab.save(folder / "tgt_vocab.json")
     save_tokenizer(tokenizer, folder)
+    check_ids(folder, [len(src_vocab), len(tgt_vocab)])    # before sealing: opening relies on it
     return {"counts": counts, "tokens": tokens, "vocab_sizes": [len(src_vocab), len(tgt_vocab)]}
