@@ -31,8 +31,6 @@ import json
 import logging
 import os
 import shutil
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -73,7 +71,7 @@ from bahdanau.data.tokenizers import (
     tokenizer_to_payload,
 )
 from bahdanau.data.vocab import SPECIALS, Vocab
-from bahdanau.data.workers import STOP_SIGNALS, Chunk, stop_on_signals, tokenised
+from bahdanau.data.workers import Chunk, signals_held, stop_on_signals, tokenised
 from bahdanau.errors import InputError
 
 __all__ = ["FORMAT", "VERSION", "PreparedCorpus", "TrainSentencePiece", "prepare_corpus"]
@@ -254,8 +252,8 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
             something that may not be replaced, being prepared by another process, or a place
             that cannot be replaced (`bahdanau.data.destination`: refused before any work); a
             tokenising worker that died. Nothing is written in `out` then.
-        Stopped: SIGINT or SIGTERM (`bahdanau.data.workers.Stopped`, a KeyboardInterrupt);
-            the workers are stopped and the partial folder removed.
+        Stopped: SIGINT or SIGTERM (`bahdanau.data.workers.Stopped`): the workers stopped,
+            the partial folder removed; one during the swap only once it is done.
     """
     src, tgt, out = (check_path(n, p) for n, p in (("src_path", src_path),
                                                    ("tgt_path", tgt_path), ("out", out)))
@@ -269,8 +267,7 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
                "max_len": max_len, "max_ratio": max_ratio, "strict": strict}
     with held(folder), stop_on_signals():
         inputs = _inputs(src, tgt, shipped)          # hashing a large corpus takes seconds
-        reused = _reuse(folder, out, inputs, options, overwrite, log)
-        if reused is not None:
+        if (reused := _reuse(folder, out, inputs, options, overwrite, log)) is not None:
             return reused
         if isinstance(tokenizer, TrainSentencePiece):
             tokenizer = _train_sentencepiece(src, tgt, tokenizer, log)
@@ -282,27 +279,13 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
             manifest.update(format=FORMAT, version=VERSION, inputs=inputs, options=options,
                             shipped=shipped, seconds=round(time.perf_counter() - start, 1))
             manifest = seal(partial, manifest)
-            _replace_unstopped(folder, partial)
+            with signals_held():       # a signal between its two renames lost both corpora
+                replace_folder(folder, partial)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
         log(_summary(out, manifest))
         return open_written(folder, None)
-
-
-def _replace_unstopped(folder: Path, partial: Path) -> None:
-    """`replace_folder` with SIGINT and SIGTERM held back until both of its renames are done
-    (then they raise `Stopped` as usual): one between them would leave `out` missing and the
-    old corpus aside, while the new one was removed as partial. Only the main thread can hold
-    them back; a crash between the renames is mended by `remove_stale` on the next run."""
-    hold = (threading.current_thread() is threading.main_thread()
-            and hasattr(signal, "pthread_sigmask"))
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS) if hold else None
-    try:
-        replace_folder(folder, partial)
-    finally:
-        if before is not None:
-            signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _reuse(folder: Path, out: Path, inputs: list[dict[str, Any]], options: dict[str, Any],

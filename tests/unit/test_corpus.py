@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -255,7 +256,8 @@ def _dead_pid() -> int:
 
 def test_a_signal_during_the_swap_waits_until_out_is_whole(sample, tmp_path, monkeypatch) -> None:
     """SIGTERM between the two renames of the swap (planted there) is held back until the new
-    corpus is in place: then it stops the run, and neither corpus is lost."""
+    corpus is in place, whichever thread it reaches: then it stops the run, and neither corpus
+    is lost."""
     out = tmp_path / "prep"
     prepare_corpus(*sample, out, workers=1)
 
@@ -267,8 +269,15 @@ def test_a_signal_during_the_swap_waits_until_out_is_whole(sample, tmp_path, mon
         shutil.rmtree(old)
 
     monkeypatch.setattr(corpus_module, "replace_folder", swap)
-    with pytest.raises(Stopped):
-        prepare_corpus(*sample, out, max_len=10, workers=1, overwrite=True)
+    done = threading.Event()              # another thread the signal may reach (a bar's, a pool's)
+    other = threading.Thread(target=done.wait)
+    other.start()
+    try:
+        with pytest.raises(Stopped):
+            prepare_corpus(*sample, out, max_len=10, workers=1, overwrite=True)
+    finally:
+        done.set()
+        other.join()
     assert PreparedCorpus(out).manifest["options"]["max_len"] == 10
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prep"]
 
