@@ -5,7 +5,8 @@ A worker that dies (the out-of-memory killer's SIGKILL) is an `InputError` namin
 hang: a `concurrent.futures.ProcessPoolExecutor` notices the death. `stop_on_signals` turns
 SIGINT and SIGTERM into `Stopped` in the main process; the workers ignore SIGINT (Ctrl-C
 reaches the whole process group: the main process stops them) and die quietly of SIGTERM, so
-a stopped prepare prints no worker tracebacks.
+a stopped prepare prints no worker tracebacks. `signals_held` defers them across a step that
+must not be cut in two (the renames that put a prepared folder in place).
 """
 
 from __future__ import annotations
