@@ -48,6 +48,28 @@ def check_examples(name: str, examples: Sequence[object]) -> None:
                              f"got {describe(example)}")
 
 
+def special_token(tokens: Iterable[str], specials: Sequence[str]) -> str | None:
+    """The first of `tokens` spelled like the pad, bos or eos special (`specials[:3]`), or None."""
+    inside = specials[:3]
+    return next((t for t in tokens if t in inside), None)
+
+
+def refuse_specials(tokens: Iterable[str], specials: Sequence[str], where: str,
+                    side: str) -> None:
+    """Refuse a token spelled like the pad, bos or eos special (`specials[:3]`, a `Vocab`'s):
+    it would become that id inside a sentence, where `collate` and the decoder put none. The
+    one rule of `encode_pairs` and `bahdanau.data.prepare_corpus`.
+
+    Raises:
+        InputError: naming `where` (a pair, a file and line), the side and the token.
+    """
+    special = special_token(tokens, specials)
+    if special is not None:               # a tokenizer of the user's own: ours escape it
+        raise InputError(f"{where}: the {side}'s tokenizer gives the token {special!r}, the "
+                         "vocabulary's special; it must spell a word otherwise "
+                         "(WhitespaceTokenizer escapes it as '\\' + word)")
+
+
 def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: Vocab,
                  tokenizer: Tokenizer | tuple[Tokenizer, Tokenizer], *,
                  max_len: int | None = None) -> list[Example]:
@@ -71,8 +93,6 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: 
     src_tok, tgt_tok = tokenizer if isinstance(tokenizer, tuple) else (tokenizer, tokenizer)
     check_tokenizer("tokenizer", src_tok)
     check_tokenizer("tokenizer", tgt_tok)
-    # pad, bos, eos: a token spelled like one of them would become its id
-    src_specials, tgt_specials = set(src_vocab.specials[:3]), set(tgt_vocab.specials[:3])
     examples = []
     for index, pair in enumerate(pairs):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2
@@ -81,15 +101,11 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: 
                              f"got {describe(pair)}")
         src_text, tgt_text = pair
         src_tokens, tgt_tokens = src_tok.tokenize(src_text), tgt_tok.tokenize(tgt_text)
-        for side, tokens, text, specials in (("source", src_tokens, src_text, src_specials),
-                                             ("target", tgt_tokens, tgt_text, tgt_specials)):
+        for side, tokens, text, vocab in (("source", src_tokens, src_text, src_vocab),
+                                          ("target", tgt_tokens, tgt_text, tgt_vocab)):
             if not tokens:
                 raise InputError(f"pair {index}: the {side} {text!r} has no tokens")
-            special = next((t for t in tokens if t in specials), None)
-            if special is not None:           # a tokenizer of the user's own: ours escape it
-                raise InputError(f"pair {index}: the {side}'s tokenizer gives the token "
-                                 f"{special!r}, the vocabulary's special; it must spell a word "
-                                 "otherwise (WhitespaceTokenizer escapes it as '\\' + word)")
+            refuse_specials(tokens, vocab.specials, f"pair {index}", side)
         if max_len is not None and max(len(src_tokens), len(tgt_tokens)) > max_len:
             continue
         examples.append(Example(index, src_vocab.encode(src_tokens), tgt_vocab.encode(tgt_tokens)))

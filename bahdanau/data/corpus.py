@@ -32,7 +32,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -49,17 +49,19 @@ from bahdanau._checks import (
 )
 from bahdanau._files import atomic_write, fsync_file
 from bahdanau._progress import progress_bar
+from bahdanau.data.batching import refuse_specials, special_token
 from bahdanau.data.destination import check_destination, held, partial_folder, replace_folder
 from bahdanau.data.manifest import (
     FORMAT,
     MANIFEST,
+    SIDES,
     VERSION,
     check_shipped,
     read_manifest,
     seal,
     sha256_file,
 )
-from bahdanau.data.prepared import SIDES, PreparedCorpus, open_written
+from bahdanau.data.prepared import PreparedCorpus, check_ids, open_written
 from bahdanau.data.sentencepiece import SentencePieceTokenizer, check_vocabs
 from bahdanau.data.text import iter_lines
 from bahdanau.data.tokenizers import (
@@ -69,7 +71,7 @@ from bahdanau.data.tokenizers import (
     tokenizer_to_payload,
 )
 from bahdanau.data.vocab import SPECIALS, Vocab
-from bahdanau.data.workers import Chunk, stop_on_signals, tokenised
+from bahdanau.data.workers import Chunk, signals_held, stop_on_signals, tokenised
 from bahdanau.errors import InputError
 
 __all__ = ["FORMAT", "VERSION", "PreparedCorpus", "TrainSentencePiece", "prepare_corpus"]
@@ -125,17 +127,23 @@ def _chunks(pairs: Iterator[tuple[str, str]]) -> Iterator[Chunk]:
 
 class _Side:
     """One side's corpus-wide word ids, counts and the kept sentences' ids and lengths, the ids
-    spooled to a file (they become the final array once the vocabulary is known)."""
+    spooled to a file (they become the final array once the vocabulary is known). `path` and
+    `specials` (the vocabulary's) name the input file and line of a pad, bos or eos token."""
 
-    def __init__(self, spool: Path) -> None:
+    def __init__(self, spool: Path, path: Path, side: str, specials: Sequence[str]) -> None:
+        self.path, self.side, self.specials = path, side, specials
         self.words: dict[str, int] = {}
         self.counts = np.zeros(0, dtype=np.int64)
         self.lengths: list[np.ndarray] = []
         self.spool_path = spool
         self.spool = spool.open("wb")
 
-    def add(self, encoded: tuple[list[str], np.ndarray, np.ndarray], keep: np.ndarray) -> None:
+    def add(self, encoded: tuple[list[str], np.ndarray, np.ndarray], keep: np.ndarray,
+            first_line: int) -> None:
+        """Add a chunk of sentences (the first at 0-based input line `first_line`), refusing a
+        special token in any of them, kept or not, before anything is written in `out`."""
         chunk_words, local_ids, lengths = encoded
+        self._refuse_specials(chunk_words, local_ids, lengths, first_line)
         to_global = np.fromiter((self.words.setdefault(w, len(self.words)) for w in chunk_words),
                                 dtype=np.uint32, count=len(chunk_words))
         ids = to_global[local_ids][np.repeat(keep, lengths)]
@@ -144,6 +152,20 @@ class _Side:
         self.counts = counts
         self.lengths.append(lengths[keep])
         self.spool.write(ids.tobytes())
+
+    def _refuse_specials(self, chunk_words: list[str], local_ids: np.ndarray,
+                         lengths: np.ndarray, first_line: int) -> None:
+        """`refuse_specials` of the first sentence of the chunk holding a special token (a
+        tokenizer of the user's own may give one), naming its file and line."""
+        special = special_token(chunk_words, self.specials)
+        if special is None:
+            return
+        at = int(np.flatnonzero(local_ids == chunk_words.index(special))[0])
+        ends = np.cumsum(lengths)
+        line = int(np.searchsorted(ends, at, side="right"))
+        tokens = [chunk_words[i] for i in local_ids[ends[line] - lengths[line]:ends[line]]]
+        refuse_specials(tokens, self.specials, f"{self.path}: line {first_line + line + 1}",
+                        self.side)
 
     def word_counts(self) -> dict[str, int]:
         return dict(zip(self.words, self.counts.tolist(), strict=True))
@@ -230,8 +252,8 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
             something that may not be replaced, being prepared by another process, or a place
             that cannot be replaced (`bahdanau.data.destination`: refused before any work); a
             tokenising worker that died. Nothing is written in `out` then.
-        Stopped: SIGINT or SIGTERM (`bahdanau.data.workers.Stopped`, a KeyboardInterrupt);
-            the workers are stopped and the partial folder removed.
+        Stopped: SIGINT or SIGTERM (`bahdanau.data.workers.Stopped`): the workers stopped,
+            the partial folder removed; one during the swap only once it is done.
     """
     src, tgt, out = (check_path(n, p) for n, p in (("src_path", src_path),
                                                    ("tgt_path", tgt_path), ("out", out)))
@@ -245,8 +267,7 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
                "max_len": max_len, "max_ratio": max_ratio, "strict": strict}
     with held(folder), stop_on_signals():
         inputs = _inputs(src, tgt, shipped)          # hashing a large corpus takes seconds
-        reused = _reuse(folder, out, inputs, options, overwrite, log)
-        if reused is not None:
+        if (reused := _reuse(folder, out, inputs, options, overwrite, log)) is not None:
             return reused
         if isinstance(tokenizer, TrainSentencePiece):
             tokenizer = _train_sentencepiece(src, tgt, tokenizer, log)
@@ -258,7 +279,8 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
             manifest.update(format=FORMAT, version=VERSION, inputs=inputs, options=options,
                             shipped=shipped, seconds=round(time.perf_counter() - start, 1))
             manifest = seal(partial, manifest)
-            replace_folder(folder, partial)
+            with signals_held():       # a signal between its two renames lost both corpora
+                replace_folder(folder, partial)
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
@@ -421,7 +443,10 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
     bar; the manifest's counts."""
     bar = progress_bar("preparing", total=src.stat().st_size + tgt.stat().st_size, unit="B",
                        unit_scale=True)
-    sides = [_Side(folder / f".{side}.spool") for side in SIDES]
+    specials = [SPECIALS if vocab is None else vocab.specials for vocab in (src_vocab, tgt_vocab)]
+    sides = [_Side(folder / f".{side}.spool", path, what, side_specials)
+             for side, path, what, side_specials in zip(SIDES, (src, tgt), ("source", "target"),
+                                                        specials, strict=True)]
     chunks = tokenised(_chunks(_pairs(src, tgt, bar)), tokenizer, workers)
     kept_lines: list[np.ndarray] = []
     counts = {"lines": 0, "pairs": 0, "empty": 0, "too_long": 0, "ratio": 0}
@@ -440,7 +465,7 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
                                           if max_ratio is not None else False)
             keep = ~(empty | too_long | ratio)
             for side, side_encoded in zip(sides, encoded, strict=True):
-                side.add(side_encoded, keep)
+                side.add(side_encoded, keep, counts["lines"])
             kept_lines.append(counts["lines"] + np.flatnonzero(keep))
             counts["lines"] += len(keep)
             counts["empty"] += int(empty.sum())
@@ -466,4 +491,5 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
     src_vocab.save(folder / "src_vocab.json")
     tgt_vocab.save(folder / "tgt_vocab.json")
     save_tokenizer(tokenizer, folder)
+    check_ids(folder, [len(src_vocab), len(tgt_vocab)])    # before sealing: opening relies on it
     return {"counts": counts, "tokens": tokens, "vocab_sizes": [len(src_vocab), len(tgt_vocab)]}

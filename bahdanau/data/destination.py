@@ -81,7 +81,9 @@ def partial_folder(out: Path, kind: str = "partial", pid: int | None = None) -> 
 
 def remove_stale(out: Path) -> list[Path]:
     """Remove the temporary folders beside `out` left by processes no longer alive; returns
-    them."""
+    them. An old corpus moved aside by one that died between `replace_folder`'s two renames
+    (`out` missing, one ``.NAME.old-PID`` holding a corpus) is put back at `out` instead."""
+    _restore_old(out)
     removed = []
     for kind in _LEFTOVERS:
         prefix = f".{out.name}.{kind}-"
@@ -92,6 +94,21 @@ def remove_stale(out: Path) -> list[Path]:
                 shutil.rmtree(path)
                 removed.append(path)
     return removed
+
+
+def _restore_old(out: Path) -> None:
+    """Put back at a missing `out` the one old corpus (a folder with a ``manifest.json``: what
+    prepare replaces) a dead process left beside it; anything else there stays stale."""
+    if out.exists() or out.is_symlink():
+        return
+    prefix = f".{out.name}.old-"
+    olds = [path for path in out.parent.iterdir()
+            if path.name.startswith(prefix) and path.name[len(prefix):].isdigit()
+            and not _alive(int(path.name[len(prefix):])) and path.is_dir()
+            and not path.is_symlink() and (path / "manifest.json").is_file()]
+    if len(olds) == 1:
+        os.replace(olds[0], out)
+        fsync_dir(out.parent)
 
 
 def _alive(pid: int) -> bool:

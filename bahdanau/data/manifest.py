@@ -27,15 +27,17 @@ from typing import Any
 from bahdanau._checks import describe, is_finite_number, is_int
 from bahdanau._files import atomic_write
 from bahdanau.data.text import MULTI30K_LANGS, multi30k_files
+from bahdanau.data.tokenizers import SENTENCEPIECE_FILE, TOKENIZER_FILE
 from bahdanau.data.vocab import SPECIALS
 from bahdanau.errors import InputError
 
-__all__ = ["FORMAT", "MANIFEST", "VERSION", "check_shipped", "read_manifest", "seal", "sha256_file",
-           "verify_digest"]
+__all__ = ["FORMAT", "MANIFEST", "SIDES", "VERSION", "check_shipped", "format_files",
+           "read_manifest", "seal", "sha256_file", "verify_digest"]
 
 FORMAT = "bahdanau prepared corpus"
 VERSION = 2                   # 2: the folder is sealed by a digest (version 1 had none)
 MANIFEST = "manifest.json"
+SIDES = ("src", "tgt")
 COUNTS = ("lines", "pairs", "empty", "too_long", "ratio")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _PER_THREAD = 1 << 28       # bytes worth a hashing thread of their own (about 0.15 s of hashing)
@@ -86,14 +88,31 @@ def seal(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return sealed
 
 
+def format_files(manifest: dict[str, Any]) -> list[str]:
+    """Every file a prepared folder has (the manifest aside): each side's ids, offsets and
+    vocabulary, the kept lines, the tokenizer and, when the manifest's tokenizer is
+    SentencePiece, its model. The seal must cover them all."""
+    names = [f"{side}{suffix}" for side in SIDES
+             for suffix in (".ids.npy", ".offsets.npy", "_vocab.json")]
+    names += ["lines.npy", TOKENIZER_FILE]
+    if manifest["options"]["tokenizer"].get("name") == "sentencepiece":
+        names.append(SENTENCEPIECE_FILE)
+    return names
+
+
 def verify_digest(folder: Path, manifest: dict[str, Any]) -> None:
     """Check the folder's files against a manifest read by `read_manifest` (which checked the
-    manifest's own digest).
+    manifest's own digest). The manifest must seal every file of the format (`format_files`):
+    one it leaves out could be changed unseen.
 
     Raises:
-        InputError: a file is missing or differs from the one prepared, naming it.
+        InputError: the manifest seals not every file of the format, or a file is missing or
+            differs from the one prepared, naming it.
     """
     again = "the folder is damaged: prepare it again with --overwrite"
+    unsealed = [name for name in format_files(manifest) if name not in manifest["files"]]
+    if unsealed:
+        raise InputError(f"{folder / MANIFEST} seals no digest of {', '.join(unsealed)}: {again}")
     names = sorted(manifest["files"])
     for name in names:
         if not (folder / name).is_file():

@@ -6,10 +6,12 @@ in the same order (so the same batches for the same seed), while the operating s
 the arrays' pages between the processes that read them.
 
 Opening checks the folder whole before any sentence is read: the manifest (every field typed,
-its own digest), the arrays' shapes and types, the ids (inside the vocabulary; never a pad, bos
-or eos id inside a sentence), that the tokenizer matches the vocabularies, that a corpus said
-to be the shipped Multi30k was prepared from its files, and last the digest of every file
-(`bahdanau.data.manifest.verify_digest`).
+its own digest), the arrays' shapes and types, the offsets, that the tokenizer matches the
+vocabularies, that a corpus said to be the shipped Multi30k was prepared from its files, and
+last the digest of every file of the format (`bahdanau.data.manifest.verify_digest`). The ids
+themselves (inside the vocabulary; never a pad, bos or eos id inside a sentence) were checked
+by `check_ids` before `prepare_corpus` sealed the folder, so a folder whose digest matches is
+not read a second time for them.
 """
 
 from __future__ import annotations
@@ -25,15 +27,14 @@ import numpy as np
 from bahdanau._checks import check_optional_positive_int, check_path, describe
 from bahdanau.config import BOS_ID, EOS_ID, PAD_ID
 from bahdanau.data.batching import Example
-from bahdanau.data.manifest import MANIFEST, check_shipped, read_manifest, verify_digest
+from bahdanau.data.manifest import MANIFEST, SIDES, check_shipped, read_manifest, verify_digest
 from bahdanau.data.sentencepiece import check_vocabs
 from bahdanau.data.tokenizers import load_tokenizer
 from bahdanau.data.vocab import SPECIALS, Vocab
 from bahdanau.errors import InputError
 
-__all__ = ["PreparedCorpus", "open_written"]
+__all__ = ["PreparedCorpus", "check_ids", "open_written"]
 
-SIDES = ("src", "tgt")
 _INSIDE = (PAD_ID, BOS_ID, EOS_ID)   # ids that never stand inside a sentence
 _CHECK_IDS = 1 << 24                 # ids checked at a time
 
@@ -54,8 +55,8 @@ class PreparedCorpus(Sequence[Example]):
     Raises:
         InputError: a missing folder or file, a damaged manifest or array, a version this code
             does not read (an earlier one without a digest: prepare again), a file or field
-            changed since `prepare_corpus` wrote it (the digest), ids outside a vocabulary or
-            a special id inside a sentence, a tokenizer that does not match the vocabularies,
+            changed since `prepare_corpus` wrote it (the digest; it sealed ids checked by
+            `check_ids`), a tokenizer that does not match the vocabularies,
             or a `shipped` key on other files; each names the file.
     """
 
@@ -84,9 +85,7 @@ class PreparedCorpus(Sequence[Example]):
             if offsets[0] != 0 or offsets[-1] != tokens or (pairs and np.diff(offsets).min() < 1):
                 raise InputError(f"{self.folder / f'{side}.offsets.npy'} is damaged: sentence "
                                  f"offsets must start at 0, increase and end at {tokens}")
-            ids = self._array(f"{side}.ids.npy", (tokens,), None)
-            _check_ids(self.folder / f"{side}.ids.npy", ids, offsets, len(vocab))
-            self._ids.append(ids)
+            self._ids.append(self._array(f"{side}.ids.npy", (tokens,), None))
             self._offsets.append(offsets)
         self._lines = self._array("lines.npy", (pairs,), np.int64)
         check_shipped(self.manifest["shipped"], self.manifest["inputs"],
@@ -189,6 +188,21 @@ def open_written(folder: Path, max_len: int | None) -> PreparedCorpus:
     corpus = PreparedCorpus.__new__(PreparedCorpus)
     corpus._open(folder, max_len, verify=False)
     return corpus
+
+
+def check_ids(folder: Path, vocab_sizes: Sequence[int]) -> None:
+    """`prepare_corpus`'s check of the ids it wrote into `folder`, before it seals them: each
+    inside its side's vocabulary (`vocab_sizes`), no pad, bos or eos id inside a sentence.
+    Opening a sealed folder does not read the ids again: a folder whose digest matches passed
+    this check when it was written.
+
+    Raises:
+        InputError: naming the file, the id and the sentence.
+    """
+    for side, size in zip(SIDES, vocab_sizes, strict=True):
+        path = folder / f"{side}.ids.npy"
+        _check_ids(path, np.load(path, mmap_mode="r"),
+                   np.load(folder / f"{side}.offsets.npy", mmap_mode="r"), size)
 
 
 def _check_ids(path: Path, ids: np.ndarray, offsets: np.ndarray, vocab_size: int) -> None:

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -25,6 +31,7 @@ from bahdanau.data import (
     read_parallel,
 )
 from bahdanau.data import corpus as corpus_module
+from bahdanau.data.workers import Stopped
 from bahdanau.errors import InputError
 from bahdanau.training import examples_digest, next_batches, run_step, setup_run
 
@@ -162,7 +169,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, case, message) -> None:
     ("manifest_json", r"manifest\.json is damaged"),
     ("truncated_ids", r"src\.ids\.npy is damaged"),
     ("missing_ids", r"tgt\.ids\.npy is missing"),
-    ("id_outside", r"tgt\.ids\.npy holds id 9999, outside its vocabulary"),
+    ("id_outside", r"tgt\.ids\.npy does not match its digest"),   # ids checked before sealing
     ("offsets", r"src\.offsets\.npy is damaged"),
 ])
 def test_damaged_prepared_folders_are_refused(tmp_path, damage, message) -> None:
@@ -238,3 +245,51 @@ def test_a_pickled_corpus_maps_its_folder_again(sample, tmp_path) -> None:
     assert len(data) < 1000                    # the folder, not the arrays
     again = pickle.loads(data)
     assert len(again) == len(corpus) < 3000 and again[10] == corpus[10]
+
+
+def _dead_pid() -> int:
+    """The id of a process that has ended (and been reaped)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_a_signal_during_the_swap_waits_until_out_is_whole(sample, tmp_path, monkeypatch) -> None:
+    """SIGTERM between the two renames of the swap (planted there) is held back until the new
+    corpus is in place, whichever thread it reaches: then it stops the run, and neither corpus
+    is lost."""
+    out = tmp_path / "prep"
+    prepare_corpus(*sample, out, workers=1)
+
+    def swap(folder, partial):
+        old = tmp_path / f".prep.old-{os.getpid()}"
+        os.replace(folder, old)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.replace(partial, folder)
+        shutil.rmtree(old)
+
+    monkeypatch.setattr(corpus_module, "replace_folder", swap)
+    done = threading.Event()              # another thread the signal may reach (a bar's, a pool's)
+    other = threading.Thread(target=done.wait)
+    other.start()
+    try:
+        with pytest.raises(Stopped):
+            prepare_corpus(*sample, out, max_len=10, workers=1, overwrite=True)
+    finally:
+        done.set()
+        other.join()
+    assert PreparedCorpus(out).manifest["options"]["max_len"] == 10
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prep"]
+
+
+def test_an_old_corpus_left_aside_by_a_dead_run_is_put_back(sample, tmp_path) -> None:
+    """A run that died between the renames left `out` missing and the old corpus aside: the
+    next run puts it back (and so reuses it) instead of removing it as a leftover."""
+    out = tmp_path / "prep"
+    before = [ex.src for ex in prepare_corpus(*sample, out, workers=1)]
+    os.replace(out, tmp_path / f".prep.old-{_dead_pid()}")
+    lines: list[str] = []
+    again = prepare_corpus(*sample, out, workers=1, log=lines.append)
+    assert lines == [f"{out} is up to date (same inputs and options, digest checked): reusing it"]
+    assert [ex.src for ex in again] == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prep"]

@@ -6,6 +6,7 @@ again."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -15,7 +16,14 @@ from training_fixtures import one_line_error
 
 from bahdanau.cli import main
 from bahdanau.config import BOS_ID, EOS_ID, PAD_ID
-from bahdanau.data import PreparedCorpus, TrainSentencePiece, multi30k_files, prepare_corpus
+from bahdanau.data import (
+    DefaultTokenizer,
+    PreparedCorpus,
+    TrainSentencePiece,
+    multi30k_files,
+    prepare_corpus,
+)
+from bahdanau.data import corpus as corpus_module
 from bahdanau.data.manifest import MANIFEST, seal
 
 
@@ -168,17 +176,30 @@ def test_every_manifest_field_is_type_checked(texts, tmp_path, field, value, exp
 
 
 @pytest.mark.parametrize("special", [PAD_ID, BOS_ID, EOS_ID])
-def test_a_special_id_inside_a_sentence_names_the_file(texts, tmp_path, special) -> None:
+def test_a_special_id_written_inside_a_sentence_is_never_sealed(texts, tmp_path, monkeypatch,
+                                                                special) -> None:
+    """The ids are checked before the folder is sealed (opening relies on the seal): a special
+    id planted inside a sentence as the array is written is refused, naming the file and the
+    sentence, and the corpus already in `out` stays."""
     out = tmp_path / "prep"
-    prepare_corpus(*texts, out, workers=1)
-    ids = np.load(out / "src.ids.npy")
-    offsets = np.load(out / "src.offsets.npy")
-    ids[offsets[2] + 1] = special                     # the second token of sentence 2
-    np.save(out / "src.ids.npy", ids)
-    _reseal(out)                                      # the id check, not the digest, refuses
+    old = [ex.src for ex in prepare_corpus(*texts, out, workers=1)]
+    write = corpus_module._Side.write
+
+    def write_planted(side, folder, name, vocab):
+        tokens = write(side, folder, name, vocab)
+        if name == "src":
+            ids = np.load(folder / "src.ids.npy")
+            offsets = np.load(folder / "src.offsets.npy")
+            ids[offsets[2] + 1] = special                 # the second token of sentence 2
+            np.save(folder / "src.ids.npy", ids)
+        return tokens
+
+    monkeypatch.setattr(corpus_module._Side, "write", write_planted)
     name = ["<pad>", "<s>", "</s>"][[PAD_ID, BOS_ID, EOS_ID].index(special)]
-    one_line_error(lambda: PreparedCorpus(out), f"{out / 'src.ids.npy'} holds the special id "
-                   f"{special} ({name}) inside sentence 2")
+    one_line_error(lambda: prepare_corpus(*texts, out, max_len=9, workers=1, overwrite=True),
+                   f"src.ids.npy holds the special id {special} ({name}) inside sentence 2")
+    assert [ex.src for ex in PreparedCorpus(out)] == old
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 def test_a_folder_without_a_digest_is_to_be_prepared_again(texts, tmp_path) -> None:
@@ -232,3 +253,36 @@ def test_cli_sentencepiece_model_keeps_every_piece(tmp_path, capsys) -> None:
     corpus = PreparedCorpus(tmp_path / "all")
     unk = corpus.src_vocab.unk_id
     assert all(unk not in ex.src and unk not in ex.tgt for ex in corpus)
+
+
+@pytest.mark.parametrize("left_out", ["src.ids.npy", "tgt_vocab.json", "lines.npy",
+                                      "sentencepiece.model"])
+def test_a_manifest_must_seal_every_file_of_the_format(texts, tmp_path, left_out) -> None:
+    """A manifest resealed without a file's digest would let that file change unseen."""
+    out = tmp_path / "prep"
+    tokenizer = TrainSentencePiece(vocab_size=12) if left_out == "sentencepiece.model" else None
+    prepare_corpus(*texts, out, workers=1, tokenizer=tokenizer, vocab_size=None)
+    manifest = _manifest(out)
+    del manifest["files"][left_out], manifest["digest"]
+    # the manifest's own digest, by hand: SHA-256 of its other fields as canonical JSON
+    text = json.dumps(manifest, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    manifest["digest"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    (out / MANIFEST).write_text(json.dumps(manifest))
+    one_line_error(lambda: PreparedCorpus(out), f"{out / MANIFEST} seals no digest of "
+                   f"{left_out}: the folder is damaged")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_special_token_is_refused_while_encoding_before_out_is_replaced(
+        texts, tmp_path, monkeypatch, workers) -> None:
+    """A tokenizer that gives "</s>" (here DefaultTokenizer without its escape) is refused at
+    the line that gives it, and the corpus already in `out` stays, even with overwrite."""
+    out = tmp_path / "prep"
+    old = [ex.tgt for ex in prepare_corpus(*texts, out, workers=1)]
+    monkeypatch.setattr(DefaultTokenizer, "tokenize", lambda self, text: text.split())
+    tgt = _write(tmp_path / "t2.txt", ["x y", "y z w", "x </s> y", "w w"])
+    one_line_error(lambda: prepare_corpus(texts[0], tgt, out, workers=workers, overwrite=True),
+                   f"{tgt}: line 3: the target's tokenizer gives the token '</s>', the "
+                   "vocabulary's special")
+    assert [ex.tgt for ex in PreparedCorpus(out)] == old
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
