@@ -110,8 +110,11 @@ def translate(o: TranslateOptions) -> int:
         # typed at a terminal: each line is answered at once, and no bar is drawn
         interactive = path is None and sys.stdin.isatty()
         size = 1 if interactive else o.batch_size * WINDOW_BATCHES
+        # a pipe or FIFO given as --input (/dev/stdin, <(zcat x.gz)) has no size and no
+        # position: its lines are counted, as stdin's are
+        sized = path is not None and stream.seekable()
         done = read = 0
-        with _input_bar(path, interactive) as bar:
+        with _input_bar(path if sized else None, interactive) as bar:
             while window := list(itertools.islice(lines, size)):
                 sentences = [line for line in window if line.strip()]
                 translated = iter(translate_corpus(
@@ -127,7 +130,7 @@ def translate(o: TranslateOptions) -> int:
                                                         o.alignments_format).encode())
                         done += 1
                     sys.stdout.flush()
-                position = stream.tell() if path is not None else done   # bytes, or lines
+                position = stream.tell() if sized else done   # bytes, or lines
                 bar.update(position - read)
                 read = position
     return 0
@@ -160,7 +163,8 @@ def _alignment_row(line: str, t: Translation | None, tokenizer: Tokenizer,
 
 
 def _input_bar(path: Path | None, interactive: bool) -> Any:
-    """The progress bar of translate: the bytes of --input read, or the lines of stdin."""
+    """The progress bar of translate: the bytes of a file read (`path`), or the lines of
+    stdin or a pipe (None)."""
     if interactive:
         return Bar()
     if path is None:

@@ -9,7 +9,9 @@ fixture's setup and the test.
 from __future__ import annotations
 
 import io
+import os
 import sys
+import threading
 
 import pytest
 from training_fixtures import tiny_model
@@ -130,3 +132,25 @@ def test_translate_command_bar_and_no_progress(monkeypatch, tmp_path) -> None:
     terminal, stdout = on_terminal(monkeypatch)
     assert main([*argv, "--no-progress"]) == 0
     assert stdout.getvalue().splitlines() == out and terminal.getvalue() == ""
+
+
+def test_translate_command_counts_the_lines_of_a_fifo(monkeypatch, tmp_path) -> None:
+    """A FIFO as --input has no size: its bar counts lines, as stdin's does."""
+    checkpoint, fifo = tmp_path / "m.pt", tmp_path / "in.fifo"
+    save_checkpoint(checkpoint, checkpoint_payload(tiny_model(), src_vocab=VOCAB,
+                                                   tgt_vocab=VOCAB,
+                                                   tokenizer=WhitespaceTokenizer()))
+    os.mkfifo(fifo)
+    text = "\n".join(SENTENCES) + "\n"
+    writer = threading.Thread(target=fifo.write_text, args=(text,), kwargs={"encoding": "utf-8"})
+    terminal, stdout = on_terminal(monkeypatch)
+    writer.start()
+    try:
+        assert main(["translate", "--checkpoint", str(checkpoint), "--input", str(fifo),
+                     "--beam-size", "1", "--max-len", "4", "--threads", "1",
+                     "--device", "cpu"]) == 0
+    finally:
+        writer.join(timeout=60)
+    assert len(stdout.getvalue().splitlines()) == len(SENTENCES)
+    drawn = terminal.getvalue()
+    assert "translating" in drawn and "lines [" in drawn and "B/s" not in drawn, drawn
