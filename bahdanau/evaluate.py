@@ -11,6 +11,7 @@ the length-normalised score that `BeamSearch` would rank it by.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +40,7 @@ from bahdanau.search import (
     Hypothesis,
     LengthPenalty,
     length_normalise,
+    refuse_nan_scores,
     replace_unk,
 )
 
@@ -333,8 +335,9 @@ def score_ids(model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int], Seque
     try:
         for batch in batches:
             batch = batch.to(device)
-            for index, value in zip(batch.indices.tolist(), _target_log_probs(model, batch),
-                                    strict=True):
+            values = _target_log_probs(model, batch)
+            refuse_nan_scores(any(map(math.isnan, values)))       # a diverged model
+            for index, value in zip(batch.indices.tolist(), values, strict=True):
                 log_probs[index] = value
     finally:
         model.train(was_training)

@@ -21,7 +21,8 @@ pads a batch of one-token sentences, which changes nothing.
 
 `greedy_decode` is the whole decoding loop over the two programs in plain torch, written to be
 copied into a serving process: with `pad_source` it reads nothing of `bahdanau` but the two
-programs and the special ids, and the folder's README holds both. It gives the tokens
+programs, the special ids and the check that refuses NaN scores
+(`bahdanau.search.refuse_nan_scores`), and the folder's README holds both. It gives the tokens
 `BeamSearch(beam_size=1)` gives with the default ``length_penalty="none"``
 (`translate --beam-size 1`). `ExportedDecoder` makes the programs a model for `BeamSearch`, so
 beam search over them (`translate_corpus` with any search) gives what the model gives.
@@ -54,6 +55,7 @@ from bahdanau.data.vocab import Vocab
 from bahdanau.decoder import DecoderState, StepOutput
 from bahdanau.errors import InputError
 from bahdanau.models import RNNSearch
+from bahdanau.search import refuse_nan_scores
 
 __all__ = ["ExportedDecoder", "ExportedMemory", "ExportedModel", "ServingPrograms", "export_folder",
            "export_programs", "greedy_decode", "load_exported", "pad_source"]
@@ -243,6 +245,9 @@ def greedy_decode(encoder: Any, step: Any, src: Tensor, src_lengths: Tensor, *, 
     Returns:
         For each sentence its target ids, without bos and eos: the tokens of
         `BeamSearch(beam_size=1, max_len=max_len, min_len=min_len)`.
+    Raises:
+        InputError: the step's log-probabilities hold NaN (a diverged model), as
+            `BeamSearch` refuses them (`bahdanau.search.refuse_nan_scores`).
     """
     hidden, *memory = encoder(pad_source(src, pad_id), src_lengths)
     rows = torch.arange(src.shape[0], device=src.device)      # the sentences still decoding
@@ -250,6 +255,7 @@ def greedy_decode(encoder: Any, step: Any, src: Tensor, src_lengths: Tensor, *, 
     out: list[list[int]] = [[] for _ in range(src.shape[0])]
     for t in range(max_len + 1):
         log_probs, hidden, *_ = step(tokens, hidden, *memory)   # (N, V), (N, D)[, (N, S)]
+        refuse_nan_scores(log_probs.isnan().any())   # NaN would win the argmax: a diverged model
         log_probs[:, [pad_id, bos_id]] = float("-inf")          # never generated
         if t < min_len:
             log_probs[:, eos_id] = float("-inf")
@@ -426,7 +432,8 @@ def _readme(manifest: dict[str, Any]) -> str:
 
 def _loop_source() -> str:
     """The loop as a user copies it: the shortest source, `pad_source` and `greedy_decode`."""
-    return "\n\n".join([f"MIN_SRC_LEN = {MIN_SRC_LEN}", inspect.getsource(pad_source),
+    return "\n\n".join(["from bahdanau.search import refuse_nan_scores\n\n"
+                          f"MIN_SRC_LEN = {MIN_SRC_LEN}", inspect.getsource(pad_source),
                          inspect.getsource(greedy_decode)])
 
 
