@@ -29,7 +29,7 @@ from bahdanau.jobs.files import (
     check_outputs,
     existing,
     output_file,
-    read_sources,
+    read_aligned,
     write_text,
 )
 from bahdanau.jobs.options import (
@@ -182,12 +182,9 @@ def evaluate(o: EvaluateOptions) -> int:
     checkpoints = checkpoint_paths(o)
     check_outputs({"--output": o.output, "--json": o.json},
                    {"--src": src, "--ref": ref, **checkpoints})
-    sources = read_sources(src)
-    references = read_sources(ref, needed="the reference translation of its source line")
-    if not references:
-        raise InputError(f"{ref} is empty: at least one line is needed")
-    if len(sources) != len(references):
-        raise InputError(f"--src has {len(sources)} lines but --ref has {len(references)}")
+    sources, references = read_aligned(
+        src, ref, flags=("--src", "--ref"),
+        needed=("a sentence to translate", "the reference translation of its source line"))
     model, src_vocab, tgt_vocab, tokenizer = load_decoder(o, checkpoints, device)
     report = score_translations(model, sources, references, src_vocab, tgt_vocab, tokenizer, o,
                                 device)

@@ -21,7 +21,7 @@ from bahdanau._progress import Bar, progress_bar, progress_shown, show_progress
 from bahdanau.checkpoint.averaging import average_checkpoints
 from bahdanau.cli import main
 from bahdanau.data.corpus import prepare_corpus
-from bahdanau.evaluate import translate_corpus
+from bahdanau.evaluate import score_corpus, translate_corpus
 from bahdanau.search import BeamSearch
 from bahdanau.training.state import checkpoint_payload
 
@@ -154,3 +154,30 @@ def test_translate_command_counts_the_lines_of_a_fifo(monkeypatch, tmp_path) -> 
     assert len(stdout.getvalue().splitlines()) == len(SENTENCES)
     drawn = terminal.getvalue()
     assert "translating" in drawn and "lines [" in drawn and "B/s" not in drawn, drawn
+
+
+def test_score_counts_the_sentences_and_the_command_keeps_stdout_for_scores(
+        monkeypatch, tmp_path) -> None:
+    terminal, stdout = on_terminal(monkeypatch)
+    model = tiny_model()
+    scores = score_corpus(model, SENTENCES, SENTENCES[::-1], VOCAB, VOCAB,
+                          WhitespaceTokenizer(), batch_size=5)
+    drawn = terminal.getvalue()
+    assert "scoring" in drawn and f"/{len(SENTENCES)} " in drawn and stdout.getvalue() == ""
+    terminal.truncate(0)
+    assert score_corpus(model, SENTENCES, SENTENCES[::-1], VOCAB, VOCAB, WhitespaceTokenizer(),
+                        batch_size=5, progress=None) == scores
+    assert terminal.getvalue() == ""
+    checkpoint, src, tgt = tmp_path / "m.pt", tmp_path / "s.txt", tmp_path / "t.txt"
+    save_checkpoint(checkpoint, checkpoint_payload(model, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                                                   tokenizer=WhitespaceTokenizer()))
+    src.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    tgt.write_text("\n".join(SENTENCES[::-1]) + "\n", encoding="utf-8")
+    argv = ["score", "--checkpoint", str(checkpoint), "--src", str(src), "--tgt", str(tgt),
+            "--threads", "1", "--device", "cpu"]
+    terminal, stdout = on_terminal(monkeypatch)
+    assert main(argv) == 0
+    assert "scoring" in terminal.getvalue()
+    assert len(stdout.getvalue().splitlines()) == len(SENTENCES)     # the scores alone
+    terminal, stdout = on_terminal(monkeypatch)
+    assert main([*argv, "--no-progress"]) == 0 and terminal.getvalue() == ""
