@@ -200,7 +200,9 @@ def _dev_scores(o: TrainOptions, data: _Data, run: TrainRun, device: torch.devic
         if board is not None and shown is not None and attention is not None:
             board.alignment(run.state.step, attention,
                             *alignment_labels(hyps[shown],
-                                              data.tokenizer.tokenize(sources[shown])))
+                                              data.tokenizer.tokenize(sources[shown])),
+                            title=alignment_title(f"{o.out}, step {run.state.step}",
+                                                  sources[shown]))
         scores = corpus_scores([h.text for h in hyps], references,
                                lowercase=getattr(data.tokenizer, "lowercase", False))
         with torch.no_grad():

@@ -221,13 +221,30 @@ def test_dev_perplexity_and_translations_per_evaluation(data, tmp_path, capsys) 
 # ----------------------------------------------------------------------------- TensorBoard
 
 
-def test_tensorboard_writes_scalars_and_alignments(data, tmp_path) -> None:
+def test_tensorboard_writes_scalars_and_alignments(data, tmp_path, monkeypatch) -> None:
     accumulator = pytest.importorskip(
         "tensorboard.backend.event_processing.event_accumulator")
+    from bahdanau.training.runlog import TensorBoardLog
+
+    titles = []
+    drawn = TensorBoardLog.alignment
+
+    def alignment(self, step, *args, title=None, **kwargs):
+        titles.append((step, title))
+        drawn(self, step, *args, title=title, **kwargs)
+
+    monkeypatch.setattr(TensorBoardLog, "alignment", alignment)
     out = tmp_path / "run"
     dev = ["--dev-src", str(data / "te.en"), "--dev-tgt", str(data / "te.fr")]
     assert main(_argv(data, out, "--max-steps", "4", "--eval-every", "2", *dev,
                       "--tensorboard")) == 0
+    # each image is titled as the plot of the run's test sentence: the run, its step, the
+    # sentence
+    assert [step for step, _ in titles] == [2, 4]
+    for step, title in titles:
+        first, sentence = title.splitlines()
+        assert first == f"{out}, step {step}" and sentence.strip("\u201c\u201d") in (
+            data / "te.en").read_text(encoding="utf-8").splitlines()
     events = accumulator.EventAccumulator(str(out / "tensorboard"),
                                           size_guidance={"images": 0, "scalars": 0})
     events.Reload()
@@ -259,12 +276,29 @@ def test_alignment_image_without_matplotlib(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(plot, "_pyplot", missing)
     weights = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.2, 0.8]])         # (T=3, S=2)
+    long = torch.full((plot.MAX_CELLS + 7, plot.MAX_CELLS + 2), 0.5)     # capped as a plot is
     with TensorBoardLog(tmp_path) as board:
         board.alignment(3, weights, ["a", "b"], ["x", "y", "</s>"])
+        board.alignment(4, long, ["a"] * long.shape[1], ["x"] * long.shape[0])
     events = accumulator.EventAccumulator(str(tmp_path))
     events.Reload()
-    [image] = events.Images("dev/alignment")
-    assert (image.step, image.width, image.height) == (3, 2, 3)
+    small, capped = events.Images("dev/alignment")
+    assert (small.step, small.width, small.height) == (3, 2, 3)
+    assert (capped.step, capped.width, capped.height) == (4, plot.MAX_CELLS, plot.MAX_CELLS)
+
+
+def test_alignment_image_has_the_title(tmp_path) -> None:
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("matplotlib")
+    from bahdanau.training.runlog import TensorBoardLog
+
+    figures = []
+    with TensorBoardLog(tmp_path) as board:
+        board._writer.add_figure = lambda tag, figure, step: figures.append(figure)
+        board.alignment(3, torch.tensor([[0.5, 0.5], [1.0, 0.0]]), ["a", "b"], ["x", "</s>"],
+                        title="runs/x, step 3\n\u201ca b\u201d")
+    [figure] = figures
+    assert figure._suptitle.get_text() == "runs/x, step 3\n\u201ca b\u201d"
 
 
 def test_tensorboard_missing_is_one_error_line(data, tmp_path, capsys, monkeypatch) -> None:
