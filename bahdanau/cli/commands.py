@@ -99,8 +99,9 @@ def translate(o: TranslateOptions) -> int:
     if sys.stdout is None or (path is None and sys.stdin is None):
         raise InputError("stdin or stdout is closed: translate reads stdin (or --input) and "
                          "writes stdout")
-    t = load_decoder(o, checkpoints, device)
-    model, src_vocab, tgt_vocab, tokenizer = t.model, t.src_vocab, t.tgt_vocab, t.tokenizer
+    loaded = load_decoder(o, checkpoints, device)
+    model, src_vocab, tgt_vocab, tokenizer = (loaded.model, loaded.src_vocab, loaded.tgt_vocab,
+                                              loaded.tokenizer)
     if o.alignments and o.alignments_format == "pharaoh" and model.arch == "rnnencdec":
         raise InputError("--alignments-format pharaoh needs attention weights; "
                          f"{' '.join(o.checkpoint)} has none (RNNencdec)")
@@ -236,7 +237,7 @@ def plot(o: PlotOptions) -> int:
     _check_plot_length(len(src_tokens), "tokens")
     [translation] = translate_corpus(model, [sentence], src_vocab, tgt_vocab, tokenizer,
                                      search=search, unk_replace=o.unk_replace, device=device)
-    model_name = " + ".join(path if step is None else f"{path} (step {step})"
+    model_name = " + ".join(str(path) if step is None else f"{path} (step {step})"
                             for path, step in zip(checkpoints.values(), t.steps, strict=True))
     note = plot_alignment_file(Path(o.output), translation, src_tokens,
                                alignment_title(model_name, sentence))
