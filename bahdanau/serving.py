@@ -7,7 +7,9 @@ and outputs are flat tensors, with the batch B and the source length S dynamic:
     encoder(src (B, S) int64, src_lengths (B,) int64)
         -> hidden (B, D), memory_1 .. memory_M           (every tensor has B rows)
     step(prev_tokens (N,) int64, hidden (N, D), memory_1 .. memory_M)
-        -> log_probs (N, V) float32, hidden (N, D)[, weights (N, S)]
+        -> log_probs (N, V), hidden (N, D)[, weights (N, S)]
+
+in the model's dtype (float32, or float64 for a float64 model; the manifest's ``dtype``).
 
 `log_probs` is the log-softmax of the step's logits, exactly what `BeamSearch` ranks;
 `weights` (the alignment a_ij) is there for attention models only. The memory is the
@@ -371,7 +373,8 @@ def export_folder(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab, tokenize
             tokenizer_data = {"name": "sentencepiece", "model": SENTENCEPIECE_FILE}
         for name, text in (("tokenizer", json.dumps(tokenizer_data, indent=2)),
                            ("manifest", json.dumps(programs.manifest, indent=2)),
-                           ("readme", _readme(programs.manifest))):
+                           ("readme", _readme(programs.manifest,
+                                              isinstance(tokenizer, SentencePieceTokenizer)))):
             _write_text(partial / FILES[name], text + "\n")
         fsync_dir(partial)
         partial.rename(folder)
@@ -423,17 +426,21 @@ def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
                          Vocab.load(folder / FILES["tgt_vocab"]), tokenizer)
 
 
-def _readme(manifest: dict[str, Any]) -> str:
-    """The folder's README: the interface, and the loop to copy (`greedy_decode`'s source)."""
-    weights = ", weights (N, S) float32" if manifest["attention"] else ""
+def _readme(manifest: dict[str, Any], sentencepiece: bool) -> str:
+    """The folder's README: the interface (in the model's dtype), how the tokenizer is rebuilt,
+    and the loop to copy (`greedy_decode`'s source)."""
+    weights = f", weights (N, S) {manifest['dtype']}" if manifest["attention"] else ""
+    tokenizer = (f"names the SentencePiece model `{SENTENCEPIECE_FILE}` beside it, which "
+                 "`SentencePieceTokenizer.load` of `bahdanau.data` reads" if sentencepiece else
+                 "`tokenizer_from_payload` of `bahdanau.data.tokenizers` rebuilds it")
     return README.format(memory=manifest["memory_tensors"], weights=weights,
-                         loop=_loop_source(), **manifest)
+                         tokenizer=tokenizer, loop=_loop_source(), **manifest)
 
 
 def _loop_source() -> str:
     """The loop as a user copies it: the shortest source, `pad_source` and `greedy_decode`."""
     return "\n\n".join(["from bahdanau.search import refuse_nan_scores\n\n"
-                          f"MIN_SRC_LEN = {MIN_SRC_LEN}", inspect.getsource(pad_source),
+                         f"MIN_SRC_LEN = {MIN_SRC_LEN}", inspect.getsource(pad_source),
                          inspect.getsource(greedy_decode)])
 
 
@@ -446,13 +453,12 @@ dynamic. The files:
 - `encoder.pt2`: (src (B, S) int64, src_lengths (B,) int64)
   -> (hidden (B, D), memory x {memory});
 - `step.pt2`: (prev_tokens (N,) int64, hidden (N, D), memory x {memory})
-  -> (log_probs (N, V) float32, hidden (N, D){weights});
+  -> (log_probs (N, V) {dtype}, hidden (N, D){weights});
 - `manifest.json`: sizes and special ids (pad {pad_id}, bos {bos_id}, eos {eos_id},
   unk {unk_id});
 - `src_vocab.json`, `tgt_vocab.json`: the vocabularies (an id is an index into
   specials + tokens);
-- `tokenizer.json`: the tokenizer (`tokenizer_from_payload` of `bahdanau.data.tokenizers`
-  rebuilds it).
+- `tokenizer.json`: the tokenizer ({tokenizer}; `load_exported` does it).
 
 Sources are padded with pad after each sentence (every sentence has a token). `log_probs` is
 the log-softmax of the next token; the memory tensors (annotations, mask, precomputed keys and
