@@ -16,7 +16,6 @@ mean of its members' probabilities:
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,8 +35,6 @@ from bahdanau.evaluate import translate_corpus
 from bahdanau.search import BeamSearch
 
 __all__ = ["Translator", "load"]
-
-_LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -107,7 +104,6 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
         models.append(model)
         step = (payload.get("train_state") or {}).get("step")
         steps.append(step if isinstance(step, int) else None)
-        _LOG.debug(f"read the checkpoint {path} (step {steps[-1]})")
     model = models[0] if len(models) == 1 else Ensemble(models).eval()
     return Translator(model=model, tokenizer=tokenizer, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                       steps=tuple(steps))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -149,6 +150,30 @@ def test_no_git_commit_without_git(monkeypatch) -> None:
         assert _is_versions(_about.versions("cpu"))
     finally:
         _about.git_commit.cache_clear()
+
+
+def test_verbose_shows_the_machine_the_checkpoints_read_and_the_dev_timings(
+        data, tmp_path, capsys) -> None:
+    """--verbose adds DEBUG lines: the device and threads a command resolved, each checkpoint
+    file it reads, and how long each dev evaluation took; without it there are none."""
+    out = tmp_path / "run"
+    dev = ["--dev-src", str(data / "te.en"), "--dev-tgt", str(data / "te.fr")]
+    assert main(_argv(data, out, "--max-steps", "2", "--eval-every", "2", *dev,
+                      "--verbose")) == 0
+    shown = logged(capsys.readouterr().err)
+    assert "DEBUG: device cpu, 1 CPU threads" in shown
+    [dev_line] = [line for line in shown if line.startswith("DEBUG: dev evaluation")]
+    assert re.fullmatch(r"DEBUG: dev evaluation at step 2: \d+ sentences decoded in [\d.]+ s, "
+                        r"scored and perplexity in [\d.]+ s", dev_line), dev_line
+    checkpoint = out / "checkpoints" / "step_00000002.pt"
+    argv = ["translate", "--checkpoint", str(checkpoint), "--input", str(data / "te.en"),
+            "--beam-size", "1", "--max-len", "4", "--threads", "1", "--device", "cpu"]
+    assert main([*argv, "--verbose"]) == 0
+    shown = logged(capsys.readouterr().err)
+    assert "DEBUG: device cpu, 1 CPU threads" in shown
+    assert any(line.startswith(f"DEBUG: reading the checkpoint {checkpoint} (") for line in shown)
+    assert main(argv) == 0
+    assert not any("DEBUG" in line for line in logged(capsys.readouterr().err))
 
 
 def test_quiet_and_verbose_change_the_console_only(data, tmp_path, capsys) -> None:
