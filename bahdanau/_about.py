@@ -19,7 +19,15 @@ import torch
 
 __version__ = "0.1.0"
 
-__all__ = ["__version__", "git_commit", "versions"]
+__all__ = ["EXTRAS", "__version__", "git_commit", "versions"]
+
+# The optional extras of pyproject.toml (less `test` and `docs`), by the module each one
+# installs: the one list that the lean-import test, the docs build (which leaves out a module
+# whose extra is missing) and the tests that skip without an extra read; a test checks it
+# against pyproject.toml.
+EXTRAS: dict[str, str] = {"triton": "triton", "matplotlib": "plot", "yaml": "yaml",
+                          "sentencepiece": "sentencepiece", "tensorboard": "tensorboard",
+                          "tqdm": "progress", "safetensors": "share"}
 
 
 @cache

@@ -157,9 +157,10 @@ class AdditiveMemory(NamedTuple):
 
 
 class AdditiveAttention(Attention):
-    """The paper's alignment model: e_ij = v_a^T tanh(W_a s_{i-1} + U_a h_j) (section 3.1, A.1.2).
+    r"""The paper's alignment model (section 3.1, A.1.2):
+    $e_{ij} = v_a^\top \tanh(W_a s_{i-1} + U_a h_j)$.
 
-    `U_a h_j` does not depend on i: `prepare` computes it once per source batch, and the caller
+    $U_a h_j$ does not depend on $i$: `prepare` computes it once per source batch, and the caller
     keeps it (nothing is cached on the module). The paper has no bias here and neither do we.
 
     Args:
@@ -195,7 +196,7 @@ class AdditiveAttention(Attention):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """The paper's initialisation: W_a, U_a ~ N(0, 0.001^2), v_a = 0."""
+        r"""The paper's initialisation: $W_a, U_a \sim \mathcal{N}(0, 0.001^2)$, $v_a = 0$."""
         nn.init.normal_(self.W_a.weight, std=0.001)
         nn.init.normal_(self.U_a.weight, std=0.001)
         nn.init.zeros_(self.v_a)
@@ -261,10 +262,10 @@ class LuongMemory(NamedTuple):
 
 
 class LuongAttention(Attention):
-    """Multiplicative attention of Luong, Pham & Manning (2015), section 3.1.
+    r"""Multiplicative attention of Luong, Pham & Manning (2015), section 3.1.
 
-        "general"  e_ij = (W_a s_{i-1})^T h_j        W_a: (2H, D), no bias
-        "dot"      e_ij = s_{i-1}^T h_j              needs D = 2H
+    - "general": $e_{ij} = (W_a s_{i-1})^\top h_j$, with $W_a$ of shape (2H, D), no bias;
+    - "dot": $e_{ij} = s_{i-1}^\top h_j$, which needs D = 2H.
 
     As in the rest of this decoder (and unlike Luong's, which attends from s_i) the query is the
     previous state s_{i-1}, so it plugs into `AttentiveDecoder` unchanged. "general" offers W_a

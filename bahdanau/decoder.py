@@ -1,12 +1,18 @@
-"""AttentiveDecoder: the paper's GRU decoder with attention and a deep maxout output.
+r"""AttentiveDecoder: the paper's GRU decoder with attention and a deep maxout output.
 
-Bahdanau et al. (2015), appendix A.2.2, for target step i (y_0 = bos):
+Bahdanau et al. (2015), appendix A.2.2, for target step $i$ ($y_0$ = bos):
 
-    c_i   = attention(s_{i-1}, h)                               (or a fixed c for RNNencdec)
-    s_i   = GRU(s_{i-1}, [E y_{i-1}; c_i])                      s_0 = tanh(W_s bwd h_1)
-    t~_i  = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i               deep output, 2L units
-    t_i   = max over pairs of t~_i                              maxout, L units
-    p(y_i | y_<i, x) = softmax(W_o t_i)
+$$c_i = \mathrm{attention}(s_{i-1}, h) \quad \text{(or a fixed } c \text{ for RNNencdec)}$$
+
+$$s_i = \mathrm{GRU}(s_{i-1}, [E y_{i-1}; c_i]), \qquad
+s_0 = \tanh(W_s \overleftarrow{h}_1)$$
+
+$$\tilde t_i = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i \quad \text{(deep output, 2L units)}$$
+
+$$t_i = [\max(\tilde t_{i,2j-1}, \tilde t_{i,2j})]_{j=1}^{L} \quad
+\text{(maxout, L units)}$$
+
+$$p(y_i \mid y_1, \ldots, y_{i-1}, x) = \mathrm{softmax}(W_o t_i)$$
 
 This module is the reference: `init_state` and `step` compute exactly these equations, and
 `forward` (teacher forcing) is a loop of `step`. It meets its attention only through the seam of
@@ -75,7 +81,7 @@ class StepOutput(NamedTuple):
 
 
 class AttentiveDecoder(nn.Module):
-    """GRU decoder with an attention (RNNsearch) or a fixed context (RNNencdec).
+    r"""GRU decoder with an attention (RNNsearch) or a fixed context (RNNencdec).
 
     Args:
         vocab_size: target V.
@@ -84,7 +90,8 @@ class AttentiveDecoder(nn.Module):
         context_size: 2H, size of an annotation (and of c_i).
         maxout_size: L, units after maxout (the deep output has 2L units before it).
         attention: any `bahdanau.attention.Attention` (`AdditiveAttention` in the paper); None
-            gives RNNencdec's fixed context c = tanh(W_c [fwd h_{T_x}; bwd h_1]) from the encoder
+            gives RNNencdec's fixed context
+            $c = \tanh(W_c [\overrightarrow{h}_{T_x}; \overleftarrow{h}_1])$ from the encoder
             (Cho et al. 2014a, with the bidirectional encoder's two final states).
         pad_id: padding id of the target vocabulary.
         dropout: dropout on target embeddings and on the maxout output t_i (0 in the paper).
@@ -171,7 +178,7 @@ class AttentiveDecoder(nn.Module):
     # ------------------------------------------------------------------ per source batch
     def init_state(self, annotations: Tensor, mask: Tensor
                    ) -> tuple[DecoderState, DecoderMemory]:
-        """s_0 and the per-batch memory (the attention's, or RNNencdec's fixed context).
+        r"""$s_0$ and the per-batch memory (the attention's, or RNNencdec's fixed context).
 
         Args:
             annotations: (B, S, 2H) encoder annotations; the last H features of position 0 are
@@ -180,7 +187,8 @@ class AttentiveDecoder(nn.Module):
                 caller's promise, not checked here (it would read the mask, a device sync): the
                 model checks the lengths the encoder builds the mask from, at its door.
         Returns:
-            The (B rows) `DecoderState` with s_0 = tanh(W_s bwd h_1), and the `DecoderMemory`.
+            The (B rows) `DecoderState` with $s_0 = \tanh(W_s \overleftarrow{h}_1)$, and the
+            `DecoderMemory`.
         Raises:
             InputError: wrong ranks, dtypes or sizes.
         """

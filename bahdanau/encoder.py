@@ -1,4 +1,5 @@
-"""BiRNNEncoder: embeddings -> bidirectional GRU -> annotations h_j = [fwd h_j ; bwd h_j].
+r"""BiRNNEncoder: embeddings -> bidirectional GRU -> annotations
+$h_j = [\overrightarrow{h}_j; \overleftarrow{h}_j]$ (forward and backward states).
 
 Bahdanau et al. (2015), section 3.2 and appendix A.2.1. Padding is handled exactly: the forward
 GRU stops at each sentence's last real token and the backward GRU starts there, so a sentence's

@@ -11,9 +11,10 @@ the length-normalised score that `BeamSearch` would rank it by.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import sacrebleu
 import torch
@@ -39,6 +40,7 @@ from bahdanau.search import (
     Hypothesis,
     LengthPenalty,
     length_normalise,
+    refuse_nan_scores,
     replace_unk,
 )
 
@@ -198,6 +200,18 @@ class Translation:
     nbest: list[Hypothesis]
 
 
+def _length_sorted(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices sorted by length, in chunks of `batch_size` (little padding in each)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def _bar(progress: str | None, total: int) -> Any:
+    """The bar of a corpus of `total` sentences labelled `progress`; None: a bar that draws
+    nothing (the caller draws its own)."""
+    return progress_bar(progress, total=total, unit="sentences") if progress else Bar()
+
+
 def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab: Vocab,
                      tgt_vocab: Vocab, tokenizer: Tokenizer, *, search: BeamSearch | None = None,
                      batch_size: int = 64, unk_replace: bool = False,
@@ -248,12 +262,9 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
         if not toks:
             raise InputError(f"sentence {i + 1} is empty")
     ids = [src_vocab.encode(toks) for toks in tokenized]
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     results: list[Translation | None] = [None] * len(ids)
-    bar = progress_bar(progress, total=len(ids), unit="sentences") if progress else Bar()
-    with bar:
-        for start in range(0, len(order), batch_size):
-            chunk = order[start:start + batch_size]
+    with _bar(progress, len(ids)) as bar:
+        for chunk in _length_sorted([len(x) for x in ids], batch_size):
             src, lengths = pad_sources([ids[i] for i in chunk], src_vocab.pad_id)
             for i, hyps in zip(chunk, search(model, src.to(device), lengths.to(device)),
                                strict=True):
@@ -290,7 +301,8 @@ class ForcedScore:
 
 def score_ids(model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *,
               batch_size: int = 64, length_penalty: LengthPenalty = "none", alpha: float = 0.6,
-              device: str | torch.device = "cpu") -> list[ForcedScore]:
+              device: str | torch.device = "cpu", progress: str | None = "scoring"
+              ) -> list[ForcedScore]:
     """Score given target ids under the model by teacher forcing (forced decoding), batched.
 
     Each batch runs the model's teacher-forced `forward` (the path its loss takes, in eval mode,
@@ -305,6 +317,8 @@ def score_ids(model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int], Seque
         batch_size: sentences per batch (sorted by length, so padding stays small).
         length_penalty, alpha: the normalisation of `ForcedScore.score`, as `BeamSearch`'s.
         device: where the model lives.
+        progress: the label of the progress bar (sentences scored, on stderr, when bars are
+            shown: `bahdanau._progress`); None: no bar.
     Returns:
         One `ForcedScore` per pair, in input order.
     Raises:
@@ -331,11 +345,14 @@ def score_ids(model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int], Seque
     was_training = model.training
     model.eval()
     try:
-        for batch in batches:
-            batch = batch.to(device)
-            for index, value in zip(batch.indices.tolist(), _target_log_probs(model, batch),
-                                    strict=True):
-                log_probs[index] = value
+        with _bar(progress, len(examples)) as bar:
+            for batch in batches:
+                batch = batch.to(device)
+                values = _target_log_probs(model, batch)
+                refuse_nan_scores(any(map(math.isnan, values)))       # a diverged model
+                for index, value in zip(batch.indices.tolist(), values, strict=True):
+                    log_probs[index] = value
+                bar.update(len(values))
     finally:
         model.train(was_training)
     return [ForcedScore(lp, float(length_normalise(torch.tensor(lp, dtype=torch.float64),
@@ -344,18 +361,14 @@ def score_ids(model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int], Seque
             for lp, ex in zip(log_probs, examples, strict=True)]
 
 
-def _length_sorted(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
-    """Indices sorted by length, in chunks of `batch_size` (little padding in each)."""
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
 
 
 @torch.inference_mode()
 def _target_log_probs(model: RNNSearch, batch: Any) -> list[float]:
     """log p(tgt_out | src) of each row of a checked `Batch`: teacher forcing, then log_softmax
     at the targets, summed over the real (non-pad) positions."""
-    logits = model(batch.src, batch.src_lengths, batch.tgt_in)            # (B, T, V)
-    assert isinstance(logits, torch.Tensor)               # no return_attention
+    # without return_attention, forward gives the logits alone
+    logits = cast(torch.Tensor, model(batch.src, batch.src_lengths, batch.tgt_in))  # (B, T, V)
     dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
     token = torch.log_softmax(logits.to(dtype), -1).gather(
         -1, batch.tgt_out[..., None]).squeeze(-1)                           # (B, T)
@@ -366,7 +379,8 @@ def _target_log_probs(model: RNNSearch, batch: Any) -> list[float]:
 def score_corpus(model: torch.nn.Module, sources: Sequence[str], targets: Sequence[str],
                  src_vocab: Vocab, tgt_vocab: Vocab, tokenizer: Tokenizer, *,
                  batch_size: int = 64, length_penalty: LengthPenalty = "none",
-                 alpha: float = 0.6, device: str | torch.device = "cpu") -> list[ForcedScore]:
+                 alpha: float = 0.6, device: str | torch.device = "cpu",
+                 progress: str | None = "scoring") -> list[ForcedScore]:
     """Score raw translations of raw sentences (forced decoding); see `score_ids`.
 
     Both sides are tokenised with `tokenizer` and encoded with the vocabularies, as in
@@ -376,7 +390,7 @@ def score_corpus(model: torch.nn.Module, sources: Sequence[str], targets: Sequen
         model: an `RNNSearch` / `RNNEncDec` on `device`.
         sources, targets: line-aligned raw sentences; none may be empty.
         src_vocab, tgt_vocab, tokenizer: what the model was trained with.
-        batch_size, length_penalty, alpha, device: as for `score_ids`.
+        batch_size, length_penalty, alpha, device, progress: as for `score_ids`.
     Returns:
         One `ForcedScore` per sentence pair, in input order.
     Raises:
@@ -402,4 +416,4 @@ def score_corpus(model: torch.nn.Module, sources: Sequence[str], targets: Sequen
                 raise InputError(f"{side} sentence {line} is empty")
         pairs.append((src_vocab.encode(src_tokens), tgt_vocab.encode(tgt_tokens)))
     return score_ids(model, pairs, batch_size=batch_size, length_penalty=length_penalty,
-                     alpha=alpha, device=device)
+                     alpha=alpha, device=device, progress=progress)

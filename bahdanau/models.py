@@ -307,12 +307,13 @@ class RNNSearch(nn.Module):
 
 
 class RNNEncDec(RNNSearch):
-    """The paper's baseline RNNencdec (Cho et al. 2014a): no attention, a fixed context vector.
+    r"""The paper's baseline RNNencdec (Cho et al. 2014a): no attention, a fixed context vector.
 
     Built from the same `BiRNNEncoder` and `AttentiveDecoder` (with `attention=None`) as
-    `RNNSearch`: c = tanh(W_c [fwd h_{T_x}; bwd h_1]) is fed to every GRU update and to the deep
-    output. The paper's RNNencdec used a unidirectional encoder and c = tanh(V h_{T_x}); ours uses
-    both directions' final states so that only attention differs between the two models.
+    `RNNSearch`: $c = \tanh(W_c [\overrightarrow{h}_{T_x}; \overleftarrow{h}_1])$ is fed to every
+    GRU update and to the deep output. The paper's RNNencdec used a unidirectional encoder and
+    $c = \tanh(V h_{T_x})$; ours uses both directions' final states so that only attention
+    differs between the two models.
     """
 
     arch = "rnnencdec"
@@ -336,13 +337,14 @@ def _attention(cfg: ModelConfig) -> AdditiveAttention | LuongAttention:
 
 
 def glorot_init_(model: nn.Module) -> None:
-    """Glorot and Bengio's (2010) initialisation, `ModelConfig(init="glorot")`: every weight
-    matrix (embeddings, recurrent and attention matrices included) ~ U(-a, a) with
-    a = sqrt(6 / (fan_in + fan_out)), every vector (biases, v_a) 0, pad embedding rows 0.
+    r"""Glorot and Bengio's (2010) initialisation, `ModelConfig(init="glorot")`: every weight
+    matrix (embeddings, recurrent and attention matrices included) $\sim U(-a, a)$ with
+    $a = \sqrt{6 / (\text{fan-in} + \text{fan-out})}$, every vector (biases, $v_a$) 0,
+    pad embedding rows 0.
 
-    The paper's initialisation (the default) draws matrices from N(0, 0.01^2), the alignment
-    matrices from N(0, 0.001^2) and the recurrent ones orthogonal; this is the common choice
-    of toolkits (OpenNMT-py's `param_init_glorot`) instead.
+    The paper's initialisation (the default) draws matrices from $\mathcal{N}(0, 0.01^2)$, the
+    alignment matrices from $\mathcal{N}(0, 0.001^2)$ and the recurrent ones orthogonal; this is
+    the common choice of toolkits (OpenNMT-py's `param_init_glorot`) instead.
     """
     with torch.no_grad():
         for param in model.parameters():

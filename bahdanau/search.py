@@ -72,6 +72,20 @@ class Hypothesis:
     attention: Tensor | None = field(default=None, repr=False)
 
 
+def refuse_nan_scores(found: Tensor | bool) -> None:
+    """Raise the one-line error for a model whose scores are NaN when `found` is true (a bool,
+    or a one-element bool tensor, read here once). Every decoder and scorer of the package
+    asks here: a NaN log-probability ranks first in an argmax or a top-k, so without the check
+    a diverged model gives a silent wrong answer (tokens, or a score of nan).
+
+    Raises:
+        InputError: `found` is true.
+    """
+    if bool(found):
+        raise InputError("the model's scores are NaN: its weights hold NaN or inf, or give "
+                         "logits that overflow (a diverged training run)")
+
+
 def length_normalise(log_prob: Tensor, length: Tensor | int, penalty: str, alpha: float
                      ) -> Tensor:
     """Score of hypotheses of `length` predicted tokens (eos included); see the module doc."""
@@ -303,9 +317,7 @@ class BeamSearch:
                 active, scores, kept = active[keep], scores[keep], kept[keep]
                 state, tokens = state.rows(keep_rows), tokens[keep_rows]
                 memory = memory.select(keep)
-        if bool(nan):
-            raise InputError("the model's scores are NaN: its weights hold NaN or inf, or give "
-                             "logits that overflow (a diverged training run)")
+        refuse_nan_scores(nan)
         return self._collect(n_sent, src_len, src_lengths, history, finished)
 
     def _bound(self, scores: Tensor, caps: Tensor) -> Tensor:

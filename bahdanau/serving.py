@@ -7,7 +7,9 @@ and outputs are flat tensors, with the batch B and the source length S dynamic:
     encoder(src (B, S) int64, src_lengths (B,) int64)
         -> hidden (B, D), memory_1 .. memory_M           (every tensor has B rows)
     step(prev_tokens (N,) int64, hidden (N, D), memory_1 .. memory_M)
-        -> log_probs (N, V) float32, hidden (N, D)[, weights (N, S)]
+        -> log_probs (N, V), hidden (N, D)[, weights (N, S)]
+
+in the model's dtype (float32, or float64 for a float64 model; the manifest's ``dtype``).
 
 `log_probs` is the log-softmax of the step's logits, exactly what `BeamSearch` ranks;
 `weights` (the alignment a_ij) is there for attention models only. The memory is the
@@ -21,7 +23,8 @@ pads a batch of one-token sentences, which changes nothing.
 
 `greedy_decode` is the whole decoding loop over the two programs in plain torch, written to be
 copied into a serving process: with `pad_source` it reads nothing of `bahdanau` but the two
-programs and the special ids, and the folder's README holds both. It gives the tokens
+programs, the special ids and the check that refuses NaN scores
+(`bahdanau.search.refuse_nan_scores`), and the folder's README holds both. It gives the tokens
 `BeamSearch(beam_size=1)` gives with the default ``length_penalty="none"``
 (`translate --beam-size 1`). `ExportedDecoder` makes the programs a model for `BeamSearch`, so
 beam search over them (`translate_corpus` with any search) gives what the model gives.
@@ -54,6 +57,7 @@ from bahdanau.data.vocab import Vocab
 from bahdanau.decoder import DecoderState, StepOutput
 from bahdanau.errors import InputError
 from bahdanau.models import RNNSearch
+from bahdanau.search import refuse_nan_scores
 
 __all__ = ["ExportedDecoder", "ExportedMemory", "ExportedModel", "ServingPrograms", "export_folder",
            "export_programs", "greedy_decode", "load_exported", "pad_source"]
@@ -243,6 +247,9 @@ def greedy_decode(encoder: Any, step: Any, src: Tensor, src_lengths: Tensor, *, 
     Returns:
         For each sentence its target ids, without bos and eos: the tokens of
         `BeamSearch(beam_size=1, max_len=max_len, min_len=min_len)`.
+    Raises:
+        InputError: the step's log-probabilities hold NaN (a diverged model), as
+            `BeamSearch` refuses them (`bahdanau.search.refuse_nan_scores`).
     """
     hidden, *memory = encoder(pad_source(src, pad_id), src_lengths)
     rows = torch.arange(src.shape[0], device=src.device)      # the sentences still decoding
@@ -250,6 +257,7 @@ def greedy_decode(encoder: Any, step: Any, src: Tensor, src_lengths: Tensor, *, 
     out: list[list[int]] = [[] for _ in range(src.shape[0])]
     for t in range(max_len + 1):
         log_probs, hidden, *_ = step(tokens, hidden, *memory)   # (N, V), (N, D)[, (N, S)]
+        refuse_nan_scores(log_probs.isnan().any())   # NaN would win the argmax: a diverged model
         log_probs[:, [pad_id, bos_id]] = float("-inf")          # never generated
         if t < min_len:
             log_probs[:, eos_id] = float("-inf")
@@ -365,7 +373,8 @@ def export_folder(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab, tokenize
             tokenizer_data = {"name": "sentencepiece", "model": SENTENCEPIECE_FILE}
         for name, text in (("tokenizer", json.dumps(tokenizer_data, indent=2)),
                            ("manifest", json.dumps(programs.manifest, indent=2)),
-                           ("readme", _readme(programs.manifest))):
+                           ("readme", _readme(programs.manifest,
+                                              isinstance(tokenizer, SentencePieceTokenizer)))):
             _write_text(partial / FILES[name], text + "\n")
         fsync_dir(partial)
         partial.rename(folder)
@@ -417,16 +426,21 @@ def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
                          Vocab.load(folder / FILES["tgt_vocab"]), tokenizer)
 
 
-def _readme(manifest: dict[str, Any]) -> str:
-    """The folder's README: the interface, and the loop to copy (`greedy_decode`'s source)."""
-    weights = ", weights (N, S) float32" if manifest["attention"] else ""
+def _readme(manifest: dict[str, Any], sentencepiece: bool) -> str:
+    """The folder's README: the interface (in the model's dtype), how the tokenizer is rebuilt,
+    and the loop to copy (`greedy_decode`'s source)."""
+    weights = f", weights (N, S) {manifest['dtype']}" if manifest["attention"] else ""
+    tokenizer = (f"names the SentencePiece model `{SENTENCEPIECE_FILE}` beside it, which "
+                 "`SentencePieceTokenizer.load` of `bahdanau.data` reads" if sentencepiece else
+                 "`tokenizer_from_payload` of `bahdanau.data.tokenizers` rebuilds it")
     return README.format(memory=manifest["memory_tensors"], weights=weights,
-                         loop=_loop_source(), **manifest)
+                         tokenizer=tokenizer, loop=_loop_source(), **manifest)
 
 
 def _loop_source() -> str:
     """The loop as a user copies it: the shortest source, `pad_source` and `greedy_decode`."""
-    return "\n\n".join([f"MIN_SRC_LEN = {MIN_SRC_LEN}", inspect.getsource(pad_source),
+    return "\n\n".join(["from bahdanau.search import refuse_nan_scores\n\n"
+                         f"MIN_SRC_LEN = {MIN_SRC_LEN}", inspect.getsource(pad_source),
                          inspect.getsource(greedy_decode)])
 
 
@@ -439,13 +453,12 @@ dynamic. The files:
 - `encoder.pt2`: (src (B, S) int64, src_lengths (B,) int64)
   -> (hidden (B, D), memory x {memory});
 - `step.pt2`: (prev_tokens (N,) int64, hidden (N, D), memory x {memory})
-  -> (log_probs (N, V) float32, hidden (N, D){weights});
+  -> (log_probs (N, V) {dtype}, hidden (N, D){weights});
 - `manifest.json`: sizes and special ids (pad {pad_id}, bos {bos_id}, eos {eos_id},
   unk {unk_id});
 - `src_vocab.json`, `tgt_vocab.json`: the vocabularies (an id is an index into
   specials + tokens);
-- `tokenizer.json`: the tokenizer (`tokenizer_from_payload` of `bahdanau.data.tokenizers`
-  rebuilds it).
+- `tokenizer.json`: the tokenizer ({tokenizer}; `load_exported` does it).
 
 Sources are padded with pad after each sentence (every sentence has a token). `log_probs` is
 the log-softmax of the next token; the memory tensors (annotations, mask, precomputed keys and

@@ -45,6 +45,9 @@ class Translator:
     tokenizer: Tokenizer      # tokenises the source, detokenises the target
     src_vocab: Vocab
     tgt_vocab: Vocab
+    # the training update each checkpoint was saved at, in the order given (None where the
+    # file records none): what a title or a log line names the model by
+    steps: tuple[int | None, ...] = ()
 
     def translate(self, sentences: Sequence[str], *, search: BeamSearch | None = None,
                   batch_size: int = 64) -> list[str]:
@@ -76,7 +79,8 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
             `Ensemble` of their models; a list of one is that one checkpoint.
         device: where the model goes.
     Returns:
-        The model (eval mode), its tokenizer and vocabularies. A checkpoint with EMA weights
+        The model (eval mode), its tokenizer and vocabularies, and each checkpoint's training
+        step (`Translator.steps`). A checkpoint with EMA weights
         translates with them (`model_from_checkpoint`).
     Raises:
         InputError: no checkpoint there, or one that `model_from_checkpoint` or `tokenizer_of`
@@ -91,11 +95,15 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
                          f"{describe(checkpoint)}")
     paths = [find_checkpoint(given) for given in checkpoint]
     models: list[torch.nn.Module] = []
+    steps: list[int | None] = []
     for path, payload in read_members(paths, same_config=False):
         with named(path):
             if not models:
                 tokenizer = tokenizer_of(payload)
             model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=device)
         models.append(model)
+        step = (payload.get("train_state") or {}).get("step")
+        steps.append(step if isinstance(step, int) else None)
     model = models[0] if len(models) == 1 else Ensemble(models).eval()
-    return Translator(model=model, tokenizer=tokenizer, src_vocab=src_vocab, tgt_vocab=tgt_vocab)
+    return Translator(model=model, tokenizer=tokenizer, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
+                      steps=tuple(steps))

@@ -30,9 +30,11 @@ import typing
 import warnings
 from pathlib import Path
 
+from bahdanau._about import EXTRAS
+
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "docs" / "_build" / "api"
-OPTIONAL = {"triton", "matplotlib"}       # extras a module may need at import time
+OPTIONAL = set(EXTRAS)      # extras a module may need at import time
 
 # pdoc warnings that are pdoc's own limitations, not faults of our docstrings or imports.
 KNOWN: list[re.Pattern[str]] = []

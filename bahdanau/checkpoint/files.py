@@ -13,6 +13,7 @@ the run can tell); tests/unit/test_checkpoint_formats.py holds one test per fix-
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -25,6 +26,8 @@ from torch import Tensor
 from bahdanau._checks import check_path, describe
 from bahdanau._files import atomic_write
 from bahdanau.errors import InputError
+
+_LOG = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
 _SECTIONS = ("model", "model_config", "src_vocab", "tgt_vocab", "train_config", "train_state",
@@ -119,6 +122,7 @@ def load_checkpoint(path: str | os.PathLike[str], *,
         return read_release(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file {path}")
+    _LOG.debug(f"reading the checkpoint {path} ({path.stat().st_size / 1e6:.1f} MB)")
     try:
         payload = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # torch raises RuntimeError, UnpicklingError, EOFError, ...

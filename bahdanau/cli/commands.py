@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import sys
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from bahdanau._progress import Bar, clear_bars, progress_bar
 from bahdanau.checkpoint.averaging import average_checkpoints, select_checkpoints
-from bahdanau.checkpoint.files import save_checkpoint, upgrade_payload
+from bahdanau.checkpoint.files import save_checkpoint
 from bahdanau.data.corpus import TrainSentencePiece, prepare_corpus
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.text import iter_lines, multi30k_files, read_lines
@@ -29,7 +28,7 @@ from bahdanau.jobs.files import (
     check_outputs,
     existing,
     output_file,
-    read_sources,
+    read_aligned,
     write_text,
 )
 from bahdanau.jobs.options import (
@@ -45,6 +44,8 @@ from bahdanau.jobs.release import release_model
 from bahdanau.jobs.report import alignment_title, plot_alignment_file, score_translations
 from bahdanau.jobs.resolve import beam_search, checkpoint_paths, load_decoder, machine
 from bahdanau.search import argmax_alignment
+
+_LOG = logging.getLogger(__name__)
 
 
 def prepare(o: PrepareOptions) -> int:
@@ -98,7 +99,9 @@ def translate(o: TranslateOptions) -> int:
     if sys.stdout is None or (path is None and sys.stdin is None):
         raise InputError("stdin or stdout is closed: translate reads stdin (or --input) and "
                          "writes stdout")
-    model, src_vocab, tgt_vocab, tokenizer = load_decoder(o, checkpoints, device)
+    loaded = load_decoder(o, checkpoints, device)
+    model, src_vocab, tgt_vocab, tokenizer = (loaded.model, loaded.src_vocab, loaded.tgt_vocab,
+                                              loaded.tokenizer)
     if o.alignments and o.alignments_format == "pharaoh" and model.arch == "rnnencdec":
         raise InputError("--alignments-format pharaoh needs attention weights; "
                          f"{' '.join(o.checkpoint)} has none (RNNencdec)")
@@ -110,8 +113,11 @@ def translate(o: TranslateOptions) -> int:
         # typed at a terminal: each line is answered at once, and no bar is drawn
         interactive = path is None and sys.stdin.isatty()
         size = 1 if interactive else o.batch_size * WINDOW_BATCHES
+        # a pipe or FIFO given as --input (/dev/stdin, <(zcat x.gz)) has no size and no
+        # position: its lines are counted, as stdin's are
+        sized = path is not None and stream.seekable()
         done = read = 0
-        with _input_bar(path, interactive) as bar:
+        with _input_bar(path if sized else None, interactive) as bar:
             while window := list(itertools.islice(lines, size)):
                 sentences = [line for line in window if line.strip()]
                 translated = iter(translate_corpus(
@@ -127,7 +133,7 @@ def translate(o: TranslateOptions) -> int:
                                                         o.alignments_format).encode())
                         done += 1
                     sys.stdout.flush()
-                position = stream.tell() if path is not None else done   # bytes, or lines
+                position = stream.tell() if sized else done   # bytes, or lines
                 bar.update(position - read)
                 read = position
     return 0
@@ -160,7 +166,8 @@ def _alignment_row(line: str, t: Translation | None, tokenizer: Tokenizer,
 
 
 def _input_bar(path: Path | None, interactive: bool) -> Any:
-    """The progress bar of translate: the bytes of --input read, or the lines of stdin."""
+    """The progress bar of translate: the bytes of a file read (`path`), or the lines of
+    stdin or a pipe (None)."""
     if interactive:
         return Bar()
     if path is None:
@@ -178,15 +185,12 @@ def evaluate(o: EvaluateOptions) -> int:
     checkpoints = checkpoint_paths(o)
     check_outputs({"--output": o.output, "--json": o.json},
                    {"--src": src, "--ref": ref, **checkpoints})
-    sources = read_sources(src)
-    references = read_sources(ref, needed="the reference translation of its source line")
-    if not references:
-        raise InputError(f"{ref} is empty: at least one line is needed")
-    if len(sources) != len(references):
-        raise InputError(f"--src has {len(sources)} lines but --ref has {len(references)}")
-    model, src_vocab, tgt_vocab, tokenizer = load_decoder(o, checkpoints, device)
-    report = score_translations(model, sources, references, src_vocab, tgt_vocab, tokenizer, o,
-                                device)
+    sources, references = read_aligned(
+        src, ref, flags=("--src", "--ref"),
+        needed=("a sentence to translate", "the reference translation of its source line"))
+    t = load_decoder(o, checkpoints, device)
+    report = score_translations(t.model, sources, references, t.src_vocab, t.tgt_vocab,
+                                t.tokenizer, o, device)
     print(*report.lines(), sep="\n",
           file=sys.stderr if STDOUT in (o.output, o.json) else sys.stdout)
     if o.output:
@@ -223,7 +227,8 @@ def plot(o: PlotOptions) -> int:
         if not sentence.strip():
             raise InputError(f"--input {o.input}: line {line} is empty")
     _check_plot_length(len(sentence.split()), "words")   # no tokenizer splits fewer tokens
-    model, src_vocab, tgt_vocab, tokenizer = load_decoder(o, checkpoints, device)
+    t = load_decoder(o, checkpoints, device)
+    model, src_vocab, tgt_vocab, tokenizer = t.model, t.src_vocab, t.tgt_vocab, t.tokenizer
     if model.arch == "rnnencdec":
         what = ("is an RNNencdec model: it has" if len(o.checkpoint) == 1
                 else "are RNNencdec models: they have")
@@ -232,7 +237,8 @@ def plot(o: PlotOptions) -> int:
     _check_plot_length(len(src_tokens), "tokens")
     [translation] = translate_corpus(model, [sentence], src_vocab, tgt_vocab, tokenizer,
                                      search=search, unk_replace=o.unk_replace, device=device)
-    model_name = " + ".join(map(_checkpoint_name, checkpoints.values()))
+    model_name = " + ".join(str(path) if step is None else f"{path} (step {step})"
+                            for path, step in zip(checkpoints.values(), t.steps, strict=True))
     note = plot_alignment_file(Path(o.output), translation, src_tokens,
                                alignment_title(model_name, sentence))
     print(translation.text)
@@ -246,18 +252,6 @@ def _check_plot_length(count: int, unit: str) -> None:
                          f"{PLOT_MAX_TOKENS} tokens (a wider plot cannot be read)")
 
 
-def _checkpoint_name(path: Path) -> str:
-    """'PATH (step N)': the step read from the checkpoint's training state, its tensors mapped
-    rather than read (load_decoder has read and checked the file); PATH alone where there is
-    no step to read."""
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        step = upgrade_payload(payload)["train_state"]["step"]
-    except Exception:                  # a title without the step, rather than no plot
-        return str(path)
-    return f"{path} (step {step})" if isinstance(step, int) else str(path)
-
-
 def average(o: AverageOptions) -> int:
     """`bahdanau average`: one checkpoint whose weights are the mean of several."""
     if o.output == STDOUT:
@@ -268,9 +262,8 @@ def average(o: AverageOptions) -> int:
     unknown = [m["file"] for m in averaged["extra"]["averaged_from"] if m["run_id"] is None]
     if unknown and len(paths) > 1 and o.last is None and o.best is None:
         more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
-        print(f"bahdanau: note: {unknown[0]}{more} record no run id (saved by an earlier "
-              "version): that the checkpoints come from one run is not checked",
-              file=sys.stderr)
+        _LOG.warning(f"{unknown[0]}{more} record no run id (saved by an earlier version): "
+                     "that the checkpoints come from one run is not checked")
     save_checkpoint(o.output, averaged)
     print(f"averaged {len(paths)} checkpoint{'s' if len(paths) > 1 else ''} "
           f"({', '.join(map(str, paths))}) into {o.output}")

@@ -11,10 +11,8 @@ import sys
 from pathlib import Path
 
 from bahdanau.checkpoint.manager import find_checkpoint
-from bahdanau.data.text import read_lines
-from bahdanau.errors import InputError
 from bahdanau.evaluate import ForcedScore, score_corpus
-from bahdanau.jobs.files import check_outputs, existing, write_text
+from bahdanau.jobs.files import check_outputs, existing, read_aligned, write_text
 from bahdanau.jobs.options import ScoreOptions
 from bahdanau.jobs.resolve import machine
 from bahdanau.translate import load
@@ -31,14 +29,8 @@ def score(o: ScoreOptions) -> int:
     src, tgt = existing(o.src, "--src"), existing(o.tgt, "--tgt")
     checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
     check_outputs({"--output": o.output}, {"--src": src, "--tgt": tgt, "--checkpoint": checkpoint})
-    sources, targets = read_lines(src, non_empty=True), read_lines(tgt, non_empty=True)
-    if len(sources) != len(targets):
-        raise InputError(f"--src has {len(sources)} lines but --tgt has {len(targets)}")
-    for what, path, lines in (("--src", src, sources), ("--tgt", tgt, targets)):
-        empty = next((i for i, line in enumerate(lines, 1) if not line.strip()), None)
-        if empty is not None:
-            raise InputError(f"{what} {path}: line {empty} is empty; every line needs a "
-                             "sentence to score")
+    sources, targets = read_aligned(src, tgt, flags=("--src", "--tgt"),
+                                    needed=("a sentence to score", "a sentence to score"))
     t = load(checkpoint, device=device)
     scores = score_corpus(t.model, sources, targets, t.src_vocab, t.tgt_vocab, t.tokenizer,
                           batch_size=o.batch_size, length_penalty=o.length_penalty,

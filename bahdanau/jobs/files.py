@@ -4,7 +4,8 @@
 that cannot be created, that would overwrite an input or another output, or that is a file of a
 run (`bahdanau.jobs.run_folder.run_file_owner`); `output_file` opens an output (``-``: stdout) and
 `write_text` writes one, never destroying what the path is (`bahdanau._files.atomic_file`);
-`read_sources` reads the sentences to translate from a file or stdin.
+`read_sources` reads the sentences to translate from a file or stdin, `read_aligned` a source
+file and its line-aligned translations.
 """
 
 from __future__ import annotations
@@ -110,3 +111,19 @@ def read_sources(path: Path | None, *, needed: str = "a sentence to translate") 
             raise InputError(f"{path or '<stdin>'}: line {i + 1} is empty; every line needs "
                              f"{needed}")
     return lines
+
+
+def read_aligned(src: Path, tgt: Path, *, flags: tuple[str, str], needed: tuple[str, str]
+                 ) -> tuple[list[str], list[str]]:
+    """A source file and its translations, line by line (`evaluate --src/--ref`, `score
+    --src/--tgt`): every line non-empty (`read_sources`, with what each side's line is
+    `needed` for), the translations not empty, and as many lines on both sides, each refused in
+    one line naming the option (`flags`)."""
+    sources = read_sources(src, needed=needed[0])
+    targets = read_sources(tgt, needed=needed[1])
+    if not targets:
+        raise InputError(f"{tgt} is empty: at least one line is needed")
+    if len(sources) != len(targets):
+        raise InputError(f"{flags[0]} has {len(sources)} lines but {flags[1]} has "
+                         f"{len(targets)}")
+    return sources, targets

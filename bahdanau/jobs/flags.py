@@ -52,7 +52,7 @@ GROUPS: dict[str, str] = {
     "model": "architecture and sizes (a preset, and changes to it)",
     "optimisation": "the optimizer, its schedule and the batches",
     "limits": "when training stops, and the dev evaluations that may stop it",
-    "decoding": "beam search, for dev and test translations",
+    "decoding": "beam search settings",
     "machine": "device, threads, precision and loader processes",
     "output": "the run folder, checkpoints and logs",
 }

@@ -219,8 +219,9 @@ class TrainOptions(SearchOptions):
                                       group="limits")
     dev_size: int = option(500, "dev sentences scored at each evaluation", low=1, group="data")
     tensorboard: bool = option(False, "also write TensorBoard events to OUT/tensorboard: each "
-                                      "log line's numbers, and dev BLEU and a dev sentence's "
-                                      "alignment image per evaluation (needs the tensorboard "
+                                      "log line's numbers; per evaluation the dev BLEU, chrF "
+                                      "and perplexity and a dev sentence's alignment image; "
+                                      "the test scores at the end (needs the tensorboard "
                                       "extra)", group="output")
     threads: int | None = option(None, _THREADS_HELP, low=1, group="machine")
     device: str = option("auto", _DEVICE_HELP, group="machine")
@@ -328,7 +329,8 @@ class TranslateOptions(DecodeOptions):
 
     input: str | None = option(None, "source file (default: stdin)", metavar="FILE")
     n_best: int = option(1, "hypotheses per sentence; >1 prints 'i ||| text ||| score'", low=1)
-    alignments: str | None = option(None, "write JSON lines with tokens and weights here",
+    alignments: str | None = option(None, "write each sentence's alignment here, one line per "
+                                          "input line, as --alignments-format says",
                                     metavar="FILE")
     alignments_format: Literal["json", "pharaoh"] = option(
         "json", "what --alignments holds per line: json (tokens and weights) or pharaoh ('i-j' "

@@ -7,18 +7,19 @@ options; `checkpoint_paths` finds the --checkpoint files and `load_decoder` load
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import torch
 
 from bahdanau._checks import default_device, default_threads, launcher_value, resolve_device
 from bahdanau.checkpoint.manager import find_checkpoint
-from bahdanau.data.tokenizers import Tokenizer
-from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.jobs.options import DecodeOptions, ScoreOptions, SearchOptions, TrainOptions
 from bahdanau.search import BeamSearch
-from bahdanau.translate import load
+from bahdanau.translate import Translator, load
+
+_LOG = logging.getLogger(__name__)
 
 
 def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
@@ -33,6 +34,7 @@ def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
         device = resolve_device(f"cuda:{launcher_value('LOCAL_RANK')}", "cuda:LOCAL_RANK")
         torch.cuda.set_device(device)
     torch.set_num_threads(o.threads or default_threads())
+    _LOG.debug(f"device {device}, {torch.get_num_threads()} CPU threads")
     return device
 
 
@@ -53,14 +55,13 @@ def checkpoint_paths(o: DecodeOptions) -> dict[str, Path]:
     return {f"--checkpoint {p}": p for p in paths}
 
 
-def load_decoder(o: DecodeOptions, paths: dict[str, Path], device: torch.device
-          ) -> tuple[torch.nn.Module, Vocab, Vocab, Tokenizer]:
-    """The checkpoint's model (the ensemble of several), vocabularies and the tokenizer it was
-    trained with."""
+def load_decoder(o: DecodeOptions, paths: dict[str, Path], device: torch.device) -> Translator:
+    """The checkpoint's model (the ensemble of several), vocabularies, the tokenizer it was
+    trained with and each checkpoint's step (`bahdanau.translate.Translator`)."""
     files = list(paths.values())
     t = load(files[0] if len(files) == 1 else files, device=device)
     if o.unk_replace and t.model.arch == "rnnencdec":
         what = "is an RNNencdec model" if len(files) == 1 else "are RNNencdec models"
         raise InputError(f"--unk-replace needs attention weights; {' '.join(map(str, files))} "
                          f"{what}")
-    return t.model, t.src_vocab, t.tgt_vocab, t.tokenizer
+    return t

@@ -190,9 +190,11 @@ def _dev_scores(o: TrainOptions, data: _Data, run: TrainRun, device: torch.devic
     folder = Path(o.out) / "dev"
 
     def validate(m: torch.nn.Module) -> dict[str, float]:
+        start = time.perf_counter()
         hyps = translate_corpus(m, sources, data.src_vocab, data.tgt_vocab, data.tokenizer,
                                 search=BeamSearch(beam_size=1, max_len=o.max_len),
                                 batch_size=o.batch_size, device=device, progress="dev")
+        decoded = time.perf_counter()
         folder.mkdir(exist_ok=True)
         write_text(folder / f"step_{run.state.step:08d}.hyp",
                    "".join(h.text + "\n" for h in hyps))
@@ -200,11 +202,16 @@ def _dev_scores(o: TrainOptions, data: _Data, run: TrainRun, device: torch.devic
         if board is not None and shown is not None and attention is not None:
             board.alignment(run.state.step, attention,
                             *alignment_labels(hyps[shown],
-                                              data.tokenizer.tokenize(sources[shown])))
+                                              data.tokenizer.tokenize(sources[shown])),
+                            title=alignment_title(f"{o.out}, step {run.state.step}",
+                                                  sources[shown]))
         scores = corpus_scores([h.text for h in hyps], references,
                                lowercase=getattr(data.tokenizer, "lowercase", False))
         with torch.no_grad():
             _, ppl = evaluate_loss(m, batches)
+        _LOG.debug(f"dev evaluation at step {run.state.step}: {len(sources)} sentences decoded "
+                   f"in {decoded - start:.1f} s, scored and perplexity in "
+                   f"{time.perf_counter() - decoded:.1f} s")
         return {"bleu": scores.bleu, "chrf": scores.chrf, "ppl": ppl}
 
     return validate

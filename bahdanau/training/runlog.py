@@ -155,15 +155,18 @@ class TensorBoardLog:
             self._writer.add_scalar(self.tags.get(tag, tag), float(value), step)
 
     def alignment(self, step: int, weights: torch.Tensor, src_tokens: Sequence[str],
-                  tgt_tokens: Sequence[str], tag: str = "dev/alignment") -> None:
-        """Write a (T, S) attention matrix as an image at `step`: a labelled heat map with
-        matplotlib installed, else the matrix itself in grayscale (white: weight 1)."""
-        from bahdanau.plot import PlotDependencyError, plot_alignment
+                  tgt_tokens: Sequence[str], tag: str = "dev/alignment", *,
+                  title: str | None = None) -> None:
+        """Write a (T, S) attention matrix as an image at `step`: a labelled heat map under
+        `title` with matplotlib installed, else the matrix itself in grayscale (white: weight
+        1); either way at most `bahdanau.plot.MAX_CELLS` rows and columns (the first ones)."""
+        from bahdanau.plot import MAX_CELLS, PlotDependencyError, plot_alignment
 
         try:
-            figure = plot_alignment(weights, src_tokens, tgt_tokens)
+            figure = plot_alignment(weights, src_tokens, tgt_tokens, title=title)
         except PlotDependencyError:
-            matrix = torch.as_tensor(weights, dtype=torch.float32).cpu().clamp(0, 1)
+            matrix = torch.as_tensor(weights, dtype=torch.float32)[:MAX_CELLS, :MAX_CELLS]
+            matrix = matrix.cpu().clamp(0, 1)
             self._writer.add_image(tag, matrix[None], step, dataformats="CHW")
         else:
             self._writer.add_figure(tag, figure, step)      # closes the figure

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from bahdanau._about import EXTRAS
 from bahdanau.cli import _config_file, build_parser
 from bahdanau.jobs import TrainOptions
 
@@ -25,7 +26,7 @@ if not DOCS.is_dir():
 
 # The extras a guide's block may import (pyproject.toml's optional-dependencies): without one, the
 # guide's blocks are skipped with the reason.
-OPTIONAL = {"triton", "matplotlib", "sentencepiece", "yaml", "tensorboard"}
+OPTIONAL = set(EXTRAS)
 
 
 def blocks(path: Path, info: str) -> list[str]:

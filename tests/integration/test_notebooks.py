@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -35,7 +36,8 @@ def _kernel_env() -> dict[str, str]:
     return env
 
 
-def _run(name: str, env: dict[str, str] | None = None) -> None:
+def _run(name: str, env: dict[str, str] | None = None) -> Any:
+    """Execute the notebook `name`; returns it with its outputs."""
     path = EXAMPLES / name
     if not path.is_file():
         pytest.skip(f"{path} is not next to the tests (installed package)")
@@ -56,11 +58,18 @@ def _run(name: str, env: dict[str, str] | None = None) -> None:
     prefix = notebook.cells[-1].outputs[0]["text"].strip()
     assert Path(prefix) == Path(sys.prefix), (
         f"the kernel ran in the environment {prefix}, not in this one ({sys.prefix})")
+    return notebook
 
 
 @pytest.mark.notebook
 def test_quickstart() -> None:
-    _run("01_quickstart.ipynb")
+    """It runs, and its training cell shows the log lines it promises (one every log_every
+    updates: five), which the library logs to the `bahdanau` logger."""
+    notebook = _run("01_quickstart.ipynb")
+    [cell] = [c for c in notebook.cells if c.cell_type == "code" and "= train(" in c.source]
+    text = "".join(out.get("text", "") for out in cell.outputs if out["output_type"] == "stream")
+    logged = [line for line in text.splitlines() if line.startswith("step ") and "loss" in line]
+    assert len(logged) == 5, text
 
 
 @pytest.mark.notebook

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -151,6 +152,30 @@ def test_no_git_commit_without_git(monkeypatch) -> None:
         _about.git_commit.cache_clear()
 
 
+def test_verbose_shows_the_machine_the_checkpoints_read_and_the_dev_timings(
+        data, tmp_path, capsys) -> None:
+    """--verbose adds DEBUG lines: the device and threads a command resolved, each checkpoint
+    file it reads, and how long each dev evaluation took; without it there are none."""
+    out = tmp_path / "run"
+    dev = ["--dev-src", str(data / "te.en"), "--dev-tgt", str(data / "te.fr")]
+    assert main(_argv(data, out, "--max-steps", "2", "--eval-every", "2", *dev,
+                      "--verbose")) == 0
+    shown = logged(capsys.readouterr().err)
+    assert "DEBUG: device cpu, 1 CPU threads" in shown
+    [dev_line] = [line for line in shown if line.startswith("DEBUG: dev evaluation")]
+    assert re.fullmatch(r"DEBUG: dev evaluation at step 2: \d+ sentences decoded in [\d.]+ s, "
+                        r"scored and perplexity in [\d.]+ s", dev_line), dev_line
+    checkpoint = out / "checkpoints" / "step_00000002.pt"
+    argv = ["translate", "--checkpoint", str(checkpoint), "--input", str(data / "te.en"),
+            "--beam-size", "1", "--max-len", "4", "--threads", "1", "--device", "cpu"]
+    assert main([*argv, "--verbose"]) == 0
+    shown = logged(capsys.readouterr().err)
+    assert "DEBUG: device cpu, 1 CPU threads" in shown
+    assert any(line.startswith(f"DEBUG: reading the checkpoint {checkpoint} (") for line in shown)
+    assert main(argv) == 0
+    assert not any("DEBUG" in line for line in logged(capsys.readouterr().err))
+
+
 def test_quiet_and_verbose_change_the_console_only(data, tmp_path, capsys) -> None:
     out = tmp_path / "run"
     assert main(_argv(data, out, "--max-steps", "1", "--quiet")) == 0
@@ -221,13 +246,30 @@ def test_dev_perplexity_and_translations_per_evaluation(data, tmp_path, capsys) 
 # ----------------------------------------------------------------------------- TensorBoard
 
 
-def test_tensorboard_writes_scalars_and_alignments(data, tmp_path) -> None:
+def test_tensorboard_writes_scalars_and_alignments(data, tmp_path, monkeypatch) -> None:
     accumulator = pytest.importorskip(
         "tensorboard.backend.event_processing.event_accumulator")
+    from bahdanau.training.runlog import TensorBoardLog
+
+    titles = []
+    drawn = TensorBoardLog.alignment
+
+    def alignment(self, step, *args, title=None, **kwargs):
+        titles.append((step, title))
+        drawn(self, step, *args, title=title, **kwargs)
+
+    monkeypatch.setattr(TensorBoardLog, "alignment", alignment)
     out = tmp_path / "run"
     dev = ["--dev-src", str(data / "te.en"), "--dev-tgt", str(data / "te.fr")]
     assert main(_argv(data, out, "--max-steps", "4", "--eval-every", "2", *dev,
                       "--tensorboard")) == 0
+    # each image is titled as the plot of the run's test sentence: the run, its step, the
+    # sentence
+    assert [step for step, _ in titles] == [2, 4]
+    for step, title in titles:
+        first, sentence = title.splitlines()
+        assert first == f"{out}, step {step}" and sentence.strip("\u201c\u201d") in (
+            data / "te.en").read_text(encoding="utf-8").splitlines()
     events = accumulator.EventAccumulator(str(out / "tensorboard"),
                                           size_guidance={"images": 0, "scalars": 0})
     events.Reload()
@@ -259,12 +301,29 @@ def test_alignment_image_without_matplotlib(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(plot, "_pyplot", missing)
     weights = torch.tensor([[0.5, 0.5], [1.0, 0.0], [0.2, 0.8]])         # (T=3, S=2)
+    long = torch.full((plot.MAX_CELLS + 7, plot.MAX_CELLS + 2), 0.5)     # capped as a plot is
     with TensorBoardLog(tmp_path) as board:
         board.alignment(3, weights, ["a", "b"], ["x", "y", "</s>"])
+        board.alignment(4, long, ["a"] * long.shape[1], ["x"] * long.shape[0])
     events = accumulator.EventAccumulator(str(tmp_path))
     events.Reload()
-    [image] = events.Images("dev/alignment")
-    assert (image.step, image.width, image.height) == (3, 2, 3)
+    small, capped = events.Images("dev/alignment")
+    assert (small.step, small.width, small.height) == (3, 2, 3)
+    assert (capped.step, capped.width, capped.height) == (4, plot.MAX_CELLS, plot.MAX_CELLS)
+
+
+def test_alignment_image_has_the_title(tmp_path) -> None:
+    pytest.importorskip("tensorboard")
+    pytest.importorskip("matplotlib")
+    from bahdanau.training.runlog import TensorBoardLog
+
+    figures = []
+    with TensorBoardLog(tmp_path) as board:
+        board._writer.add_figure = lambda tag, figure, step: figures.append(figure)
+        board.alignment(3, torch.tensor([[0.5, 0.5], [1.0, 0.0]]), ["a", "b"], ["x", "</s>"],
+                        title="runs/x, step 3\n\u201ca b\u201d")
+    [figure] = figures
+    assert figure._suptitle.get_text() == "runs/x, step 3\n\u201ca b\u201d"
 
 
 def test_tensorboard_missing_is_one_error_line(data, tmp_path, capsys, monkeypatch) -> None:

@@ -27,8 +27,9 @@ from training_fixtures import (
 from bahdanau.cli import main
 from bahdanau.config import TrainConfig
 from bahdanau.data import DefaultTokenizer, Vocab, collate
-from bahdanau.evaluate import translate_corpus
+from bahdanau.evaluate import score_corpus, score_ids, translate_corpus
 from bahdanau.search import BeamSearch, greedy_search
+from bahdanau.serving import greedy_decode
 from bahdanau.training import run_step, save_run, setup_run, train, train_run, train_step
 
 VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
@@ -298,3 +299,39 @@ def test_search_of_a_good_model_is_unchanged() -> None:
 def test_default_limit_is_a_setting() -> None:
     assert TrainConfig().max_nonfinite_steps == 5
     one_line_error(lambda: TrainConfig(max_nonfinite_steps=0), "max_nonfinite_steps")
+
+
+def test_the_serving_greedy_loop_refuses_nan_scores() -> None:
+    """`greedy_decode` over programs whose step gives NaN in one row at the second step: an
+    error, where argmax picked the NaN's column as the next token."""
+    vocab_size, eos = 6, 2
+
+    def encoder(src: Tensor, lengths: Tensor) -> tuple[Tensor, Tensor]:
+        return torch.zeros(src.shape[0], 3), torch.zeros(src.shape[0], src.shape[1])
+
+    calls = []
+
+    def step(tokens: Tensor, hidden: Tensor, memory: Tensor) -> tuple[Tensor, Tensor]:
+        calls.append(tokens)
+        log_probs = torch.full((tokens.shape[0], vocab_size), -5.0)
+        log_probs[:, 4] = -0.1                                 # token 4, never eos: runs on
+        if len(calls) == 2:
+            log_probs[1, 5] = math.nan
+        return log_probs, hidden
+
+    src = torch.tensor([[4, 5], [5, 4]])
+    one_line_error(lambda: greedy_decode(encoder, step, src, torch.tensor([2, 2]), bos_id=1,
+                                         eos_id=eos, pad_id=0, max_len=5),
+                   "the model's scores are NaN")
+    assert len(calls) == 2                                     # stopped at the NaN's step
+
+
+def test_scoring_refuses_a_model_whose_scores_are_nan() -> None:
+    """Forced decoding of a diverged model: the error of the search, not a score of nan."""
+    model = tiny_model()
+    with torch.no_grad():
+        model.decoder.output.weight[3, 2] = math.inf
+    pairs = [(ex.src, ex.tgt) for ex in EXAMPLES[:3]]
+    one_line_error(lambda: score_ids(model, pairs), "the model's scores are NaN")
+    one_line_error(lambda: score_corpus(model, ["w4 w5"], ["w6"], VOCAB, VOCAB,
+                                        DefaultTokenizer()), "the model's scores are NaN")

@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from bahdanau._about import EXTRAS
+
 ROOT = Path(__file__).resolve().parents[2]
 if (ROOT / "bahdanau" / "__init__.py").is_file():
     PACKAGE = ROOT / "bahdanau"                           # the source tree next to the tests
@@ -69,7 +71,7 @@ MAX_MODULE_LINES = 650
 MAX_FUNCTION_LINES = 80
 
 # Imported by some modules at module level and not installed by `pip install bahdanau`.
-OPTIONAL = {"triton", "matplotlib", "sentencepiece", "yaml", "tensorboard", "tqdm"}
+OPTIONAL = set(EXTRAS)
 # Importing it runs the command line (`python -m bahdanau`); its imports are checked with ast.
 NOT_IMPORTED = {"bahdanau.__main__"}
 

@@ -2,20 +2,45 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import bahdanau
+from bahdanau._about import EXTRAS
 
 
 def test_import_is_lean() -> None:
-    code = ("import sys, torch, bahdanau\n"
-            "optional = ('triton', 'matplotlib', 'sentencepiece', 'tensorboard')\n"
-            "print(sorted(m for m in optional if m in sys.modules), torch.cuda.is_initialized())\n")
+    """`import bahdanau` loads no optional extra (beyond what torch itself loads: torch.hub
+    imports tqdm when it is installed) and does not touch CUDA."""
+    code = ("import sys, torch\n"
+            "before = set(sys.modules)\n"
+            "import bahdanau\n"
+            "from bahdanau._about import EXTRAS\n"
+            "print(sorted(m for m in EXTRAS if m in set(sys.modules) - before),"
+            " torch.cuda.is_initialized())\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout.strip() == "[] False"
+
+
+def test_extras_are_pyproject_optional_dependencies() -> None:
+    """`bahdanau._about.EXTRAS` names every extra of pyproject.toml a user installs, and each
+    extra's package provides the module it is listed under."""
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11")
+    pyproject = Path(bahdanau.__file__).parents[1] / "pyproject.toml"
+    if not pyproject.is_file():
+        pytest.skip("pyproject.toml is not next to the package (installed package)")
+    extras = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"]
+    assert set(EXTRAS.values()) == set(extras) - {"test", "docs"}
+    for module, extra in EXTRAS.items():
+        [requirement] = extras[extra]
+        name = re.split(r"[<>=!~ \[]", requirement)[0].lower()
+        assert name in {module, "pyyaml"}, (module, extra, requirement)
 
 
 def test_all_names_exist() -> None:

@@ -9,7 +9,9 @@ fixture's setup and the test.
 from __future__ import annotations
 
 import io
+import os
 import sys
+import threading
 
 import pytest
 from training_fixtures import tiny_model
@@ -19,7 +21,7 @@ from bahdanau._progress import Bar, progress_bar, progress_shown, show_progress
 from bahdanau.checkpoint.averaging import average_checkpoints
 from bahdanau.cli import main
 from bahdanau.data.corpus import prepare_corpus
-from bahdanau.evaluate import translate_corpus
+from bahdanau.evaluate import score_corpus, translate_corpus
 from bahdanau.search import BeamSearch
 from bahdanau.training.state import checkpoint_payload
 
@@ -130,3 +132,52 @@ def test_translate_command_bar_and_no_progress(monkeypatch, tmp_path) -> None:
     terminal, stdout = on_terminal(monkeypatch)
     assert main([*argv, "--no-progress"]) == 0
     assert stdout.getvalue().splitlines() == out and terminal.getvalue() == ""
+
+
+def test_translate_command_counts_the_lines_of_a_fifo(monkeypatch, tmp_path) -> None:
+    """A FIFO as --input has no size: its bar counts lines, as stdin's does."""
+    checkpoint, fifo = tmp_path / "m.pt", tmp_path / "in.fifo"
+    save_checkpoint(checkpoint, checkpoint_payload(tiny_model(), src_vocab=VOCAB,
+                                                   tgt_vocab=VOCAB,
+                                                   tokenizer=WhitespaceTokenizer()))
+    os.mkfifo(fifo)
+    text = "\n".join(SENTENCES) + "\n"
+    writer = threading.Thread(target=fifo.write_text, args=(text,), kwargs={"encoding": "utf-8"})
+    terminal, stdout = on_terminal(monkeypatch)
+    writer.start()
+    try:
+        assert main(["translate", "--checkpoint", str(checkpoint), "--input", str(fifo),
+                     "--beam-size", "1", "--max-len", "4", "--threads", "1",
+                     "--device", "cpu"]) == 0
+    finally:
+        writer.join(timeout=60)
+    assert len(stdout.getvalue().splitlines()) == len(SENTENCES)
+    drawn = terminal.getvalue()
+    assert "translating" in drawn and "lines [" in drawn and "B/s" not in drawn, drawn
+
+
+def test_score_counts_the_sentences_and_the_command_keeps_stdout_for_scores(
+        monkeypatch, tmp_path) -> None:
+    terminal, stdout = on_terminal(monkeypatch)
+    model = tiny_model()
+    scores = score_corpus(model, SENTENCES, SENTENCES[::-1], VOCAB, VOCAB,
+                          WhitespaceTokenizer(), batch_size=5)
+    drawn = terminal.getvalue()
+    assert "scoring" in drawn and f"/{len(SENTENCES)} " in drawn and stdout.getvalue() == ""
+    terminal.truncate(0)
+    assert score_corpus(model, SENTENCES, SENTENCES[::-1], VOCAB, VOCAB, WhitespaceTokenizer(),
+                        batch_size=5, progress=None) == scores
+    assert terminal.getvalue() == ""
+    checkpoint, src, tgt = tmp_path / "m.pt", tmp_path / "s.txt", tmp_path / "t.txt"
+    save_checkpoint(checkpoint, checkpoint_payload(model, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                                                   tokenizer=WhitespaceTokenizer()))
+    src.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    tgt.write_text("\n".join(SENTENCES[::-1]) + "\n", encoding="utf-8")
+    argv = ["score", "--checkpoint", str(checkpoint), "--src", str(src), "--tgt", str(tgt),
+            "--threads", "1", "--device", "cpu"]
+    terminal, stdout = on_terminal(monkeypatch)
+    assert main(argv) == 0
+    assert "scoring" in terminal.getvalue()
+    assert len(stdout.getvalue().splitlines()) == len(SENTENCES)     # the scores alone
+    terminal, stdout = on_terminal(monkeypatch)
+    assert main([*argv, "--no-progress"]) == 0 and terminal.getvalue() == ""

@@ -25,6 +25,7 @@ from bahdanau.models import build_model
 from bahdanau.search import BeamSearch, greedy_search
 from bahdanau.serving import (
     ExportedDecoder,
+    _readme,
     export_programs,
     greedy_decode,
     load_exported,
@@ -89,6 +90,8 @@ def test_folder_files_and_errors(exported, tmp_path, capsys, tmp_path_factory) -
     assert manifest["memory_tensors"] >= 2 and manifest["attention"] is True
     readme = (folder / "README.md").read_text()
     assert "def greedy_decode(" in readme and "eos 2" in readme
+    assert "log_probs (N, V) float32" in readme and "weights (N, S) float32" in readme
+    assert "`tokenizer_from_payload` of `bahdanau.data.tokenizers` rebuilds it" in readme
     capsys.readouterr()
     assert main(["export", "--checkpoint", str(folder / "missing.pt"), "--out",
                  str(tmp_path / "x")]) == 2
@@ -100,6 +103,18 @@ def test_folder_files_and_errors(exported, tmp_path, capsys, tmp_path_factory) -
     (tmp_path / "partial").mkdir()
     one_line_error(lambda: load_exported(tmp_path / "partial"), "not an exported model",
                    "encoder.pt2")
+
+
+def test_readme_names_the_models_dtype_and_its_sentencepiece_model() -> None:
+    """A float64 model's programs give float64 (the manifest's dtype), and a SentencePiece
+    tokenizer is rebuilt from tokenizer.model, not from tokenizer.json alone."""
+    manifest = {"arch": "rnnsearch", "memory_tensors": 4, "attention": True, "dtype": "float64",
+                "pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3}
+    readme = _readme(manifest, sentencepiece=True)
+    assert "log_probs (N, V) float64" in readme and "weights (N, S) float64" in readme
+    assert "float32" not in readme
+    assert "SentencePiece model `tokenizer.model`" in readme
+    assert "tokenizer_from_payload" not in readme
 
 
 @pytest.mark.slow

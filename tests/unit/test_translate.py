@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import os
+import threading
 
 import pytest
 import torch
@@ -200,3 +202,28 @@ def test_load_without_a_checkpoint_is_one_line(tmp_path) -> None:
     assert find_checkpoint(tmp_path / "x.pt") == tmp_path / "x.pt"
     message = one_line_error(lambda: bahdanau.load(tmp_path / "x.pt"))
     assert message.startswith(str(tmp_path / "x.pt"))
+
+
+def test_translate_reads_a_fifo_as_input(tmp_path, capsys) -> None:
+    """--input a FIFO (what /dev/stdin or <(zcat x.gz) is): no size and no position, so its
+    lines are counted; three windows of 20 x --batch-size 1 translate as the same lines read
+    from a regular file (the FIFO crashed with 'Illegal seek' after the first window)."""
+    checkpoint, regular, fifo = tmp_path / "m.pt", tmp_path / "in.txt", tmp_path / "in.fifo"
+    save_checkpoint(checkpoint, checkpoint_payload(tiny_model(), src_vocab=VOCAB,
+                                                   tgt_vocab=VOCAB,
+                                                   tokenizer=WhitespaceTokenizer()))
+    text = "".join(f"w{i % 12} w{(3 * i) % 12}\n" for i in range(45))
+    regular.write_text(text, encoding="utf-8")
+    argv = ["translate", "--checkpoint", str(checkpoint), "--beam-size", "1", "--max-len", "4",
+            "--batch-size", "1", "--threads", "1", "--device", "cpu", "--input"]
+    assert main([*argv, str(regular)]) == 0
+    expected = capsys.readouterr().out
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=fifo.write_text, args=(text,), kwargs={"encoding": "utf-8"})
+    writer.start()
+    try:
+        assert main([*argv, str(fifo)]) == 0
+    finally:
+        writer.join(timeout=60)
+    out = capsys.readouterr().out
+    assert out == expected and len(out.splitlines()) == 45
