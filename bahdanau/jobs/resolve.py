@@ -17,6 +17,7 @@ from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.errors import InputError
 from bahdanau.jobs.options import DecodeOptions, ScoreOptions, SearchOptions, TrainOptions
 from bahdanau.search import BeamSearch
+from bahdanau.training.threads import AdaptiveThreads
 from bahdanau.translate import Translator, load
 
 _LOG = logging.getLogger(__name__)
@@ -36,6 +37,29 @@ def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
     torch.set_num_threads(o.threads or default_threads())
     _LOG.debug(f"device {device}, {torch.get_num_threads()} CPU threads")
     return device
+
+
+def thread_tuner(o: TrainOptions, device: torch.device) -> AdaptiveThreads | None:
+    """The `AdaptiveThreads` of a training run on the CPU whose --threads is not given, which
+    starts at the default count and follows the machine's load; None with --threads, on a GPU,
+    under torchrun (its processes share the cores, LOCAL_WORLD_SIZE each) or on one core."""
+    most = torch.get_num_threads()
+    if (o.threads is not None or device.type != "cpu" or launcher_value("WORLD_SIZE") > 1
+            or most == 1):
+        return None
+    return AdaptiveThreads(most)
+
+
+def machine_line(device: torch.device, tuner: AdaptiveThreads | None) -> str:
+    """The first line of a training log: the device, and the CPU threads and how they were
+    chosen."""
+    if device.type != "cpu":
+        return f"machine: {device} ({torch.cuda.get_device_name(device)})"
+    if tuner is None:
+        n = torch.get_num_threads()
+        return f"machine: cpu, {n} thread{'s' if n != 1 else ''}"
+    return (f"machine: cpu, {tuner.most} threads at first, then as many as measure fastest "
+            "beside the machine's other work (--threads N fixes the count)")
 
 
 def beam_search(o: SearchOptions, n_best: int = 1) -> BeamSearch:

@@ -39,7 +39,7 @@ from bahdanau.jobs.report import (
     score_translations,
     typical_sentence,
 )
-from bahdanau.jobs.resolve import machine
+from bahdanau.jobs.resolve import machine, machine_line, thread_tuner
 from bahdanau.jobs.run_folder import RUN_CONFIG, holds_run, locked, remove_run, stored_options
 from bahdanau.models import build_model
 from bahdanau.search import BeamSearch
@@ -296,6 +296,20 @@ def _open_records(o: TrainOptions, run: TrainRun, log: TrainLog | None, command:
     return board
 
 
+def _start_lines(o: TrainOptions, data: _Data, run: TrainRun) -> list[str]:
+    """What a run logs as it starts: its data and model, where its weights come from, and how
+    its processes share each update."""
+    lines = [f"data: {len(data.examples)} training pairs (of {data.n_pairs}), vocabularies "
+             f"{len(data.src_vocab)} / {len(data.tgt_vocab)}; model {o.model.arch} "
+             f"({o.model.name}), {sum(p.numel() for p in run.model.parameters()):,} parameters"]
+    if data.init is not None and run.resumed_from is None:
+        lines.append(f"weights from {data.init.path} (--init-from); the optimizer starts afresh")
+    if run.plan.processes > 1:
+        lines.append(f"{run.plan.processes} processes x accumulation {run.cfg.accumulation} = "
+                     f"{run.plan.size} batches per update")
+    return lines
+
+
 def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobResult:
     """Train and score the model of `o` in the run folder `o.out` (``bahdanau train``).
 
@@ -321,6 +335,8 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
         # rank 0 logs, and writes OUT/train.log once the run starts; the others say nothing
         log = stack.enter_context(TrainLog()) if main else None
         say = _LOG.info if main else _quiet
+        tuner = thread_tuner(o, device)
+        say(machine_line(device, tuner))
         if not data.test:
             say("no test set: the model is trained and saved but not scored (give --test-src "
                 "and --test-tgt to score it)")
@@ -341,15 +357,10 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
             return TrainJobResult(out, run.state.step, finished, None, None, trained=False)
         if changes is not None:
             run.resume_changes = changes                 # in the command line's terms
+        run.threads = tuner
         board = _open_records(o, run, log, command, device, stack)
-        say(f"data: {len(data.examples)} training pairs (of {data.n_pairs}), vocabularies "
-            f"{len(data.src_vocab)} / {len(data.tgt_vocab)}; model {o.model.arch} "
-            f"({o.model.name}), {sum(p.numel() for p in model.parameters()):,} parameters")
-        if data.init is not None and run.resumed_from is None:
-            say(f"weights from {data.init.path} (--init-from); the optimizer starts afresh")
-        if run.plan.processes > 1:
-            say(f"{run.plan.processes} processes x accumulation {cfg.accumulation} = "
-                f"{run.plan.size} batches per update")
+        for line in _start_lines(o, data, run):
+            say(line)
         result = train_run(run, validate=_dev_scores(o, data, run, device, board), log=say,
                            scalars=board.scalars if board is not None else None)
         job = TrainJobResult(out, result.step, result.stopped, None, None)

@@ -65,6 +65,7 @@ from bahdanau.training.state import (
     unwrap_model,
 )
 from bahdanau.training.step import AMP_DTYPES, LossModule, StepStats, make_optimizer, train_step
+from bahdanau.training.threads import AdaptiveThreads
 
 _LOG = logging.getLogger(__name__)
 
@@ -105,6 +106,7 @@ class TrainRun:
     loader: BatchLoader | None = None       # with cfg.loader_workers: batches collated ahead
     ema: WeightEMA | None = None            # with cfg.ema_decay: the weights' moving average
     scores: dict[str, float] = field(default_factory=dict)  # the last evaluation's (rank 0)
+    threads: AdaptiveThreads | None = None  # None: torch's thread count stays as it is
 
 
 def _tick(run: TrainRun) -> None:
@@ -353,7 +355,7 @@ def run_step(run: TrainRun) -> StepStats:
     Returns:
         The step's `StepStats`.
     """
-    cfg, state = run.cfg, run.state
+    cfg, state, started = run.cfg, run.state, time.perf_counter()
     planned = run.plan.update(state.epoch, state.position)
     batches = _batches_of(run, planned)
     set_lr(run.optimizer, run.schedule(state.step + 1, state.lr_decays))
@@ -371,6 +373,8 @@ def run_step(run: TrainRun) -> StepStats:
     state.step += 1
     state.epoch, state.position = planned.after
     _tick(run)
+    if run.threads is not None and not stats.non_finite:
+        run.threads.observe(stats.n_tokens, time.perf_counter() - started)
     return stats
 
 

@@ -10,14 +10,23 @@ Data: the shipped Multi30k en->fr training set tokenized with `DefaultTokenizer`
 `--data-dir`, whitespace-tokenized `train.src` / `train.tgt` files (e.g. the Moses-tokenized files
 a peer benchmark prepared, so both sides read identical text).
 
-    python examples/benchmarks/bench_train.py                       # mid-size model, 2 threads
+    python examples/benchmarks/bench_train.py                       # mid-size model
     python examples/benchmarks/bench_train.py --data-dir DIR --json out.json
+    python examples/benchmarks/bench_train.py --busy 1              # idle, then beside 1 busy loop
+
+Threads: ``--threads auto`` (the default) is what ``bahdanau train`` does without --threads:
+start with every usable core and follow the machine's load (`AdaptiveThreads`); ``--threads
+N`` fixes the count. ``--busy N`` measures twice in one run, first on the machine as it is,
+then beside N CPU-bound processes that it starts (and stops), and prints the share of the first
+speed that the second keeps: what a laptop or a shared server does to a run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import resource
 import statistics
 import time
@@ -37,6 +46,7 @@ from bahdanau.data import (
     multi30k_files,
     read_parallel,
 )
+from bahdanau.training.threads import AdaptiveThreads
 
 
 def canary_gflops(seconds: float = 1.0) -> float:
@@ -60,35 +70,24 @@ def load_pairs(data_dir: str | None) -> tuple[list[tuple[str, str]], object, str
     return pairs, DefaultTokenizer(), "shipped Multi30k train en->fr (DefaultTokenizer)"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", help="folder with whitespace-tokenized train.src/train.tgt")
-    parser.add_argument("--preset", default="small", choices=["tiny", "small", "rnnsearch_50"])
-    parser.add_argument("--arch", default="rnnsearch", choices=["rnnsearch", "rnnencdec"])
-    parser.add_argument("--vocab", type=int, default=10000, help="words per side (+4 specials)")
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--max-len", type=int, default=80)
-    parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--measure", type=int, default=200)
-    parser.add_argument("--interval", type=int, default=20, help="updates per reported interval")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLS,
-                        help="attention path (triton: the fused kernel, CUDA)")
-    parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--json", help="also write the results here")
-    args = parser.parse_args()
+def spin() -> None:
+    """A CPU-bound process: another program taking a core."""
+    while True:
+        pass
 
-    torch.set_num_threads(args.threads)
+
+def measure(args: argparse.Namespace, examples: list, vocab_sizes: tuple[int, int],
+            busy: int) -> dict:
+    """Train a fresh model for the warm-up and measured updates, beside `busy` spinning
+    processes; its numbers."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    if args.threads == "auto":
+        tuner: AdaptiveThreads | None = AdaptiveThreads(cores or 1, log=print)
+    else:
+        tuner = None
+        torch.set_num_threads(int(args.threads))
     torch.manual_seed(args.seed)
-    pairs, tokenizer, data_name = load_pairs(args.data_dir)
-    src_tok = [tokenizer.tokenize(s) for s, _ in pairs]
-    tgt_tok = [tokenizer.tokenize(t) for _, t in pairs]
-    src_vocab = Vocab.build(src_tok, max_size=args.vocab)
-    tgt_vocab = Vocab.build(tgt_tok, max_size=args.vocab)
-    examples = encode_pairs(pairs, src_vocab, tgt_vocab, tokenizer, max_len=args.max_len)
-    cfg = getattr(presets, args.preset)(len(src_vocab), len(tgt_vocab))
+    cfg = getattr(presets, args.preset)(*vocab_sizes)
     model: RNNSearch = build_model(cfg.__class__(
         **{**cfg.to_dict(), "arch": args.arch, "attention_impl": args.attention_impl}))
     model.to(args.device).train()
@@ -104,47 +103,56 @@ def main() -> None:
             yield from sampler
             epoch += 1
 
-    canary_before = canary_gflops()
-    stream = batches()
-    interval_tokens, interval_start, rates = 0, 0.0, []
-    total_tokens, total_seconds = 0, 0.0
-    for update in range(1, args.warmup + args.measure + 1):
-        if update == args.warmup + 1:
-            sync()
-            interval_start = time.perf_counter()
-            window_start = interval_start
-            faults_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        batch = collate([examples[i] for i in next(stream)])
-        src, src_lengths, tgt_in, tgt_out = (t.to(args.device) for t in (
-            batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out))
-        loss, n_tokens = model.loss(src, src_lengths, tgt_in, tgt_out)
-        optimizer.zero_grad(set_to_none=True)
-        (loss / batch.src.shape[0]).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        if update > args.warmup:
-            interval_tokens += int(n_tokens)
-            if (update - args.warmup) % args.interval == 0:
+    spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(busy)]
+    for p in spinners:
+        p.start()
+    try:
+        canary_before = canary_gflops()
+        stream = batches()
+        interval_tokens, interval_start, rates = 0, 0.0, []
+        total_tokens = 0
+        for update in range(1, args.warmup + args.measure + 1):
+            if update == args.warmup + 1:
                 sync()
-                now = time.perf_counter()
-                rates.append(interval_tokens / (now - interval_start))
-                total_tokens += interval_tokens
-                interval_tokens, interval_start = 0, now
-    total_seconds = time.perf_counter() - window_start
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_start
-    canary_after = canary_gflops()
-
-    result = {
+                interval_start = time.perf_counter()
+                window_start = interval_start
+                faults_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            started = time.perf_counter()
+            batch = collate([examples[i] for i in next(stream)])
+            src, src_lengths, tgt_in, tgt_out = (t.to(args.device) for t in (
+                batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out))
+            loss, n_tokens = model.loss(src, src_lengths, tgt_in, tgt_out)
+            optimizer.zero_grad(set_to_none=True)
+            (loss / batch.src.shape[0]).backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            if tuner is not None:
+                tuner.observe(int(n_tokens), time.perf_counter() - started)
+            if update > args.warmup:
+                interval_tokens += int(n_tokens)
+                if (update - args.warmup) % args.interval == 0:
+                    sync()
+                    now = time.perf_counter()
+                    rates.append(interval_tokens / (now - interval_start))
+                    total_tokens += interval_tokens
+                    interval_tokens, interval_start = 0, now
+        total_seconds = time.perf_counter() - window_start
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults_start
+        canary_after = canary_gflops()
+    finally:
+        for p in spinners:
+            p.terminate()
+    return {
         "library": "bahdanau",
-        "data": data_name,
         "preset": args.preset,
         "arch": args.arch,
         "params": params,
-        "src_vocab": len(src_vocab),
-        "tgt_vocab": len(tgt_vocab),
+        "src_vocab": vocab_sizes[0],
+        "tgt_vocab": vocab_sizes[1],
         "train_pairs": len(examples),
         "batch_size": args.batch_size,
-        "threads": args.threads,
+        "threads": args.threads if tuner is None else f"auto (ended at {tuner.threads})",
+        "busy_processes": busy,
         "device": args.device,
         "attention_impl": args.attention_impl,
         "updates_measured": args.measure,
@@ -161,9 +169,55 @@ def main() -> None:
         "canary_gflops_after": round(canary_after, 1),
         "torch": torch.__version__,
     }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", help="folder with whitespace-tokenized train.src/train.tgt")
+    parser.add_argument("--preset", default="small", choices=["tiny", "small", "rnnsearch_50"])
+    parser.add_argument("--arch", default="rnnsearch", choices=["rnnsearch", "rnnencdec"])
+    parser.add_argument("--vocab", type=int, default=10000, help="words per side (+4 specials)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--max-len", type=int, default=80)
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--measure", type=int, default=200)
+    parser.add_argument("--interval", type=int, default=20, help="updates per reported interval")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--threads", default="auto",
+                        help="auto (bahdanau train's default: adapted to the load) or a count")
+    parser.add_argument("--busy", type=int, default=0,
+                        help="measure again beside N CPU-bound processes, and the ratio")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLS,
+                        help="attention path (triton: the fused kernel, CUDA)")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    if args.threads != "auto" and not (args.threads.isdigit() and int(args.threads) > 0):
+        parser.error(f"--threads must be auto or a positive count, got {args.threads!r}")
+
+    pairs, tokenizer, data_name = load_pairs(args.data_dir)
+    src_tok = [tokenizer.tokenize(s) for s, _ in pairs]
+    tgt_tok = [tokenizer.tokenize(t) for _, t in pairs]
+    src_vocab = Vocab.build(src_tok, max_size=args.vocab)
+    tgt_vocab = Vocab.build(tgt_tok, max_size=args.vocab)
+    examples = encode_pairs(pairs, src_vocab, tgt_vocab, tokenizer, max_len=args.max_len)
+    sizes = (len(src_vocab), len(tgt_vocab))
+    result = {"data": data_name, **measure(args, examples, sizes, busy=0)}
+    if args.busy:
+        beside = measure(args, examples, sizes, busy=args.busy)
+        result["busy"] = beside
+        result["busy_share_of_idle"] = round(
+            beside["train_tgt_tokens_per_s"] / result["train_tgt_tokens_per_s"], 3)
     width = max(len(k) for k in result)
     for key, value in result.items():
-        print(f"{key:<{width}}  {value}")
+        if key != "busy":
+            print(f"{key:<{width}}  {value}")
+    if args.busy:
+        print(f"beside {args.busy} busy process(es): {beside['train_tgt_tokens_per_s']:.0f} "
+              f"target tokens/s ({beside['threads']} threads), "
+              f"{result['busy_share_of_idle']:.0%} of {result['train_tgt_tokens_per_s']:.0f} "
+              f"without them ({result['threads']})")
     if args.json:
         Path(args.json).write_text(json.dumps(result) + "\n")
 

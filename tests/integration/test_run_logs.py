@@ -80,11 +80,24 @@ def test_train_log_holds_what_was_logged_and_appends(data, tmp_path, capsys) -> 
     starts = _starts(out / "train.log")
     assert [lines for _, lines in starts] == shown
     assert starts[0][0][0] == "# bahdanau train " + " ".join(first[1:])
-    assert "--max-steps 3" in starts[1][0][0] and shown[1][1].startswith("resumed from")
+    assert "--max-steps 3" in starts[1][0][0] and shown[1][2].startswith("resumed from")
     assert any(line.startswith("step 3 | epoch") for line in shown[1])
     assert main(_argv(data, out, "--max-steps", "1", "--overwrite")) == 0   # a new run: a
     [(header, lines)] = _starts(out / "train.log")                          # new log
     assert "--overwrite" in header[0] and lines == logged(capsys.readouterr().err)
+
+
+def test_the_first_line_says_how_many_threads(data, tmp_path, capsys) -> None:
+    """The machine and its threads lead the log: --threads fixes the count, and without it the
+    run starts on the usable cores and follows the machine's load (`AdaptiveThreads`)."""
+    assert main(_argv(data, tmp_path / "fixed", "--max-steps", "1")) == 0
+    assert logged(capsys.readouterr().err)[0] == "machine: cpu, 1 thread"
+    argv = _argv(data, tmp_path / "auto", "--max-steps", "1")
+    at = argv.index("--threads")
+    assert main(argv[:at] + argv[at + 2:]) == 0
+    first = logged(capsys.readouterr().err)[0]
+    assert first.startswith(f"machine: cpu, {default_threads()} threads at first, then as many "
+                            "as measure fastest") or first == "machine: cpu, 1 thread", first
 
 
 def test_train_log_outside_the_command_line(tmp_path, capsys) -> None:
