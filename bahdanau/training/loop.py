@@ -277,8 +277,10 @@ def _loop(run: TrainRun, validate: Validate | None,
             save_run(run, metric=metric)
             last_saved = state.step
 
-    if skipped:                  # the weights the run ends with gave no finite loss since
-        raise divergence(run, f"the run stopped ({stopped}) after {_not_finite(stats, skipped)}")
+    if skipped and run.is_main:  # fewer than the limit: a transient overflow (fp16), say
+        log(f"step {state.step} | the run stopped ({stopped}) after {skipped} skipped "
+            f"update{'s' if skipped != 1 else ''} (max_nonfinite_steps "
+            f"{cfg.max_nonfinite_steps}): its weights are those of the last applied update")
     if window_tokens:
         result.train_loss = window_loss / window_tokens
     final_metric = None
