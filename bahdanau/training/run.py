@@ -251,7 +251,7 @@ def _checkpoint_manager(checkpoint_dir: str | Path, cfg: TrainConfig, resume: bo
                         ) -> CheckpointManager:
     """The run's checkpoint folder; refuses one that the run cannot continue or must not touch."""
     manager = CheckpointManager(checkpoint_dir, keep_last=cfg.keep_last, keep_best=cfg.keep_best,
-                                metric=cfg.early_stopping_metric)
+                                metric_name=cfg.early_stopping_metric)
     if not resume and (manager.latest() or manager.best()):
         raise InputError(f"{checkpoint_dir} holds checkpoints of an earlier run: resume it, "
                          "or start over in another directory (nothing is deleted)")
