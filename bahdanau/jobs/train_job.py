@@ -303,7 +303,9 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
         The `TrainJobResult`.
     Raises:
         InputError: a bad option, file, device or run folder (before any work), or a run
-            folder whose run cannot continue with these options.
+            folder whose run cannot continue with these options. An error that stops a run
+            once its train.log is open (a divergence, a dead loader worker) is also the log's
+            last line (`TrainLog`).
     """
     start = time.perf_counter()
     o, device, changes = _checked_options(o)

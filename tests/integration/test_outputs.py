@@ -29,6 +29,7 @@ import pytest
 import torch
 from training_fixtures import (
     failing_writes,
+    logged,
     random_examples,
     tiny_model,
     unlogged,
@@ -72,6 +73,8 @@ def _one_error(capsys, code: int, *fragments: str) -> str:
     assert err.startswith("bahdanau: error: ") and err.count("\n") == 1, captured.err
     for fragment in fragments:
         assert fragment in err, f"{fragment!r} not in {err!r}"
+    message = err.removeprefix("bahdanau: error: ").rstrip("\n")
+    assert not any(message in line for line in logged(captured.err)), captured.err  # once
     return err
 
 
@@ -403,7 +406,10 @@ def test_a_dead_loader_worker_is_one_line_from_the_command(root, tmp_path, capsy
     monkeypatch.setattr(plan.BatchLoader, "_dead_worker", dead_at_step_3)
     out = tmp_path / "run"
     code = main(_train_argv(root, out, "--loader-workers", "1", "--save-every", "100"))
-    _one_error(capsys, code, "DataLoader worker (pid 4242) is killed by signal: Killed.",
-               f"stopped at step 2 with its checkpoint {out / 'checkpoints' / 'step_00000002.pt'}")
+    err = _one_error(capsys, code, "DataLoader worker (pid 4242) is killed by signal: Killed.",
+                     "stopped at step 2 with its checkpoint "
+                     f"{out / 'checkpoints' / 'step_00000002.pt'}")
+    error = err.removeprefix("bahdanau: error: ").rstrip("\n")
+    assert logged((out / "train.log").read_text())[-1] == f"ERROR: {error}"
     assert load_checkpoint(out / "checkpoints" / "step_00000002.pt")["train_state"]["step"] == 2
     torch.set_num_threads(1)

@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 from training_fixtures import (
+    logged,
     one_line_error,
     random_examples,
     tiny_model,
@@ -245,9 +246,14 @@ def test_cli_learning_rate_1e308_ends_in_one_line(tmp_path, capsys) -> None:
             ("b", ["--eval-every", "1", "--save-every", "1"], "the weights hold NaN or inf")):
         capsys.readouterr()
         assert main([*base, "--out", str(tmp_path / out), *extra]) == 2
-        err = unlogged(capsys.readouterr().err)         # the run's log lines are on stderr too
+        console = capsys.readouterr().err
+        err = unlogged(console)                         # the run's log lines are on stderr too
         assert err.count("\n") == 1 and err.startswith("bahdanau: error: training diverged"), err
         assert expected in err and "no checkpoint was written" in err
+        # the error is train.log's last line, with its time, and on the console only once
+        error = err.removeprefix("bahdanau: error: ").rstrip("\n")
+        assert logged((tmp_path / out / "train.log").read_text())[-1] == f"ERROR: {error}"
+        assert not any("diverged" in line for line in logged(console))
         assert not list((tmp_path / out).glob("checkpoints/*.pt"))
 
 
