@@ -289,14 +289,16 @@ def _claiming(path: Path, **sizes: int) -> Path:
     return path
 
 
-# Loads the checkpoint in a process that may use 3 GiB at most: a model built from the claim
-# would need more (checked below), so only a refusal made before building it gets through.
+# Loads the checkpoint (as translation, averaging and train --init-from read it) in a process
+# that may use 3 GiB at most: a model built from the claim would need more (checked below), so
+# only a refusal made before building it gets through.
 _LIMITED = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
 from bahdanau.errors import InputError
 from bahdanau.checkpoint import average_checkpoints, model_from_checkpoint
-for load in (model_from_checkpoint, lambda p: average_checkpoints([p])):
+from bahdanau.jobs.init_from import read_init_model
+for load in (model_from_checkpoint, lambda p: average_checkpoints([p]), read_init_model):
     try:
         load(sys.argv[1])
     except InputError as err:
@@ -319,7 +321,7 @@ def test_claimed_sizes_are_refused_before_any_allocation(tmp_path) -> None:
     expected = ("weights do not fit the model: 'encoder.embedding.weight' has shape (16, 8), "
                 "the model's has (16, 10000000)")
     lines = done.stdout.splitlines()
-    assert len(lines) == 2 and all(expected in line for line in lines), done.stdout
+    assert len(lines) == 3 and all(expected in line for line in lines), done.stdout
 
 
 @pytest.mark.parametrize("sizes", [{"hidden_size": 9}, {"align_size": 11}, {"maxout_size": 4}])
