@@ -122,7 +122,7 @@ class TrainLog:
             if not isinstance(error, (InputError, OSError)):
                 message = f"{type(error).__name__}: {message}"
             self._file.handle(LOGGER.makeRecord(LOGGER.name, logging.ERROR, "", 0, message,
-                                                None, None))
+                                                (), None))
         self.close()
 
 
