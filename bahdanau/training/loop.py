@@ -301,9 +301,9 @@ def _saved_on_failure(run: TrainRun, err: LoaderWorkerError, last_saved: int
     step = run.state.step
     if run.distributed:
         latest = run.manager.latest() if run.manager is not None else None
-        where = (f"the run stopped at step {step}, unsaved (one of several processes cannot "
-                 "save alone): " + (f"run the same command to continue from {latest}"
-                                    if latest is not None else "no checkpoint was written"))
+        where = (f"the run stopped at step {step} without saving it (one of several processes "
+                 "cannot save alone): " + (f"run the same command to continue from {latest}"
+                                           if latest is not None else "no checkpoint was written"))
     else:
         path = save_run(run) if last_saved != step else (
             run.manager.path_for(step) if run.manager is not None else None)

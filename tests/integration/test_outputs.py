@@ -383,8 +383,8 @@ def test_a_dead_loader_worker_under_ddp_does_not_save_alone(tmp_path, monkeypatc
         train_run(run, log=lambda line: None)
     assert str(info.value) == (
         "DataLoader worker (pid 4242) is killed by signal: Killed. (a --loader-workers process, "
-        "killed or out of memory); the run stopped at step 2, unsaved (one of several processes "
-        "cannot save alone): run the same command to continue from "
+        "killed or out of memory); the run stopped at step 2 without saving it (one of several "
+        "processes cannot save alone): run the same command to continue from "
         f"{tmp_path / 'step_00000001.pt'}")
     assert os.listdir(tmp_path) == ["step_00000001.pt"]
 
