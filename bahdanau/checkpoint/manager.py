@@ -19,7 +19,7 @@ from bahdanau._checks import check_path, describe, is_finite_number, is_int
 from bahdanau._files import atomic_write, fsync_dir
 from bahdanau.checkpoint.files import load_checkpoint, named, save_checkpoint, upgrade_payload
 from bahdanau.checkpoint.release import is_release
-from bahdanau.config import improves
+from bahdanau.config import UNNAMED_METRIC, improves
 from bahdanau.errors import InputError
 
 
@@ -57,26 +57,27 @@ class CheckpointManager:
         keep_last: numbered checkpoints kept (older ones are deleted after each save); >= 1.
         keep_best: numbered checkpoints of the best evaluations also kept; >= 1. With 1 (the
             default) ``best.pt`` alone keeps the best, and no `best_n` section is written.
-        metric: the name of the metric that ranks the checkpoints ("bleu", "chrf", "ppl": see
-            `bahdanau.config.TrainConfig.early_stopping_metric`); None: the one ``best.json``
-            names (higher is better when it names none).
+        metric_name: the name of the metric that ranks the checkpoints ("bleu", "chrf",
+            "ppl": see `bahdanau.config.TrainConfig.early_stopping_metric`); None: the one
+            ``best.json`` names (one that names none, written before metrics had names, is
+            BLEU's: `bahdanau.config.UNNAMED_METRIC`).
     Raises:
         InputError: `keep_last` or `keep_best` < 1, a damaged ``best.json`` that ``best.pt``
             cannot rebuild (the file and the problem are named), or one that names another
-            metric than `metric`.
+            metric than `metric_name`.
     """
 
     _STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
     _TEMP_FILE = re.compile(r"^\.(step_\d+\.pt|best\.pt|best\.json)\..+\.tmp$")  # atomic_write's
 
     def __init__(self, directory: str | os.PathLike[str], *, keep_last: int = 3,
-                 keep_best: int = 1, metric: str | None = None) -> None:
+                 keep_best: int = 1, metric_name: str | None = None) -> None:
         for name, value in (("keep_last", keep_last), ("keep_best", keep_best)):
             if not is_int(value) or value < 1:
                 raise InputError(f"{name} must be a positive int, got {value!r}")
         self.directory = check_path("directory", directory)
         self.keep_last, self.keep_best = keep_last, keep_best
-        self.metric = metric
+        self.metric_name = metric_name
         self.best_metric: float | None = None
         self.best_step: int | None = None
         self._recorded: tuple[float, int] | None = None   # what best.json holds, if it is sound
@@ -117,18 +118,20 @@ class CheckpointManager:
         self.best_metric, self.best_step = float(metric), step
 
     def _check_name(self, recorded: str | None) -> None:
-        """Take the metric ``best.json`` names, or refuse it when it is not this one's."""
-        if recorded is None or recorded == self.metric:
+        """Take the metric ``best.json`` names (none: BLEU, the only one when it was written),
+        or refuse it when it is not this one's."""
+        recorded = UNNAMED_METRIC if recorded is None else recorded
+        if recorded == self.metric_name:
             return
-        if self.metric is not None:
+        if self.metric_name is not None:
             raise InputError(f"{self.directory / 'best.json'}: the run ranks its checkpoints "
-                             f"by {recorded}, not {self.metric}; a resumed run keeps its "
+                             f"by {recorded}, not {self.metric_name}; a resumed run keeps its "
                              "early-stopping metric")
-        self.metric = recorded
+        self.metric_name = recorded
 
     def _ranked(self, ranking: list[tuple[int, float]]) -> list[tuple[int, float]]:
         """(step, metric) pairs best first (ties: the earlier step first)."""
-        sign = 1 if improves(self.metric, 1.0, 0.0) else -1
+        sign = 1 if improves(self.metric_name, 1.0, 0.0) else -1
         return sorted(ranking, key=lambda entry: (-sign * entry[1], entry[0]))
 
     def _numbered(self) -> list[tuple[int, Path]]:
@@ -215,10 +218,10 @@ class CheckpointManager:
         """Whether a checkpoint with this metric would rank among the `keep_best` best (with
         `keep_best` 1: whether it beats the best so far)."""
         if self.keep_best == 1:
-            return improves(self.metric, metric, self.best_metric)
+            return improves(self.metric_name, metric, self.best_metric)
         ranking = self.best_n()
         return (len(ranking) < self.keep_best
-                or improves(self.metric, metric, ranking[self.keep_best - 1][1]))
+                or improves(self.metric_name, metric, ranking[self.keep_best - 1][1]))
 
     def save(self, step: int, payload: dict[str, Any], *, metric: float | None = None) -> Path:
         """Write the checkpoint of `step`; also as ``best.pt`` if `metric` beats the best so far.
@@ -232,7 +235,7 @@ class CheckpointManager:
             payload: the checkpoint, e.g. from `checkpoint_payload`. With `keep_best` > 1 the
                 file also holds the ranking of the best evaluations, this one's included, as
                 its `best_n` section (which replaces any of `payload`'s).
-            metric: this step's validation metric (of the manager's `metric`), or None.
+            metric: this step's validation metric (of the manager's `metric_name`), or None.
         Returns:
             The path of the numbered checkpoint.
         Raises:
@@ -258,7 +261,7 @@ class CheckpointManager:
             self._ranking = ranking
         else:
             self._ranking = None          # best_n() reads the files again if asked
-        if metric is not None and improves(self.metric, metric, self.best_metric):
+        if metric is not None and improves(self.metric_name, metric, self.best_metric):
             self._record_best(path, float(metric), step)
         for old_step, old in self._numbered()[:-self.keep_last]:
             if old_step < step and old_step not in kept:
@@ -307,7 +310,7 @@ class CheckpointManager:
         self._write_best_json(metric, step)
 
     def _write_best_json(self, metric: float, step: int) -> None:
-        name = {} if self.metric is None else {"name": self.metric}
+        name = {} if self.metric_name is None else {"name": self.metric_name}
         info = json.dumps({"metric": metric, "step": step, **name}).encode()
         atomic_write(self.directory / "best.json", lambda f: f.write(info))
         self.best_metric, self.best_step = metric, step

@@ -4,7 +4,9 @@
 `translation_weights` picks the weights a checkpoint translates with (the moving average when it
 has one) and `tokenizer_of` the tokenizer it was trained with. `stored_parts` and
 `check_weights` are the checks every reader of a payload runs before it changes anything, the
-weights against `model_skeleton`, which allocates nothing.
+weights against `model_skeleton`, which allocates nothing; `checked_parts` runs them for
+whatever builds a model from a payload's config and weights (`model_from_checkpoint`, a run's
+``--init-from`` model).
 """
 
 from __future__ import annotations
@@ -123,12 +125,28 @@ def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *
     path = None if isinstance(checkpoint, dict) else checkpoint
     with named(path):
         payload = upgrade_payload(checkpoint if path is None else load_checkpoint(path))
-        config, src_vocab, tgt_vocab = stored_parts(payload)
-        section, weights = translation_weights(payload, ema=ema)
-        check_weights(weights, model_skeleton(config), section)   # before any allocation
+        config, src_vocab, tgt_vocab, weights = checked_parts(payload, ema=ema)
     model = build_model(config)
     model.load_state_dict(weights)
     return model.to(device).eval(), src_vocab, tgt_vocab
+
+
+def checked_parts(payload: dict[str, Any], *, ema: bool = True
+                  ) -> tuple[ModelConfig, Vocab, Vocab, dict[str, Tensor]]:
+    """A payload's model config, vocabularies and the weights it translates with
+    (`translation_weights`), all checked: the weights against `model_skeleton`, so a config
+    that claims sizes its tensors do not have is refused before anything is allocated.
+
+    Args:
+        payload: a checkpoint dict of the current format (`upgrade_payload`).
+        ema: as for `translation_weights`.
+    Raises:
+        InputError: as `stored_parts` and `check_weights`.
+    """
+    config, src_vocab, tgt_vocab = stored_parts(payload)
+    section, weights = translation_weights(payload, ema=ema)
+    check_weights(weights, model_skeleton(config), section)
+    return config, src_vocab, tgt_vocab, weights
 
 
 def translation_weights(payload: dict[str, Any], *, ema: bool = True

@@ -15,8 +15,10 @@ stderr when it is a terminal (`bahdanau._progress`); stdout carries only a comma
 
 Every option is declared once, in `bahdanau.jobs.options`, and checked with the files, devices and
 run folder before any work. A user's mistake (`bahdanau.InputError`, a usage error, a file that
-cannot be read or written) ends with one ``bahdanau: error: ...`` line and exit status 2; any
-other exception is a bug and keeps its traceback.
+cannot be read or written) and a training loader process that died
+(`bahdanau.training.LoaderWorkerError`) end with one ``bahdanau: error: ...`` line and exit
+status 2 (``train`` also writes it into the run's train.log); any other exception is a bug and
+keeps its traceback.
 
 `bahdanau prepare` tokenises and encodes a corpus of any size once, into a memory-mapped folder
 (`bahdanau.data`); `bahdanau train --data FOLDER` trains on it, with its tokenizer and
@@ -97,6 +99,7 @@ from bahdanau.jobs.options import (
 )
 from bahdanau.jobs.train_job import run_train_job
 from bahdanau.plot import MAX_CELLS, PlotDependencyError
+from bahdanau.training.plan import LoaderWorkerError
 from bahdanau.training.runlog import LOGGER, LogFormatter
 
 __all__ = ["build_parser", "main"]
@@ -300,7 +303,7 @@ def _run(command: str, config: str | None, args: dict[str, Any],
             result = run_train_job(options, shlex.join(["bahdanau", *line]))
             return 0 if result.signal is None else 128 + result.signal
         return _RUN[command](options)
-    except (InputError, OSError, PlotDependencyError) as exc:
+    except (InputError, LoaderWorkerError, OSError, PlotDependencyError) as exc:
         message = " ".join(str(exc).split("\n"))
         print(f"bahdanau: error: {message}", file=sys.stderr)
         return 2

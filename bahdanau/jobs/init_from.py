@@ -19,17 +19,11 @@ from torch import Tensor, nn
 
 from bahdanau.checkpoint.files import load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import find_checkpoint
-from bahdanau.checkpoint.payload import (
-    check_weights,
-    stored_parts,
-    tokenizer_of,
-    translation_weights,
-)
+from bahdanau.checkpoint.payload import check_weights, checked_parts, tokenizer_of
 from bahdanau.config import ModelConfig
 from bahdanau.data.tokenizers import Tokenizer, tokenizer_to_payload
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
-from bahdanau.models import build_model
 
 # ModelConfig fields a fine-tuning run may choose anew: regularisation and how the same weights
 # are computed or were first drawn. Every other field (sizes, architecture, special ids) must be
@@ -60,9 +54,7 @@ def read_init_model(given: str) -> InitModel:
     path = find_checkpoint(given, "--init-from")
     with named(path):
         payload = upgrade_payload(load_checkpoint(path))
-        config, src_vocab, tgt_vocab = stored_parts(payload)
-        section, weights = translation_weights(payload)
-        check_weights(weights, build_model(config), section)
+        config, src_vocab, tgt_vocab, weights = checked_parts(payload)
         tokenizer = tokenizer_of(payload)
     return InitModel(path, config, src_vocab, tgt_vocab, tokenizer, weights)
 

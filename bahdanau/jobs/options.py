@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from bahdanau.config import TrainConfig
+from bahdanau.config import UNNAMED_METRIC, TrainConfig
 from bahdanau.data.text import MULTI30K_LANGS
 from bahdanau.errors import InputError
 from bahdanau.jobs.flags import (
@@ -87,6 +87,11 @@ class Limits(typing.TypedDict):
     max_time_s: float | None
 
 
+# Options that config.yaml records only since a later version, and the value that the runs
+# written before then had: a missing one is compared as that (any other missing option is not).
+_BEFORE_RECORDED = {"early_stopping_metric": UNNAMED_METRIC}
+
+
 def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
     """What a resumed run changes, as "--flag old -> new" lines; refuses fixed options.
 
@@ -101,9 +106,9 @@ def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
     """
     changes = []
     for s in flat_settings(type(given)):
-        if s.spec.on_resume == "not_recorded" or s.key not in stored:
+        if s.spec.on_resume == "not_recorded" or s.key not in {*stored, *_BEFORE_RECORDED}:
             continue
-        old, new = stored[s.key], value_of(given, s)
+        old, new = stored.get(s.key, _BEFORE_RECORDED.get(s.key)), value_of(given, s)
         if old == new:
             continue
         if s.spec.on_resume == "fixed":

@@ -21,6 +21,9 @@ from typing import Any
 import torch
 
 from bahdanau._about import versions
+from bahdanau.checkpoint.files import load_checkpoint, named, upgrade_payload
+from bahdanau.checkpoint.manager import CheckpointManager
+from bahdanau.checkpoint.payload import stored_parts, tokenizer_of
 from bahdanau.data.batching import Example, collate, encode_pairs
 from bahdanau.data.corpus import PreparedCorpus
 from bahdanau.data.text import multi30k_files, read_parallel
@@ -128,21 +131,44 @@ class _Data:
     init: InitModel | None = None    # the trained model the run starts from (--init-from)
 
 
+def _resumed_checkpoint(o: TrainOptions) -> Path | None:
+    """The checkpoint of its own that the run in --out resumes from, if it does."""
+    if not o.resume or o.overwrite:
+        return None
+    return CheckpointManager(Path(o.out) / "checkpoints").latest()
+
+
+def _stored_vocabularies(path: Path) -> tuple[Vocab, Vocab, Tokenizer]:
+    """The vocabularies and tokenizer that a run's checkpoint holds."""
+    with named(path):
+        payload = upgrade_payload(load_checkpoint(path))
+        _, src_vocab, tgt_vocab = stored_parts(payload)
+        return src_vocab, tgt_vocab, tokenizer_of(payload)
+
+
 def _read_data(o: TrainOptions) -> _Data:
     """Read and encode the data of the options: a prepared corpus (--data), the user's files or
     the shipped Multi30k, with vocabularies built from the training side, or those of the
-    --init-from model (with --init-vocab)."""
-    init = read_init_model(o.init_from) if o.init_from is not None else None
+    --init-from model (with --init-vocab). A run that resumes a checkpoint of its own does not
+    read the --init-from model (the checkpoint's weights replace it; the model's file may be
+    gone): its vocabularies and tokenizer, the model's, come from that checkpoint."""
+    resumed = _resumed_checkpoint(o) if o.init_from is not None else None
+    init = read_init_model(o.init_from) if o.init_from is not None and resumed is None else None
     corpus = PreparedCorpus(o.data, max_len=o.max_train_len) if o.data else None
     train_pairs, dev_pairs, test_pairs = _data(o, corpus)
     if corpus is not None:
         data = _Data(corpus, corpus.manifest["counts"]["pairs"], dev_pairs, test_pairs,
                      corpus.tokenizer, corpus.src_vocab, corpus.tgt_vocab, init)
-    elif init is not None and o.init_vocab:
-        examples = encode_pairs(train_pairs, init.src_vocab, init.tgt_vocab, init.tokenizer,
+    elif o.init_from is not None and o.init_vocab:
+        if init is not None:
+            src_vocab, tgt_vocab, tokenizer = init.src_vocab, init.tgt_vocab, init.tokenizer
+        else:
+            assert resumed is not None         # the model is read unless the run resumes
+            src_vocab, tgt_vocab, tokenizer = _stored_vocabularies(resumed)
+        examples = encode_pairs(train_pairs, src_vocab, tgt_vocab, tokenizer,
                                 max_len=o.max_train_len)
-        data = _Data(examples, len(train_pairs), dev_pairs, test_pairs, init.tokenizer,
-                     init.src_vocab, init.tgt_vocab, init)
+        data = _Data(examples, len(train_pairs), dev_pairs, test_pairs, tokenizer, src_vocab,
+                     tgt_vocab, init)
     else:
         tokenizer = DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
         src_vocab = Vocab.build((tokenizer.tokenize(s) for s, _ in train_pairs),
@@ -324,7 +350,9 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
         The `TrainJobResult`.
     Raises:
         InputError: a bad option, file, device or run folder (before any work), or a run
-            folder whose run cannot continue with these options.
+            folder whose run cannot continue with these options. An error that stops a run
+            once its train.log is open (a divergence, a dead loader worker) is also the log's
+            last line (`TrainLog`).
     """
     start = time.perf_counter()
     o, device, changes = _checked_options(o)

@@ -176,7 +176,8 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
     Raises:
         InputError: as `setup_run`, before any training.
         LoaderWorkerError: a `cfg.loader_workers` process died; the run saved a checkpoint
-            at the step where it stopped first (off rank 0: none).
+            at the step where it stopped first (under torch.distributed: none, the message
+            names the last one).
         OSError: a checkpoint could not be written (a full disk, an I/O error): one line
             naming the file; the checkpoints saved before are untouched.
     """
@@ -277,8 +278,10 @@ def _loop(run: TrainRun, validate: Validate | None,
             save_run(run, metric=metric)
             last_saved = state.step
 
-    if skipped:                  # the weights the run ends with gave no finite loss since
-        raise divergence(run, f"the run stopped ({stopped}) after {_not_finite(stats, skipped)}")
+    if skipped and run.is_main:  # fewer than the limit: a transient overflow (fp16), say
+        log(f"step {state.step} | the run stopped ({stopped}) after {skipped} skipped "
+            f"update{'s' if skipped != 1 else ''} (max_nonfinite_steps "
+            f"{cfg.max_nonfinite_steps}): its weights are those of the last applied update")
     if window_tokens:
         result.train_loss = window_loss / window_tokens
     final_metric = None
@@ -292,12 +295,20 @@ def _loop(run: TrainRun, validate: Validate | None,
 def _saved_on_failure(run: TrainRun, err: LoaderWorkerError, last_saved: int
                       ) -> LoaderWorkerError:
     """Save the run at its step (unless that step is saved) when a loader worker died, and the
-    one-line error that says so."""
+    one-line error that says so. Under torch.distributed nothing is saved: a save is a
+    collective (`save_run` gathers every process's RNG states), which this process, the only
+    one whose worker died, would wait in forever; the run continues from its last checkpoint."""
     step = run.state.step
-    path = save_run(run) if last_saved != step else (
-        run.manager.path_for(step) if run.manager is not None else None)
-    where = (f"the run stopped at step {step} with its checkpoint {path}: run the same command "
-             "to continue" if path is not None else f"the run stopped at step {step}")
+    if run.distributed:
+        latest = run.manager.latest() if run.manager is not None else None
+        where = (f"the run stopped at step {step} without saving it (one of several processes "
+                 "cannot save alone): " + (f"run the same command to continue from {latest}"
+                                           if latest is not None else "no checkpoint was written"))
+    else:
+        path = save_run(run) if last_saved != step else (
+            run.manager.path_for(step) if run.manager is not None else None)
+        where = (f"the run stopped at step {step} with its checkpoint {path}: run the same "
+                 "command to continue" if path is not None else f"the run stopped at step {step}")
     return LoaderWorkerError(f"{' '.join(str(err).split())} (a --loader-workers process, "
                              f"killed or out of memory); {where}")
 

@@ -253,7 +253,7 @@ def _checkpoint_manager(checkpoint_dir: str | Path, cfg: TrainConfig, resume: bo
                         ) -> CheckpointManager:
     """The run's checkpoint folder; refuses one that the run cannot continue or must not touch."""
     manager = CheckpointManager(checkpoint_dir, keep_last=cfg.keep_last, keep_best=cfg.keep_best,
-                                metric=cfg.early_stopping_metric)
+                                metric_name=cfg.early_stopping_metric)
     if not resume and (manager.latest() or manager.best()):
         raise InputError(f"{checkpoint_dir} holds checkpoints of an earlier run: resume it, "
                          "or start over in another directory (nothing is deleted)")
@@ -348,7 +348,7 @@ def run_step(run: TrainRun) -> StepStats:
     batches of one update may come from two epochs. With `run.ema`, the moving average then
     takes the new weights (`WeightEMA.update`; also after an update skipped for a non-finite
     gradient, which left the weights as they were). Under DDP the returned loss and token
-    count are those of the whole update, summed over the processes.
+    count are those of the whole update, summed over the processes (`train_step` sums them).
 
     Args:
         run: the run.
@@ -363,11 +363,6 @@ def run_step(run: TrainRun) -> StepStats:
                        label_smoothing=cfg.label_smoothing, amp_dtype=AMP_DTYPES[cfg.amp],
                        scaler=run.scaler,
                        update_sentences=planned.sentences if run.distributed else None)
-    if run.distributed:
-        totals = torch.tensor([stats.loss_sum, stats.n_tokens], dtype=torch.float64,
-                              device=run.device)
-        torch.distributed.all_reduce(totals)
-        stats = stats._replace(loss_sum=float(totals[0]), n_tokens=int(totals[1]))
     if run.ema is not None:
         run.ema.update(run.model)
     state.step += 1
@@ -444,8 +439,7 @@ def _scores(returned: Any, name: str) -> dict[str, float]:
         if not is_finite_number(value):
             raise InputError(f"validate returned {key} {value!r}; scores must be finite "
                              "numbers")
-    scores = returned
-    return {str(key): float(value) for key, value in scores.items()}
+    return {str(key): float(value) for key, value in returned.items()}
 
 
 def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:

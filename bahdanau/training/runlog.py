@@ -59,7 +59,8 @@ class TrainLog:
     Records logged before `open` names the file (while the run's folder is checked) are held
     and written after the header, so the file holds everything logged by a start that trains;
     a start that ends before `open` (an error, nothing to do) leaves no trace in the file. Use it
-    as a context manager: the logger's handlers are removed, and the file closed, on leaving.
+    as a context manager: the logger's handlers are removed, and the file closed, on leaving;
+    an exception that leaves it (a divergence, a dead loader worker) is the file's last line.
     """
 
     def __init__(self) -> None:
@@ -109,7 +110,19 @@ class TrainLog:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, error: BaseException | None, tb: object) -> None:
+        """Close the file, after writing into it the exception that stops the run, if one
+        left the block (not a KeyboardInterrupt), as an ERROR record with its time: its
+        message on one line, with its type unless it is an `InputError` or `OSError` (what the
+        command line shows as its ``bahdanau: error:`` line). The record goes to the file
+        alone, not through the logger to the console, where the command line prints the
+        error itself, once; a caller of `bahdanau.jobs.run_train_job` gets the exception."""
+        if isinstance(error, Exception) and self._file is not None:
+            message = " ".join(str(error).split("\n"))
+            if not isinstance(error, (InputError, OSError)):
+                message = f"{type(error).__name__}: {message}"
+            self._file.handle(LOGGER.makeRecord(LOGGER.name, logging.ERROR, "", 0, message,
+                                                (), None))
         self.close()
 
 

@@ -57,17 +57,28 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of `rng_state` (the CUDA states of the devices this machine has)."""
+def set_rng_state(state: dict[str, Any], *, own_device_only: bool = False) -> None:
+    """Inverse of `rng_state` (the CUDA states of the devices this machine has).
+
+    Args:
+        state: what `rng_state` returned.
+        own_device_only: restore the CUDA state of the current device alone: for one of several
+            processes (each its own GPU) resuming the states it saved, where setting every
+            device's would start a CUDA context on every GPU in every process.
+    """
     torch.set_rng_state(state["torch"])
     py = state["python"]
     random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
     npy = state["numpy"]
     np.random.set_state((npy["kind"], npy["keys"].numpy().astype(np.uint32), npy["pos"],
                          npy["has_gauss"], npy["cached"]))
-    if "cuda" in state and torch.cuda.is_available():
-        for device, cuda_state in enumerate(state["cuda"][:torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(cuda_state, device)
+    if "cuda" not in state or not torch.cuda.is_available():
+        return
+    cuda = list(enumerate(state["cuda"][:torch.cuda.device_count()]))
+    if own_device_only:
+        cuda = [(device, s) for device, s in cuda if device == torch.cuda.current_device()]
+    for device, cuda_state in cuda:
+        torch.cuda.set_rng_state(cuda_state, device)
 
 
 _MT_WORDS, _WORD = 624, 2**32       # the Mersenne Twister's state: 624 words of 32 bits
@@ -88,7 +99,8 @@ def check_rng_state(state: Any, where: str = "rng") -> None:
     """Refuse a stored `rng_state` that `set_rng_state` would refuse with a traceback or take
     wrongly: each generator's state by type and length (torch's a uint8 tensor of
     `torch.get_rng_state`'s length that torch accepts, Python's 625 words with its position
-    last, NumPy's MT19937 keys, position and cached gaussian, CUDA's a list of uint8 tensors).
+    last, NumPy's MT19937 keys, position and cached gaussian, CUDA's a list of uint8 tensors,
+    each of `torch.cuda.get_rng_state`'s length where CUDA is available).
 
     Args:
         state: the stored value.
@@ -131,18 +143,25 @@ def check_rng_state(state: Any, where: str = "rng") -> None:
             isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1
             for t in cuda)):
         raise InputError(f"{where}['cuda'] must be a list of uint8 tensors, one per device")
+    if cuda and torch.cuda.is_available():   # else `set_rng_state` ignores them
+        length = torch.cuda.get_rng_state().numel()    # every device's generator: the same
+        for device, t in enumerate(cuda):
+            if t.numel() != length:
+                raise InputError(f"{where}['cuda'][{device}] holds {t.numel()} bytes; a CUDA "
+                                 f"generator state holds {length}")
 
 
-def process_rng(payload: dict[str, Any], rank: int) -> dict[str, Any] | None:
-    """The RNG states that the process of `rank` resumes with: those it saved (the payload's
-    `rng_by_rank`, written by a run of several processes), else rank 0's (`rng`)."""
+def process_rng(payload: dict[str, Any], rank: int) -> tuple[dict[str, Any] | None, str]:
+    """The RNG states that the process of `rank` resumes with, and the section they come from:
+    those it saved (the payload's `rng_by_rank`, written by a run of several processes, as
+    "rng_by_rank[RANK]"), else rank 0's ("rng")."""
     by_rank = payload.get("rng_by_rank")
     if by_rank is not None and not isinstance(by_rank, list):
         raise InputError(f"checkpoint rng_by_rank must be a list, one entry per process, got "
                          f"{describe(by_rank)}")
     if by_rank is not None and rank < len(by_rank):
-        return by_rank[rank]
-    return payload["rng"]
+        return by_rank[rank], f"rng_by_rank[{rank}]"
+    return payload["rng"], "rng"
 
 
 def rng_streams_notes(payload: dict[str, Any] | None, processes: int) -> list[str]:
@@ -359,9 +378,9 @@ def restore(payload: dict[str, Any], model: nn.Module,
         check_optimizer_state(payload, optimizer)
     if scaler is not None and payload["scaler"] is not None:
         check_scaler_state(payload["scaler"])
-    rng = process_rng(payload, rank) if restore_rng else None
+    rng, rng_section = process_rng(payload, rank) if restore_rng else (None, "")
     if rng is not None:
-        check_rng_state(rng, "rng" if rng is payload["rng"] else f"rng_by_rank[{rank}]")
+        check_rng_state(rng, rng_section)
     model.load_state_dict(payload["model"])
     if ema is not None:
         ema.load_state_dict(stored_ema if stored_ema is not None else model.state_dict())
@@ -369,6 +388,6 @@ def restore(payload: dict[str, Any], model: nn.Module,
         optimizer.load_state_dict(payload["optimizer"])
     if scaler is not None and payload["scaler"] is not None:
         scaler.load_state_dict(payload["scaler"])
-    if rng is not None:
-        set_rng_state(rng)
+    if rng is not None:       # a process's own states (rng_by_rank): its own GPU's alone
+        set_rng_state(rng, own_device_only=rng_section != "rng")
     return state

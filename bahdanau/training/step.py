@@ -145,7 +145,8 @@ def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
             process together; None: each process divides by its own batches' count (the
             gradient is then the mean of the processes' per-sentence averages).
     Returns:
-        `StepStats` of all the batches (this process's). A non-finite loss or gradient norm
+        `StepStats` of all the batches: this process's, and under DDP those of the whole update
+        (the loss and token count summed over the processes). A non-finite loss or gradient norm
         skips the update: the optimizer never applies it (the GradScaler lowers its scale on
         a non-finite gradient). Under DDP every process skips together: the gradient is the
         same on all, and the loss of any counts for all.
@@ -183,12 +184,13 @@ def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
             (scaler.scale(loss) if scaler is not None else loss).backward()
         losses.append(loss_sum.detach())
         counts.append(n_tokens)
-    total_loss = sum(float(x) for x in losses)
-    finite_loss = math.isfinite(total_loss if ddp is None
-                                else _all_ranks(total_loss, ddp, device))
+    total_loss, total_tokens = sum(float(x) for x in losses), sum(int(n) for n in counts)
+    if ddp is not None:
+        total_loss, total_tokens = _all_ranks(total_loss, total_tokens, ddp, device)
+    finite_loss = math.isfinite(total_loss)
     grad_norm, applied = _update(optimizer, scaler, clip_norm, finite_loss)
     non_finite = not finite_loss or (scaler is None and not applied)
-    return StepStats(total_loss, sum(int(n) for n in counts), grad_norm, non_finite)
+    return StepStats(total_loss, total_tokens, grad_norm, non_finite)
 
 
 def _update(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None,
@@ -214,12 +216,13 @@ def _update(optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | Non
     return grad_norm, applied
 
 
-def _all_ranks(loss_sum: float, ddp: nn.parallel.DistributedDataParallel,
-               device: torch.device) -> float:
-    """The loss summed over the processes: not finite where any process's is not."""
-    total = torch.tensor([loss_sum], dtype=torch.float64, device=device)
-    torch.distributed.all_reduce(total, group=ddp.process_group)
-    return float(total)
+def _all_ranks(loss_sum: float, n_tokens: int, ddp: nn.parallel.DistributedDataParallel,
+               device: torch.device) -> tuple[float, int]:
+    """The loss and token count summed over the processes, in one all-reduce: the loss is not
+    finite where any process's is not."""
+    totals = torch.tensor([loss_sum, n_tokens], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(totals, group=ddp.process_group)
+    return float(totals[0]), int(totals[1])
 
 
 @torch.no_grad()

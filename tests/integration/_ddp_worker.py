@@ -127,18 +127,19 @@ def _float64_step(rank: int, examples: list[Example], out_dir: Path) -> None:
     model = build_model(tiny()).double()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     step_model = torch.nn.parallel.DistributedDataParallel(LossModule(model))
-    train_step(step_model, batches[2 * rank:2 * rank + 2],
-               torch.optim.SGD(model.parameters(), lr=1.0), clip_norm=None,
-               update_sentences=11)
+    stats = train_step(step_model, batches[2 * rank:2 * rank + 2],
+                       torch.optim.SGD(model.parameters(), lr=1.0), clip_norm=None,
+                       update_sentences=11)
     if rank != 0:
         return
     reference = build_model(tiny()).double()
     reference.load_state_dict(before)
-    loss_sum, _ = reference.loss(*_inputs(collate(examples[:11])))
+    loss_sum, n_tokens = reference.loss(*_inputs(collate(examples[:11])))
     (loss_sum / 11).backward()
     torch.save({"change": {k: before[k] - v for k, v in model.state_dict().items()},
-                "gradient": {k: p.grad for k, p in reference.named_parameters()}},
-               out_dir / "float64.pt")
+                "gradient": {k: p.grad for k, p in reference.named_parameters()},
+                "stats": (stats.loss_sum, stats.n_tokens),
+                "whole": (float(loss_sum), int(n_tokens))}, out_dir / "float64.pt")
 
 
 def _inputs(batch):

@@ -54,6 +54,9 @@ def test_ddp_two_processes_identical_weights(tmp_path) -> None:
     for name, gradient in step["gradient"].items():
         assert torch.allclose(step["change"][name], gradient, rtol=1e-12, atol=1e-15), name
     assert any(g.abs().max() > 1e-6 for g in step["gradient"].values())
+    # train_step's loss and token count are the whole update's, summed over the processes
+    (loss_sum, n_tokens), (whole_loss, whole_tokens) = step["stats"], step["whole"]
+    assert n_tokens == whole_tokens and loss_sum == pytest.approx(whole_loss, rel=1e-12)
 
 
 @GLOO

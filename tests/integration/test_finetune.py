@@ -10,6 +10,7 @@ not fit the starting weights is refused in one line before anything is written.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ import bahdanau
 from bahdanau.checkpoint import load_checkpoint
 from bahdanau.cli import main
 from bahdanau.data import collate, encode_pairs, multi30k_files, read_lines
+from bahdanau.jobs import train_job
 from bahdanau.jobs.options import TrainOptions
 from bahdanau.jobs.train_job import run_train_job
 from bahdanau.training import evaluate_loss
@@ -115,6 +117,26 @@ def test_the_first_weights_are_the_models(base, corpora, tmp_path) -> None:
     tuned = load_checkpoint(out / "checkpoints" / "step_00000001.pt")["model"]
     for key, value in start.items():
         torch.testing.assert_close(tuned[key], value, rtol=0, atol=1e-20)
+
+
+def test_a_resumed_run_does_not_read_its_init_model_again(base, corpora, tmp_path,
+                                                          monkeypatch) -> None:
+    """Resuming restores the run's own checkpoint over whatever the model gives: the model
+    (here a copy, deleted after the first start) is not read again, and the vocabularies and
+    tokenizer come from the run's checkpoint, so the run resumes without it."""
+    start = tmp_path / "start.pt"
+    shutil.copy(base / "checkpoints" / "step_00000060.pt", start)
+    options = {"preset": "tiny", "threads": 1, "batch_size": 32, "init_from": str(start),
+               "train_src": corpora["sh.en"], "train_tgt": corpora["sh.fr"], "lr": 0.01,
+               "out": str(tmp_path / "tuned")}
+    assert run_train_job(TrainOptions.from_mapping({**options, "max_steps": 2})).step == 2
+    start.unlink()
+    monkeypatch.setattr(train_job, "read_init_model", None)          # never called
+    result = run_train_job(TrainOptions.from_mapping({**options, "max_steps": 3}))
+    assert result.step == 3 and result.trained
+    tuned = load_checkpoint(tmp_path / "tuned" / "checkpoints" / "step_00000003.pt")
+    first = load_checkpoint(base / "checkpoints" / "step_00000060.pt")
+    assert (tuned["src_vocab"], tuned["tgt_vocab"]) == (first["src_vocab"], first["tgt_vocab"])
 
 
 @pytest.mark.parametrize("given, fragments", [

@@ -30,19 +30,22 @@ import pytest
 import torch
 from training_fixtures import (
     failing_writes,
+    logged,
     random_examples,
     tiny_model,
     unlogged,
     write_multi30k_slice,
 )
 
+import bahdanau.training.loop as loop
 import bahdanau.training.plan as plan
+import bahdanau.training.run as run_module
 from bahdanau._files import writes_in_place
 from bahdanau.checkpoint import load_checkpoint, save_checkpoint
 from bahdanau.cli import main
 from bahdanau.config import TrainConfig
 from bahdanau.data import Vocab
-from bahdanau.training import LoaderWorkerError, train
+from bahdanau.training import LoaderWorkerError, run_step, save_run, setup_run, train, train_run
 
 TRAIN = ["--preset", "tiny", "--max-steps", "4", "--time-budget", "0", "--eval-every", "2",
          "--save-every", "2", "--keep-last", "3", "--max-len", "6", "--beam-size", "1",
@@ -71,6 +74,8 @@ def _one_error(capsys, code: int, *fragments: str) -> str:
     assert err.startswith("bahdanau: error: ") and err.count("\n") == 1, captured.err
     for fragment in fragments:
         assert fragment in err, f"{fragment!r} not in {err!r}"
+    message = err.removeprefix("bahdanau: error: ").rstrip("\n")
+    assert not any(message in line for line in logged(captured.err)), captured.err  # once
     return err
 
 
@@ -350,6 +355,43 @@ def test_a_killed_loader_worker_stops_training_with_a_checkpoint(tmp_path) -> No
     assert (result.start_step, result.step) == (3, 6)
 
 
+def test_a_dead_loader_worker_under_ddp_does_not_save_alone(tmp_path, monkeypatch) -> None:
+    """Under torch.distributed a save gathers every process's RNG states: the one process whose
+    worker died must not start it alone (it would wait forever). Step 1 is saved, step 2 is
+    trained, the worker dies before step 3: one line naming step 1's checkpoint, nothing
+    written."""
+    cfg = TrainConfig(max_steps=6, batch_size=2, log_every=100, save_every=100)
+    run = setup_run(tiny_model(), random_examples(16), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                    checkpoint_dir=tmp_path)
+    run_step(run)
+    save_run(run)
+    run.distributed = True                 # as under torchrun, without the other processes
+
+    def collective(*args, **kwargs):
+        raise AssertionError("a collective of one process: the others never join it")
+
+    def one_step_then_dead_worker(run):
+        if run.state.step == 2:
+            raise LoaderWorkerError("DataLoader worker (pid 4242) is killed by signal: Killed.")
+        run.distributed = False            # the step itself, as one process trains it
+        try:
+            return run_step(run)
+        finally:
+            run.distributed = True
+
+    monkeypatch.setattr(loop, "stop_reason", lambda run: "")       # its all-reduce
+    monkeypatch.setattr(run_module, "gather", collective)
+    monkeypatch.setattr(loop, "run_step", one_step_then_dead_worker)
+    with pytest.raises(LoaderWorkerError) as info:
+        train_run(run, log=lambda line: None)
+    assert str(info.value) == (
+        "DataLoader worker (pid 4242) is killed by signal: Killed. (a --loader-workers process, "
+        "killed or out of memory); the run stopped at step 2 without saving it (one of several "
+        "processes cannot save alone): run the same command to continue from "
+        f"{tmp_path / 'step_00000001.pt'}")
+    assert os.listdir(tmp_path) == ["step_00000001.pt"]
+
+
 def test_a_dead_loader_worker_is_one_line_from_the_command(root, tmp_path, capsys,
                                                           monkeypatch) -> None:
     """The command-line variant, with the worker's death as torch reports it (from its SIGCHLD
@@ -367,7 +409,10 @@ def test_a_dead_loader_worker_is_one_line_from_the_command(root, tmp_path, capsy
     monkeypatch.setattr(plan.BatchLoader, "_dead_worker", dead_at_step_3)
     out = tmp_path / "run"
     code = main(_train_argv(root, out, "--loader-workers", "1", "--save-every", "100"))
-    _one_error(capsys, code, "DataLoader worker (pid 4242) is killed by signal: Killed.",
-               f"stopped at step 2 with its checkpoint {out / 'checkpoints' / 'step_00000002.pt'}")
+    err = _one_error(capsys, code, "DataLoader worker (pid 4242) is killed by signal: Killed.",
+                     "stopped at step 2 with its checkpoint "
+                     f"{out / 'checkpoints' / 'step_00000002.pt'}")
+    error = err.removeprefix("bahdanau: error: ").rstrip("\n")
+    assert logged((out / "train.log").read_text())[-1] == f"ERROR: {error}"
     assert load_checkpoint(out / "checkpoints" / "step_00000002.pt")["train_state"]["step"] == 2
     torch.set_num_threads(1)

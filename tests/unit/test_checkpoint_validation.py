@@ -35,7 +35,14 @@ from bahdanau.data import Vocab, collate
 from bahdanau.models import build_model
 from bahdanau.presets import tiny
 from bahdanau.training import make_optimizer, save_run, setup_run, train_run, train_step
-from bahdanau.training.state import TrainState, checkpoint_payload, restore
+from bahdanau.training.state import (
+    TrainState,
+    check_rng_state,
+    checkpoint_payload,
+    restore,
+    rng_state,
+    set_rng_state,
+)
 
 VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
 EXAMPLES = random_examples(16)
@@ -282,14 +289,16 @@ def _claiming(path: Path, **sizes: int) -> Path:
     return path
 
 
-# Loads the checkpoint in a process that may use 3 GiB at most: a model built from the claim
-# would need more (checked below), so only a refusal made before building it gets through.
+# Loads the checkpoint (as translation, averaging and train --init-from read it) in a process
+# that may use 3 GiB at most: a model built from the claim would need more (checked below), so
+# only a refusal made before building it gets through.
 _LIMITED = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (3 * 2**30, 3 * 2**30))
 from bahdanau.errors import InputError
 from bahdanau.checkpoint import average_checkpoints, model_from_checkpoint
-for load in (model_from_checkpoint, lambda p: average_checkpoints([p])):
+from bahdanau.jobs.init_from import read_init_model
+for load in (model_from_checkpoint, lambda p: average_checkpoints([p]), read_init_model):
     try:
         load(sys.argv[1])
     except InputError as err:
@@ -312,7 +321,7 @@ def test_claimed_sizes_are_refused_before_any_allocation(tmp_path) -> None:
     expected = ("weights do not fit the model: 'encoder.embedding.weight' has shape (16, 8), "
                 "the model's has (16, 10000000)")
     lines = done.stdout.splitlines()
-    assert len(lines) == 2 and all(expected in line for line in lines), done.stdout
+    assert len(lines) == 3 and all(expected in line for line in lines), done.stdout
 
 
 @pytest.mark.parametrize("sizes", [{"hidden_size": 9}, {"align_size": 11}, {"maxout_size": 4}])
@@ -353,6 +362,54 @@ def test_each_rank_restores_the_rng_state_it_saved(tmp_path) -> None:
         assert torch.equal(torch.get_rng_state(), streams[rank])
     restore(load_checkpoint(path), tiny_model(), rank=2)       # none of its own: rank 0's
     assert torch.equal(torch.get_rng_state(), streams[0])
+
+
+def _fake_gpus(monkeypatch, count: int, current: int) -> list[tuple[int, int]]:
+    """CUDA with `count` devices, `current` the process's, for the RNG code: each generator
+    state is 16 bytes (a Philox seed and offset); returns the (device, first byte) of each
+    state set."""
+    calls: list[tuple[int, int]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
+    monkeypatch.setattr(torch.cuda, "get_rng_state",
+                        lambda device="cuda": torch.zeros(16, dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state",
+                        lambda state, device: calls.append((device, int(state[0]))))
+    return calls
+
+
+def test_cuda_rng_states_are_checked_by_length_where_cuda_is_available(monkeypatch) -> None:
+    state = rng_state()
+    state["cuda"] = [torch.zeros(16, dtype=torch.uint8), torch.zeros(3, dtype=torch.uint8)]
+    if not torch.cuda.is_available():
+        check_rng_state(state)                  # without CUDA they are not restored: ignored
+    _fake_gpus(monkeypatch, count=2, current=0)
+    one_line_error(lambda: check_rng_state(state, "rng_by_rank[1]"),
+                   "checkpoint rng_by_rank[1]['cuda'][1] holds 3 bytes; a CUDA generator state "
+                   "holds 16")
+    state["cuda"][1] = torch.ones(16, dtype=torch.uint8)
+    check_rng_state(state)
+
+
+def test_each_rank_restores_its_own_gpu_s_cuda_rng_state_only(tmp_path, monkeypatch) -> None:
+    """A process of a several-process run sets the CUDA state of its GPU alone (another GPU's
+    would start a CUDA context there); one process resuming rank 0's states sets them all."""
+    path, _ = _two_process_checkpoint(tmp_path)
+    payload = load_checkpoint(path)
+    for states in payload["rng_by_rank"]:
+        states["cuda"] = [torch.full((16,), device, dtype=torch.uint8) for device in range(4)]
+    payload["rng"] = payload["rng_by_rank"][0]
+    calls = _fake_gpus(monkeypatch, count=4, current=2)
+    for rank in (0, 1):
+        restore(payload, tiny_model(), rank=rank)
+        assert calls == [(2, 2)], rank
+        calls.clear()
+    restore(payload, tiny_model(), rank=2)      # none of its own: rank 0's, every device
+    assert calls == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    calls.clear()
+    set_rng_state(payload["rng"])
+    assert calls == [(0, 0), (1, 1), (2, 2), (3, 3)]
 
 
 def test_resume_with_another_process_count_says_the_streams_change(tmp_path) -> None:

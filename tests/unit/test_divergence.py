@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 from training_fixtures import (
+    logged,
     one_line_error,
     random_examples,
     tiny_model,
@@ -173,20 +174,34 @@ def test_learning_rate_1e308_never_saves_nan_weights(tmp_path) -> None:
     assert os.listdir(tmp_path) == []
 
 
-def test_a_run_ending_in_skipped_updates_is_not_saved_as_finished(tmp_path) -> None:
-    """Adadelta at 1e30 leaves finite but huge weights whose every loss is NaN; the run reaches
-    max_steps within max_nonfinite_steps of them: still divergence, and its last checkpoint,
-    the one before, is kept."""
-    cfg = TrainConfig(lr=1e30, batch_size=4, bucket=1, max_steps=4, save_every=100)
-    lines: list[str] = []
-    one_line_error(lambda: train(tiny_model(), EXAMPLES, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
-                                 checkpoint_dir=tmp_path, log=lines.append),
-                   "training diverged at step 4: the run stopped (max_steps) after the loss or "
-                   "gradient norm was not finite for 3 updates in a row", "no checkpoint was "
-                   "written")
-    assert os.listdir(tmp_path) == []
-    assert [line.split(" |")[0] for line in lines if "skipped" in line] == ["step 2", "step 3",
-                                                                           "step 4"]
+def test_a_stop_after_fewer_skipped_updates_than_the_limit_saves_the_last_good_weights(
+        tmp_path) -> None:
+    """One transient inf loss at the last step (an fp16 overflow): the run stops at max_steps
+    as usual, logs the skipped update, and saves step 4 holding step 3's weights (the skipped
+    update changed nothing), which a final evaluation scores; no divergence error."""
+    cfg = TrainConfig(batch_size=4, bucket=1, max_steps=4, save_every=100, eval_every=100,
+                      log_every=100)
+    model, lines, scored = tiny_model(), [], []
+    loss, calls = model.loss, []
+
+    def inf_at_call_4(*args: Tensor, **kwargs: float) -> tuple[Tensor, Tensor]:
+        calls.append(1)
+        loss_sum, n = loss(*args, **kwargs)
+        return (loss_sum + math.inf if len(calls) == 4 else loss_sum), n
+
+    model.loss = inf_at_call_4                  # an instance attribute: this model only
+    run = setup_run(model, EXAMPLES, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                    checkpoint_dir=tmp_path)
+    for _ in range(3):
+        run_step(run)
+    after_3 = _weights(run.model)
+    result = train_run(run, validate=lambda m: scored.append(1) or 1.0, log=lines.append)
+    assert result.stopped == "max_steps" and result.step == 4 and scored == [1]
+    assert sorted(os.listdir(tmp_path)) == ["best.json", "best.pt", "step_00000004.pt"]
+    saved = torch.load(tmp_path / "step_00000004.pt", weights_only=True)["model"]
+    assert _same(saved, after_3) and not _same(saved, _weights(tiny_model()))
+    assert ("step 4 | the run stopped (max_steps) after 1 skipped update (max_nonfinite_steps "
+            "5): its weights are those of the last applied update") in lines
 
 
 def test_adadelta_refuses_a_learning_rate_float32_cannot_hold(tmp_path) -> None:
@@ -232,9 +247,14 @@ def test_cli_learning_rate_1e308_ends_in_one_line(tmp_path, capsys) -> None:
             ("b", ["--eval-every", "1", "--save-every", "1"], "the weights hold NaN or inf")):
         capsys.readouterr()
         assert main([*base, "--out", str(tmp_path / out), *extra]) == 2
-        err = unlogged(capsys.readouterr().err)         # the run's log lines are on stderr too
+        console = capsys.readouterr().err
+        err = unlogged(console)                         # the run's log lines are on stderr too
         assert err.count("\n") == 1 and err.startswith("bahdanau: error: training diverged"), err
         assert expected in err and "no checkpoint was written" in err
+        # the error is train.log's last line, with its time, and on the console only once
+        error = err.removeprefix("bahdanau: error: ").rstrip("\n")
+        assert logged((tmp_path / out / "train.log").read_text())[-1] == f"ERROR: {error}"
+        assert not any("diverged" in line for line in logged(console))
         assert not list((tmp_path / out).glob("checkpoints/*.pt"))
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from training_fixtures import one_line_error, random_examples, tiny_model
 
 from bahdanau.checkpoint import CheckpointManager, load_checkpoint
@@ -51,7 +50,7 @@ def test_perplexity_picks_the_lowest_checkpoint_as_best(tmp_path) -> None:
     assert sorted(p.name for p in tmp_path.glob("step_*.pt")) == [
         "step_00000004.pt", "step_00000008.pt"]
     manager = CheckpointManager(tmp_path, keep_best=2)           # reads the name back
-    assert manager.metric == "ppl" and manager.best_n() == [(4, 30.0), (8, 35.0)]
+    assert manager.metric_name == "ppl" and manager.best_n() == [(4, 30.0), (8, 35.0)]
     assert [p.name for p in manager.best_checkpoints(2)] == ["step_00000004.pt",
                                                              "step_00000008.pt"]
     assert manager.would_keep(34.0) and not manager.would_keep(36.0)
@@ -67,7 +66,7 @@ def test_bleu_picks_the_highest_from_the_same_scores(tmp_path) -> None:
 
 def test_a_run_keeps_its_metric(tmp_path) -> None:
     _train(tmp_path, "ppl")
-    one_line_error(lambda: CheckpointManager(tmp_path, metric="bleu"),
+    one_line_error(lambda: CheckpointManager(tmp_path, metric_name="bleu"),
                    "best.json: the run ranks its checkpoints by ppl, not bleu")
     one_line_error(lambda: _train(tmp_path, "bleu"),            # resuming with another
                    "the run ranks its checkpoints by ppl, not bleu")
@@ -81,9 +80,15 @@ def test_validate_must_return_the_metric(tmp_path) -> None:
                    "validate returned the scores ['bleu'], without 'chrf'")
 
 
-@pytest.mark.parametrize("old", [{"metric": 2.0, "step": 3}])
-def test_best_json_without_a_name_still_reads(tmp_path, old) -> None:
-    (tmp_path / "best.json").write_text(json.dumps(old))
+def test_best_json_without_a_name_is_bleu_s(tmp_path) -> None:
+    """A best.json from before metrics had names ranked by BLEU, the only metric then: it
+    reads as BLEU's, and a run resumed to rank by perplexity is refused (it would compare a
+    perplexity with a recorded BLEU)."""
+    (tmp_path / "best.json").write_text(json.dumps({"metric": 2.0, "step": 3}))
     (tmp_path / "best.pt").write_bytes(b"")                 # only best.json is read here
-    manager = CheckpointManager(tmp_path, metric="ppl")
-    assert (manager.best_metric, manager.best_step, manager.metric) == (2.0, 3, "ppl")
+    for given in ("bleu", None):
+        manager = CheckpointManager(tmp_path, metric_name=given)
+        assert (manager.best_metric, manager.best_step, manager.metric_name) == (2.0, 3, "bleu")
+    for given in ("ppl", "chrf"):
+        one_line_error(lambda given=given: CheckpointManager(tmp_path, metric_name=given),
+                       f"best.json: the run ranks its checkpoints by bleu, not {given}")

@@ -169,3 +169,14 @@ def test_a_setting_without_a_group_takes_its_section_s() -> None:
     assert {groups[f.name] for f in dataclasses.fields(ModelChoices)} == {"model"}
     assert groups["lr"] == "optimisation" and groups["max_steps"] == "limits"
     assert set(groups.values()) == set(GROUPS)
+
+
+def test_a_config_yaml_from_before_the_metric_was_recorded_is_bleu_s() -> None:
+    """A run begun before config.yaml recorded --early-stopping-metric ranked by BLEU: resuming
+    it with another metric is refused, with bleu it resumes unchanged."""
+    stored = TrainOptions().to_record()
+    del stored["early_stopping_metric"]
+    with pytest.raises(InputError, match="^--early-stopping-metric was 'bleu' when this run "
+                                         "began and is 'ppl' now"):
+        resume_changes(stored, TrainOptions.from_mapping({"early_stopping_metric": "ppl"}))
+    assert resume_changes(stored, TrainOptions()) == []
