@@ -26,10 +26,13 @@ from bahdanau.errors import InputError
 from bahdanau.evaluate import Translation, translate_corpus
 from bahdanau.jobs.files import (
     STDOUT,
+    check_output_folder,
     check_outputs,
     existing,
+    names_stdout,
     output_file,
     read_sources,
+    stdout_as_dash,
     write_text,
 )
 from bahdanau.jobs.options import (
@@ -44,6 +47,7 @@ from bahdanau.jobs.options import (
 from bahdanau.jobs.release import release_model
 from bahdanau.jobs.report import alignment_title, plot_alignment_file, score_translations
 from bahdanau.jobs.resolve import beam_search, checkpoint_paths, load_decoder, machine
+from bahdanau.jobs.run_folder import is_prepared_folder
 from bahdanau.search import argmax_alignment
 
 
@@ -57,6 +61,8 @@ def prepare(o: PrepareOptions) -> int:
         src_lang, tgt_lang = o.src_lang or "en", o.tgt_lang or "fr"
         src, tgt = multi30k_files("train", src_lang), multi30k_files("train", tgt_lang)
         shipped = {"corpus": "multi30k", "src_lang": src_lang, "tgt_lang": tgt_lang}
+    check_output_folder("--out", o.out, {"--train-src": src, "--train-tgt": tgt},
+                        own=is_prepared_folder(Path(o.out)))
     vocab_size = o.vocab_size
     if o.sentencepiece_model is not None:
         tokenizer: Any = SentencePieceTokenizer.load(
@@ -87,6 +93,7 @@ def translate(o: TranslateOptions) -> int:
     Translates in windows of WINDOW_BATCHES batches (one line at a time from a terminal): each
     window's output is printed, in input order, before the next is read, so memory stays
     bounded and a pipe sees results as they come. An empty line gives an empty output line."""
+    o = stdout_as_dash(o, "alignments")
     device = machine(o)
     search = beam_search(o, o.n_best)
     path = existing(o.input, "--input")
@@ -171,6 +178,7 @@ def _input_bar(path: Path | None, interactive: bool) -> Any:
 def evaluate(o: EvaluateOptions) -> int:
     """`bahdanau evaluate`: the test-set report of a checkpoint (or an ensemble); with --json -
     or --output -, that output goes to stdout and the report to stderr."""
+    o = stdout_as_dash(o, "output", "json")
     device = machine(o)
     if o.output == STDOUT and o.json == STDOUT:
         raise InputError("--output - and --json - both ask for stdout; give one of them a file")
@@ -206,6 +214,9 @@ def plot(o: PlotOptions) -> int:
     tokens), titled with the checkpoint, its step and the sentence."""
     from bahdanau.plot import check_image_path
 
+    if names_stdout(o.output):
+        raise InputError(f"--output {o.output}: a plot is an image file; give a file name "
+                         "(e.g. alignment.png or .pdf)")
     device = machine(o)
     search = beam_search(o)
     path = existing(o.input, "--input")
@@ -260,8 +271,9 @@ def _checkpoint_name(path: Path) -> str:
 
 def average(o: AverageOptions) -> int:
     """`bahdanau average`: one checkpoint whose weights are the mean of several."""
-    if o.output == STDOUT:
-        raise InputError("--output -: a checkpoint is a binary file; give a file name")
+    if names_stdout(o.output):
+        raise InputError(f"--output {o.output}: a checkpoint is a binary file; give a file "
+                         "name")
     paths = select_checkpoints(o.checkpoint, last=o.last, best=o.best)
     check_outputs({"--output": o.output}, {f"--checkpoint {p}": p for p in paths})
     averaged = average_checkpoints(paths, allow_different_runs=o.allow_different_runs)

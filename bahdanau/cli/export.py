@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bahdanau.checkpoint.manager import find_checkpoint
+from bahdanau.jobs.files import check_output_folder
 from bahdanau.jobs.options import ExportOptions
 from bahdanau.serving import check_new_folder, export_folder
 from bahdanau.translate import load
@@ -13,6 +14,7 @@ def export(o: ExportOptions) -> int:
     vocabularies, the tokenizer, a manifest and a README of the decoding loop, in a new folder."""
     checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
     check_new_folder(o.out)                                  # before any work
+    check_output_folder("--out", o.out, {"--checkpoint": checkpoint})
     t = load(checkpoint)                                     # traced on the CPU
     folder = export_folder(t.model, t.src_vocab, t.tgt_vocab, t.tokenizer, o.out)
     files = ", ".join(sorted(p.name for p in folder.iterdir()))
