@@ -29,7 +29,6 @@ from bahdanau.jobs.files import (
     check_output_folder,
     check_outputs,
     existing,
-    names_stdout,
     output_file,
     read_sources,
     stdout_as_dash,
@@ -214,9 +213,10 @@ def plot(o: PlotOptions) -> int:
     tokens), titled with the checkpoint, its step and the sentence."""
     from bahdanau.plot import check_image_path
 
-    if names_stdout(o.output):
-        raise InputError(f"--output {o.output}: a plot is an image file; give a file name "
-                         "(e.g. alignment.png or .pdf)")
+    o = stdout_as_dash(o, "output")
+    if o.output == STDOUT:
+        raise InputError("--output -: a plot is an image file; give a file name (e.g. "
+                         "alignment.png or .pdf)")
     device = machine(o)
     search = beam_search(o)
     path = existing(o.input, "--input")
@@ -271,9 +271,9 @@ def _checkpoint_name(path: Path) -> str:
 
 def average(o: AverageOptions) -> int:
     """`bahdanau average`: one checkpoint whose weights are the mean of several."""
-    if names_stdout(o.output):
-        raise InputError(f"--output {o.output}: a checkpoint is a binary file; give a file "
-                         "name")
+    o = stdout_as_dash(o, "output")
+    if o.output == STDOUT:
+        raise InputError("--output -: a checkpoint is a binary file; give a file name")
     paths = select_checkpoints(o.checkpoint, last=o.last, best=o.best)
     check_outputs({"--output": o.output}, {f"--checkpoint {p}": p for p in paths})
     averaged = average_checkpoints(paths, allow_different_runs=o.allow_different_runs)

@@ -116,9 +116,9 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, Path | None]
 def check_output_folder(what: str, out: str, inputs: dict[str, Path | None], *,
                         own: bool = False) -> None:
     """Refuse, before any work, a folder to write (release's, export's, prepare's --out) that
-    holds a run (`bahdanau.jobs.run_folder.is_run_folder`), is one of a run's files or a
-    folder inside them, a model folder's or a prepared corpus's (`run_file_owner`), or holds
-    one of the `inputs` (the checkpoint being released): writing it would replace them. `own`:
+    holds a run or lies inside one (`bahdanau.jobs.run_folder.is_run_folder`), lies inside a
+    model folder or a prepared corpus (`run_file_owner`), or holds one of the `inputs` (the
+    checkpoint being released): replacing it whole would take them with it. `own`:
     `out` already is a folder of the kind the command writes (a model folder for release, a
     prepared corpus for prepare), which the command's own rules (--overwrite) decide on."""
     if own:
@@ -128,7 +128,8 @@ def check_output_folder(what: str, out: str, inputs: dict[str, Path | None], *,
     if is_run_folder(target):
         raise InputError(f"{what} {shown} holds a run: writing it would replace the run; "
                          "choose a new folder")
-    owner = run_file_owner(target)
+    run = next((folder for folder in target.parents if is_run_folder(folder)), None)
+    owner = f"the run in {run}" if run is not None else run_file_owner(target)
     if owner is not None:
         raise InputError(f"{what} {shown} is inside {owner}: writing it would damage it; "
                          "choose a folder outside it")

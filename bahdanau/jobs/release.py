@@ -18,9 +18,10 @@ from typing import Any
 from bahdanau.checkpoint.files import load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.checkpoint.payload import model_from_checkpoint
-from bahdanau.checkpoint.release import MANIFEST, check_new_release, is_release, write_release
+from bahdanau.checkpoint.release import MANIFEST, check_new_release, write_release
 from bahdanau.jobs.files import check_output_folder
 from bahdanau.jobs.options import ReleaseOptions, TrainOptions, flag
+from bahdanau.jobs.run_folder import is_model_folder
 
 
 def train_command(options: Any) -> str | None:
@@ -120,7 +121,7 @@ def release_model(o: ReleaseOptions) -> Path:
             installed.
     """
     path = find_checkpoint(o.checkpoint, "--checkpoint")
-    check_output_folder("--out", o.out, {"--checkpoint": path}, own=is_release(o.out))
+    check_output_folder("--out", o.out, {"--checkpoint": path}, own=is_model_folder(Path(o.out)))
     check_new_release(Path(o.out), o.overwrite)
     with named(path):
         payload = upgrade_payload(load_checkpoint(path))

@@ -23,7 +23,7 @@ from typing import Any
 
 from bahdanau._files import exclusive_lock
 from bahdanau.checkpoint.manager import CheckpointManager
-from bahdanau.checkpoint.release import is_release
+from bahdanau.checkpoint.release import MANIFEST, RELEASE_FORMAT
 from bahdanau.data.manifest import FORMAT as PREPARED_FORMAT
 from bahdanau.errors import InputError
 from bahdanau.jobs.options import TrainOptions
@@ -69,15 +69,15 @@ def holds_run(out: Path) -> bool:
 
 
 def is_run_folder(folder: Path) -> bool:
-    """`folder` is a bahdanau run folder, as far as its names and small files show: it has the
-    run lock, numbered checkpoints in ``checkpoints/``, or a config.yaml that is a run's record
-    (a JSON object most of whose keys are `TrainOptions`'); a project's own config.yaml is
-    not one. Never raises (an unreadable folder is no run)."""
+    """`folder` is a bahdanau run folder, as far as its names and small files show: it has
+    numbered checkpoints in ``checkpoints/``, or a config.yaml that is a run's record (a JSON
+    object most of whose keys are `TrainOptions`'; `run_train_job` writes it before the first
+    update); a project's own config.yaml is not one, nor is a bare ``.lock`` (other tools,
+    pytest's temporary folders among them, leave files of that name). Never raises (an
+    unreadable folder is no run)."""
     try:
-        if (folder / RUN_LOCK).is_file():
-            return True
         checkpoints = folder / "checkpoints"
-        if checkpoints.is_dir() and any(CheckpointManager.writes(p.name)
+        if checkpoints.is_dir() and any(CheckpointManager.writes(p.name) and p.suffix == ".pt"
                                         for p in checkpoints.iterdir()):
             return True
         config = folder / RUN_CONFIG
@@ -97,16 +97,29 @@ def _record_keys() -> frozenset[str]:
     return frozenset({*TrainOptions().to_record(), "versions"})
 
 
-def is_prepared_folder(folder: Path) -> bool:
-    """`folder` holds a prepared corpus (its manifest.json says so). Never raises."""
-    manifest = folder / "manifest.json"
+def manifest_format(folder: Path) -> str | None:
+    """The "format" its manifest.json gives a folder (`RELEASE_FORMAT`: a model folder,
+    `bahdanau.data.manifest.FORMAT`: a prepared corpus), or None. Never raises."""
+    manifest = folder / MANIFEST
     try:
         if not manifest.is_file() or manifest.stat().st_size > _RECORD_BYTES:
-            return False
+            return None
         data = json.loads(manifest.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("format") == PREPARED_FORMAT
+        return None
+    kind = data.get("format") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def is_prepared_folder(folder: Path) -> bool:
+    """`folder` holds a prepared corpus (its manifest.json says so). Never raises."""
+    return manifest_format(folder) == PREPARED_FORMAT
+
+
+def is_model_folder(folder: Path) -> bool:
+    """`folder` is a model folder (`bahdanau.checkpoint.release.is_release`, and its
+    manifest.json says so). Never raises."""
+    return manifest_format(folder) == RELEASE_FORMAT
 
 
 def run_file_owner(path: Path) -> str | None:
@@ -116,7 +129,7 @@ def run_file_owner(path: Path) -> str | None:
     A run (`is_run_folder`) owns its `RUN_FILES` (everything under ``checkpoints/``), its
     lock, and in a folder of checkpoints (``CheckpointManager``'s, without a run around it) the
     numbered files, ``best.pt`` and ``best.json``: overwriting one loses the run's best model,
-    makes it unresumable, or makes its records lie. A model folder (`is_release`) and a
+    makes it unresumable, or makes its records lie. A model folder (`is_model_folder`) and a
     prepared corpus (`is_prepared_folder`) own every file in them: their manifests list each
     file's SHA-256, which a changed file no longer matches. Never raises.
     """
@@ -126,13 +139,14 @@ def run_file_owner(path: Path) -> str | None:
             return f"the run in {folder}"
     folder = path.parent
     try:
-        if is_release(folder):
+        kind = manifest_format(folder)
+        if kind == RELEASE_FORMAT:
             return f"the model folder {folder}"
-        if is_prepared_folder(folder):
+        if kind == PREPARED_FORMAT:
             return f"the prepared corpus {folder}"
         if CheckpointManager.writes(path.name) and folder.is_dir() and any(
                 CheckpointManager.writes(p.name) for p in folder.iterdir()):
-            return f"the checkpoints in {folder}"
+            return f"the run in {folder}"
     except OSError:
         pass
     return None
