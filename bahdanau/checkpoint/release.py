@@ -137,9 +137,16 @@ def check_new_release(out: Path, overwrite: bool) -> Path:
 
 def release_manifest(payload: dict[str, Any], digests: dict[str, str]) -> dict[str, Any]:
     """The manifest of a model folder: its format, the run id and versions of the checkpoint
-    (when it records them) and the SHA-256 of every file."""
-    state = payload.get("train_state")
+    (when it records them; an average's run id is its members' when they share one) and the
+    SHA-256 of every file."""
+    state, extra = payload.get("train_state"), payload.get("extra")
     run_id = state.get("run_id") if isinstance(state, dict) else None
+    members = extra.get("averaged_from") if isinstance(extra, dict) else None
+    if run_id is None and isinstance(members, list):
+        ids = {m.get("run_id") for m in members if isinstance(m, dict)}
+        run_id = ids.pop() if len(ids) == 1 else None
+    if not isinstance(run_id, str):
+        run_id = None
     return {"format": RELEASE_FORMAT, "version": RELEASE_VERSION, "run_id": run_id,
             "versions": payload.get("versions"), "files": digests}
 

@@ -260,6 +260,10 @@ def test_a_model_folder_keeps_the_run_id_and_versions(run, folder, tmp_path) -> 
     read = read_release(folder)
     assert read["extra"]["run_id"] == payload["train_state"]["run_id"]
     assert read["versions"] == payload["versions"]
+    averaged = bahdanau.average_checkpoints(
+        [run / "checkpoints" / f"step_0000000{s}.pt" for s in (2, 4)])
+    write_release(averaged, tmp_path / "avg", card="x")       # an average keeps its run's id
+    assert read_release(tmp_path / "avg")["extra"]["run_id"] == manifest["run_id"]
     stranger = {**payload, "train_state": {**payload["train_state"], "run_id": "f" * 32}}
     torch.save(stranger, tmp_path / "stranger.pt")
     one_line_error(lambda: bahdanau.average_checkpoints([folder, tmp_path / "stranger.pt"]),
