@@ -298,6 +298,22 @@ def test_folder_outputs_keep_off_runs_and_inputs(root, capsys, argv, message) ->
     assert _snapshot(root) == before
 
 
+def test_export_follows_the_folder_rules_of_prepare(root, tmp_path, monkeypatch,
+                                                    capsys) -> None:
+    """export checked only that --out did not exist and its parent did: a dangling link was
+    replaced by the folder. It has prepare's refusals now (one helper writes both)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    _one_error(capsys, main(["export", "--checkpoint", str(root / "run"), "--out",
+                             str(tmp_path / "link")]), "is a symbolic link to",
+               "which does not exist")
+    (tmp_path / "file").write_text("x")
+    _one_error(capsys, main(["export", "--checkpoint", str(root / "run"), "--out",
+                             str(tmp_path / "file" / "out")]), "cannot be created:",
+               "file is a file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "link"]
+
+
 def test_an_ensemble_refuses_one_checkpoint_twice(root, tmp_path, capsys) -> None:
     """A hard link (a run's best.pt is one to its step file) made an ensemble of one model
     with itself."""
