@@ -9,17 +9,31 @@ descriptor) is written into where it is and never replaced (`writes_in_place`). 
 fails (a full disk, an I/O error) is one `OSError` naming the file; Ctrl-C stays a
 KeyboardInterrupt; neither leaves a temporary file behind. `exclusive_lock` keeps two processes
 from writing one output folder.
+
+A whole folder (a prepared corpus, a model folder, an exported folder) is written the same way:
+`check_destination` refuses, before any work, a place that cannot be replaced by renaming (the
+current folder or one holding it, a mount point, a dangling link, a parent that is a file);
+`held` creates the parent, takes the lock beside the folder and removes the temporary folders
+of processes that died (`remove_stale`); `new_folder` gives the temporary folder
+(`partial_folder`) to write into and puts it in place whole (`replace_folder`). A symbolic link
+given as the folder keeps linking: the folder it names is the one replaced. `sha256_file` is
+the digest every manifest lists, `process_umask` the mode mask new files are created with.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import re
+import shutil
+import signal
 import stat
 import tempfile
+import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -28,6 +42,51 @@ from bahdanau.errors import InputError
 # The folders whose entries are a process's open file descriptors (/dev/stdout links into one).
 _FD_FOLDER = re.compile(r"/proc/[^/]+/fd|/dev/fd")
 _MAX_LINKS = 40                                   # symlinks followed, as Linux's limit
+
+
+@cache
+def process_umask() -> int:
+    """The process's umask, read once: from /proc/self/status where Linux shows it, else by
+    setting and restoring it (once, at the first call: a umask of 0 held by the whole process
+    for a moment, which a thread creating a file then could see, so never on every write)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return umask
+
+
+def sha256_file(path: Path) -> str:
+    """The hex SHA-256 of a file, read in blocks (never whole in memory)."""
+    hasher = hashlib.sha256()
+    with open(path, "rb") as f:
+        block = bytearray(max(1, min(1 << 22, os.fstat(f.fileno()).st_size)))
+        view = memoryview(block)
+        while n := f.readinto(block):
+            hasher.update(view[:n])
+    return hasher.hexdigest()
+
+
+def repeated_file(paths: list[Path]) -> tuple[Path, Path] | None:
+    """The first path of `paths` that names the same file as an earlier one (the same device
+    and inode: a symlink, another spelling or a hard link such as a run's ``best.pt``), with
+    that earlier path; None when each names its own file. Paths that do not exist are skipped
+    (their readers refuse them)."""
+    seen: dict[tuple[int, int], Path] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        key = (st.st_dev, st.st_ino)
+        if key in seen:
+            return path, seen[key]
+        seen[key] = path
+    return None
 
 
 def fsync_file(path: Path) -> None:
@@ -132,10 +191,8 @@ def atomic_file(path: Path) -> Iterator[BinaryIO]:
     target = replaced_file(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    umask = os.umask(0)
-    os.umask(umask)
     try:
-        os.chmod(tmp, 0o666 & ~umask)             # as open() would create it, not mkstemp's 0600
+        os.chmod(tmp, 0o666 & ~process_umask())   # as open() would create it, not mkstemp's 0600
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -192,3 +249,171 @@ def exclusive_lock(path: Path, busy: str, *, remove: bool = False) -> Iterator[N
         if remove:
             Path(path).unlink(missing_ok=True)
         handle.close()
+
+
+# ------------------------------------------------------------------ whole folders
+_LEFTOVERS = ("partial", "old")        # .NAME.partial-PID: being written; .NAME.old-PID: replaced
+
+
+def check_destination(out: Path, what: str) -> Path:
+    """The folder to write for `out` (`what` it will hold, for the messages): `out` itself, or
+    the folder a symbolic link names (the link stays; its target is replaced).
+
+    Raises:
+        InputError: `out` is a dangling link, the current folder or one that holds it, a mount
+            point, or its parent is a file.
+    """
+    if out.is_symlink():
+        if not out.exists():
+            raise InputError(f"{out} is a symbolic link to {os.readlink(out)}, which does not "
+                             "exist: remove the link or choose another folder")
+        out = out.resolve()
+    folder = Path(os.path.abspath(out))
+    cwd = Path.cwd()
+    if folder == cwd or folder in cwd.parents:
+        raise InputError(f"{out} is the current folder or holds it: {what} replaces its folder "
+                         "whole; name a new folder for it")
+    if os.path.ismount(folder):
+        raise InputError(f"{out} is a mount point, which cannot be replaced by renaming: name "
+                         "a folder inside it")
+    for parent in folder.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise InputError(f"{out} cannot be created: {parent} is a file")
+            break
+    return folder
+
+
+@contextmanager
+def held(out: Path, busy: str) -> Iterator[None]:
+    """Create `out`'s parent and hold the lock beside `out` (``.NAME.lock``) while inside;
+    stale temporary folders of dead processes are removed once it is held.
+
+    Raises:
+        InputError: `busy` when another process holds the lock, or the parent cannot be
+            created or written (read-only, no permission).
+    """
+    with ExitStack() as stack:
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(exclusive_lock(out.parent / f".{out.name}.lock", busy,
+                                               remove=True))
+        except OSError as err:
+            raise InputError(f"cannot write {out}: {err.strerror} ({err.filename})") from None
+        remove_stale(out)
+        yield
+
+
+def partial_folder(out: Path, kind: str = "partial", pid: int | None = None) -> Path:
+    """The temporary folder beside `out` that this process writes (or moves an old `out` to)."""
+    return out.parent / f".{out.name}.{kind}-{os.getpid() if pid is None else pid}"
+
+
+def remove_stale(out: Path) -> list[Path]:
+    """Remove the temporary folders beside `out` left by processes no longer alive; returns
+    them. An old folder moved aside by one that died between `replace_folder`'s two renames
+    (`out` missing, one ``.NAME.old-PID`` holding a ``manifest.json``) is put back at `out`
+    instead."""
+    _restore_old(out)
+    removed = []
+    for kind in _LEFTOVERS:
+        prefix = f".{out.name}.{kind}-"
+        for path in out.parent.iterdir():
+            pid = path.name[len(prefix):]
+            if (path.name.startswith(prefix) and pid.isdigit() and not _alive(int(pid))
+                    and path.is_dir() and not path.is_symlink()):
+                shutil.rmtree(path)
+                removed.append(path)
+    return removed
+
+
+def _restore_old(out: Path) -> None:
+    """Put back at a missing `out` the one old folder (one with a ``manifest.json``: a prepared
+    corpus, a model folder, an exported model) a dead process left beside it; anything else
+    there stays stale."""
+    if out.exists() or out.is_symlink():
+        return
+    prefix = f".{out.name}.old-"
+    olds = [path for path in out.parent.iterdir()
+            if path.name.startswith(prefix) and path.name[len(prefix):].isdigit()
+            and not _alive(int(path.name[len(prefix):])) and path.is_dir()
+            and not path.is_symlink() and (path / "manifest.json").is_file()]
+    if len(olds) == 1:
+        os.replace(olds[0], out)
+        fsync_dir(out.parent)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:                      # another user's process
+        return True
+    return True
+
+
+def replace_folder(out: Path, partial: Path) -> None:
+    """Put the finished folder `partial` at `out`, moving an old folder there aside first
+    (deleted only once the new one is in place): `out` is at every moment the old folder,
+    absent, or the new one whole. A SIGINT or SIGTERM between the two renames waits until the
+    new folder is in place (`signals_held`); a process killed there leaves the old folder
+    aside, which `remove_stale` puts back."""
+    old = None
+    with signals_held():
+        if out.exists():
+            old = partial_folder(out, "old")
+            os.replace(out, old)
+        os.replace(partial, out)
+    fsync_dir(out.parent)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)     # what stops a command that a user ends
+
+
+@contextmanager
+def signals_held() -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM are only noted; on leaving, the first one noted is
+    raised again for the handler that was in place. For a step that must not be cut in two,
+    such as the renames that put a folder in place. A Python handler, not a signal mask: a
+    mask holds back only its own thread's signals, and the process's signal may reach another
+    thread (a progress bar's, a pool's). Elsewhere than the main thread: no change, as
+    handlers can only be set there."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
+                for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if noted:
+            signal.raise_signal(noted[0])
+
+
+@contextmanager
+def new_folder(out: Path) -> Iterator[Path]:
+    """The temporary folder to write `out` into (`partial_folder`, created as mkdir creates
+    folders); when the block ends, every file in it is fsynced and it replaces `out` whole
+    (`replace_folder`); an exception (Ctrl-C too) removes it instead. `out` comes from
+    `check_destination` and is `held`."""
+    partial = partial_folder(out)
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    try:
+        yield partial
+        for path in sorted(partial.rglob("*")):
+            if path.is_file() and not path.is_symlink():
+                fsync_file(path)
+        fsync_dir(partial)
+        replace_folder(out, partial)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise

@@ -41,7 +41,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import shutil
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -49,7 +48,8 @@ import torch
 from torch import Tensor, nn
 from torch.export import Dim, ExportedProgram
 
-from bahdanau._files import atomic_write, fsync_dir
+from bahdanau._about import versions
+from bahdanau._files import atomic_write, check_destination, held, new_folder
 from bahdanau.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, ModelConfig
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.tokenizers import Tokenizer, tokenizer_from_payload, tokenizer_to_payload
@@ -330,16 +330,17 @@ SENTENCEPIECE_FILE = "tokenizer.model"   # a SentencePiece tokenizer's model, be
 
 
 def check_new_folder(folder: str | os.PathLike[str]) -> Path:
-    """`folder` as `export_folder` writes it: not there yet, in a folder that is.
+    """`folder` as `export_folder` writes it: not there yet, in a place that can be replaced
+    by renaming (`bahdanau._files.check_destination`: not the current folder, a mount point or
+    a dangling link, a parent that is not a file; a parent that is missing is created).
 
     Raises:
-        InputError: it exists, or its parent does not.
+        InputError: it exists, or `check_destination` refuses it.
     """
     folder = Path(folder)
     if folder.exists():
         raise InputError(f"{folder} exists: export writes a new folder")
-    if not folder.parent.is_dir():
-        raise InputError(f"{folder}: folder {folder.parent} does not exist")
+    check_destination(folder, "an exported model")
     return folder
 
 
@@ -349,40 +350,44 @@ def export_folder(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab, tokenize
     (`Vocab.save`), the tokenizer (``tokenizer.json``, and ``tokenizer.model`` for
     SentencePiece), ``manifest.json`` (`ServingPrograms.manifest`) and a README with the loop.
 
-    The folder is written beside its final name and renamed into place: it is whole or absent.
+    The folder is written beside its final name and renamed into place
+    (`bahdanau._files.new_folder`, `held` against a second writer): it is whole or absent.
 
     Raises:
-        InputError: `folder` exists, its parent does not, the vocabularies do not fit the model,
-            or what `export_programs` and `tokenizer_to_payload` refuse; before any tracing.
+        InputError: `folder` exists or cannot be written (`check_new_folder`), the vocabularies
+            do not fit the model, or what `export_programs` and `tokenizer_to_payload`
+            refuse; before any tracing.
     """
     folder, model = check_new_folder(folder), _one_model(model)
     if model.config is not None:
         model.config.check_vocabs(src_vocab, tgt_vocab)
     tokenizer_data = tokenizer_to_payload(tokenizer)        # refuses tokenizers it cannot store
     programs = export_programs(model)
-    partial = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir()
-    try:
-        torch.export.save(programs.encoder, partial / FILES["encoder"])
-        torch.export.save(programs.step, partial / FILES["step"])
-        src_vocab.save(partial / FILES["src_vocab"])
-        tgt_vocab.save(partial / FILES["tgt_vocab"])
-        if isinstance(tokenizer, SentencePieceTokenizer):
-            tokenizer.save(partial / SENTENCEPIECE_FILE)
-            tokenizer_data = {"name": "sentencepiece", "model": SENTENCEPIECE_FILE}
-        for name, text in (("tokenizer", json.dumps(tokenizer_data, indent=2)),
-                           ("manifest", json.dumps(programs.manifest, indent=2)),
-                           ("readme", _readme(programs.manifest,
-                                              isinstance(tokenizer, SentencePieceTokenizer)))):
-            _write_text(partial / FILES[name], text + "\n")
-        fsync_dir(partial)
-        partial.rename(folder)
-        fsync_dir(folder.parent)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
+    manifest = {**programs.manifest, "versions": versions()}
+    with held(folder, f"{folder} is being exported by another process: wait for it to "
+                      "finish or choose another folder"):
+        check_new_folder(folder)                  # as it is now that the folder is held
+        with new_folder(folder) as partial:
+            _write_folder(partial, programs, src_vocab, tgt_vocab, tokenizer, tokenizer_data,
+                          manifest)
     return folder
+
+
+def _write_folder(partial: Path, programs: ServingPrograms, src_vocab: Vocab, tgt_vocab: Vocab,
+                  tokenizer: Tokenizer, tokenizer_data: Any, manifest: dict[str, Any]) -> None:
+    """Every file of an exported folder, written into `partial`."""
+    torch.export.save(programs.encoder, partial / FILES["encoder"])
+    torch.export.save(programs.step, partial / FILES["step"])
+    src_vocab.save(partial / FILES["src_vocab"])
+    tgt_vocab.save(partial / FILES["tgt_vocab"])
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        tokenizer.save(partial / SENTENCEPIECE_FILE)
+        tokenizer_data = {"name": "sentencepiece", "model": SENTENCEPIECE_FILE}
+    for name, text in (("tokenizer", json.dumps(tokenizer_data, indent=2)),
+                       ("manifest", json.dumps(manifest, indent=2)),
+                       ("readme", _readme(manifest,
+                                          isinstance(tokenizer, SentencePieceTokenizer)))):
+        _write_text(partial / FILES[name], text + "\n")
 
 
 def _write_text(path: Path, text: str) -> None:

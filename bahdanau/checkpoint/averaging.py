@@ -34,6 +34,7 @@ from torch import Tensor
 
 from bahdanau._about import versions
 from bahdanau._checks import check_path, describe
+from bahdanau._files import repeated_file
 from bahdanau._progress import tracked
 from bahdanau.checkpoint.files import FORMAT_VERSION, load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import CheckpointManager, checkpoints_folder
@@ -129,13 +130,10 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]], *,
         raise InputError(f"paths must be a non-empty list of checkpoint files, got "
                          f"{describe(paths)}")
     files = [check_path("checkpoint", p) for p in paths]
-    seen: dict[str, Path] = {}
-    for path in files:
-        real = os.path.realpath(path)
-        if real in seen:
-            raise InputError(f"{path} is listed twice (also as {seen[real]}): average each "
-                             "checkpoint once")
-        seen[real] = path
+    twice = repeated_file(files)
+    if twice is not None:
+        raise InputError(f"{twice[0]} is listed twice (also as {twice[1]}): average each "
+                         "checkpoint once")
     first: dict[str, Any] = {}        # the sections the result takes from the first member
     tokenizer, model = None, None
     dtypes: dict[str, torch.dtype] = {}
@@ -181,10 +179,13 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]], *,
 
 
 def _run_id(path: Path, payload: dict[str, Any]) -> str | None:
-    """The run id a member's train state records; None for none (an earlier version's, or an
+    """The run id a member's train state records, or a model folder's manifest (which
+    `read_release` gives as extra["run_id"]); None for none (an earlier version's, or an
     average's)."""
-    state = payload["train_state"]
+    state, extra = payload["train_state"], payload.get("extra")
     run_id = state.get("run_id") if isinstance(state, dict) else None
+    if run_id is None and isinstance(extra, dict) and "release" in extra:
+        run_id = extra.get("run_id")
     if run_id is not None and not isinstance(run_id, str):
         raise InputError(f"{path}: checkpoint train_state run_id is a "
                          f"{type(run_id).__name__}, not a str")

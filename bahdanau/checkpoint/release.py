@@ -4,8 +4,10 @@ files, a model card, and a manifest with the SHA-256 of every file.
     write_release(load_checkpoint("runs/default/checkpoints/best.pt"), "my-model", card=text)
     payload = read_release("my-model")           # what model_from_checkpoint reads
 
-docs/release-format.md describes the folder. `write_release` writes it atomically (into a
-temporary folder beside it, renamed into place when whole); `read_release` checks the manifest
+docs/release-format.md describes the folder. `write_release` writes it atomically, by the rules
+of every folder the commands write (`bahdanau._files.check_destination`, `bahdanau._files.held`,
+`bahdanau._files.new_folder`: a temporary folder beside it, renamed into place when whole; a
+symbolic link keeps linking); `read_release` checks the manifest
 and every file's digest before it reads anything, and gives back a checkpoint payload of the
 current format without a training state, so every reader of checkpoints reads a release folder
 too (`load_checkpoint` hands a folder with a ``manifest.json`` to it). Only the weights a
@@ -17,18 +19,15 @@ The safetensors package is an optional extra (``pip install 'bahdanau[share]'``)
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from bahdanau._checks import check_path
-from bahdanau._files import fsync_dir, fsync_file
+from bahdanau._files import check_destination, held, new_folder, process_umask, sha256_file
 from bahdanau.checkpoint.files import FORMAT_VERSION
 from bahdanau.checkpoint.payload import (
     stored_parts,
@@ -65,15 +64,6 @@ def is_release(path: str | os.PathLike[str]) -> bool:
     return Path(path).is_dir() and (Path(path) / MANIFEST).is_file()
 
 
-def sha256_of(path: Path) -> str:
-    """The hex SHA-256 of a file's bytes."""
-    hasher = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            hasher.update(block)
-    return hasher.hexdigest()
-
-
 def _json_bytes(data: Any) -> bytes:
     return (json.dumps(data, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
@@ -98,62 +88,71 @@ def write_release(payload: dict[str, Any], out: str | os.PathLike[str], *, card:
     Args:
         payload: a checkpoint of the current format (`upgrade_payload`), checked whole
             (`bahdanau.checkpoint.model_from_checkpoint` takes it) before anything is written.
-        out: the folder to write; it must not exist or be empty, unless `overwrite`.
+        out: the folder to write; it must not exist or be empty, unless `overwrite`. A
+            symbolic link keeps linking: the folder it names is replaced.
         card: the model card, written as README.md.
         overwrite: replace what `out` holds (only once the new folder is whole).
     Returns:
         The folder.
     Raises:
-        InputError: `out` is a file, or a non-empty folder without `overwrite`; safetensors is
-            not installed; or the payload is one that `model_from_checkpoint` refuses.
+        InputError: `out` is a file, a non-empty folder without `overwrite`, a place that
+            cannot be replaced (`check_destination`) or is being written by another process;
+            safetensors is not installed; or the payload is one that `model_from_checkpoint`
+            refuses.
     """
     out = check_path("--out", out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file, not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise InputError(f"--out {out} is not empty: choose another folder, or --overwrite it")
+    folder = check_new_release(out, overwrite)
     save_file = _safetensors().save_file
     _, weights = translation_weights(payload)
     files = release_files(payload, card)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    temp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
-        # safetensors stores each tensor once: shared storage is cloned apart
-        save_file({k: v.detach().cpu().contiguous().clone() for k, v in weights.items()},
-                  str(temp / WEIGHTS), metadata={"format": RELEASE_FORMAT})
-        for name, data in files.items():
-            (temp / name).write_bytes(data)
-        digests = {name: sha256_of(temp / name) for name in sorted([WEIGHTS, *files])}
-        (temp / MANIFEST).write_bytes(_json_bytes(
-            {"format": RELEASE_FORMAT, "version": RELEASE_VERSION, "files": digests}))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temp, 0o777 & ~umask)          # as mkdir and open() would, not mkdtemp's 0700
-        for name in [*digests, MANIFEST]:
-            os.chmod(temp / name, 0o666 & ~umask)
-            fsync_file(temp / name)
-        _replace_folder(temp, out)
-    except BaseException:
-        shutil.rmtree(temp, ignore_errors=True)
-        raise
+    with held(folder, f"--out {out} is being written by another process: wait for it to "
+                      "finish or choose another folder"):
+        check_new_release(out, overwrite)       # as it is now that the folder is held
+        with new_folder(folder) as temp:
+            # safetensors stores each tensor once: shared storage is cloned apart
+            save_file({k: v.detach().cpu().contiguous().clone() for k, v in weights.items()},
+                      str(temp / WEIGHTS), metadata={"format": RELEASE_FORMAT})
+            os.chmod(temp / WEIGHTS, 0o666 & ~process_umask())   # as open(), not its 0600
+            for name, data in files.items():
+                (temp / name).write_bytes(data)
+            digests = {name: sha256_file(temp / name) for name in sorted([WEIGHTS, *files])}
+            (temp / MANIFEST).write_bytes(_json_bytes(release_manifest(payload, digests)))
     return out
 
 
-def _replace_folder(temp: Path, out: Path) -> None:
-    """Rename the whole folder `temp` to `out`; an old `out` is moved aside first and deleted
-    after, so `out` is at every moment the old folder, absent, or the new one whole."""
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
-        os.replace(out, old / out.name)
-    os.replace(temp, out)
-    fsync_dir(out.parent)
-    if old is not None:
-        shutil.rmtree(old)
+def check_new_release(out: Path, overwrite: bool) -> Path:
+    """The folder `write_release` writes for `out` (`check_destination`), checked before any
+    work: not a file, and empty unless `overwrite`.
+
+    Raises:
+        InputError: as `write_release` says.
+    """
+    folder = check_destination(out, "a model folder")
+    if folder.exists() and not folder.is_dir():
+        raise InputError(f"--out {out} is a file, not a folder")
+    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
+        raise InputError(f"--out {out} is not empty: choose another folder, or --overwrite it")
+    return folder
 
 
-def _manifest(folder: Path) -> dict[str, str]:
-    """The manifest's {file: sha256}, checked: its format, version and shape."""
+def release_manifest(payload: dict[str, Any], digests: dict[str, str]) -> dict[str, Any]:
+    """The manifest of a model folder: its format, the run id and versions of the checkpoint
+    (when it records them; an average's run id is its members' when they share one) and the
+    SHA-256 of every file."""
+    state, extra = payload.get("train_state"), payload.get("extra")
+    run_id = state.get("run_id") if isinstance(state, dict) else None
+    members = extra.get("averaged_from") if isinstance(extra, dict) else None
+    if run_id is None and isinstance(members, list):
+        ids = {m.get("run_id") for m in members if isinstance(m, dict)}
+        run_id = ids.pop() if len(ids) == 1 else None
+    if not isinstance(run_id, str):
+        run_id = None
+    return {"format": RELEASE_FORMAT, "version": RELEASE_VERSION, "run_id": run_id,
+            "versions": payload.get("versions"), "files": digests}
+
+
+def _manifest(folder: Path) -> dict[str, Any]:
+    """The manifest, checked: its format, version and shape."""
     path = folder / MANIFEST
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -175,7 +174,11 @@ def _manifest(folder: Path) -> dict[str, str]:
     missing = [name for name in REQUIRED if name not in files]
     if missing:
         raise InputError(f"{path}: lists no {missing[0]}, which a model folder holds")
-    return files
+    if not isinstance(data.get("run_id"), (str, type(None))):
+        raise InputError(f'{path}: its "run_id" must be a string or null')
+    if not isinstance(data.get("versions"), (dict, type(None))):
+        raise InputError(f'{path}: its "versions" must be an object or null')
+    return data
 
 
 def _read_json(path: Path) -> Any:
@@ -192,21 +195,23 @@ def read_release(folder: str | os.PathLike[str]) -> dict[str, Any]:
         folder: a folder written by `write_release`.
     Returns:
         A payload of the current format (docs/checkpoint-format.md): the weights as `model`,
-        the model config, vocabularies and tokenizer; no training state, optimizer or RNG
-        states (it translates and fine-tunes, it does not resume); extra["release"] names the
-        folder.
+        the model config, vocabularies and tokenizer, and the ``versions`` that trained it; no
+        training state, optimizer or RNG states (it translates and fine-tunes, it does not
+        resume); extra["release"] names the folder and extra["run_id"] the run it comes from
+        (None when the checkpoint recorded none), which averaging checks.
     Raises:
         InputError: naming the file: a missing or malformed manifest, a manifest of another
             version, a listed file that is missing or whose SHA-256 differs from the
             manifest's (changed or damaged), or safetensors is not installed.
     """
     folder = check_path("model folder", folder)
-    files = _manifest(folder)
+    manifest = _manifest(folder)
+    files = manifest["files"]
     for name, digest in files.items():
         path = folder / name
         if not path.is_file():
             raise InputError(f"{path}: missing: the model folder's manifest lists it")
-        if sha256_of(path) != digest:
+        if sha256_file(path) != digest:
             raise InputError(f"{path}: its SHA-256 differs from the one in {MANIFEST}: the file "
                              "was changed or damaged")
     tokenizer = _read_json(folder / TOKENIZER)
@@ -228,5 +233,7 @@ def read_release(folder: str | os.PathLike[str]) -> dict[str, Any]:
         "model_config": _read_json(folder / CONFIG),
         "src_vocab": _read_json(folder / SRC_VOCAB), "tgt_vocab": _read_json(folder / TGT_VOCAB),
         "train_config": None, "train_state": None, "optimizer": None, "optimizer_class": None,
-        "scaler": None, "rng": None, "extra": {"release": str(folder)}, "tokenizer": tokenizer,
+        "scaler": None, "rng": None, "tokenizer": tokenizer,
+        "extra": {"release": str(folder), "run_id": manifest.get("run_id")},
+        **({"versions": manifest["versions"]} if manifest.get("versions") is not None else {}),
     }

@@ -25,10 +25,12 @@ from bahdanau.errors import InputError
 from bahdanau.evaluate import Translation, translate_corpus
 from bahdanau.jobs.files import (
     STDOUT,
+    check_output_folder,
     check_outputs,
     existing,
     output_file,
     read_aligned,
+    stdout_as_dash,
     write_text,
 )
 from bahdanau.jobs.options import (
@@ -43,6 +45,7 @@ from bahdanau.jobs.options import (
 from bahdanau.jobs.release import release_model
 from bahdanau.jobs.report import alignment_title, plot_alignment_file, score_translations
 from bahdanau.jobs.resolve import beam_search, checkpoint_paths, load_decoder, machine
+from bahdanau.jobs.run_folder import is_prepared_folder
 from bahdanau.search import argmax_alignment
 
 _LOG = logging.getLogger(__name__)
@@ -58,6 +61,8 @@ def prepare(o: PrepareOptions) -> int:
         src_lang, tgt_lang = o.src_lang or "en", o.tgt_lang or "fr"
         src, tgt = multi30k_files("train", src_lang), multi30k_files("train", tgt_lang)
         shipped = {"corpus": "multi30k", "src_lang": src_lang, "tgt_lang": tgt_lang}
+    check_output_folder("--out", o.out, {"--train-src": src, "--train-tgt": tgt},
+                        own=is_prepared_folder(Path(o.out)))
     vocab_size = o.vocab_size
     if o.sentencepiece_model is not None:
         tokenizer: Any = SentencePieceTokenizer.load(
@@ -88,6 +93,7 @@ def translate(o: TranslateOptions) -> int:
     Translates in windows of WINDOW_BATCHES batches (one line at a time from a terminal): each
     window's output is printed, in input order, before the next is read, so memory stays
     bounded and a pipe sees results as they come. An empty line gives an empty output line."""
+    o = stdout_as_dash(o, "alignments")
     device = machine(o)
     search = beam_search(o, o.n_best)
     path = existing(o.input, "--input")
@@ -178,6 +184,7 @@ def _input_bar(path: Path | None, interactive: bool) -> Any:
 def evaluate(o: EvaluateOptions) -> int:
     """`bahdanau evaluate`: the test-set report of a checkpoint (or an ensemble); with --json -
     or --output -, that output goes to stdout and the report to stderr."""
+    o = stdout_as_dash(o, "output", "json")
     device = machine(o)
     if o.output == STDOUT and o.json == STDOUT:
         raise InputError("--output - and --json - both ask for stdout; give one of them a file")
@@ -210,6 +217,10 @@ def plot(o: PlotOptions) -> int:
     tokens), titled with the checkpoint, its step and the sentence."""
     from bahdanau.plot import check_image_path
 
+    o = stdout_as_dash(o, "output")
+    if o.output == STDOUT:
+        raise InputError("--output -: a plot is an image file; give a file name (e.g. "
+                         "alignment.png or .pdf)")
     device = machine(o)
     search = beam_search(o)
     path = existing(o.input, "--input")
@@ -254,6 +265,7 @@ def _check_plot_length(count: int, unit: str) -> None:
 
 def average(o: AverageOptions) -> int:
     """`bahdanau average`: one checkpoint whose weights are the mean of several."""
+    o = stdout_as_dash(o, "output")
     if o.output == STDOUT:
         raise InputError("--output -: a checkpoint is a binary file; give a file name")
     paths = select_checkpoints(o.checkpoint, last=o.last, best=o.best)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.evaluate import ForcedScore, score_corpus
-from bahdanau.jobs.files import check_outputs, existing, read_aligned, write_text
+from bahdanau.jobs.files import check_outputs, existing, read_aligned, stdout_as_dash, write_text
 from bahdanau.jobs.options import ScoreOptions
 from bahdanau.jobs.resolve import machine
 from bahdanau.translate import load
@@ -25,6 +25,7 @@ def score_lines(scores: list[ForcedScore]) -> str:
 
 def score(o: ScoreOptions) -> int:
     """`bahdanau score`: every input checked (files, line counts, empty lines) before scoring."""
+    o = stdout_as_dash(o, "output")
     device = machine(o)
     src, tgt = existing(o.src, "--src"), existing(o.tgt, "--tgt")
     checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")

@@ -17,8 +17,9 @@ The pieces compose; none owns a loop::
 * `text`: reading line-aligned text (plain or gzip, files and stdin), `read_parallel`, and the
   shipped Multi30k files;
 * `batching`: `Example`, `encode_pairs`, `Batch`, `collate`, `BucketBatchSampler`;
-* `corpus`: a corpus prepared once (`prepare_corpus`), with `destination` (where it goes,
-  checked and locked before any work), `workers` (the tokenising processes, stopped cleanly) and
+* `corpus`: a corpus prepared once (`prepare_corpus`; where it goes is checked and locked
+  before any work by `bahdanau._files.check_destination`), `workers` (the tokenising
+  processes, stopped cleanly) and
   `manifest` (the manifest and the digest that seals the folder); `prepared`: the folder
   memory-mapped and checked on open (`PreparedCorpus`).
 

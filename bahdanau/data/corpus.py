@@ -19,8 +19,9 @@ never leaves something that passes for a prepared corpus. Running again on the s
 with the same options reuses it.
 
 `bahdanau.data.prepared.PreparedCorpus` opens one (re-exported here). Where the folder goes is
-checked and held by `bahdanau.data.destination`, the manifest and its digest are
-`bahdanau.data.manifest`'s, and the tokenising processes `bahdanau.data.workers`'.
+checked and held by `bahdanau._files.check_destination` and `bahdanau._files.held`, the
+manifest and its digest are `bahdanau.data.manifest`'s, and the tokenising processes
+`bahdanau.data.workers`'.
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ import itertools
 import json
 import logging
 import os
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -47,10 +47,16 @@ from bahdanau._checks import (
     is_int,
     usable_cores,
 )
-from bahdanau._files import atomic_write, fsync_file
+from bahdanau._files import (
+    atomic_write,
+    check_destination,
+    fsync_file,
+    held,
+    new_folder,
+    sha256_file,
+)
 from bahdanau._progress import progress_bar
 from bahdanau.data.batching import refuse_specials, special_token
-from bahdanau.data.destination import check_destination, held, partial_folder, replace_folder
 from bahdanau.data.manifest import (
     FORMAT,
     MANIFEST,
@@ -59,7 +65,6 @@ from bahdanau.data.manifest import (
     check_shipped,
     read_manifest,
     seal,
-    sha256_file,
 )
 from bahdanau.data.prepared import PreparedCorpus, check_ids, open_written
 from bahdanau.data.sentencepiece import SentencePieceTokenizer, check_vocabs
@@ -71,7 +76,7 @@ from bahdanau.data.tokenizers import (
     tokenizer_to_payload,
 )
 from bahdanau.data.vocab import SPECIALS, Vocab
-from bahdanau.data.workers import Chunk, signals_held, stop_on_signals, tokenised
+from bahdanau.data.workers import Chunk, stop_on_signals, tokenised
 from bahdanau.errors import InputError
 
 __all__ = ["FORMAT", "VERSION", "PreparedCorpus", "TrainSentencePiece", "prepare_corpus"]
@@ -250,8 +255,8 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
         InputError: a bad argument; files that are not line-aligned, not UTF-8 or damaged gzip
             (named, with the line); an empty side with `strict`; no pair left; `out` holding
             something that may not be replaced, being prepared by another process, or a place
-            that cannot be replaced (`bahdanau.data.destination`: refused before any work); a
-            tokenising worker that died. Nothing is written in `out` then.
+            that cannot be replaced (`bahdanau._files.check_destination`: refused before any
+            work); a tokenising worker that died. Nothing is written in `out` then.
         Stopped: SIGINT or SIGTERM (`bahdanau.data.workers.Stopped`): the workers stopped,
             the partial folder removed; one during the swap only once it is done.
     """
@@ -261,29 +266,24 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
     _check_arguments(src, tgt, tokenizer, vocab_size, src_vocab, tgt_vocab, max_len, max_ratio,
                      strict, overwrite)
     workers, log = _workers(workers), log or logging.getLogger(__name__).info
-    folder, start = check_destination(out), time.perf_counter()
+    folder, start = check_destination(out, "a prepared corpus"), time.perf_counter()
     options = {"tokenizer": _describe_tokenizer(tokenizer), "vocab_size": vocab_size,
                "src_vocab": _vocab_sha256(src_vocab), "tgt_vocab": _vocab_sha256(tgt_vocab),
                "max_len": max_len, "max_ratio": max_ratio, "strict": strict}
-    with held(folder), stop_on_signals():
+    busy = (f"{out} is being prepared by another process: wait for it to finish or choose "
+            "another folder")
+    with held(folder, busy), stop_on_signals():
         inputs = _inputs(src, tgt, shipped)          # hashing a large corpus takes seconds
         if (reused := _reuse(folder, out, inputs, options, overwrite, log)) is not None:
             return reused
         if isinstance(tokenizer, TrainSentencePiece):
             tokenizer = _train_sentencepiece(src, tgt, tokenizer, log)
-        partial = partial_folder(folder)
-        partial.mkdir()
-        try:
+        with new_folder(folder) as partial:
             manifest = _write(partial, src, tgt, tokenizer, vocab_size, src_vocab, tgt_vocab,
                               max_len, max_ratio, strict, workers)
             manifest.update(format=FORMAT, version=VERSION, inputs=inputs, options=options,
                             shipped=shipped, seconds=round(time.perf_counter() - start, 1))
             manifest = seal(partial, manifest)
-            with signals_held():       # a signal between its two renames lost both corpora
-                replace_folder(folder, partial)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
         log(_summary(out, manifest))
         return open_written(folder, None)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -25,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from bahdanau._checks import describe, is_finite_number, is_int
-from bahdanau._files import atomic_write
+from bahdanau._files import atomic_write, sha256_file
 from bahdanau.data.text import MULTI30K_LANGS, multi30k_files
 from bahdanau.data.tokenizers import SENTENCEPIECE_FILE, TOKENIZER_FILE
 from bahdanau.data.vocab import SPECIALS
 from bahdanau.errors import InputError
 
 __all__ = ["FORMAT", "MANIFEST", "SIDES", "VERSION", "check_shipped", "format_files",
-           "read_manifest", "seal", "sha256_file", "verify_digest"]
+           "read_manifest", "seal", "verify_digest"]
 
 FORMAT = "bahdanau prepared corpus"
 VERSION = 2                   # 2: the folder is sealed by a digest (version 1 had none)
@@ -41,17 +40,6 @@ SIDES = ("src", "tgt")
 COUNTS = ("lines", "pairs", "empty", "too_long", "ratio")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _PER_THREAD = 1 << 28       # bytes worth a hashing thread of their own (about 0.15 s of hashing)
-
-
-def sha256_file(path: Path) -> str:
-    """The SHA-256 of a file, read in blocks (never whole in memory)."""
-    hasher = hashlib.sha256()
-    with path.open("rb") as f:
-        block = bytearray(max(1, min(1 << 22, os.fstat(f.fileno()).st_size)))
-        view = memoryview(block)
-        while n := f.readinto(block):
-            hasher.update(view[:n])
-    return hasher.hexdigest()
 
 
 def _manifest_digest(manifest: dict[str, Any]) -> str:

@@ -24,15 +24,15 @@ from typing import Any
 
 import numpy as np
 
+from bahdanau._files import STOP_SIGNALS
 from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.errors import InputError
 
-__all__ = ["Stopped", "signals_held", "stop_on_signals", "tokenised"]
+__all__ = ["Stopped", "stop_on_signals", "tokenised"]
 
 Chunk = tuple[list[str], list[str]]       # the source and target lines of up to CHUNK_PAIRS pairs
 Encoded = tuple[Any, Any]                 # per side: (the chunk's words, their ids, lengths)
 
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class Stopped(KeyboardInterrupt):
@@ -50,43 +50,20 @@ def stop_on_signals() -> Iterator[None]:
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
 
     def stop(signum: int, frame: Any) -> None:
         for sig, handler in previous.items():            # a second signal acts as usual
             signal.signal(sig, handler)
         raise Stopped(signum)
 
-    for sig in _STOP_SIGNALS:
+    for sig in STOP_SIGNALS:
         signal.signal(sig, stop)
     try:
         yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-
-
-@contextmanager
-def signals_held() -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM are only noted; on leaving, the first one noted is
-    raised again for the handler that was in place (`stop_on_signals`' raises `Stopped`). For
-    a step that must not be cut in two, such as the renames that put a prepared folder in
-    place. A Python handler, not a signal mask: a mask holds back only its own thread's
-    signals, and the process's signal may reach another thread (a progress bar's, a pool's).
-    Elsewhere than the main thread: no change, as handlers can only be set there."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    noted: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
-                for sig in _STOP_SIGNALS}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        if noted:
-            signal.raise_signal(noted[0])
 
 
 _worker_tokenizer: Tokenizer | None = None

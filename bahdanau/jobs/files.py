@@ -2,7 +2,10 @@
 
 `existing` refuses an input that is missing, a folder or unreadable; `check_outputs` an output
 that cannot be created, that would overwrite an input or another output, or that is a file of a
-run (`bahdanau.jobs.run_folder.run_file_owner`); `output_file` opens an output (``-``: stdout) and
+run, a model folder or a prepared corpus (`bahdanau.jobs.run_folder.run_file_owner`);
+`check_output_folder` the same for the folders that release, export and prepare write. An
+output that names stdout (``/dev/stdout``, ``/dev/fd/1``, ``/proc/self/fd/1``) is ``-``
+(`stdout_as_dash`). `output_file` opens an output (``-``: stdout) and
 `write_text` writes one, never destroying what the path is (`bahdanau._files.atomic_file`);
 `read_sources` reads the sentences to translate from a file or stdin, `read_aligned` a source
 file and its line-aligned translations.
@@ -10,17 +13,18 @@ file and its line-aligned translations.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO, overload
+from typing import BinaryIO, TypeVar, overload
 
 from bahdanau._files import atomic_file, replaced_file, writes_in_place
 from bahdanau.data.text import decode_lines, read_lines
 from bahdanau.errors import InputError
-from bahdanau.jobs.run_folder import run_file_owner
+from bahdanau.jobs.run_folder import is_run_folder, run_file_owner
 
 
 @overload
@@ -44,6 +48,35 @@ def existing(path: str | None, what: str) -> Path | None:
 
 
 STDOUT = "-"          # an output given as this is written to stdout
+_STDOUT_NAMES = ("/dev/stdout", "/dev/fd/1", "/proc/self/fd/1")
+_O = TypeVar("_O")
+
+
+def names_stdout(path: str | None) -> bool:
+    """`path` is ``-`` or another name of this process's stdout: /dev/stdout, /dev/fd/1,
+    /proc/self/fd/1 or /proc/PID/fd/1 (this process's), or a symbolic link to one."""
+    if path is None:
+        return False
+    if path == STDOUT:
+        return True
+    names = (*_STDOUT_NAMES, f"/proc/{os.getpid()}/fd/1")
+    p = os.path.abspath(path)
+    for _ in range(40):                          # links followed, as Linux's limit
+        if p in names:
+            return True
+        if not os.path.islink(p):
+            return False
+        p = os.path.abspath(os.path.join(os.path.dirname(p), os.readlink(p)))
+    return False
+
+
+def stdout_as_dash(o: _O, *fields: str) -> _O:
+    """The options `o` with each output field of `fields` that names stdout (`names_stdout`)
+    given as ``-``: written as ``-`` is and refused with ``-``'s messages (instead of being
+    opened a second time and mixed into what stdout carries)."""
+    dashed = {f: STDOUT for f in fields
+              if getattr(o, f) not in (None, STDOUT) and names_stdout(getattr(o, f))}
+    return dataclasses.replace(o, **dashed) if dashed else o  # type: ignore[type-var]
 
 
 def check_outputs(outputs: dict[str, str | None], inputs: dict[str, Path | None]) -> None:
@@ -77,9 +110,34 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, Path | None]
         owner = None if in_place else run_file_owner(target)
         if owner is not None:
             shown = path if str(target) == os.path.abspath(path) else f"{path} ({target})"
-            raise InputError(f"{what} {shown} is a file of the run in {owner}: writing it "
-                             "would damage the run; choose a path outside its checkpoints and "
-                             "run files")
+            raise InputError(f"{what} {shown} is a file of {owner}: writing it would damage "
+                             "it; choose a path outside it")
+
+
+def check_output_folder(what: str, out: str, inputs: dict[str, Path | None], *,
+                        own: bool = False) -> None:
+    """Refuse, before any work, a folder to write (release's, export's, prepare's --out) that
+    holds a run or lies inside one (`bahdanau.jobs.run_folder.is_run_folder`), lies inside a
+    model folder or a prepared corpus (`run_file_owner`), or holds one of the `inputs` (the
+    checkpoint being released): replacing it whole would take them with it. `own`:
+    `out` already is a folder of the kind the command writes (a model folder for release, a
+    prepared corpus for prepare), which the command's own rules (--overwrite) decide on."""
+    if own:
+        return
+    target = Path(os.path.realpath(out))
+    shown = out if str(target) == os.path.abspath(out) else f"{out} ({target})"
+    if is_run_folder(target):
+        raise InputError(f"{what} {shown} holds a run: writing it would replace the run; "
+                         "choose a new folder")
+    run = next((folder for folder in target.parents if is_run_folder(folder)), None)
+    owner = f"the run in {run}" if run is not None else run_file_owner(target)
+    if owner is not None:
+        raise InputError(f"{what} {shown} is inside {owner}: writing it would damage it; "
+                         "choose a folder outside it")
+    for name, path in inputs.items():
+        if path is not None and Path(os.path.realpath(path)).is_relative_to(target):
+            raise InputError(f"{what} {shown} holds {name} {path}: writing it would replace "
+                             "it; choose a new folder")
 
 
 @contextmanager

@@ -3,8 +3,9 @@
 `release_model` finds the checkpoint (a file, or a run folder's best), writes its model folder
 (`bahdanau.checkpoint.release.write_release`) and a model card saying what the model is and how
 it was trained: the architecture, sizes and parameter count, the training command (rebuilt from
-the options the run recorded), the training data's digest, the best dev score and, from the run
-folder's ``metrics.json``, the test scores.
+the options the run recorded), the training data's digest, the best dev score (named by its
+metric), the versions it was trained with and, from the run folder's ``metrics.json``, the test
+scores, when they are this checkpoint's (they score the run's final weights).
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from typing import Any
 from bahdanau.checkpoint.files import load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.checkpoint.payload import model_from_checkpoint
-from bahdanau.checkpoint.release import MANIFEST, write_release
+from bahdanau.checkpoint.release import MANIFEST, check_new_release, write_release
+from bahdanau.jobs.files import check_output_folder
 from bahdanau.jobs.options import ReleaseOptions, TrainOptions, flag
+from bahdanau.jobs.run_folder import is_model_folder
 
 
 def train_command(options: Any) -> str | None:
@@ -41,9 +44,11 @@ def train_command(options: Any) -> str | None:
     return shlex.join(words)
 
 
-def _test_scores(checkpoint: Path) -> dict[str, Any] | None:
+def run_test_scores(checkpoint: Path, payload: dict[str, Any]) -> dict[str, Any] | None:
     """The test scores of the run folder whose ``checkpoints`` hold `checkpoint` (its
-    ``metrics.json``); None for a checkpoint elsewhere or a run that scored none."""
+    ``metrics.json``), when they score this checkpoint's weights: the run scores its final
+    weights, so only a checkpoint whose step is the run's last update (metrics "updates") has
+    them. None for another checkpoint, one elsewhere, or a run that scored none."""
     path = checkpoint.parent.parent / "metrics.json"
     if not checkpoint.is_file() or checkpoint.parent.name != "checkpoints" or not path.is_file():
         return None
@@ -51,7 +56,11 @@ def _test_scores(checkpoint: Path) -> dict[str, Any] | None:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    state = payload.get("train_state")
+    step = state.get("step") if isinstance(state, dict) else None
+    if not isinstance(data, dict) or step is None or data.get("updates") != step:
+        return None
+    return data
 
 
 def model_card(payload: dict[str, Any], parameters: int, test: dict[str, Any] | None) -> str:
@@ -80,8 +89,16 @@ def model_card(payload: dict[str, Any], parameters: int, test: dict[str, Any] | 
     lines.append(f"- training data digest (SHA-256 of the examples' ids): "
                  f"{digest if digest else 'not recorded'}")
     if state.get("best_metric") is not None:
-        lines.append(f"- best dev score: {state['best_metric']:.4f} at update "
+        train_config = payload.get("train_config")
+        metric = (train_config.get("early_stopping_metric", "bleu")
+                  if isinstance(train_config, dict) else "score")
+        lines.append(f"- best dev {metric} {state['best_metric']:.2f} at update "
                      f"{state.get('best_step')}")
+    record = payload.get("versions")
+    if isinstance(record, dict):
+        trained = ", ".join(f"{k} {record[k]}" for k in ("bahdanau", "torch", "python",
+                                                         "git_commit", "device") if record.get(k))
+        lines.append(f"- trained with: {trained}")
     if test is not None and "bleu" in test:
         lines.append(f"- test: BLEU {test['bleu']:.2f}, chrF {test.get('chrf', float('nan')):.2f}"
                      f" ({test.get('sentences')} sentences, beam {test.get('beam_size')})")
@@ -97,13 +114,18 @@ def release_model(o: ReleaseOptions) -> Path:
     """Write the model folder of `o.checkpoint` into `o.out` (``bahdanau release``).
 
     Raises:
-        InputError: no checkpoint there or a damaged one (named), an --out that is a file or
-            not empty (without --overwrite), or safetensors is not installed.
+        InputError: no checkpoint there or a damaged one (named); an --out that is a file, not
+            empty (without --overwrite), a place that cannot be replaced, or that holds a run,
+            is inside one's files or holds the checkpoint (unless it is a model folder
+            already: `check_output_folder`), all before any work; or safetensors is not
+            installed.
     """
     path = find_checkpoint(o.checkpoint, "--checkpoint")
+    check_output_folder("--out", o.out, {"--checkpoint": path}, own=is_model_folder(Path(o.out)))
+    check_new_release(Path(o.out), o.overwrite)
     with named(path):
         payload = upgrade_payload(load_checkpoint(path))
         model, _, _ = model_from_checkpoint(payload)    # checks it whole first
     parameters = sum(p.numel() for p in model.parameters())
-    card = model_card(payload, parameters, _test_scores(path))
+    card = model_card(payload, parameters, run_test_scores(path, payload))
     return write_release(payload, o.out, card=card, overwrite=o.overwrite)

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from bahdanau._checks import default_device, default_threads, launcher_value, resolve_device
+from bahdanau._files import repeated_file
 from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.errors import InputError
 from bahdanau.jobs.options import DecodeOptions, ScoreOptions, SearchOptions, TrainOptions
@@ -74,6 +75,10 @@ def checkpoint_paths(o: DecodeOptions) -> dict[str, Path]:
     `check_outputs`: "--checkpoint", or "--checkpoint FILE" for each of several."""
     assert o.checkpoint is not None   # required: DecodeOptions refuses None when it is built
     paths = [find_checkpoint(p, "--checkpoint") for p in o.checkpoint]
+    twice = repeated_file(paths)
+    if twice is not None:
+        raise InputError(f"--checkpoint {twice[0]} is listed twice (also as {twice[1]}): an "
+                         "ensemble holds each model once")
     if len(paths) == 1:
         return {"--checkpoint": paths[0]}
     return {f"--checkpoint {p}": p for p in paths}

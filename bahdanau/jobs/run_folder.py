@@ -4,8 +4,10 @@
 resume it), ``checkpoints/`` its checkpoints, and the result files beside them. `locked` holds the
 folder while a run trains in it, and `remove_run` deletes a run for ``--overwrite``, moving its
 files out of the way first so that the folder never mixes two runs. The files of `RUN_FILES`
-and the lock belong to the run: `run_file_owner` names the run of such a path, which the other
-commands refuse to write (`bahdanau.jobs.files.check_outputs`).
+and the lock belong to the run, as the files of a model folder (`bahdanau release`) and of a
+prepared corpus (`bahdanau prepare`) belong to it: `run_file_owner` names the owner of such a
+path, which the other commands refuse to write (`bahdanau.jobs.files.check_outputs`,
+`bahdanau.jobs.files.check_output_folder`).
 """
 
 from __future__ import annotations
@@ -15,11 +17,14 @@ import os
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
 
 from bahdanau._files import exclusive_lock
 from bahdanau.checkpoint.manager import CheckpointManager
+from bahdanau.checkpoint.release import MANIFEST, RELEASE_FORMAT
+from bahdanau.data.manifest import FORMAT as PREPARED_FORMAT
 from bahdanau.errors import InputError
 from bahdanau.jobs.options import TrainOptions
 
@@ -27,6 +32,7 @@ RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML reade
 RUN_FILES = ("checkpoints", RUN_CONFIG, "metrics.json", "test.hyp.txt", "alignment.png",
              "train.log", "tensorboard", "dev")
 RUN_LOCK = ".lock"              # held by `locked` while a run trains in the folder
+_RECORD_BYTES = 1 << 20         # a config.yaml larger than this is no run's record
 
 
 def stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
@@ -56,27 +62,93 @@ def stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
 
 
 def holds_run(out: Path) -> bool:
-    """`out` holds a run: its config.yaml or checkpoints."""
+    """`out` holds a run to resume or overwrite (`train --out`): its config.yaml (a damaged
+    one too: `stored_options` says so) or checkpoints."""
     manager = CheckpointManager(out / "checkpoints")
     return (out / RUN_CONFIG).is_file() or bool(manager.latest() or manager.best())
 
 
-def run_file_owner(path: Path) -> Path | None:
-    """The run folder that owns `path` (an absolute path, symlinks resolved), or None.
+def is_run_folder(folder: Path) -> bool:
+    """`folder` is a bahdanau run folder, as far as its names and small files show: it has
+    numbered checkpoints in ``checkpoints/``, or a config.yaml that is a run's record (a JSON
+    object most of whose keys are `TrainOptions`'; `run_train_job` writes it before the first
+    update); a project's own config.yaml is not one, nor is a bare ``.lock`` (other tools,
+    pytest's temporary folders among them, leave files of that name). Never raises (an
+    unreadable folder is no run)."""
+    try:
+        checkpoints = folder / "checkpoints"
+        if checkpoints.is_dir() and any(CheckpointManager.writes(p.name) and p.suffix == ".pt"
+                                        for p in checkpoints.iterdir()):
+            return True
+        config = folder / RUN_CONFIG
+        if not config.is_file() or config.stat().st_size > _RECORD_BYTES:
+            return False
+        record = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(record, dict):
+        return False
+    return 2 * len(_record_keys().intersection(record)) > len(record)
 
-    A run owns its `RUN_FILES` (everything under ``checkpoints/``), its lock, and in a folder
-    of checkpoints (``CheckpointManager``'s, without a run around it) the numbered files,
-    ``best.pt`` and ``best.json``. Overwriting one loses the run's best model, makes it
-    unresumable, or makes its records lie.
+
+@cache
+def _record_keys() -> frozenset[str]:
+    """The keys of a run's config.yaml: the recorded options and ``versions``."""
+    return frozenset({*TrainOptions().to_record(), "versions"})
+
+
+def manifest_format(folder: Path) -> str | None:
+    """The "format" its manifest.json gives a folder (`RELEASE_FORMAT`: a model folder,
+    `bahdanau.data.manifest.FORMAT`: a prepared corpus), or None. Never raises."""
+    manifest = folder / MANIFEST
+    try:
+        if not manifest.is_file() or manifest.stat().st_size > _RECORD_BYTES:
+            return None
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    kind = data.get("format") if isinstance(data, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def is_prepared_folder(folder: Path) -> bool:
+    """`folder` holds a prepared corpus (its manifest.json says so). Never raises."""
+    return manifest_format(folder) == PREPARED_FORMAT
+
+
+def is_model_folder(folder: Path) -> bool:
+    """`folder` is a model folder (`bahdanau.checkpoint.release.is_release`, and its
+    manifest.json says so). Never raises."""
+    return manifest_format(folder) == RELEASE_FORMAT
+
+
+def run_file_owner(path: Path) -> str | None:
+    """What owns `path` (an absolute path, symlinks resolved), in words for a message ("the
+    run in RUN", "the model folder M", "the prepared corpus P"), or None.
+
+    A run (`is_run_folder`) owns its `RUN_FILES` (everything under ``checkpoints/``), its
+    lock, and in a folder of checkpoints (``CheckpointManager``'s, without a run around it) the
+    numbered files, ``best.pt`` and ``best.json``: overwriting one loses the run's best model,
+    makes it unresumable, or makes its records lie. A model folder (`is_model_folder`) and a
+    prepared corpus (`is_prepared_folder`) own every file in them: their manifests list each
+    file's SHA-256, which a changed file no longer matches. Never raises.
     """
     for folder in path.parents:
         inside = path.relative_to(folder).parts
-        if inside[0] in (*RUN_FILES, RUN_LOCK) and holds_run(folder):
-            return folder
+        if inside[0] in (*RUN_FILES, RUN_LOCK) and is_run_folder(folder):
+            return f"the run in {folder}"
     folder = path.parent
-    if CheckpointManager.writes(path.name) and folder.is_dir() and any(
-            CheckpointManager.writes(p.name) for p in folder.iterdir()):
-        return folder
+    try:
+        kind = manifest_format(folder)
+        if kind == RELEASE_FORMAT:
+            return f"the model folder {folder}"
+        if kind == PREPARED_FORMAT:
+            return f"the prepared corpus {folder}"
+        if CheckpointManager.writes(path.name) and folder.is_dir() and any(
+                CheckpointManager.writes(p.name) for p in folder.iterdir()):
+            return f"the run in {folder}"
+    except OSError:
+        pass
     return None
 
 

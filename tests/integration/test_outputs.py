@@ -185,6 +185,19 @@ def test_dash_is_stdout_for_evaluate(root, capsys) -> None:
      "--alignments -: stdout carries the translations"),
     (["evaluate", "--checkpoint", "{run}", "--src", "{root}/te.en", "--ref", "{root}/te.fr",
       "--json", "-", "--output", "-"], "--output - and --json - both ask for stdout"),
+    # other names of stdout are `-`: /dev/stdout was accepted and mixed the alignments into
+    # the translations; two of them for evaluate got a wrong message
+    (["average", "--checkpoint", "{run}", "--last", "2", "--output", "/proc/self/fd/1"],
+     "--output -: a checkpoint is a binary file"),
+    (["translate", "--checkpoint", "{run}", "--input", "{root}/te.en", "--alignments",
+      "/dev/stdout"], "--alignments -: stdout carries the translations"),
+    (["evaluate", "--checkpoint", "{run}", "--src", "{root}/te.en", "--ref", "{root}/te.fr",
+      "--json", "/dev/fd/1", "--output", "/dev/stdout"],
+     "--output - and --json - both ask for stdout"),
+    (["plot", "--checkpoint", "{run}", "--sentence", "a dog", "--output", "-"],
+     "--output -: a plot is an image file; give a file name"),
+    (["plot", "--checkpoint", "{run}", "--sentence", "a dog", "--output", "/dev/stdout"],
+     "--output -: a plot is an image file"),
 ])
 def test_dash_where_stdout_makes_no_sense_is_refused(root, capsys, argv, message) -> None:
     argv = [a.replace("{run}", str(root / "run")).replace("{root}", str(root)) for a in argv]
@@ -229,6 +242,92 @@ def test_other_commands_refuse_run_files_through_symlinks_too(root, tmp_path, ca
     assert main(_evaluate(root, "--json", str(run / "my-scores.json"))) == 0
     (run / "my-scores.json").unlink()
     capsys.readouterr()
+
+
+def test_a_project_config_yaml_or_damaged_best_json_is_no_run(root, tmp_path, capsys) -> None:
+    """Any folder with a config.yaml counted as a run, so `evaluate --output dev/hyp.txt` in a
+    project with one was refused; a damaged best.json in an unrelated ancestor raised."""
+    project = tmp_path / "project"
+    (project / "dev").mkdir(parents=True)
+    (project / "config.yaml").write_text("name: my project\nlr: 0.1\n")
+    (project / "checkpoints").mkdir()
+    (project / "checkpoints" / "best.json").write_text("{damaged")
+    assert main(_evaluate(root, "--output", str(project / "dev" / "hyp.txt"))) == 0
+    assert len((project / "dev" / "hyp.txt").read_text().splitlines()) == 6
+    (project / "config.yaml").write_text(json.dumps({"other": "tool", "keys": 1}))
+    assert main(_evaluate(root, "--output", str(project / "dev" / "hyp2.txt"))) == 0
+    capsys.readouterr()
+    # a run record is a run, checkpoints or not (planted: the check does fail)
+    (project / "config.yaml").write_text((root / "run" / "config.yaml").read_text())
+    _one_error(capsys, main(_evaluate(root, "--output", str(project / "dev" / "hyp3.txt"))),
+               f"is a file of the run in {project}")
+
+
+def test_a_model_or_prepared_folder_is_no_other_command_s_output(root, tmp_path,
+                                                                  capsys) -> None:
+    """`evaluate --output MODEL/model.safetensors` and `average --output PREP/src_vocab.json`
+    were written, and the folder's digests no longer matched."""
+    pytest.importorskip("safetensors")
+    from bahdanau.data import prepare_corpus
+
+    model, prep = tmp_path / "model", tmp_path / "prep"
+    assert main(["release", "--checkpoint", str(root / "run"), "--out", str(model)]) == 0
+    prepare_corpus(root / "tr.en", root / "tr.fr", prep, workers=1)
+    before = {**_snapshot(model), **_snapshot(prep)}
+    capsys.readouterr()
+    _one_error(capsys, main(_evaluate(root, "--output", str(model / "model.safetensors"))),
+               f"is a file of the model folder {model}")
+    _one_error(capsys, main(["average", "--checkpoint", str(root / "run"), "--last", "2",
+                             "--output", str(prep / "src_vocab.json")]),
+               f"is a file of the prepared corpus {prep}")
+    _one_error(capsys, main(["export", "--checkpoint", str(root / "run"), "--out",
+                             str(model / "export")]), f"is inside the model folder {model}")
+    assert {**_snapshot(model), **_snapshot(prep)} == before
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["export", "--checkpoint", "{run}", "--out", "{run}/dev"], "is inside the run in {run}"),
+    (["prepare", "--train-src", "{root}/tr.en", "--train-tgt", "{root}/tr.fr", "--out",
+      "{run}"], "holds a run"),
+    (["prepare", "--train-src", "{root}/tr.en", "--train-tgt", "{root}/tr.fr", "--out",
+      "{run}/checkpoints", "--overwrite"], "is inside the run in {run}"),
+    (["prepare", "--train-src", "{root}/tr.en", "--train-tgt", "{root}/tr.fr", "--out",
+      "{root}", "--overwrite"], "holds --train-src"),
+])
+def test_folder_outputs_keep_off_runs_and_inputs(root, capsys, argv, message) -> None:
+    """`export --out RUN/dev` (before the run's first evaluation made it) was accepted, and a
+    prepare --out refused a run's folder only by accident."""
+    run = root / "run"
+    argv = [a.replace("{run}", str(run)).replace("{root}", str(root)) for a in argv]
+    before = _snapshot(root)
+    _one_error(capsys, main(argv), message.replace("{run}", str(run)))
+    assert _snapshot(root) == before
+
+
+def test_export_follows_the_folder_rules_of_prepare(root, tmp_path, monkeypatch,
+                                                    capsys) -> None:
+    """export checked only that --out did not exist and its parent did: a dangling link was
+    replaced by the folder. It has prepare's refusals now (one helper writes both)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    _one_error(capsys, main(["export", "--checkpoint", str(root / "run"), "--out",
+                             str(tmp_path / "link")]), "is a symbolic link to",
+               "which does not exist")
+    (tmp_path / "file").write_text("x")
+    _one_error(capsys, main(["export", "--checkpoint", str(root / "run"), "--out",
+                             str(tmp_path / "file" / "out")]), "cannot be created:",
+               "file is a file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "link"]
+
+
+def test_an_ensemble_refuses_one_checkpoint_twice(root, tmp_path, capsys) -> None:
+    """A hard link (a run's best.pt is one to its step file) made an ensemble of one model
+    with itself."""
+    step = root / "run" / "checkpoints" / "step_00000004.pt"
+    os.link(step, tmp_path / "same.pt")
+    _one_error(capsys, main(["translate", "--checkpoint", str(step), str(tmp_path / "same.pt"),
+                             "--input", str(root / "te.en")]),
+               f"--checkpoint {tmp_path / 'same.pt'} is listed twice (also as {step})")
 
 
 def test_average_refuses_checkpoints_of_two_runs_unless_allowed(root, tmp_path, capsys) -> None:

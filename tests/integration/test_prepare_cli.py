@@ -75,7 +75,9 @@ def test_prepared_shipped_multi30k_keeps_its_dev_and_test_sets(tmp_path, capsys)
     (["prepare", "--out", "{f}/x", "--train-src", "{f}/tr.en"],
      "give both --train-src and --train-tgt"),
     (["prepare", "--out", "{f}", "--train-src", "{f}/tr.en", "--train-tgt", "{f}/tr.fr"],
-     "holds files but no prepared corpus"),
+     "holds --train-src"),                   # replacing the folder would delete the input
+    (["prepare", "--out", "{f}", "--train-src", "{f}/tr.en", "--train-tgt", "{f}/tr.fr",
+      "--overwrite"], "holds --train-src"),
 ])
 def test_bad_prepare_and_data_options(files, capsys, argv, message) -> None:
     prepared = files / "prepared-bad"

@@ -33,3 +33,14 @@ def test_main_job_section_states_the_defaults() -> None:
     assert TrainOptions().limits["max_epochs"] == DEFAULT_EPOCHS
     assert f"for {DEFAULT_EPOCHS} epochs" in section and "about 12 minutes" in section
     assert "`train.log`" in section and "--tensorboard" in section
+
+
+def test_the_released_model_is_the_averaged_one() -> None:
+    """The README released `--checkpoint runs/multi30k-avg`, which resolves to the run's best
+    or last checkpoint, not the average the text before it made (`avg3.pt`)."""
+    if not README.is_file():
+        pytest.skip("README.md is not next to the tests (installed package)")
+    text = README.read_text(encoding="utf-8")
+    averaged = re.findall(r"bahdanau average .*--output (\S+)", text)
+    released = re.findall(r"bahdanau release --checkpoint (\S+)", text)
+    assert averaged and released and released[0] == averaged[0], (averaged, released)

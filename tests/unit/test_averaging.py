@@ -7,6 +7,8 @@ gives its weights unchanged; `--last`/`--best` pick the files a hand-made rankin
 
 from __future__ import annotations
 
+import os
+
 import torch
 from training_fixtures import one_line_error, random_examples, tiny_model
 
@@ -99,6 +101,11 @@ def test_mismatched_members_are_refused_in_one_line(tmp_path) -> None:
                    f"{other_tok}: its tokenizer (default (lowercase=False, joiners='prefix')) "
                    f"differs from {a}'s (default (lowercase=True, joiners='prefix'))")
     one_line_error(lambda: average_checkpoints([a, tmp_path / "." / "a.pt"]), "is listed twice")
+    # a hard link (what a run's best.pt is to its step file) is the same file under another
+    # name; realpath tells them apart, the inode does not
+    os.link(a, tmp_path / "best.pt")
+    one_line_error(lambda: average_checkpoints([a, tmp_path / "best.pt"]),
+                   f"{tmp_path / 'best.pt'} is listed twice (also as {a})")
     one_line_error(lambda: average_checkpoints([]), "non-empty list")
     one_line_error(lambda: average_checkpoints(str(a)), "non-empty list")
 

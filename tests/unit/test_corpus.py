@@ -7,7 +7,6 @@ import gzip
 import json
 import os
 import pickle
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 import torch
 from training_fixtures import tiny_model
 
+import bahdanau._files as files_module
 from bahdanau.config import TrainConfig
 from bahdanau.data import (
     BucketBatchSampler,
@@ -261,14 +261,14 @@ def test_a_signal_during_the_swap_waits_until_out_is_whole(sample, tmp_path, mon
     out = tmp_path / "prep"
     prepare_corpus(*sample, out, workers=1)
 
-    def swap(folder, partial):
-        old = tmp_path / f".prep.old-{os.getpid()}"
-        os.replace(folder, old)
-        os.kill(os.getpid(), signal.SIGTERM)
-        os.replace(partial, folder)
-        shutil.rmtree(old)
+    aside = files_module.partial_folder
 
-    monkeypatch.setattr(corpus_module, "replace_folder", swap)
+    def old_folder(folder, kind="partial", pid=None):   # "old": within the swap's renames
+        if kind == "old":
+            os.kill(os.getpid(), signal.SIGTERM)
+        return aside(folder, kind, pid)
+
+    monkeypatch.setattr(files_module, "partial_folder", old_folder)
     done = threading.Event()              # another thread the signal may reach (a bar's, a pool's)
     other = threading.Thread(target=done.wait)
     other.start()

@@ -19,7 +19,13 @@ import pytest
 import torch
 from training_fixtures import failing_writes
 
-from bahdanau._files import atomic_write, writes_in_place
+from bahdanau._files import (
+    atomic_write,
+    process_umask,
+    repeated_file,
+    sha256_file,
+    writes_in_place,
+)
 from bahdanau.checkpoint import load_checkpoint, save_checkpoint
 
 
@@ -155,3 +161,47 @@ def test_ctrl_c_inside_a_checkpoint_write_stays_a_keyboard_interrupt(tmp_path, m
     assert path.read_bytes() == before and os.listdir(tmp_path) == [path.name]
     monkeypatch.undo()
     assert load_checkpoint(path)["model"]["w"].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_the_umask_is_read_without_setting_it(tmp_path, monkeypatch) -> None:
+    """Every write read the umask by setting it to 0 and back: for that moment a thread
+    creating a file got mode 0666/0777. Now it is read once (from /proc where Linux shows it)
+    and no write touches it."""
+    real = os.umask(0o027)
+    os.umask(real)
+    process_umask.cache_clear()
+    try:
+        calls: list[int] = []
+        monkeypatch.setattr(os, "umask", lambda mask: calls.append(mask) or real)
+        assert process_umask() == real
+        for name in ("a", "b"):
+            atomic_write(tmp_path / name, lambda f: f.write(b"x"))
+            assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~real
+        if Path("/proc/self/status").is_file():
+            assert calls == []
+    finally:
+        monkeypatch.undo()
+        process_umask.cache_clear()
+
+
+def test_sha256_file_is_hashlib_of_the_bytes(tmp_path) -> None:
+    import hashlib
+
+    for size in (0, 1, (1 << 22) + 3):
+        path = tmp_path / f"f{size}"
+        data = os.urandom(size)
+        path.write_bytes(data)
+        assert sha256_file(path) == hashlib.sha256(data).hexdigest()
+
+
+def test_repeated_file_sees_hard_links_and_other_spellings(tmp_path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.write_text("x")
+    b.write_text("x")                                     # equal bytes, another file
+    assert repeated_file([a, b]) is None
+    os.link(a, tmp_path / "hard")
+    (tmp_path / "soft").symlink_to(a)
+    assert repeated_file([a, b, tmp_path / "hard"]) == (tmp_path / "hard", a)
+    assert repeated_file([tmp_path / "soft", tmp_path / "." / "a"]) == (
+        tmp_path / "." / "a", tmp_path / "soft")
+    assert repeated_file([a, tmp_path / "missing", tmp_path / "missing"]) is None

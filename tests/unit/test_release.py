@@ -209,3 +209,86 @@ def test_without_safetensors_the_command_says_what_to_install(run, tmp_path, mon
     assert not (tmp_path / "m").exists()
     with pytest.raises(InputError, match="safetensors"):
         write_release(load_checkpoint(find_checkpoint(run)), tmp_path / "m", card="x")
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_release_refuses_an_out_that_would_replace_a_run(run, tmp_path, capsys) -> None:
+    """`release --checkpoint RUN --out RUN --overwrite` replaced the run folder with the model
+    folder (its checkpoints gone); so did --out RUN/checkpoints, or a folder holding RUN."""
+    before = _snapshot(run)
+    for out, fragment in ((run, "holds a run"),
+                          (run / "checkpoints", f"is inside the run in {run}"),
+                          (run / "model", f"is inside the run in {run}"),
+                          (run.parent, "holds --checkpoint")):
+        code = main(["release", "--checkpoint", str(run), "--out", str(out), "--overwrite"])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and fragment in err, err
+    assert _snapshot(run) == before and not (run / "model").exists()
+
+
+def test_release_out_follows_the_folder_rules(run, folder, tmp_path, monkeypatch,
+                                             capsys) -> None:
+    """An --out that is a model folder already may be replaced; `--out .` is refused; a link
+    keeps linking (the folder it names is replaced); temporary folders of dead processes go."""
+    assert main(["release", "--checkpoint", str(folder), "--out", str(folder),
+                 "--overwrite"]) == 0                  # a model folder over itself
+    read_release(folder)
+    link = tmp_path / "link"
+    link.symlink_to(folder)
+    dead = tmp_path / f".model.partial-{2**22 + 7}"     # above pid_max: no such process
+    dead.mkdir()
+    assert main(["release", "--checkpoint", str(run), "--out", str(link), "--overwrite"]) == 0
+    assert link.is_symlink() and os.readlink(link) == str(folder)
+    assert read_release(link)["extra"]["release"] == str(link) and not dead.exists()
+    monkeypatch.chdir(folder)
+    capsys.readouterr()
+    assert main(["release", "--checkpoint", str(run), "--out", ".", "--overwrite"]) == 2
+    assert "is the current folder or holds it" in capsys.readouterr().err
+    read_release(folder)
+
+
+def test_a_model_folder_keeps_the_run_id_and_versions(run, folder, tmp_path) -> None:
+    """read_release gave train_state None and so no run id: averaging a model folder with a
+    checkpoint of another run was accepted silently."""
+    payload = load_checkpoint(find_checkpoint(run))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["run_id"] == payload["train_state"]["run_id"] is not None
+    assert manifest["versions"] == payload["versions"]
+    read = read_release(folder)
+    assert read["extra"]["run_id"] == payload["train_state"]["run_id"]
+    assert read["versions"] == payload["versions"]
+    averaged = bahdanau.average_checkpoints(
+        [run / "checkpoints" / f"step_0000000{s}.pt" for s in (2, 4)])
+    write_release(averaged, tmp_path / "avg", card="x")       # an average keeps its run's id
+    assert read_release(tmp_path / "avg")["extra"]["run_id"] == manifest["run_id"]
+    stranger = {**payload, "train_state": {**payload["train_state"], "run_id": "f" * 32}}
+    torch.save(stranger, tmp_path / "stranger.pt")
+    one_line_error(lambda: bahdanau.average_checkpoints([folder, tmp_path / "stranger.pt"]),
+                   "come from different runs")
+
+
+def test_the_card_has_test_scores_only_of_the_final_weights(run, tmp_path) -> None:
+    """metrics.json scores the run's final weights; the card of an earlier checkpoint showed
+    them as its own. The dev score names its metric; the card says what trained the model."""
+    from bahdanau.jobs.release import model_card, run_test_scores
+
+    metrics = {"bleu": 12.5, "chrf": 40.0, "sentences": 6, "beam_size": 1, "updates": 4}
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    try:
+        last, earlier = (run / "checkpoints" / f"step_0000000{s}.pt" for s in (4, 2))
+        assert run_test_scores(last, load_checkpoint(last)) == metrics
+        assert run_test_scores(earlier, load_checkpoint(earlier)) is None
+        payload = load_checkpoint(earlier)
+        payload["train_state"] = {**payload["train_state"], "best_metric": 4.7391,
+                                  "best_step": 2}
+        payload["train_config"] = {**payload["train_config"], "early_stopping_metric": "chrf"}
+        card = model_card(payload, 1, run_test_scores(earlier, payload))
+        assert "- best dev chrf 4.74 at update 2" in card and "test:" not in card
+        assert (f"- trained with: bahdanau {payload['versions']['bahdanau']}, torch "
+                f"{payload['versions']['torch']}") in card
+        assert "test: BLEU 12.50" in model_card(payload, 1, metrics)
+    finally:
+        (run / "metrics.json").unlink()

@@ -17,7 +17,7 @@ import torch
 from serving_fixtures import shared_checkpoint
 from training_fixtures import one_line_error
 
-from bahdanau import presets
+from bahdanau import __version__, presets
 from bahdanau.cli import main
 from bahdanau.data import multi30k_files, pad_sources, read_lines
 from bahdanau.evaluate import translate_corpus
@@ -88,6 +88,7 @@ def test_folder_files_and_errors(exported, tmp_path, capsys, tmp_path_factory) -
         "tgt_vocab.json", "tokenizer.json"]
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["memory_tensors"] >= 2 and manifest["attention"] is True
+    assert manifest["versions"]["bahdanau"] == __version__       # what exported it
     readme = (folder / "README.md").read_text()
     assert "def greedy_decode(" in readme and "eos 2" in readme
     assert "log_probs (N, V) float32" in readme and "weights (N, S) float32" in readme
