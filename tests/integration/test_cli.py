@@ -3,6 +3,7 @@ test_bad_inputs.py; run folders, resumes and signals: in test_runs.py)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import struct
@@ -42,7 +43,11 @@ def test_train_writes_outputs(trained) -> None:
     assert metrics["sentences"] == 20 and metrics["updates"] == 6
     assert "tok:13a" in metrics["bleu_signature"]
     assert len((trained / "test.hyp.txt").read_text().splitlines()) == 20
-    assert (trained / "alignment.png").read_bytes()[:4] == b"\x89PNG"
+    if importlib.util.find_spec("matplotlib") is None:    # no plot extra: no plot, and why
+        assert not (trained / "alignment.png").exists()
+        assert "no alignment plot: plots need matplotlib" in (trained / "train.log").read_text()
+    else:
+        assert (trained / "alignment.png").read_bytes()[:4] == b"\x89PNG"
     assert (trained / "checkpoints" / "best.pt").is_file()
     for step in (3, 6):             # the dev translations of each evaluation, one per line
         hyps = (trained / "dev" / f"step_{step:08d}.hyp").read_text(encoding="utf-8")
@@ -61,7 +66,7 @@ def test_resume_continues_from_checkpoint(trained, files, capsys) -> None:
     assert "resumed from" in err and "trained 8 updates" in err
 
 
-def test_translate_evaluate_plot(trained, files, capsys, tmp_path) -> None:
+def test_translate_evaluate(trained, files, capsys, tmp_path) -> None:
     align = tmp_path / "al.jsonl"
     assert main(["translate", "--checkpoint", str(trained), "--input", str(files / "te.en"),
                  "--beam-size", "2", "--max-len", "6", "--alignments", str(align)]) == 0
@@ -78,6 +83,10 @@ def test_translate_evaluate_plot(trained, files, capsys, tmp_path) -> None:
                  "--ref", str(files / "te.fr"), "--beam-size", "1", "--max-len", "6",
                  "--json", str(scores)]) == 0
     assert json.loads(scores.read_text())["sentences"] == 20
+
+
+def test_plot_writes_a_png(trained, files, tmp_path) -> None:
+    pytest.importorskip("matplotlib", reason="plots need the plot extra (matplotlib)")
     image = tmp_path / "p.png"
     assert main(["plot", "--checkpoint", str(trained), "--input", str(files / "te.en"),
                  "--line", "3", "--output", str(image), "--max-len", "6"]) == 0
@@ -114,6 +123,8 @@ def test_plot_title_names_the_checkpoint_its_step_and_the_sentence(trained, tmp_
 def test_plot_of_a_1000_word_sentence_is_refused_in_bounded_memory(trained, tmp_path) -> None:
     """Such a plot once took 21.5 GB for a 67,725 x 6,997 pixel image. Now it is one line
     before the model loads, in the memory of starting the package (the child's peak RSS)."""
+    pytest.importorskip("matplotlib", reason="plots need the plot extra (matplotlib); without "
+                        "it, that is the line")
     image, log = tmp_path / "p.png", tmp_path / "log"
     with log.open("w") as out:
         child = subprocess.Popen(

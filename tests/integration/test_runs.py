@@ -243,14 +243,23 @@ def test_a_run_config_reproduces_the_run(data, tmp_path, capsys) -> None:
     assert json.loads((longer / "config.yaml").read_text())["max_steps"] == 3
 
 
-def test_yaml_config_and_missing_pyyaml(data, tmp_path, capsys, monkeypatch) -> None:
+def _yaml_config(data, tmp_path) -> Path:
     config = tmp_path / "run.yaml"
     config.write_text(f"# a run\ntrain_src: {data / 'tr.en'}\ntrain-tgt: {data / 'tr.fr'}\n"
                       "preset: tiny\nmax_steps: 1\ntime_budget: 0\nlr: 1e-3\nthreads: 1\n")
+    return config
+
+
+def test_yaml_config(data, tmp_path) -> None:
+    pytest.importorskip("yaml", reason="reading YAML needs PyYAML (the yaml extra)")
+    config = _yaml_config(data, tmp_path)
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
     stored = json.loads((tmp_path / "run" / "config.yaml").read_text())
     assert stored["lr"] == 0.001 and stored["preset"] == "tiny"
-    capsys.readouterr()
+
+
+def test_yaml_config_without_pyyaml_is_one_line(data, tmp_path, capsys, monkeypatch) -> None:
+    config = _yaml_config(data, tmp_path)
     monkeypatch.setitem(sys.modules, "yaml", None)           # PyYAML not installed
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "other")]) == 2
     err = capsys.readouterr().err
