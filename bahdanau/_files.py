@@ -359,8 +359,8 @@ def replace_folder(out: Path, partial: Path) -> None:
     """Put the finished folder `partial` at `out`, moving an old folder there aside first
     (deleted only once the new one is in place): `out` is at every moment the old folder,
     absent, or the new one whole. A SIGINT or SIGTERM between the two renames waits until the
-    new folder is in place and the old one removed (`signals_held`); a process killed there leaves the old folder
-    aside, which `remove_stale` puts back."""
+    new folder is in place and the old one removed (`signals_held`); a process killed there
+    leaves the old folder aside, which `remove_stale` puts back."""
     with signals_held():
         old = None
         if out.exists():

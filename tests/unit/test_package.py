@@ -36,7 +36,7 @@ def test_extras_are_pyproject_optional_dependencies() -> None:
         pytest.skip("pyproject.toml is not next to the package (installed package)")
     extras = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"][
         "optional-dependencies"]
-    assert set(EXTRAS.values()) == set(extras) - {"test", "docs"}
+    assert set(EXTRAS.values()) == set(extras) - {"test", "docs", "dev"}   # tools, and all of them
     for module, extra in EXTRAS.items():
         [requirement] = extras[extra]
         name = re.split(r"[<>=!~ \[]", requirement)[0].lower()
