@@ -323,8 +323,8 @@ def _open_records(o: TrainOptions, run: TrainRun, log: TrainLog | None, command:
 
 
 def _start_lines(o: TrainOptions, data: _Data, run: TrainRun) -> list[str]:
-    """What a run logs as it starts: its data and model, where its weights come from, and how
-    its processes share each update."""
+    """What a run logs as it starts, after the machine: its data and model, where its weights
+    come from, how its processes share each update, and whether a test set scores it."""
     lines = [f"data: {len(data.examples)} training pairs (of {data.n_pairs}), vocabularies "
              f"{len(data.src_vocab)} / {len(data.tgt_vocab)}; model {o.model.arch} "
              f"({o.model.name}), {sum(p.numel() for p in run.model.parameters()):,} parameters"]
@@ -333,6 +333,9 @@ def _start_lines(o: TrainOptions, data: _Data, run: TrainRun) -> list[str]:
     if run.plan.processes > 1:
         lines.append(f"{run.plan.processes} processes x accumulation {run.cfg.accumulation} = "
                      f"{run.plan.size} batches per update")
+    if not data.test:
+        lines.append("no test set: the model is trained and saved but not scored (give "
+                     "--test-src and --test-tgt to score it)")
     return lines
 
 
@@ -364,10 +367,6 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
         log = stack.enter_context(TrainLog()) if main else None
         say = _LOG.info if main else _quiet
         tuner = thread_tuner(o, device)
-        say(machine_line(device, tuner))
-        if not data.test:
-            say("no test set: the model is trained and saved but not scored (give --test-src "
-                "and --test-tgt to score it)")
         if main:
             stack.enter_context(locked(out))
             if o.overwrite and holds_run(out):
@@ -387,7 +386,7 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
             run.resume_changes = changes                 # in the command line's terms
         run.threads = tuner
         board = _open_records(o, run, log, command, device, stack)
-        for line in _start_lines(o, data, run):
+        for line in [machine_line(device, tuner), *_start_lines(o, data, run)]:
             say(line)
         result = train_run(run, validate=_dev_scores(o, data, run, device, board), log=say,
                            scalars=board.scalars if board is not None else None)

@@ -134,7 +134,7 @@ def test_own_corpus_without_test_set_is_not_scored(data, tmp_path, capsys) -> No
     out = tmp_path / "run"
     assert main(_argv(data, out, "--max-steps", "1", test=False)) == 0
     said = logged(capsys.readouterr().err)
-    assert said[0].startswith("no test set")
+    assert said[0].startswith("machine: cpu") and said[2].startswith("no test set")
     assert not (out / "metrics.json").exists() and (out / "checkpoints").is_dir()
 
 
