@@ -376,6 +376,25 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)     # what stops a command that a
 
 
 @contextmanager
+def handling_signals(signals: tuple[int, ...], handler: Callable[[int, Any], None]
+                     ) -> Iterator[dict[int, Any]]:
+    """While inside, `handler` handles `signals`; on leaving, the handlers in place before are
+    back. Yields those (signal -> handler), for a handler that restores them itself. Elsewhere
+    than the main thread: no change (an empty dict), as handlers can only be set there."""
+    if threading.current_thread() is not threading.main_thread():
+        yield {}
+        return
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    for sig in signals:
+        signal.signal(sig, handler)
+    try:
+        yield previous
+    finally:
+        for sig, before in previous.items():
+            signal.signal(sig, before)
+
+
+@contextmanager
 def signals_held() -> Iterator[None]:
     """While inside, SIGINT and SIGTERM are only noted; on leaving, the first one noted is
     raised again for the handler that was in place. For a step that must not be cut in two,
@@ -383,17 +402,11 @@ def signals_held() -> Iterator[None]:
     mask holds back only its own thread's signals, and the process's signal may reach another
     thread (a progress bar's, a pool's). Elsewhere than the main thread: no change, as
     handlers can only be set there."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
     noted: list[int] = []
-    previous = {sig: signal.signal(sig, lambda signum, frame: noted.append(signum))
-                for sig in STOP_SIGNALS}
     try:
-        yield
+        with handling_signals(STOP_SIGNALS, lambda signum, frame: noted.append(signum)):
+            yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
         if noted:
             signal.raise_signal(noted[0])
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
-import threading
 from collections import deque
 from collections.abc import Generator, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -24,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from bahdanau._files import STOP_SIGNALS
+from bahdanau._files import STOP_SIGNALS, handling_signals
 from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.errors import InputError
 
@@ -47,23 +46,13 @@ class Stopped(KeyboardInterrupt):
 def stop_on_signals() -> Iterator[None]:
     """While inside, SIGINT and SIGTERM raise `Stopped` in the main thread (elsewhere: no
     change, as handlers can only be set there)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
-
     def stop(signum: int, frame: Any) -> None:
         for sig, handler in previous.items():            # a second signal acts as usual
             signal.signal(sig, handler)
         raise Stopped(signum)
 
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, stop)
-    try:
+    with handling_signals(STOP_SIGNALS, stop) as previous:
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 _worker_tokenizer: Tokenizer | None = None

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import math
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -25,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from bahdanau._files import handling_signals
 from bahdanau.config import TrainConfig
 from bahdanau.data.batching import Example
 from bahdanau.data.tokenizers import Tokenizer
@@ -60,24 +60,14 @@ _LOG = logging.getLogger(__name__)
 def _stop_on_signals(run: TrainRun, log: Callable[[str], None]) -> Iterator[None]:
     """While inside, SIGINT, SIGTERM and SIGHUP set `run.signal` (so the loop saves and stops at
     the end of its step) instead of killing the process; a second one acts as usual."""
-    if threading.current_thread() is not threading.main_thread():
-        yield                                  # handlers can only be set in the main thread
-        return
-    previous = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
-
     def request_stop(signum: int, frame: Any) -> None:
         run.signal = signal.Signals(signum).name.lower()
         signal.signal(signum, previous[signal.Signals(signum)])
         if run.is_main:
             log(f"{run.signal.upper()}: stopping after this step, with a checkpoint")
 
-    for sig in previous:
-        signal.signal(sig, request_stop)
-    try:
+    with handling_signals(_STOP_SIGNALS, request_stop) as previous:
         yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 @dataclass
