@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -276,34 +277,40 @@ def test_search_refuses_nan_scores(value: float) -> None:
                                             DefaultTokenizer()), "the model's scores are NaN")
 
 
+def _change_logits(model: nn.Module, change: Callable[[Tensor], None]) -> None:
+    """Make `model.step` (of this model only: an instance attribute) return its logits changed
+    in place by `change`, on a copy."""
+    step = model.step
+
+    def changed(tokens, state, memory):
+        out = step(tokens, state, memory)
+        logits = out.logits.clone()
+        change(logits)
+        return out._replace(logits=logits)
+
+    model.step = changed
+
+
 def test_nan_in_one_beam_only_is_refused() -> None:
     """One beam's NaN would rank first and crowd out the finite ones: refused too."""
     model = tiny_model()
-    step = model.step
 
-    def nan_in_row_one(tokens, state, memory):
-        out = step(tokens, state, memory)
-        logits = out.logits.clone()
+    def nan_in_row_one(logits: Tensor) -> None:
         if logits.shape[0] > 1:
             logits[1, 5] = float("nan")
-        return out._replace(logits=logits)
 
-    model.step = nan_in_row_one                   # an instance attribute: this model only
+    _change_logits(model, nan_in_row_one)
     one_line_error(lambda: BeamSearch(beam_size=3)(model, BATCH.src[:1], BATCH.src_lengths[:1]),
                    "the model's scores are NaN")
 
 
 def test_search_refuses_a_model_that_never_lets_a_sentence_end() -> None:
     model = tiny_model()
-    step = model.step
 
-    def no_eos(tokens, state, memory):
-        out = step(tokens, state, memory)
-        logits = out.logits.clone()
+    def no_eos(logits: Tensor) -> None:
         logits[:, model.config.eos_id] = -math.inf
-        return out._replace(logits=logits)
 
-    model.step = no_eos
+    _change_logits(model, no_eos)
     one_line_error(lambda: BeamSearch(beam_size=2, max_len=4)(model, BATCH.src, BATCH.src_lengths),
                    "sentence 0 of the batch got no hypothesis: the model gives every ending a "
                    "log-probability of -inf")

@@ -197,8 +197,9 @@ def _attribute(owner: Any, name: str) -> tuple[bool, Any]:
     return False, None
 
 
-def resolves(symbol: str) -> bool:
-    """Whether a dotted name (`bahdanau.x.Y.z` or a short form from `roots`) names something."""
+def _walk(symbol: str) -> tuple[bool, Any]:
+    """Whether a dotted name (`bahdanau.x.Y.z` or a short form from `roots`) names something,
+    and what (None: nothing, or an attribute whose value is None)."""
     first, *rest = symbol.split(".")
     for obj in roots().get(first, []):
         for part in rest:
@@ -208,8 +209,13 @@ def resolves(symbol: str) -> bool:
             if not ok:
                 break
         else:
-            return True
-    return False
+            return True, obj
+    return False, None
+
+
+def resolves(symbol: str) -> bool:
+    """Whether a dotted name (`bahdanau.x.Y.z` or a short form from `roots`) names something."""
+    return _walk(symbol)[0]
 
 
 def symbols(path: Path) -> list[str]:
@@ -398,15 +404,7 @@ KEYWORD = re.compile(r"(?:^|[,(]\s*)([A-Za-z_]\w*)=")
 
 def _named(symbol: str) -> Any:
     """The object a dotted name (as `resolves` reads it) names, or None."""
-    first, *rest = symbol.split(".")
-    for obj in roots().get(first, []):
-        for part in rest:
-            ok, obj = _attribute(obj, part)
-            if not ok or obj is None:
-                break
-        else:
-            return obj
-    return None
+    return _walk(symbol)[1]
 
 
 def unknown_keywords(page: Path) -> list[str]:
