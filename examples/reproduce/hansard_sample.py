@@ -27,8 +27,9 @@ and bytes), and what is written is checked against `SAMPLE_SHA256` (the digests 
 uncompressed text), so a sample that this script says it built is the one the reproduction's
 numbers come from. Anything else is refused in one line, and nothing is left behind.
 
-Usage, from the repository root::
+Usage, from the repository root (the folder that --out goes into must exist)::
 
+    mkdir -p data
     python examples/reproduce/hansard_sample.py \\
         English-French-Translator/Translator/data/Hansard-Multi30k/Training \\
         --out data/hansard-fr-en-100k
