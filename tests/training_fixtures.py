@@ -15,10 +15,13 @@ from typing import Any
 import pytest
 import torch
 
-from bahdanau.data import Example, multi30k_files, read_lines
+from bahdanau.data import Example, Vocab, multi30k_files, read_lines
 from bahdanau.errors import InputError
 from bahdanau.models import RNNSearch, build_model
 from bahdanau.presets import tiny
+
+# 12 words and the 4 specials: the 16 entries a presets.tiny() model has per side
+TINY_VOCAB = Vocab([f"w{i}" for i in range(12)])
 
 
 def random_examples(n: int, seed: int = 0) -> list[Example]:

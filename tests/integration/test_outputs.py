@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import torch
 from training_fixtures import (
+    TINY_VOCAB,
     failing_writes,
     logged,
     random_examples,
@@ -44,7 +45,6 @@ from bahdanau._files import writes_in_place
 from bahdanau.checkpoint import load_checkpoint, save_checkpoint
 from bahdanau.cli import main
 from bahdanau.config import TrainConfig
-from bahdanau.data import Vocab
 from bahdanau.training import LoaderWorkerError, run_step, save_run, setup_run, train, train_run
 
 TRAIN = ["--preset", "tiny", "--max-steps", "4", "--time-budget", "0", "--eval-every", "2",
@@ -415,7 +415,7 @@ def test_a_full_disk_while_training_saves_keeps_the_last_checkpoint(root, tmp_pa
     assert load_checkpoint(out / "checkpoints" / "step_00000002.pt")["train_state"]["step"] == 2
 
 
-VOCAB = Vocab([f"w{i}" for i in range(12)])     # 16 entries, as tiny() has
+VOCAB = TINY_VOCAB
 
 
 def test_an_io_error_while_saving_is_one_oserror_from_train(tmp_path, monkeypatch) -> None:

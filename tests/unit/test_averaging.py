@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 import torch
-from training_fixtures import one_line_error, random_examples, tiny_model
+from training_fixtures import TINY_VOCAB, one_line_error, random_examples, tiny_model
 
 from bahdanau.checkpoint import (
     CheckpointManager,
@@ -27,7 +27,7 @@ from bahdanau.training import WeightEMA, train
 from bahdanau.training.state import checkpoint_payload
 from bahdanau.translate import load
 
-VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
+VOCAB = TINY_VOCAB
 
 
 def _save(path, model, **kwargs):

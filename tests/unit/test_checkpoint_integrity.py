@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import torch
-from training_fixtures import random_examples, tiny_model
+from training_fixtures import TINY_VOCAB, random_examples, tiny_model
 
 from bahdanau.checkpoint import (
     CheckpointManager,
@@ -31,7 +31,7 @@ from bahdanau.checkpoint import (
     save_checkpoint,
 )
 from bahdanau.config import TrainConfig
-from bahdanau.data import Vocab, collate
+from bahdanau.data import collate
 from bahdanau.errors import InputError
 from bahdanau.training import (
     TrainRun,
@@ -44,7 +44,7 @@ from bahdanau.training import (
 )
 from bahdanau.training.state import TrainState, checkpoint_payload, restore
 
-VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
+VOCAB = TINY_VOCAB
 DAMAGED = "damaged checkpoint: its contents do not match the digest stored in it"
 CFG = TrainConfig(batch_size=4, bucket=1, max_steps=100, keep_last=2, log_every=100,
                   save_every=100)

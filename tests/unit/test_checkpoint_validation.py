@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 import torch
-from training_fixtures import one_line_error, random_examples, tiny_model
+from training_fixtures import TINY_VOCAB, one_line_error, random_examples, tiny_model
 
 from bahdanau.checkpoint import (
     average_checkpoints,
@@ -31,7 +31,7 @@ from bahdanau.checkpoint import (
 )
 from bahdanau.checkpoint.payload import model_skeleton
 from bahdanau.config import ModelConfig, TrainConfig
-from bahdanau.data import Vocab, collate
+from bahdanau.data import collate
 from bahdanau.models import build_model
 from bahdanau.presets import tiny
 from bahdanau.training import make_optimizer, save_run, setup_run, train_run, train_step
@@ -44,7 +44,7 @@ from bahdanau.training.state import (
     set_rng_state,
 )
 
-VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
+VOCAB = TINY_VOCAB
 EXAMPLES = random_examples(16)
 ROOT = Path(__file__).resolve().parents[2]
 

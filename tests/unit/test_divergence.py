@@ -18,6 +18,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 from training_fixtures import (
+    TINY_VOCAB,
     logged,
     one_line_error,
     random_examples,
@@ -28,13 +29,13 @@ from training_fixtures import (
 
 from bahdanau.cli import main
 from bahdanau.config import TrainConfig
-from bahdanau.data import DefaultTokenizer, Vocab, collate
+from bahdanau.data import DefaultTokenizer, collate
 from bahdanau.evaluate import score_corpus, score_ids, translate_corpus
 from bahdanau.search import BeamSearch, greedy_search
 from bahdanau.serving import greedy_decode
 from bahdanau.training import run_step, save_run, setup_run, train, train_run, train_step
 
-VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
+VOCAB = TINY_VOCAB
 EXAMPLES = random_examples(24)
 BATCH = collate(EXAMPLES[:4])
 

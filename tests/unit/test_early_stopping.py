@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 
-from training_fixtures import one_line_error, random_examples, tiny_model
+from training_fixtures import TINY_VOCAB, one_line_error, random_examples, tiny_model
 
 from bahdanau.checkpoint import CheckpointManager, load_checkpoint
 from bahdanau.config import TrainConfig, improves
-from bahdanau.data import Vocab
 from bahdanau.training import train
 
-VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
+VOCAB = TINY_VOCAB
 # Evaluations at steps 2, 4, 6, 8: the lowest perplexity is step 4's, the highest BLEU step 6's.
 SCORES = {2: {"bleu": 1.0, "ppl": 50.0}, 4: {"bleu": 0.5, "ppl": 30.0},
           6: {"bleu": 3.0, "ppl": 40.0}, 8: {"bleu": 2.0, "ppl": 35.0}}

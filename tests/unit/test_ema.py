@@ -11,17 +11,16 @@ from dataclasses import replace
 
 import pytest
 import torch
-from training_fixtures import random_examples, tiny_model
+from training_fixtures import TINY_VOCAB, random_examples, tiny_model
 
 from bahdanau.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from bahdanau.config import TrainConfig
-from bahdanau.data import Vocab
 from bahdanau.errors import InputError
 from bahdanau.training import WeightEMA, run_step, setup_run, train, validate_run
 from bahdanau.training.state import checkpoint_payload, restore
 from bahdanau.translate import load
 
-VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
+VOCAB = TINY_VOCAB
 CFG = TrainConfig(batch_size=8, bucket=2, max_steps=14, log_every=100, save_every=100,
                   ema_decay=0.9)
 

@@ -14,7 +14,7 @@ import re
 
 import pytest
 import torch
-from training_fixtures import tiny_model
+from training_fixtures import TINY_VOCAB, tiny_model
 
 from bahdanau import BeamSearch, Ensemble, RNNEncDec, RNNSearch, greedy_search, presets
 from bahdanau.checkpoint import save_checkpoint
@@ -26,7 +26,7 @@ from bahdanau.translate import load
 BOS, EOS = 1, 2
 SRC = torch.tensor([[5, 6, 7, 8, 9], [9, 10, 0, 0, 0], [4, 12, 13, 0, 0]])
 LENGTHS = torch.tensor([5, 2, 3])
-VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
+VOCAB = TINY_VOCAB
 
 
 def random_model(cls=RNNSearch, seed: int = 0, **changes):

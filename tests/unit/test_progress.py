@@ -14,9 +14,9 @@ import sys
 import threading
 
 import pytest
-from training_fixtures import tiny_model
+from training_fixtures import TINY_VOCAB, tiny_model
 
-from bahdanau import Vocab, WhitespaceTokenizer, save_checkpoint
+from bahdanau import WhitespaceTokenizer, save_checkpoint
 from bahdanau._progress import Bar, progress_bar, progress_shown, show_progress
 from bahdanau.checkpoint.averaging import average_checkpoints
 from bahdanau.cli import main
@@ -27,7 +27,7 @@ from bahdanau.training.state import checkpoint_payload
 
 tqdm = pytest.importorskip("tqdm", reason="progress bars need the progress extra (tqdm)")
 
-VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
+VOCAB = TINY_VOCAB
 SENTENCES = ["w1 w2 w3", "w4", "w5 w6", "w7 w8 w9 w10"] * 3
 
 

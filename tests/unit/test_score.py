@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 from serving_fixtures import shared_checkpoint
-from training_fixtures import one_line_error, tiny_model
+from training_fixtures import TINY_VOCAB, one_line_error, tiny_model
 
 from bahdanau.cli import main
-from bahdanau.data import DefaultTokenizer, Vocab, pad_sources
+from bahdanau.data import DefaultTokenizer, pad_sources
 from bahdanau.ensemble import Ensemble
 from bahdanau.evaluate import score_corpus, score_ids, translate_corpus
 from bahdanau.search import BeamSearch
@@ -96,7 +96,7 @@ def test_bad_arguments_are_one_line_errors() -> None:
                    "length_penalty")
     one_line_error(lambda: score_ids(model, [([], [5])]), "empty source")
     one_line_error(lambda: score_ids(model, [([4], [5]), ([4], [99])]), "tgt", "vocabulary")
-    vocab = Vocab([f"w{i}" for i in range(12)])
+    vocab = TINY_VOCAB
     tok = DefaultTokenizer()
     score = lambda src, tgt: score_corpus(model, src, tgt, vocab, vocab, tok)  # noqa: E731
     one_line_error(lambda: score(["w1", "w2"], ["w3"]), "2 sources but 1 targets")

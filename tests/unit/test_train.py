@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from training_fixtures import one_line_error, random_examples, tiny_model
+from training_fixtures import TINY_VOCAB, one_line_error, random_examples, tiny_model
 
 from bahdanau.checkpoint import (
     FORMAT_VERSION,
@@ -39,7 +39,7 @@ from bahdanau.training import (
 )
 from bahdanau.training.state import TrainState, checkpoint_payload, restore
 
-VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
+VOCAB = TINY_VOCAB
 
 
 def _equal_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:

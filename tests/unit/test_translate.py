@@ -15,7 +15,7 @@ import threading
 
 import pytest
 import torch
-from training_fixtures import one_line_error, random_examples, tiny_model
+from training_fixtures import TINY_VOCAB, one_line_error, random_examples, tiny_model
 
 import bahdanau
 from bahdanau import presets
@@ -37,7 +37,7 @@ from bahdanau.search import BeamSearch
 from bahdanau.training import setup_run, train
 from bahdanau.training.state import checkpoint_payload
 
-VOCAB = Vocab([f"w{i}" for i in range(12)])  # 16 entries, matching tiny()
+VOCAB = TINY_VOCAB
 SEARCH = BeamSearch(beam_size=2, max_len=8)
 
 
