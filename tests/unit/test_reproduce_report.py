@@ -88,3 +88,10 @@ def test_a_pair_counts_only_where_the_model_wrote_the_french_order() -> None:
     assert reproduce.swapped_pair_positions(tokenizer.tokenize(source), english_order.tokens,
                                             tokenizer) == []
     assert reproduce.swapped_pair_attention([english_order], [source], tokenizer)["pairs"] == 0
+
+
+def test_the_control_counts_backward_steps_of_the_argmax_between_adjacent_words() -> None:
+    # argmax rows 0, 2, 1, 3 (then eos): steps 0->2 forward, 2->1 back, 1->3 forward
+    t = translation("a b c d", [0, 2, 1, 3, 3], n_src=4)
+    assert reproduce.backward_steps([t, translation("e", [1, 0], n_src=2)]) == {
+        "steps": 3, "backward": 1, "rate": 0.333}
