@@ -199,6 +199,8 @@ SWAPPED_PAIRS: dict[str, str] = {
 DEV_LINE = re.compile(r"step (\d+) \| dev bleu ([\d.]+) chrf ([\d.]+) ppl ([\d.]+)")
 STOP_LINE = re.compile(r"trained (\d+) updates, stopped by (\w+)")
 PAIRS_LINE = re.compile(r"data: (\d+) training pairs")
+# what a scores.json holds; a file of another version is scored again
+SCORES_VERSION = 2
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -292,12 +294,13 @@ def backward_steps(translations: list[Translation]) -> dict[str, Any]:
 def score_one(name: str, args: argparse.Namespace, sources: list[str], references: list[str]
               ) -> dict[str, Any]:
     """Decode the test set with the run's best.pt (best dev BLEU) and score it, into
-    OUT/<model>/test.hyp.txt and scores.json; done once per checkpoint and test set."""
+    OUT/<model>/test.hyp.txt and scores.json; done once per checkpoint, test set and
+    `SCORES_VERSION`."""
     run_dir = Path(args.out) / name
     best = _read_json(run_dir / "checkpoints" / "best.json")
     scored = _read_json(run_dir / "scores.json")
-    if (scored is not None and scored["best_step"] == best["step"]
-            and scored["sentences"] == len(sources)):
+    if (scored is not None and scored.get("version") == SCORES_VERSION
+            and scored["best_step"] == best["step"] and scored["sentences"] == len(sources)):
         return scored
     start = time.perf_counter()
     translator = bahdanau.load(run_dir / "checkpoints" / "best.pt")
@@ -309,7 +312,7 @@ def score_one(name: str, args: argparse.Namespace, sources: list[str], reference
     hyps = [t.text for t in translations]
     (run_dir / "test.hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
     scores = {
-        "model": name, **asdict(MODELS[name]),
+        "version": SCORES_VERSION, "model": name, **asdict(MODELS[name]),
         **training_record(run_dir, args.batch_size),
         **score_test_set(hyps, sources, references, translator.src_vocab,
                          translator.tgt_vocab, translator.tokenizer),
