@@ -529,9 +529,15 @@ def _cell(c: dict[str, Any] | None) -> str:
     return "-" if c is None else f"{c['bleu']:.2f} [{c['low']:.2f}, {c['high']:.2f}]"
 
 
+def _p_value(p: float, resamples: int) -> str:
+    """A bootstrap p-value as text: below the resolution of `resamples` resamples if none."""
+    return f"<{1 / resamples:g}" if p == 0 else f"={p:.3f}"
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The report's tables, in Markdown."""
     t, scores = results["table"], results["models"]
+    resamples = results["settings"]["bootstrap"]
     n = t["sentences"]
     out = ["## Table 1: test BLEU (95% bootstrap intervals)", "",
            f"| model | recipe | updates | epochs | stopped by | minutes | all ({n['all']}) | "
@@ -547,7 +553,7 @@ def markdown(results: dict[str, Any]) -> str:
             "(baseline) | difference of the ratios |", "|---|---|---|---|---|---|---|"]
     for c in t["comparisons"]:
         cells = [f"{c[k]['difference']:+.2f} {c[k]['interval']}, "
-                 f"p={c[k]['p_baseline_not_worse']:.3f}" if k in c else "-"
+                 f"p{_p_value(c[k]['p_baseline_not_worse'], resamples)}" if k in c else "-"
                  for k in ("all", "no_unk", f"{LONG}+")]
         r = c.get("bleu_40_49_over_10_19")
         cells += ([f"{r[c['attention']]['ratio']} {r[c['attention']]['interval']}",
