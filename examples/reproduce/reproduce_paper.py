@@ -70,6 +70,7 @@ from bahdanau.checkpoint import load_checkpoint
 from bahdanau.data import Tokenizer, Vocab, normalize_whitespace, read_lines, read_parallel
 from bahdanau.evaluate import LengthBucket, Translation, has_unk, score_test_set, translate_corpus
 from bahdanau.jobs import TrainOptions, run_train_job
+from bahdanau.jobs.files import write_text
 from bahdanau.jobs.report import alignment_title, plot_alignment_file
 from bahdanau.search import BeamSearch
 from bahdanau.training.runlog import LOGGER, LogFormatter
@@ -204,14 +205,14 @@ SCORES_VERSION = 2
 
 
 def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_text(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
 def _read_json(path: Path) -> Any:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def test_files(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+def test_set(args: argparse.Namespace) -> tuple[list[str], list[str]]:
     """The test sources and references the models are scored on (--test-size: the first N)."""
     pairs = read_parallel(Path(args.data) / "test.en.gz", Path(args.data) / "test.fr.gz")
     pairs = pairs[: args.test_size]
@@ -310,7 +311,7 @@ def score_one(name: str, args: argparse.Namespace, sources: list[str], reference
                                     translator.tgt_vocab, translator.tokenizer, search=search,
                                     batch_size=args.decode_batch_size, progress=None)
     hyps = [t.text for t in translations]
-    (run_dir / "test.hyp.txt").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    write_text(run_dir / "test.hyp.txt", "".join(h + "\n" for h in hyps))
     scores = {
         "version": SCORES_VERSION, "model": name, **asdict(MODELS[name]),
         **training_record(run_dir, args.batch_size),
@@ -599,7 +600,7 @@ def report(args: argparse.Namespace, sources: list[str], references: list[str]) 
                "alignments": draw_alignments(args, sources, references)
                if "RNNsearch-50" in scores else []}
     _write_json(out / "results.json", results)
-    (out / "results.md").write_text(markdown(results), encoding="utf-8")
+    write_text(out / "results.md", markdown(results))
     print(markdown(results))
     _log(f"results: {out / 'results.json'}, {out / 'results.md'}; figures in {out}")
 
@@ -616,7 +617,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     command = shlex.join(["python", "examples/reproduce/reproduce_paper.py",
                           *(sys.argv[1:] if argv is None else argv)])
-    sources, references = test_files(args)
+    sources, references = test_set(args)
     for name in args.models:
         _log(f"{name}: {MODELS[name].arch}, training pairs of at most "
              f"{MODELS[name].max_train_len} tokens, {MODELS[name].recipe} recipe, in {out / name}")
