@@ -9,20 +9,15 @@ over the usable pairs in file order.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import random
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from example_scripts import load_example
 
-SCRIPT = Path(__file__).parents[2] / "examples" / "reproduce" / "hansard_sample.py"
-spec = importlib.util.spec_from_file_location("hansard_sample", SCRIPT)
-assert spec is not None and spec.loader is not None
-recipe = importlib.util.module_from_spec(spec)
-sys.modules["hansard_sample"] = recipe
-spec.loader.exec_module(recipe)
+recipe = load_example("reproduce/hansard_sample.py")
 
 LONG = " ".join(["mot"] * 101)
 
@@ -104,7 +99,7 @@ def test_a_sample_that_differs_from_the_published_one_is_refused_and_removed(
 def test_another_release_is_refused_in_one_line_before_any_work(release, tmp_path) -> None:
     folder, _ = release
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), str(folder), "--out", str(tmp_path / "sample")],
+        [sys.executable, recipe.__file__, str(folder), "--out", str(tmp_path / "sample")],
         capture_output=True,
         text=True,
         timeout=120,

@@ -4,25 +4,17 @@ read on reordered word pairs, against sacrebleu itself and hand-worked examples.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import sacrebleu
 import torch
+from example_scripts import load_example
 
 from bahdanau.data import DefaultTokenizer
 from bahdanau.evaluate import Translation
 from bahdanau.search import Hypothesis
 
-SCRIPT = Path(__file__).parents[2] / "examples" / "reproduce" / "reproduce_paper.py"
-spec = importlib.util.spec_from_file_location("reproduce_paper", SCRIPT)
-assert spec is not None and spec.loader is not None
-reproduce = importlib.util.module_from_spec(spec)
-sys.modules["reproduce_paper"] = reproduce
-spec.loader.exec_module(reproduce)
+reproduce = load_example("reproduce/reproduce_paper.py")
 
 HYPS = ["the cat sat on the mat .", "a dog is here", "hello world there", "x y z",
         "the government of Canada said no .", "we vote"]
