@@ -74,6 +74,7 @@ from bahdanau.jobs.files import write_text
 from bahdanau.jobs.report import alignment_title, plot_alignment_file
 from bahdanau.search import BeamSearch
 from bahdanau.training.runlog import LOGGER, LogFormatter
+from bahdanau.translate import Translator
 
 
 @dataclass(frozen=True)
@@ -500,12 +501,11 @@ def pick_alignment_sentences(sources: list[str], references: list[str], hypothes
     return sorted(reordered, key=quality)[: n - 1] + sorted(long, key=quality)[:1]
 
 
-def draw_alignments(args: argparse.Namespace, sources: list[str], references: list[str]
-                    ) -> list[dict[str, Any]]:
+def draw_alignments(args: argparse.Namespace, translator: Translator, sources: list[str],
+                    references: list[str]) -> list[dict[str, Any]]:
     """Figure 3: RNNsearch-50's heat maps of the chosen test sentences, decoded again by its
     best.pt for their attention, as OUT/alignment_<line>.png."""
     run = Path(args.out)
-    translator = bahdanau.load(run / "RNNsearch-50" / "checkpoints" / "best.pt")
     tokenizer = translator.tokenizer
     lines = pick_alignment_sentences(sources, references,
                                      read_lines(run / "RNNsearch-50" / "test.hyp.txt"),
@@ -590,14 +590,16 @@ def report(args: argparse.Namespace, sources: list[str], references: list[str]) 
     if not any(a in scores and b in scores for a, b in COMPARISONS):
         _log(f"no pair of models scored yet (scored: {', '.join(scores) or 'none'})")
         return
-    any_run = bahdanau.load(out / next(iter(scores)) / "checkpoints" / "best.pt")
-    table = compare(scores, sources, references, args, any_run.tokenizer, any_run.src_vocab,
-                    any_run.tgt_vocab)
+    # the vocabularies and tokenizer are every model's; RNNsearch-50 also draws Figure 3
+    shown = "RNNsearch-50" if "RNNsearch-50" in scores else next(iter(scores))
+    translator = bahdanau.load(out / shown / "checkpoints" / "best.pt")
+    table = compare(scores, sources, references, args, translator.tokenizer,
+                    translator.src_vocab, translator.tgt_vocab)
     plot_figure_2(table, out / "bleu_by_length.png")
     plot_dev_curves(scores, args.dev_size, out / "dev_curves.png")
     results = {"settings": {k: v for k, v in vars(args).items() if k != "models"},
                "models": scores, "table": table,
-               "alignments": draw_alignments(args, sources, references)
+               "alignments": draw_alignments(args, translator, sources, references)
                if "RNNsearch-50" in scores else []}
     _write_json(out / "results.json", results)
     write_text(out / "results.md", markdown(results))
