@@ -87,3 +87,26 @@ def test_the_control_counts_backward_steps_of_the_argmax_between_adjacent_words(
     t = translation("a b c d", [0, 2, 1, 3, 3], n_src=4)
     assert reproduce.backward_steps([t, translation("e", [1, 0], n_src=2)]) == {
         "steps": 3, "backward": 1, "rate": 0.333}
+
+
+def test_the_runs_differ_only_by_the_attention_or_the_recipe() -> None:
+    """RNNsearch-50 and RNNencdec-50 train with the same options but for the architecture, and
+    the -paper pair differs from them only by the recipe and by training the whole budget."""
+    from bahdanau.jobs.flags import flat_settings, value_of
+
+    args = reproduce.parse_args([])
+
+    def options(name: str) -> dict[str, object]:
+        given = reproduce.job_options(args, name)
+        return {s.key: value_of(given, s) for s in flat_settings(type(given)) if s.key != "out"}
+
+    def differences(a: str, b: str) -> dict[str, tuple[object, object]]:
+        first, second = options(a), options(b)
+        return {k: (first[k], second[k]) for k in first if first[k] != second[k]}
+
+    assert differences("RNNsearch-50", "RNNencdec-50") == {"arch": ("rnnsearch", "rnnencdec")}
+    assert differences("RNNsearch-50", "RNNsearch-50-paper") == {
+        "init": ("glorot", "paper"), "optimizer": ("adam", "adadelta"), "lr": (1e-3, 1.0),
+        "patience": (3, None)}
+    assert differences("RNNencdec-50-paper", "RNNsearch-50-paper") == {
+        "arch": ("rnnencdec", "rnnsearch")}
