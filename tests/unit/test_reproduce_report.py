@@ -92,16 +92,11 @@ def test_the_control_counts_backward_steps_of_the_argmax_between_adjacent_words(
 def test_the_runs_differ_only_by_the_attention_or_the_recipe() -> None:
     """RNNsearch-50 and RNNencdec-50 train with the same options but for the architecture, and
     the -paper pair differs from them only by the recipe and by training the whole budget."""
-    from bahdanau.jobs.flags import flat_settings, value_of
-
     args = reproduce.parse_args([])
 
-    def options(name: str) -> dict[str, object]:
-        given = reproduce.job_options(args, name)
-        return {s.key: value_of(given, s) for s in flat_settings(type(given)) if s.key != "out"}
-
     def differences(a: str, b: str) -> dict[str, tuple[object, object]]:
-        first, second = options(a), options(b)
+        # every option a run records in its config.yaml (all but where it starts: --out)
+        first, second = (reproduce.job_options(args, n).to_record() for n in (a, b))
         return {k: (first[k], second[k]) for k in first if first[k] != second[k]}
 
     assert differences("RNNsearch-50", "RNNencdec-50") == {"arch": ("rnnsearch", "rnnencdec")}
