@@ -461,7 +461,7 @@ def plot_figure_2(table: dict[str, Any], path: Path) -> None:
                for model, buckets in table["bleu"].items()}
     fig = plot_bleu_by_length(systems, title="BLEU by source length, Hansard en->fr test "
                                              "(95% bootstrap intervals)")
-    ax, top = fig.axes[0], 0.0
+    ax = fig.axes[0]
     for line, (model, buckets) in zip(ax.lines, table["bleu"].items(), strict=True):
         cells = [buckets[_span(low, high)] for low, high in spans]
         ax.errorbar(bounds, [c["bleu"] for c in cells],
@@ -470,8 +470,8 @@ def plot_figure_2(table: dict[str, Any], path: Path) -> None:
                     fmt="none", ecolor=line.get_color(), capsize=3, alpha=0.7)
         if model.endswith("-paper"):
             line.set_linestyle("--")
-        top = max(top, *(c["high"] for c in cells))
-    ax.set_ylim(0, 1.08 * top)         # the plot fixed its limits before the bars were drawn
+    ax.autoscale(axis="y")             # the plot fixed its limits before the bars were drawn
+    ax.set_ylim(bottom=0)
     fig.savefig(path)
     plt.close(fig)
 
