@@ -16,6 +16,9 @@ What it does differently from the reference decoder, and why it is the same func
   ones for the loss).
 * Sequence-level gradient sums (`bahdanau.engine.sequence_grads`) for the step weight and the
   values, and the chunked cross-entropy (`bahdanau.kernels.linear_cross_entropy`) for the loss.
+* Packed step weights. Under inference mode on a CPU (a search), `prepare` reorders the step
+  weight and W_o once for oneDNN (`bahdanau.kernels.packed_linear`), and every step's two
+  largest matmuls read them as they are.
 
 Dropout on the GRU inputs (`AttentiveDecoder`'s `dropout_rnn_inputs`) drops units of c_i itself,
 which C then maps: while it is active (`AttentiveDecoder.drops_rnn_inputs`) the values are
@@ -42,7 +45,7 @@ from torch import Tensor
 from bahdanau import functional
 from bahdanau.decoder import AttentiveDecoder, DecoderMemory, DecoderState, StepOutput
 from bahdanau.engine.sequence_grads import SequenceGrads
-from bahdanau.kernels import linear_cross_entropy
+from bahdanau.kernels import linear_cross_entropy, packed_linear
 
 
 class EngineMemory(NamedTuple):
@@ -53,6 +56,8 @@ class EngineMemory(NamedTuple):
     step_weight: Tensor           # (P + R, D) [query_weight; U] (P = 0 without one), R = 3D | 2D
     step_bias: Tensor             # (P + R,) 0 for the query rows, then the GRU's recurrent bias
     drop_context: bool = False    # values are [h_j; C_o h_j] (2H + 2L): C c_i after dropout
+    packed_step: Tensor | None = None     # step_weight reordered for oneDNN, or None
+    packed_output: Tensor | None = None   # W_o reordered for oneDNN, or None
 
     def select(self, keep: Tensor) -> EngineMemory:
         """The memory of sentences `keep` (the step weight is shared by all sentences)."""
@@ -89,7 +94,10 @@ class DecoderEngine:
         if query_weight is not None:
             weight = torch.cat([query_weight, weight])
             bias = torch.cat([bias.new_zeros(query_weight.shape[0]), bias])
-        return EngineMemory(memory, values, weight, bias, drop_context)
+        rows = memory.mask.shape[0]                               # B sentences
+        return EngineMemory(memory, values, weight, bias, drop_context,
+                            packed_linear.pack_for_steps(weight, rows),
+                            packed_linear.pack_for_steps(dec.output_weights()[0], rows))
 
     def step(self, prev_tokens: Tensor, state: DecoderState, memory: EngineMemory
              ) -> StepOutput:
@@ -100,7 +108,8 @@ class DecoderEngine:
             state, memory, None)
         x_gates = dec.input_gates(dec.rnn_input_dropout(embedded)) + gate_terms
         hidden = dec.update(x_gates, h_gates, state.hidden)
-        logits = dec.output(dec.readout(state.hidden, embedded, readout_terms))
+        features = dec.readout(state.hidden, embedded, readout_terms)
+        logits = packed_linear.linear(features, *dec.output_weights(), memory.packed_output)
         return StepOutput(logits, DecoderState(hidden, attention_state), weights)
 
     def features(self, tgt_in: Tensor, state: DecoderState, memory: EngineMemory, *,
@@ -172,7 +181,8 @@ class DecoderEngine:
         With `memory.drop_context`, C c_i is C of the dropped c_i."""
         dec, hidden = self.decoder, state.hidden
         if grads is None:
-            projected = F.linear(hidden, memory.step_weight, memory.step_bias)
+            projected = packed_linear.linear(hidden, memory.step_weight, memory.step_bias,
+                                             memory.packed_step)
         else:
             projected = grads.project(hidden)                     # (N, P + R)
         attention, weights, attention_state = dec.attention, None, None

@@ -8,6 +8,9 @@
 * The chunked linear cross-entropy with recycled CPU buffers (the engine's loss):
   `linear_cross_entropy.linear_cross_entropy`, twin of `bahdanau.functional.sequence_nll`
   (tests/unit/test_linear_cross_entropy.py).
+* Step matmuls with weights reordered once for oneDNN (the engine's search steps on a CPU):
+  `packed_linear.linear` with `packed_linear.pack_for_steps`, twin of `torch.nn.functional.linear`
+  (tests/unit/test_packed_linear.py).
 
 Triton is imported lazily: `import bahdanau` never loads it. `resolve_impl` maps a requested
 additive-attention implementation to the one that runs for given tensors; `AdditiveAttention`
@@ -25,6 +28,7 @@ from torch import Tensor
 from bahdanau.config import ATTENTION_IMPLS as IMPLS
 from bahdanau.errors import InputError
 from bahdanau.kernels.linear_cross_entropy import linear_cross_entropy
+from bahdanau.kernels.packed_linear import pack_for_steps
 from bahdanau.kernels.sigmoid_attention import sigmoid_attention_weights
 
 __all__ = [
@@ -33,6 +37,7 @@ __all__ = [
     "has_triton",
     "interpreting",
     "linear_cross_entropy",
+    "pack_for_steps",
     "resolve_impl",
     "sigmoid_attention_weights",
     "triton_unavailable_reason",

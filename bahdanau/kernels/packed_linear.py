@@ -1,0 +1,72 @@
+"""`F.linear` with its weight laid out once for oneDNN: the decoder's per-step matmuls in a search.
+
+A search applies the same few weights at every step to a few dozen rows (the sentences, or the
+sentences times the beams). For so few rows `F.linear` is bound by reading the weight: the BLAS
+packs the whole weight into its kernel's layout at every call (W_o is 10 MB at the small
+preset). oneDNN can reorder a weight once into the blocked layout its kernels read
+(`torch.ops.mkldnn._reorder_linear_weight`, what `torch.compile` uses for frozen CPU weights);
+each step then reads it as it is. On a 2-core CPU at the small preset this made greedy search
+about 1.5x and beam-5 search about 1.25x faster (examples/benchmarks/bench_search.py).
+
+`pack_for_steps` chooses once, when a search prepares its memory: the packed form for float32
+CPU tensors under `torch.inference_mode`, where `BeamSearch` and evaluation decode, if this build
+of torch has oneDNN; None (plain `F.linear`) otherwise. The packed op has no backward, and a
+program traced for export must not hold a packed weight, so training, `torch.no_grad` and
+tracing never pack. Both forms compute the same products; only the order of the sums differs,
+so results differ in the last bits (tests/unit/test_packed_linear.py holds them to `F.linear`
+in float32; float64 never packs).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def _has_packed_ops() -> bool:
+    """Whether this build of torch has the two oneDNN ops and they compute `F.linear` here (one
+    tiny product, once per process)."""
+    if not (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    weight, x = torch.arange(12.0).view(3, 4) / 8, torch.arange(8.0).view(2, 4) / 8
+    try:
+        with torch.inference_mode():
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight, 2)
+            got = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+    except RuntimeError:
+        return False
+    return bool(torch.allclose(got, F.linear(x, weight)))
+
+
+HAS_PACKED_LINEAR = _has_packed_ops()
+
+
+def packs(weight: Tensor) -> bool:
+    """Whether `pack_for_steps` packs `weight`: float32 on a CPU, under inference mode,
+    oneDNN present, and not inside `torch.compile` (which packs frozen weights itself)."""
+    return (HAS_PACKED_LINEAR and weight.device.type == "cpu" and weight.dtype == torch.float32
+            and torch.is_inference_mode_enabled() and not torch.compiler.is_compiling())
+
+
+def pack_for_steps(weight: Tensor, rows: int) -> Tensor | None:
+    """`weight` (out, in) reordered for `linear`, or None where it is not packed (`packs`).
+
+    Args:
+        weight: (out, in), as `F.linear` takes it.
+        rows: the rows the steps will mostly have (oneDNN picks its layout for them; any
+            number runs).
+    """
+    if not packs(weight):
+        return None
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None, packed: Tensor | None) -> Tensor:
+    """`F.linear(x, weight, bias)` for (N, in) `x`, through `packed` (`pack_for_steps` of
+    `weight`) when there is one."""
+    if packed is None:
+        return F.linear(x, weight, bias)
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")

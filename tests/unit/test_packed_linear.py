@@ -1,0 +1,87 @@
+"""The step matmuls with oneDNN-packed weights against `F.linear` and the reference decoder.
+
+Packing runs only for float32 CPU tensors under inference mode; there the packed product must
+equal `F.linear` to float32 rounding, and a search through the packed engine must find what
+the reference decoder finds. Everywhere else nothing is packed, so the float64 tests of
+tests/unit/test_engine.py cover the unpacked path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bahdanau import BeamSearch, RNNSearch, presets
+from bahdanau.kernels import packed_linear
+
+needs_onednn = pytest.mark.skipif(not packed_linear.HAS_PACKED_LINEAR,
+                                  reason="this build of torch has no oneDNN linear ops")
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_product_equals_f_linear_for_any_number_of_rows(bias) -> None:
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(300, 48, generator=gen)
+    b = torch.randn(300, generator=gen) if bias else None
+    with torch.inference_mode():
+        packed = packed_linear.pack_for_steps(weight, rows=8)
+        assert packed is not None
+        for rows in (1, 3, 8, 40):                       # fewer, as many and more than packed for
+            x = torch.randn(rows, 48, generator=gen)
+            got = packed_linear.linear(x, weight, b, packed)
+            torch.testing.assert_close(got, F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+        x = torch.randn(40, 96, generator=gen)[:, ::2]   # a strided input
+        torch.testing.assert_close(packed_linear.linear(x, weight, b, packed),
+                                   F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+
+
+def test_nothing_is_packed_outside_inference_mode_or_for_float64() -> None:
+    weight = torch.randn(6, 4)
+    assert packed_linear.pack_for_steps(weight, 2) is None              # autograd on
+    with torch.no_grad():                                               # traceable for export
+        assert packed_linear.pack_for_steps(weight, 2) is None
+    with torch.inference_mode():
+        assert packed_linear.pack_for_steps(weight.double(), 2) is None
+    x = torch.randn(3, 4, requires_grad=True)
+    packed_linear.linear(x, weight, None, None).sum().backward()       # F.linear: differentiable
+    torch.testing.assert_close(x.grad, weight.sum(0).expand(3, 4))
+
+
+def model(engine: str) -> RNNSearch:
+    cfg = replace(presets.tiny(30, 30), engine=engine, decoder_size=16)
+    torch.manual_seed(0)
+    net = RNNSearch.from_config(cfg).eval()
+    with torch.no_grad():
+        for p in net.parameters():
+            p.normal_(0.0, 0.5)
+    return net
+
+
+@needs_onednn
+def test_search_through_packed_weights_equals_the_reference_decoder() -> None:
+    fast, reference = model("fast"), model("reference")
+    reference.load_state_dict(fast.state_dict())
+    gen = torch.Generator().manual_seed(1)
+    src_lengths = torch.tensor([7, 3, 5, 6])
+    src = torch.randint(4, 30, (4, 7), generator=gen)
+    src[torch.arange(7) >= src_lengths[:, None]] = 0
+    with torch.inference_mode():
+        state, memory = fast.encode(src, src_lengths)
+        assert memory.packed_step is not None and memory.packed_output is not None
+        ref_state, ref_memory = reference.encode(src, src_lengths)
+        tokens = torch.full((4,), 1)
+        for _ in range(4):
+            out, ref = fast.step(tokens, state, memory), reference.step(tokens, ref_state,
+                                                                       ref_memory)
+            torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
+            state, ref_state, tokens = out.state, ref.state, ref.logits.argmax(-1)
+    search = BeamSearch(beam_size=3, n_best=2, max_len=8)
+    for hyps, ref_hyps in zip(search(fast, src, src_lengths), search(reference, src, src_lengths),
+                              strict=True):
+        for hyp, ref in zip(hyps, ref_hyps, strict=True):
+            assert hyp.tokens == ref.tokens
+            assert hyp.score == pytest.approx(ref.score, abs=1e-4)
