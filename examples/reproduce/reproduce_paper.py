@@ -462,7 +462,8 @@ def plot_figure_2(table: dict[str, Any], path: Path) -> None:
     fig = plot_bleu_by_length(systems, title="BLEU by source length, Hansard en->fr test "
                                              "(95% bootstrap intervals)")
     ax = fig.axes[0]
-    for line, (model, buckets) in zip(ax.lines, table["bleu"].items(), strict=True):
+    lines = list(ax.lines)             # one per model, before the error bars add their own
+    for line, (model, buckets) in zip(lines, table["bleu"].items(), strict=True):
         cells = [buckets[_span(low, high)] for low, high in spans]
         ax.errorbar(bounds, [c["bleu"] for c in cells],
                     yerr=[[c["bleu"] - c["low"] for c in cells],
@@ -472,7 +473,10 @@ def plot_figure_2(table: dict[str, Any], path: Path) -> None:
             line.set_linestyle("--")
     ax.autoscale(axis="y")             # the plot fixed its limits before the bars were drawn
     ax.set_ylim(bottom=0)
-    fig.savefig(path)
+    width, height = fig.get_size_inches()         # the legend beside the axes covers no bar
+    fig.set_size_inches(width * 1.3, height)
+    ax.legend(handles=lines, title="system", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 
 
