@@ -112,16 +112,20 @@ class RNNSearch(nn.Module):
         """
         if check:
             self._check_at_door(src, src_lengths)
-        return self._encode(src, src_lengths)
+        return self._encode(src, src_lengths, for_search=True)
 
-    def _encode(self, src: Tensor, src_lengths: Tensor) -> tuple[DecoderState, Any]:
-        """`encode` of a batch whose values are checked (the door has run `check_batch`)."""
+    def _encode(self, src: Tensor, src_lengths: Tensor, *, for_search: bool = False
+                ) -> tuple[DecoderState, Any]:
+        """`encode` of a batch whose values are checked (the door has run `check_batch`);
+        `for_search`: the memory will be stepped (`DecoderEngine.prepare`)."""
         if self._encoder_takes_check:
             annotations, mask = self.encoder(src, src_lengths, check=False)
         else:
             annotations, mask = self.encoder(src, src_lengths)
         state, memory = self.decoder.init_state(annotations, mask)
-        return state, (memory if self.engine is None else self.engine.prepare(memory))
+        if self.engine is None:
+            return state, memory
+        return state, self.engine.prepare(memory, for_search=for_search)
 
     def _check_at_door(self, *batch: Tensor) -> None:
         """`check_batch(*batch)` in eager code; traced code (`torch.compile`, `torch.export`)

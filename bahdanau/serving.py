@@ -183,7 +183,8 @@ def _one_model(model: nn.Module) -> RNNSearch:
     return model
 
 
-@torch.no_grad()
+@torch.inference_mode(False)   # even inside a caller's inference mode: a search's memory would
+@torch.no_grad()               # hold weights packed for oneDNN, which a program cannot store
 def export_programs(model: nn.Module) -> ServingPrograms:
     """Trace `model.encode` and `model.step` into two programs (see the module docstring).
 

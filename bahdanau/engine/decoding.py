@@ -16,8 +16,8 @@ What it does differently from the reference decoder, and why it is the same func
   ones for the loss).
 * Sequence-level gradient sums (`bahdanau.engine.sequence_grads`) for the step weight and the
   values, and the chunked cross-entropy (`bahdanau.kernels.linear_cross_entropy`) for the loss.
-* Packed step weights. Under inference mode on a CPU (a search), `prepare` reorders the step
-  weight and W_o once for oneDNN (`bahdanau.kernels.packed_linear`), and every step's two
+* Packed step weights. For a search under inference mode on a CPU, `prepare` reorders the
+  step weight and W_o once for oneDNN (`bahdanau.kernels.packed_linear`), and every step's two
   largest matmuls read them as they are.
 
 Dropout on the GRU inputs (`AttentiveDecoder`'s `dropout_rnn_inputs`) drops units of c_i itself,
@@ -29,9 +29,11 @@ The engine meets the decoder at its fusion seam (see `AttentiveDecoder`) and the
 `bahdanau.attention.Attention`'s methods: it calls their layers and methods and never reads a
 layer's parameters or settings.
 
-Under `torch.compile` and `torch.export` the engine uses traceable twins of the last two: plain
-autograd and `torch.nn.functional.cross_entropy` over every position. tests/unit/test_engine.py
-holds every path equal to the reference decoder in float64.
+Under `torch.compile` and `torch.export` the engine uses traceable twins of the sequence-level
+gradient sums and the chunked cross-entropy: plain autograd and
+`torch.nn.functional.cross_entropy` over every position; it packs no weight there.
+tests/unit/test_engine.py holds every path equal to the reference decoder in float64, and
+tests/unit/test_packed_linear.py the packed search to it in float32.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ from bahdanau.kernels import linear_cross_entropy, packed_linear
 
 
 class EngineMemory(NamedTuple):
-    """The decoder's memory plus what the engine precomputes once per batch."""
+    """The decoder's memory plus what the engine precomputes once per batch: valid for the
+    weights it was prepared with (the step weight and the packed weights are copies)."""
 
     decoder: DecoderMemory        # from `AttentiveDecoder.init_state`
     values: Tensor                # (B, S, 3D + 2L) [C; C_o] h_j; RNNencdec: (B, 3D + 2L) [C; C_o] c
@@ -60,7 +63,8 @@ class EngineMemory(NamedTuple):
     packed_output: Tensor | None = None   # W_o reordered for oneDNN, or None
 
     def select(self, keep: Tensor) -> EngineMemory:
-        """The memory of sentences `keep` (the step weight is shared by all sentences)."""
+        """The memory of sentences `keep` (the step weights, packed or not, are shared by all
+        sentences)."""
         return self._replace(decoder=self.decoder.select(keep),
                              values=self.values.index_select(0, keep))
 
@@ -78,9 +82,17 @@ class DecoderEngine:
         self.decoder = decoder
         self.sequence_grads = sequence_grads
 
-    def prepare(self, memory: DecoderMemory) -> EngineMemory:
+    def prepare(self, memory: DecoderMemory, *, for_search: bool = False) -> EngineMemory:
         """Once per batch: the values [C; C_o] h_j (or [h_j; C_o h_j] while the GRU-input
-        dropout is active, see the module docstring) and the fused step weight."""
+        dropout is active, see the module docstring) and the fused step weight.
+
+        Args:
+            memory: from `AttentiveDecoder.init_state`.
+            for_search: the memory will be stepped (`step`, what a search calls): pack the step
+                weight and W_o where `bahdanau.kernels.packed_linear` packs, laid out for the
+                B sentences' rows (a beam search steps B*K rows; any number runs). Teacher
+                forcing applies W_o once, after its loop, and packs nothing.
+        """
         dec = self.decoder
         source = memory.context if dec.attention is None else memory.annotations
         assert source is not None   # init_state builds the context exactly without attention
@@ -94,6 +106,8 @@ class DecoderEngine:
         if query_weight is not None:
             weight = torch.cat([query_weight, weight])
             bias = torch.cat([bias.new_zeros(query_weight.shape[0]), bias])
+        if not for_search:
+            return EngineMemory(memory, values, weight, bias, drop_context)
         rows = memory.mask.shape[0]                               # B sentences
         return EngineMemory(memory, values, weight, bias, drop_context,
                             packed_linear.pack_for_steps(weight, rows),

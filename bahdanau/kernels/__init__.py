@@ -28,7 +28,6 @@ from torch import Tensor
 from bahdanau.config import ATTENTION_IMPLS as IMPLS
 from bahdanau.errors import InputError
 from bahdanau.kernels.linear_cross_entropy import linear_cross_entropy
-from bahdanau.kernels.packed_linear import pack_for_steps
 from bahdanau.kernels.sigmoid_attention import sigmoid_attention_weights
 
 __all__ = [
@@ -37,7 +36,6 @@ __all__ = [
     "has_triton",
     "interpreting",
     "linear_cross_entropy",
-    "pack_for_steps",
     "resolve_impl",
     "sigmoid_attention_weights",
     "triton_unavailable_reason",

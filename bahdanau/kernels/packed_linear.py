@@ -4,29 +4,34 @@ A search applies the same few weights at every step to a few dozen rows (the sen
 sentences times the beams). For so few rows `F.linear` is bound by reading the weight: the BLAS
 packs the whole weight into its kernel's layout at every call (W_o is 10 MB at the small
 preset). oneDNN can reorder a weight once into the blocked layout its kernels read
-(`torch.ops.mkldnn._reorder_linear_weight`, what `torch.compile` uses for frozen CPU weights);
+(`torch.ops.mkldnn._reorder_linear_weight`, what inductor uses for frozen CPU weights);
 each step then reads it as it is. On a 2-core CPU at the small preset this made greedy search
 about 1.5x and beam-5 search about 1.25x faster (examples/benchmarks/bench_search.py).
 
 `pack_for_steps` chooses once, when a search prepares its memory: the packed form for float32
-CPU tensors under `torch.inference_mode`, where `BeamSearch` and evaluation decode, if this build
-of torch has oneDNN; None (plain `F.linear`) otherwise. The packed op has no backward, and a
-program traced for export must not hold a packed weight, so training, `torch.no_grad` and
-tracing never pack. Both forms compute the same products; only the order of the sums differs,
-so results differ in the last bits (tests/unit/test_packed_linear.py holds them to `F.linear`
-in float32; float64 never packs).
+CPU weights under `torch.inference_mode` (where `BeamSearch` and evaluation decode), without
+autocast, with `torch.backends.mkldnn.enabled` and where this build of torch has the two ops;
+None (plain `F.linear`) otherwise. The packed op has no backward and takes float32 inputs only,
+and a traced program must not capture an opaque packed weight: so training, `torch.no_grad`,
+autocast, `torch.compile` and `torch.export` never pack, and `linear` takes `F.linear` for an
+input of another dtype. Both forms compute the same products; only the order of the sums
+differs, so results differ in the last bits (tests/unit/test_packed_linear.py holds them to
+`F.linear` in float32; float64 never packs).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 
-def _has_packed_ops() -> bool:
+@functools.cache
+def available() -> bool:
     """Whether this build of torch has the two oneDNN ops and they compute `F.linear` here (one
-    tiny product, once per process)."""
+    tiny product, the first time it is asked)."""
     if not (torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
             and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
@@ -41,32 +46,31 @@ def _has_packed_ops() -> bool:
     return bool(torch.allclose(got, F.linear(x, weight)))
 
 
-HAS_PACKED_LINEAR = _has_packed_ops()
-
-
-def packs(weight: Tensor) -> bool:
-    """Whether `pack_for_steps` packs `weight`: float32 on a CPU, under inference mode,
-    oneDNN present, and not inside `torch.compile` (which packs frozen weights itself)."""
-    return (HAS_PACKED_LINEAR and weight.device.type == "cpu" and weight.dtype == torch.float32
-            and torch.is_inference_mode_enabled() and not torch.compiler.is_compiling())
+def _packs(weight: Tensor) -> bool:
+    """Whether `pack_for_steps` packs `weight` (see the module docstring)."""
+    return (weight.device.type == "cpu" and weight.dtype == torch.float32
+            and torch.is_inference_mode_enabled() and bool(torch.backends.mkldnn.enabled)
+            and not torch.is_autocast_enabled("cpu") and not torch.compiler.is_compiling()
+            and available())
 
 
 def pack_for_steps(weight: Tensor, rows: int) -> Tensor | None:
-    """`weight` (out, in) reordered for `linear`, or None where it is not packed (`packs`).
+    """`weight` (out, in) reordered for `linear`, or None where it is not packed.
 
     Args:
-        weight: (out, in), as `F.linear` takes it.
+        weight: (out, in), as `F.linear` takes it. The packed copy is a snapshot: it stays
+            valid only while `weight` does not change.
         rows: the rows the steps will mostly have (oneDNN picks its layout for them; any
             number runs).
     """
-    if not packs(weight):
+    if not _packs(weight):
         return None
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), rows)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None, packed: Tensor | None) -> Tensor:
     """`F.linear(x, weight, bias)` for (N, in) `x`, through `packed` (`pack_for_steps` of
-    `weight`) when there is one."""
-    if packed is None:
+    `weight`) when there is one and `x` is float32."""
+    if packed is None or x.dtype != torch.float32:
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")

@@ -1,9 +1,10 @@
 """The step matmuls with oneDNN-packed weights against `F.linear` and the reference decoder.
 
-Packing runs only for float32 CPU tensors under inference mode; there the packed product must
-equal `F.linear` to float32 rounding, and a search through the packed engine must find what
-the reference decoder finds. Everywhere else nothing is packed, so the float64 tests of
-tests/unit/test_engine.py cover the unpacked path.
+Packing runs only for float32 CPU tensors under inference mode, for a search; there the packed
+product must equal `F.linear` to float32 rounding, and a search through the packed engine must
+find what the reference decoder finds. Everywhere else (autograd, no_grad, autocast, float64,
+teacher forcing, export) nothing is packed, so the float64 tests of tests/unit/test_engine.py
+cover the unpacked path.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import torch.nn.functional as F
 
 from bahdanau import BeamSearch, RNNSearch, presets
 from bahdanau.kernels import packed_linear
+from bahdanau.serving import export_programs
 
-needs_onednn = pytest.mark.skipif(not packed_linear.HAS_PACKED_LINEAR,
+needs_onednn = pytest.mark.skipif(not packed_linear.available(),
                                   reason="this build of torch has no oneDNN linear ops")
 
 
@@ -37,15 +39,23 @@ def test_packed_product_equals_f_linear_for_any_number_of_rows(bias) -> None:
         x = torch.randn(40, 96, generator=gen)[:, ::2]   # a strided input
         torch.testing.assert_close(packed_linear.linear(x, weight, b, packed),
                                    F.linear(x, weight, b), rtol=1e-5, atol=1e-5)
+        x = torch.randn(5, 48, generator=gen).double()    # another dtype: F.linear's answer
+        b64 = None if b is None else b.double()
+        assert torch.equal(packed_linear.linear(x, weight.double(), b64, packed),
+                           F.linear(x, weight.double(), b64))
 
 
-def test_nothing_is_packed_outside_inference_mode_or_for_float64() -> None:
+def test_nothing_is_packed_outside_inference_mode_or_for_float64(monkeypatch) -> None:
     weight = torch.randn(6, 4)
     assert packed_linear.pack_for_steps(weight, 2) is None              # autograd on
     with torch.no_grad():                                               # traceable for export
         assert packed_linear.pack_for_steps(weight, 2) is None
     with torch.inference_mode():
         assert packed_linear.pack_for_steps(weight.double(), 2) is None
+        with torch.autocast("cpu", dtype=torch.bfloat16):              # bf16 inputs
+            assert packed_linear.pack_for_steps(weight, 2) is None
+        monkeypatch.setattr(torch.backends.mkldnn, "enabled", False)   # oneDNN switched off
+        assert packed_linear.pack_for_steps(weight, 2) is None
     x = torch.randn(3, 4, requires_grad=True)
     packed_linear.linear(x, weight, None, None).sum().backward()       # F.linear: differentiable
     torch.testing.assert_close(x.grad, weight.sum(0).expand(3, 4))
@@ -70,8 +80,13 @@ def test_search_through_packed_weights_equals_the_reference_decoder() -> None:
     src = torch.randint(4, 30, (4, 7), generator=gen)
     src[torch.arange(7) >= src_lengths[:, None]] = 0
     with torch.inference_mode():
+        assert fast(src, src_lengths, src[:, :3]).dtype == torch.float32   # teacher forcing:
+        state, memory = fast._encode(src, src_lengths)                     # nothing packed
+        assert memory.packed_step is None and memory.packed_output is None
         state, memory = fast.encode(src, src_lengths)
         assert memory.packed_step is not None and memory.packed_output is not None
+        kept = memory.select(torch.tensor([0, 2]))
+        assert kept.packed_step is memory.packed_step and kept.packed_output is memory.packed_output
         ref_state, ref_memory = reference.encode(src, src_lengths)
         tokens = torch.full((4,), 1)
         for _ in range(4):
@@ -85,3 +100,20 @@ def test_search_through_packed_weights_equals_the_reference_decoder() -> None:
         for hyp, ref in zip(hyps, ref_hyps, strict=True):
             assert hyp.tokens == ref.tokens
             assert hyp.score == pytest.approx(ref.score, abs=1e-4)
+
+
+@needs_onednn
+def test_search_under_autocast_and_export_inside_inference_mode(tmp_path) -> None:
+    """Neither packs: a bf16 autocast search runs as without packing, and programs exported
+    inside a caller's inference mode hold no packed weight (they can be saved)."""
+    net, gen = model("fast"), torch.Generator().manual_seed(2)
+    src, src_lengths = torch.randint(4, 30, (3, 5), generator=gen), torch.tensor([5, 5, 5])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        hyps = BeamSearch(beam_size=2, max_len=4)(net, src, src_lengths)
+    assert [len(h) for h in hyps] == [1, 1, 1]
+    with torch.inference_mode():
+        programs = export_programs(net)
+    graph = str(programs.step.graph)
+    assert "mkldnn" not in graph and "linear_pointwise" not in graph
+    torch.export.save(programs.step, tmp_path / "step.pt2")           # opaque tensors cannot
+    assert (tmp_path / "step.pt2").stat().st_size > 0                   # be saved
