@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import pytest
 import torch
+from search_asserts import assert_same_hypotheses
 from torch import Tensor, nn
 
 from bahdanau import (
@@ -170,13 +171,8 @@ def test_engine_logits_steps_and_search_equal_the_reference(attention, form) -> 
         torch.testing.assert_close(out.logits, logits[:, i], rtol=1e-10, atol=1e-10)
         state = out.state
     search = BeamSearch(beam_size=3, n_best=2, max_len=6)
-    for hyps, ref_hyps in zip(search(fast, src, src_lengths), search(reference, src, src_lengths),
-                              strict=True):
-        for hyp, ref in zip(hyps, ref_hyps, strict=True):
-            assert hyp.tokens == ref.tokens
-            assert hyp.score == pytest.approx(ref.score, abs=1e-10)
-            if ref.attention is not None:
-                torch.testing.assert_close(hyp.attention, ref.attention, rtol=1e-9, atol=1e-10)
+    assert_same_hypotheses(search(fast, src, src_lengths), search(reference, src, src_lengths),
+                           tol=1e-10)
 
 
 @pytest.mark.parametrize("form", FORMS)

@@ -14,6 +14,7 @@ import re
 
 import pytest
 import torch
+from search_asserts import assert_same_hypotheses
 from training_fixtures import TINY_VOCAB, tiny_model
 
 from bahdanau import BeamSearch, Ensemble, RNNEncDec, RNNSearch, greedy_search, presets
@@ -38,22 +39,11 @@ def random_model(cls=RNNSearch, seed: int = 0, **changes):
     return model.eval()
 
 
-def _same(a, b, exact: bool = True) -> None:
-    for hyps_a, hyps_b in zip(a, b, strict=True):
-        for x, y in zip(hyps_a, hyps_b, strict=True):
-            assert x.tokens == y.tokens
-            if exact:
-                assert (x.log_prob, x.score) == (y.log_prob, y.score)
-                assert torch.equal(x.attention, y.attention)
-            else:
-                assert math.isclose(x.log_prob, y.log_prob, rel_tol=0, abs_tol=1e-9)
-                torch.testing.assert_close(x.attention, y.attention)
-
-
 @pytest.mark.parametrize("model", [random_model(seed=1), tiny_model(0).eval()])
 def test_ensemble_of_one_decodes_exactly_as_the_model(model) -> None:
     search = BeamSearch(beam_size=3, n_best=2, max_len=7)
-    _same(search(Ensemble([model]), SRC, LENGTHS), search(model, SRC, LENGTHS))
+    assert_same_hypotheses(search(Ensemble([model]), SRC, LENGTHS),
+                           search(model, SRC, LENGTHS))
     assert [h.tokens for h in greedy_search(Ensemble([model]), SRC, LENGTHS, max_len=7)] == [
         h.tokens for h in greedy_search(model, SRC, LENGTHS, max_len=7)]
 
@@ -61,8 +51,8 @@ def test_ensemble_of_one_decodes_exactly_as_the_model(model) -> None:
 def test_ensemble_of_two_copies_decodes_as_one() -> None:
     model = random_model(seed=2)
     search = BeamSearch(beam_size=4, n_best=3, max_len=8, length_penalty="average")
-    _same(search(Ensemble([model, copy.deepcopy(model)]), SRC, LENGTHS),
-          search(model, SRC, LENGTHS), exact=False)
+    assert_same_hypotheses(search(Ensemble([model, copy.deepcopy(model)]), SRC, LENGTHS),
+                           search(model, SRC, LENGTHS), tol=1e-9)
 
 
 def test_step_is_log_of_mean_probability_in_float64() -> None:

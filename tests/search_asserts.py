@@ -1,0 +1,25 @@
+"""Two searches' results compared hypothesis by hypothesis. Importable from any test module
+(`pythonpath = ["tests"]`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from bahdanau.search import Hypothesis
+
+
+def assert_same_hypotheses(got: Sequence[Sequence[Hypothesis]],
+                           want: Sequence[Sequence[Hypothesis]], *, tol: float = 0.0) -> None:
+    """The same hypotheses for every sentence, in the same order: equal tokens, and scores,
+    log-probabilities and attention within `tol` (0: equal)."""
+    for hyps, ref_hyps in zip(got, want, strict=True):
+        for hyp, ref in zip(hyps, ref_hyps, strict=True):
+            assert hyp.tokens == ref.tokens
+            assert math.isclose(hyp.score, ref.score, rel_tol=0, abs_tol=tol)
+            assert math.isclose(hyp.log_prob, ref.log_prob, rel_tol=0, abs_tol=tol)
+            assert (hyp.attention is None) == (ref.attention is None)
+            if ref.attention is not None:
+                torch.testing.assert_close(hyp.attention, ref.attention, rtol=0, atol=tol)
