@@ -72,6 +72,17 @@ def select_sentences(memory: Any, keep: Tensor) -> Any:
     return memory
 
 
+LinearWeights = tuple[Tensor, Tensor | None]   # a linear map's (out, in) weight and its bias
+
+
+def linear_weights(layer: nn.Module) -> LinearWeights | None:
+    """A plain `nn.Linear`'s weight and bias, and None for any other layer (a subclass, a
+    wrapper): what a fused path may read in place of calling `layer` (see `AttentiveDecoder`)."""
+    if type(layer) is not nn.Linear:
+        return None
+    return layer.weight, layer.bias
+
+
 class StepOutput(NamedTuple):
     """Result of one decoder step for N rows (N = B, or B*K with beams)."""
 
@@ -111,6 +122,14 @@ class AttentiveDecoder(nn.Module):
         drops_rnn_inputs()    whether dropout on the GRU's inputs is active (C then maps the
                               dropped c_i, so [C; C_o] h_j cannot be precomputed)
         output_weights()      W_o and its bias, for a loss that projects in row chunks
+        input_weights()       [W_r; W_z; W] and its bias, `input_gates`'s
+        readout_weights()     U_o's and V_o's: `readout` is `deep_output` of
+                              U_o s_{i-1} + b + V_o E y_{i-1} + C_o c_i
+
+    The weights are offered only while their layers are plain `nn.Linear`s (`linear_weights`),
+    and None otherwise: a wrapper (LoRA, quantisation) may expose its base layer's `weight`
+    without its own change, so a wrapped layer is called, never read. A subclass that knows
+    what its wrapped layers hold may offer their weights by overriding these methods.
 
     Inputs are not validated here beyond ranks and sizes: the model checks a batch's values once,
     at its door (`RNNSearch.check_batch`), and the decoder trusts what it is given.
@@ -257,11 +276,14 @@ class AttentiveDecoder(nn.Module):
         """The (R, D) rows of [U_r; U_z; U] that multiply s_{i-1} directly, and their bias."""
         return self.weight_hh[:self.recurrent_rows], self.bias_hh[:self.recurrent_rows]
 
-    def value_weight(self) -> Tensor:
+    def value_weight(self) -> Tensor | None:
         """The (3D + 2L, 2H) stacked [C; C_o]: c_i enters the step only through these two
         bias-free maps (C into the GRU's gates, C_o into the deep output), so
-        [C; C_o] c_i = value_weight() @ c_i."""
-        return torch.cat([self.context_gates.weight, self.readout_context.weight])
+        [C; C_o] c_i = value_weight() @ c_i. None unless both are plain bias-free layers."""
+        gates, readout = linear_weights(self.context_gates), linear_weights(self.readout_context)
+        if gates is None or readout is None or gates[1] is not None or readout[1] is not None:
+            return None
+        return torch.cat([gates[0], readout[0]])
 
     def drops_rnn_inputs(self) -> bool:
         """True while dropout on the GRU's inputs is active (training, `dropout_rnn_inputs` > 0):
@@ -269,9 +291,19 @@ class AttentiveDecoder(nn.Module):
         c_i."""
         return self.training and self.rnn_input_dropout.p > 0
 
-    def output_weights(self) -> tuple[Tensor, Tensor]:
-        """W_o's (V, L) weight and (V,) bias: `output(t) == t @ W_o.T + b_o`."""
-        return self.output.weight, self.output.bias
+    def output_weights(self) -> LinearWeights | None:
+        """W_o's (V, L) weight and (V,) bias: `output(t) == F.linear(t, *output_weights())`."""
+        return linear_weights(self.output)
+
+    def input_weights(self) -> LinearWeights | None:
+        """[W_r; W_z; W]'s (3D, E) weight and (3D,) bias: `input_gates(x) == F.linear(x, *it)`."""
+        return linear_weights(self.input_gates)
+
+    def readout_weights(self) -> tuple[LinearWeights, LinearWeights] | None:
+        """U_o's and V_o's weights and biases, for `readout(s, e, r) ==
+        deep_output(F.linear(s, *U_o) + F.linear(e, *V_o) + r)`; None unless both are plain."""
+        state, embed = linear_weights(self.readout_state), linear_weights(self.readout_embed)
+        return None if state is None or embed is None else (state, embed)
 
     # ------------------------------------------------------------------ the GRU and deep output
     def update(self, x_gates: Tensor, h_gates: Tensor, hidden: Tensor) -> Tensor:
@@ -290,8 +322,11 @@ class AttentiveDecoder(nn.Module):
 
     def readout(self, hidden: Tensor, embedded: Tensor, context_readout: Tensor) -> Tensor:
         """Deep output t_i from s_{i-1}, E y_{i-1} and C_o c_i (any leading shape): (..., L)."""
-        t_tilde = (self.readout_state(hidden) + self.readout_embed(embedded)
-                   + context_readout)                             # (..., 2L)
+        return self.deep_output(self.readout_state(hidden) + self.readout_embed(embedded)
+                                + context_readout)
+
+    def deep_output(self, t_tilde: Tensor) -> Tensor:
+        """t_i from t~_i = U_o s_{i-1} + V_o E y_{i-1} + C_o c_i: (..., 2L) -> (..., L)."""
         t_tilde = self.deep_output_dropout(t_tilde)
         return self.dropout(functional.maxout(t_tilde))           # (..., L); logits: W_o t_i
 

@@ -17,11 +17,12 @@ Models choose once, at construction: `ModelConfig(engine="fast")` (the default) 
 trains through `DecoderEngine`; `engine="reference"` runs the paper-shaped decoder alone.
 """
 
-from bahdanau.engine.decoding import DecoderEngine, EngineMemory
+from bahdanau.engine.decoding import DecoderEngine, EngineMemory, PackedWeights
 from bahdanau.engine.sequence_grads import SequenceGrads
 
 __all__ = [
     "DecoderEngine",
     "EngineMemory",
+    "PackedWeights",
     "SequenceGrads",
 ]

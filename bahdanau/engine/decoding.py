@@ -16,14 +16,17 @@ What it does differently from the reference decoder, and why it is the same func
   ones for the loss).
 * Sequence-level gradient sums (`bahdanau.engine.sequence_grads`) for the step weight and the
   values, and the chunked cross-entropy (`bahdanau.kernels.linear_cross_entropy`) for the loss.
-* Packed step weights. For a search under inference mode on a CPU, `prepare` reorders the
-  step weight and W_o once for oneDNN (`bahdanau.kernels.packed_linear`), and every step's two
-  largest matmuls read them as they are.
+* Packed step weights. For a search under inference mode on a CPU, `prepare` reorders every
+  weight a step multiplies (the fused step weight, [W_r; W_z; W], U_o, V_o and W_o) once for
+  oneDNN (`bahdanau.kernels.packed_linear`), and every step's matmuls read them as they are.
 
-Dropout on the GRU inputs (`AttentiveDecoder`'s `dropout_rnn_inputs`) drops units of c_i itself,
-which C then maps: while it is active (`AttentiveDecoder.drops_rnn_inputs`) the values are
-[h_j; C_o h_j] instead, and each step applies C to the dropped c_i (one matmul per step, as the
-reference decoder).
+Where the precomputed values cannot stand for c_i, the values are the annotations h_j
+themselves and each step calls C and C_o on c_i, as the reference decoder does: while dropout on
+the GRU inputs (`AttentiveDecoder`'s `dropout_rnn_inputs`) is active
+(`AttentiveDecoder.drops_rnn_inputs`), since C maps the dropped c_i, and when the decoder offers
+no `AttentiveDecoder.value_weight` (a wrapped layer). Likewise a layer whose weights the
+decoder does not offer is called, never packed, and W_o's loss is then `F.cross_entropy` of
+its logits.
 
 The engine meets the decoder at its fusion seam (see `AttentiveDecoder`) and the attention at
 `bahdanau.attention.Attention`'s methods: it calls their layers and methods and never reads a
@@ -48,6 +51,19 @@ from bahdanau import functional
 from bahdanau.decoder import AttentiveDecoder, DecoderMemory, DecoderState, StepOutput
 from bahdanau.engine.sequence_grads import SequenceGrads
 from bahdanau.kernels import linear_cross_entropy, packed_linear
+from bahdanau.kernels.packed_linear import PackedLinear
+
+
+class PackedWeights(NamedTuple):
+    """The linear maps a search step applies, with their weights reordered for oneDNN; None
+    where one is not packed (not a float32 CPU search, or a layer the decoder does not offer
+    as weights): the step then calls `F.linear` or the layer."""
+
+    step: PackedLinear | None = None            # [W_a; U] s_{i-1} (`EngineMemory.step_weight`)
+    input: PackedLinear | None = None           # [W_r; W_z; W] E y_{i-1} + b
+    readout_state: PackedLinear | None = None   # U_o s_{i-1} + b
+    readout_embed: PackedLinear | None = None   # V_o E y_{i-1}
+    output: PackedLinear | None = None          # W_o t_i + b_o
 
 
 class EngineMemory(NamedTuple):
@@ -58,9 +74,8 @@ class EngineMemory(NamedTuple):
     values: Tensor                # (B, S, 3D + 2L) [C; C_o] h_j; RNNencdec: (B, 3D + 2L) [C; C_o] c
     step_weight: Tensor           # (P + R, D) [query_weight; U] (P = 0 without one), R = 3D | 2D
     step_bias: Tensor             # (P + R,) 0 for the query rows, then the GRU's recurrent bias
-    drop_context: bool = False    # values are [h_j; C_o h_j] (2H + 2L): C c_i after dropout
-    packed_step: Tensor | None = None     # step_weight reordered for oneDNN, or None
-    packed_output: Tensor | None = None   # W_o reordered for oneDNN, or None
+    calls_context: bool = False   # values are h_j (RNNencdec: c), and C, C_o are called on c_i
+    packed: PackedWeights = PackedWeights()     # for a search (`prepare(for_search=True)`)
 
     def select(self, keep: Tensor) -> EngineMemory:
         """The memory of sentences `keep` (the step weights, packed or not, are shared by all
@@ -83,47 +98,51 @@ class DecoderEngine:
         self.sequence_grads = sequence_grads
 
     def prepare(self, memory: DecoderMemory, *, for_search: bool = False) -> EngineMemory:
-        """Once per batch: the values [C; C_o] h_j (or [h_j; C_o h_j] while the GRU-input
-        dropout is active, see the module docstring) and the fused step weight.
+        """Once per batch: the values [C; C_o] h_j (or h_j, see the module docstring) and the
+        fused step weight.
 
         Args:
             memory: from `AttentiveDecoder.init_state`.
-            for_search: the memory will be stepped (`step`, what a search calls): pack the step
-                weight and W_o where `bahdanau.kernels.packed_linear` packs, laid out for the
-                B sentences' rows (a beam search steps B*K rows; any number runs). Teacher
-                forcing applies W_o once, after its loop, and packs nothing.
+            for_search: the memory will be stepped (`step`, what a search calls): pack the
+                weights a step multiplies where `bahdanau.kernels.packed_linear` packs, laid out
+                for the B sentences' rows (a beam search steps B*K rows; any number runs).
+                Teacher forcing applies most of them once, outside its loop, and packs nothing.
         """
         dec = self.decoder
         source = memory.context if dec.attention is None else memory.annotations
         assert source is not None   # init_state builds the context exactly without attention
-        drop_context = dec.drops_rnn_inputs()
-        if drop_context:
-            values = torch.cat([source, dec.readout_context(source)], -1)   # (B, [S,] 2H + 2L)
-        else:
-            values = F.linear(source, dec.value_weight())         # (B, [S,] 3D + 2L)
+        value_weight = None if dec.drops_rnn_inputs() else dec.value_weight()
+        values = source if value_weight is None else F.linear(source, value_weight)
         weight, bias = dec.recurrent_weights()
         query_weight = None if dec.attention is None else dec.attention.query_weight()
         if query_weight is not None:
             weight = torch.cat([query_weight, weight])
             bias = torch.cat([bias.new_zeros(query_weight.shape[0]), bias])
+        prepared = EngineMemory(memory, values, weight, bias, value_weight is None)
         if not for_search:
-            return EngineMemory(memory, values, weight, bias, drop_context)
+            return prepared
         rows = memory.mask.shape[0]                               # B sentences
-        return EngineMemory(memory, values, weight, bias, drop_context,
-                            packed_linear.pack_for_steps(weight, rows),
-                            packed_linear.pack_for_steps(dec.output_weights()[0], rows))
+        readout = dec.readout_weights() or (None, None)
+        return prepared._replace(packed=PackedWeights(*(
+            packed_linear.pack(weights, rows) for weights in (
+                (weight, bias), dec.input_weights(), *readout, dec.output_weights()))))
 
     def step(self, prev_tokens: Tensor, state: DecoderState, memory: EngineMemory
              ) -> StepOutput:
         """`AttentiveDecoder.step`, from the engine's memory."""
-        dec = self.decoder
+        dec, packed = self.decoder, memory.packed
         embedded = dec.dropout(dec.embedding(prev_tokens))        # (N, E)
         h_gates, gate_terms, readout_terms, weights, attention_state = self._attend(
             state, memory, None)
-        x_gates = dec.input_gates(dec.rnn_input_dropout(embedded)) + gate_terms
+        x = dec.rnn_input_dropout(embedded)
+        x_gates = (dec.input_gates(x) if packed.input is None else packed.input(x)) + gate_terms
         hidden = dec.update(x_gates, h_gates, state.hidden)
-        features = dec.readout(state.hidden, embedded, readout_terms)
-        logits = packed_linear.linear(features, *dec.output_weights(), memory.packed_output)
+        if packed.readout_state is None or packed.readout_embed is None:
+            features = dec.readout(state.hidden, embedded, readout_terms)
+        else:                                                     # `dec.readout`, packed
+            features = dec.deep_output(packed.readout_state(state.hidden)
+                                       + packed.readout_embed(embedded) + readout_terms)
+        logits = dec.output(features) if packed.output is None else packed.output(features)
         return StepOutput(logits, DecoderState(hidden, attention_state), weights)
 
     def features(self, tgt_in: Tensor, state: DecoderState, memory: EngineMemory, *,
@@ -172,18 +191,19 @@ class DecoderEngine:
         """Summed NLL of `tgt_out` (pad ignored) and the number of target tokens.
 
         Only the non-pad positions are projected onto the vocabulary, in row chunks
-        (`linear_cross_entropy`); while compiling, every position through `F.cross_entropy`.
-        The ids of `tgt_in` and `tgt_out` are the caller's to check (`RNNSearch.loss` does, at
-        its door).
+        (`linear_cross_entropy`); while compiling, or when the decoder offers no W_o (a wrapped
+        layer), every position through its `output` and `F.cross_entropy`. The ids of `tgt_in`
+        and `tgt_out` are the caller's to check (`RNNSearch.loss` does, at its door).
         """
         dec = self.decoder
-        if torch.compiler.is_compiling():                         # no data-dependent shapes
+        output = dec.output_weights()
+        if output is None or torch.compiler.is_compiling():     # no data-dependent shapes
             features, _ = self.features(tgt_in, state, memory)
             return functional.sequence_nll(dec.output(features), tgt_out, dec.pad_id,
                                            label_smoothing=label_smoothing)
         select = tgt_out != dec.pad_id
         features, _ = self.features(tgt_in, state, memory, select=select)   # (M, L)
-        loss = linear_cross_entropy(features, *dec.output_weights(), tgt_out[select],
+        loss = linear_cross_entropy(features, *output, tgt_out[select],
                                     label_smoothing=label_smoothing)
         return loss, select.sum()
 
@@ -192,13 +212,14 @@ class DecoderEngine:
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
         """From s_{i-1} (N rows): U s_{i-1}, C c_i (N, 3D), C_o c_i (N, 2L), a_ij and the
         attention's next state. With `grads`, the step matmul and the value mix go through it.
-        With `memory.drop_context`, C c_i is C of the dropped c_i."""
-        dec, hidden = self.decoder, state.hidden
-        if grads is None:
-            projected = packed_linear.linear(hidden, memory.step_weight, memory.step_bias,
-                                             memory.packed_step)
-        else:
+        With `memory.calls_context`, C and C_o are called on c_i."""
+        dec, hidden, packed_step = self.decoder, state.hidden, memory.packed.step
+        if grads is not None:
             projected = grads.project(hidden)                     # (N, P + R)
+        elif packed_step is None:
+            projected = F.linear(hidden, memory.step_weight, memory.step_bias)
+        else:
+            projected = packed_step(hidden)
         attention, weights, attention_state = dec.attention, None, None
         if attention is None:
             beams = hidden.shape[0] // memory.values.shape[0]
@@ -218,10 +239,9 @@ class DecoderEngine:
                 context_terms, weights = attention.attend(query, attention_memory, memory.values,
                                                           state.attention)
             attention_state = attention.next_state(state.attention, weights)
-        if memory.drop_context:                                   # [c_i; C_o c_i]
-            context, readout_terms = context_terms.split(
-                [dec.context_size, 2 * dec.maxout_size], 1)
-            gate_terms = dec.context_gates(dec.rnn_input_dropout(context))
+        if memory.calls_context:                                  # c_i itself
+            gate_terms = dec.context_gates(dec.rnn_input_dropout(context_terms))
+            readout_terms = dec.readout_context(context_terms)
         else:
             gate_terms, readout_terms = context_terms.split(
                 [3 * dec.hidden_size, 2 * dec.maxout_size], 1)

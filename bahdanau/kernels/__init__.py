@@ -9,7 +9,8 @@
   `linear_cross_entropy.linear_cross_entropy`, twin of `bahdanau.functional.sequence_nll`
   (tests/unit/test_linear_cross_entropy.py).
 * Step matmuls with weights reordered once for oneDNN (the engine's search steps on a CPU):
-  `packed_linear.linear` with `packed_linear.pack_for_steps`, twin of `torch.nn.functional.linear`
+  `packed_linear.linear` with `packed_linear.pack_for_steps` (or `packed_linear.pack`, a
+  `packed_linear.PackedLinear`), twin of `torch.nn.functional.linear`
   (tests/unit/test_packed_linear.py).
 
 Triton is imported lazily: `import bahdanau` never loads it. `resolve_impl` maps a requested

@@ -5,8 +5,10 @@ sentences times the beams). For so few rows `F.linear` is bound by reading the w
 packs the whole weight into its kernel's layout at every call (W_o is 10 MB at the small
 preset). oneDNN can reorder a weight once into the blocked layout its kernels read
 (`torch.ops.mkldnn._reorder_linear_weight`, what inductor uses for frozen CPU weights);
-each step then reads it as it is. On a 2-core CPU at the small preset this made greedy search
-about 1.5x and beam-5 search about 1.25x faster (examples/benchmarks/bench_search.py).
+each step then reads it as it is. On a 2-core CPU at the small preset, packing the step weight
+and W_o made greedy search about 1.5x and beam-5 search about 1.25x faster
+(examples/benchmarks/bench_search.py); packing the other three maps of a step as well (the GRU's
+input gates, U_o and V_o) added about 11% to greedy search and 4-8% to beam 5.
 
 `pack_for_steps` chooses once, when a search prepares its memory: the packed form for float32
 CPU weights under `torch.inference_mode` (where `BeamSearch` and evaluation decode), without
@@ -22,6 +24,7 @@ differs, so results differ in the last bits (tests/unit/test_packed_linear.py ho
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -74,3 +77,24 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None, packed: Tensor | None
     if packed is None or x.dtype != torch.float32:
         return F.linear(x, weight, bias)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed, bias, "none", [], "")
+
+
+class PackedLinear(NamedTuple):
+    """A linear map with its weight packed: called on (N, in) `x`, `F.linear(x, weight, bias)`."""
+
+    weight: Tensor                # (out, in)
+    bias: Tensor | None
+    packed: Tensor                # `pack_for_steps` of `weight`
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias, self.packed)
+
+
+def pack(weights: tuple[Tensor, Tensor | None] | None, rows: int) -> PackedLinear | None:
+    """A linear map's (weight, bias) with the weight packed for steps of `rows` rows, or None
+    where there are no weights (a layer that is called) or `pack_for_steps` does not pack."""
+    if weights is None:
+        return None
+    weight, bias = weights
+    packed = pack_for_steps(weight, rows)
+    return None if packed is None else PackedLinear(weight, bias, packed)

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import pytest
 import torch
+from adapted_layers import adapt
 from search_asserts import assert_same_hypotheses
 from torch import Tensor, nn
 
@@ -217,7 +218,8 @@ class FixedMask(nn.Module):
 @pytest.mark.parametrize("attention", ATTENTIONS)
 def test_engine_with_gru_input_dropout_equals_the_reference(attention) -> None:
     """While the GRU-input dropout is active the engine mixes h_j, not C h_j, and applies C to
-    the dropped c_i at each step: losses, gradients, logits and its own steps still agree."""
+    the dropped c_i (and C_o to c_i) at each step: losses, gradients, logits and its own steps
+    still agree."""
     fast, reference = twins(attention, "torch")
     for model in (fast, reference):
         model.decoder.rnn_input_dropout = FixedMask()
@@ -230,13 +232,13 @@ def test_engine_with_gru_input_dropout_equals_the_reference(attention) -> None:
     logits = reference(src, src_lengths, tgt_in)
     torch.testing.assert_close(fast(src, src_lengths, tgt_in), logits, rtol=1e-10, atol=1e-10)
     state, memory = fast.encode(src, src_lengths)
-    assert memory.drop_context and memory.values.shape[-1] == 16 + 2 * 6   # [h_j; C_o h_j]
+    assert memory.calls_context and memory.values.shape[-1] == 16        # h_j: C, C_o called
     for i in range(tgt_in.shape[1]):
         out = fast.step(tgt_in[:, i], state, memory)
         torch.testing.assert_close(out.logits, logits[:, i], rtol=1e-10, atol=1e-10)
         state = out.state
     fast.eval()
-    assert not fast.encode(src, src_lengths)[1].drop_context          # decoding: [C; C_o] h_j
+    assert not fast.encode(src, src_lengths)[1].calls_context         # decoding: [C; C_o] h_j
 
 
 def test_engine_is_chosen_once_at_construction() -> None:
@@ -381,6 +383,38 @@ def test_the_engine_meets_the_decoder_only_at_its_fusion_seam(drop) -> None:
     torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
     assert_same_gradients(fast, grads, ref_grads)
     src, src_lengths, tgt_in, _ = batch()
-    assert fast.encode(src, src_lengths)[1].drop_context == drop
+    assert fast.encode(src, src_lengths)[1].calls_context == drop
     torch.testing.assert_close(fast(src, src_lengths, tgt_in), reference(src, src_lengths, tgt_in),
                                rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("attention", ["additive/reference", "none"])
+def test_wrapped_layers_that_expose_their_base_weight_are_called(attention) -> None:
+    """LoRA-style wrappers that still expose the base layer's `weight`: the decoder offers none
+    of their weights, so the engine calls them, and still equals the reference (reading the base
+    weight would drop the low-rank change)."""
+    fast, reference = twins(attention, "torch")
+    for model in (fast, reference):
+        adapt(model.decoder)
+    decoder = fast.decoder
+    assert (decoder.value_weight(), decoder.output_weights(), decoder.input_weights(),
+            decoder.readout_weights()) == (None, None, None, None)
+    fast.train(), reference.train()
+    loss, n_tokens, grads = gradients(fast, label_smoothing=0.1)
+    ref_loss, ref_tokens, ref_grads = gradients(reference, label_smoothing=0.1)
+    assert int(n_tokens) == int(ref_tokens) == 11
+    torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
+    assert_same_gradients(fast, grads, ref_grads)
+    fast.eval(), reference.eval()
+    src, src_lengths, tgt_in, _ = batch()
+    logits = reference(src, src_lengths, tgt_in)
+    torch.testing.assert_close(fast(src, src_lengths, tgt_in), logits, rtol=1e-10, atol=1e-10)
+    state, memory = fast.encode(src, src_lengths)
+    assert memory.calls_context
+    for i in range(tgt_in.shape[1]):
+        out = fast.step(tgt_in[:, i], state, memory)
+        torch.testing.assert_close(out.logits, logits[:, i], rtol=1e-10, atol=1e-10)
+        state = out.state
+    search = BeamSearch(beam_size=3, n_best=2, max_len=6)
+    assert_same_hypotheses(search(fast, src, src_lengths), search(reference, src, src_lengths),
+                           tol=1e-10)

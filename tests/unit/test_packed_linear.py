@@ -14,6 +14,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
+from adapted_layers import adapt
 from search_asserts import assert_same_hypotheses
 
 from bahdanau import BeamSearch, RNNSearch, presets
@@ -83,11 +84,11 @@ def test_search_through_packed_weights_equals_the_reference_decoder() -> None:
     with torch.inference_mode():
         assert fast(src, src_lengths, src[:, :3]).dtype == torch.float32   # teacher forcing:
         state, memory = fast._encode(src, src_lengths)                     # nothing packed
-        assert memory.packed_step is None and memory.packed_output is None
+        assert all(packed is None for packed in memory.packed)
         state, memory = fast.encode(src, src_lengths)
-        assert memory.packed_step is not None and memory.packed_output is not None
+        assert all(packed is not None for packed in memory.packed)         # all five maps
         kept = memory.select(torch.tensor([0, 2]))
-        assert kept.packed_step is memory.packed_step and kept.packed_output is memory.packed_output
+        assert kept.packed is memory.packed
         ref_state, ref_memory = reference.encode(src, src_lengths)
         tokens = torch.full((4,), 1)
         for _ in range(4):
@@ -95,6 +96,24 @@ def test_search_through_packed_weights_equals_the_reference_decoder() -> None:
                                                                        ref_memory)
             torch.testing.assert_close(out.logits, ref.logits, rtol=1e-5, atol=1e-5)
             state, ref_state, tokens = out.state, ref.state, ref.logits.argmax(-1)
+    search = BeamSearch(beam_size=3, n_best=2, max_len=8)
+    assert_same_hypotheses(search(fast, src, src_lengths), search(reference, src, src_lengths),
+                           tol=1e-4)
+
+
+@needs_onednn
+def test_wrapped_layers_are_called_not_packed() -> None:
+    """LoRA-style wrappers exposing their base `weight`: only the step weight (the decoder's own
+    parameters and W_a) is packed, and the search still finds what the reference finds."""
+    fast, reference = model("fast"), model("reference")
+    reference.load_state_dict(fast.state_dict())
+    for net in (fast, reference):
+        adapt(net.decoder)
+    gen = torch.Generator().manual_seed(3)
+    src, src_lengths = torch.randint(4, 30, (3, 6), generator=gen), torch.tensor([6, 6, 6])
+    with torch.inference_mode():
+        packed = fast.encode(src, src_lengths)[1].packed
+    assert packed.step is not None and packed[1:] == (None, None, None, None)
     search = BeamSearch(beam_size=3, n_best=2, max_len=8)
     assert_same_hypotheses(search(fast, src, src_lengths), search(reference, src, src_lengths),
                            tol=1e-4)
