@@ -26,7 +26,8 @@ Two optional hooks let an attention offer more than calls:
 
 * `query_weight()`: the plain (P, D) matrix W when `project_query(s)` is `s @ W.T`. The engine
   then stacks W with the GRU's recurrent matrix, one matmul of s_{i-1} per step. None (the
-  default) when the projection is anything else (a LoRA-wrapped linear, an MLP, the identity).
+  default) when the projection is anything else (a LoRA-wrapped linear, an MLP, the identity):
+  only a plain layer's weight is offered (`linear_weights`, `bias_free_weight`).
 * `mixes_values(memory)`: True when `attend` mixes the values inside a fused kernel. Callers that
   sum the value gradients over a whole sequence themselves then leave mixing to `attend`.
 
@@ -51,6 +52,24 @@ from bahdanau import functional
 from bahdanau._checks import check_dims, check_sizes, check_tensor
 from bahdanau.errors import InputError
 from bahdanau.kernels import IMPLS, resolve_impl, sigmoid_attention_weights
+
+LinearWeights = tuple[Tensor, Tensor | None]   # a linear map's (out, in) weight and its bias
+
+
+def linear_weights(layer: nn.Module) -> LinearWeights | None:
+    """A plain `nn.Linear`'s weight and bias, and None for any other layer (a subclass, a
+    wrapper): what a fused path may read in place of calling `layer`. A wrapper (LoRA,
+    quantisation) may still expose its base layer's `weight` without its own change, so only a
+    plain layer's weight is offered; anything else must be called."""
+    if type(layer) is not nn.Linear:
+        return None
+    return layer.weight, layer.bias
+
+
+def bias_free_weight(layer: nn.Module) -> Tensor | None:
+    """A plain bias-free `nn.Linear`'s weight W (`layer(x) == x @ W.T`), else None."""
+    weights = linear_weights(layer)
+    return weights[0] if weights is not None and weights[1] is None else None
 
 
 class AttentionStep(NamedTuple):
@@ -228,9 +247,8 @@ class AdditiveAttention(Attention):
         return self.W_a(query)
 
     def query_weight(self) -> Tensor | None:
-        """W_a's (A, D) weight while W_a is a plain bias-free `nn.Linear`."""
-        plain = type(self.W_a) is nn.Linear and self.W_a.bias is None
-        return self.W_a.weight if plain else None
+        """W_a's (A, D) weight while W_a is a plain bias-free `nn.Linear` (`bias_free_weight`)."""
+        return bias_free_weight(self.W_a)
 
     def weights(self, query: Tensor, memory: AdditiveMemory, state: Tensor | None = None
                 ) -> Tensor:
@@ -313,8 +331,9 @@ class LuongAttention(Attention):
         return query if self.W_a is None else self.W_a(query)
 
     def query_weight(self) -> Tensor | None:
-        """W_a's (2H, D) weight for "general"; None for "dot" (no projection to fuse)."""
-        return None if self.W_a is None else self.W_a.weight
+        """W_a's (2H, D) weight for "general" while W_a is a plain bias-free `nn.Linear`
+        (`bias_free_weight`); None for "dot" (no projection to fuse) and a wrapped W_a."""
+        return None if self.W_a is None else bias_free_weight(self.W_a)
 
     def weights(self, query: Tensor, memory: LuongMemory, state: Tensor | None = None
                 ) -> Tensor:

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from bahdanau import functional
 from bahdanau._checks import check_dims, check_tensor
-from bahdanau.attention import Attention
+from bahdanau.attention import Attention, LinearWeights, bias_free_weight, linear_weights
 from bahdanau.config import GRU_FORMS
 from bahdanau.encoder import init_recurrent_
 from bahdanau.errors import InputError
@@ -70,17 +70,6 @@ def select_sentences(memory: Any, keep: Tensor) -> Any:
         fields = [select_sentences(field, keep) for field in memory]
         return type(memory)(*fields) if hasattr(memory, "_fields") else tuple(fields)
     return memory
-
-
-LinearWeights = tuple[Tensor, Tensor | None]   # a linear map's (out, in) weight and its bias
-
-
-def linear_weights(layer: nn.Module) -> LinearWeights | None:
-    """A plain `nn.Linear`'s weight and bias, and None for any other layer (a subclass, a
-    wrapper): what a fused path may read in place of calling `layer` (see `AttentiveDecoder`)."""
-    if type(layer) is not nn.Linear:
-        return None
-    return layer.weight, layer.bias
 
 
 class StepOutput(NamedTuple):
@@ -126,9 +115,10 @@ class AttentiveDecoder(nn.Module):
         readout_weights()     U_o's and V_o's: `readout` is `deep_output` of
                               U_o s_{i-1} + b + V_o E y_{i-1} + C_o c_i
 
-    The weights are offered only while their layers are plain `nn.Linear`s (`linear_weights`),
-    and None otherwise: a wrapper (LoRA, quantisation) may expose its base layer's `weight`
-    without its own change, so a wrapped layer is called, never read. A subclass that knows
+    The weights are offered only while their layers are plain `nn.Linear`s
+    (`bahdanau.attention.linear_weights`), and None otherwise: a wrapper (LoRA, quantisation) may
+    expose its base layer's `weight` without its own change, so a wrapped layer is called, never
+    read. A subclass that knows
     what its wrapped layers hold may offer their weights by overriding these methods.
 
     Inputs are not validated here beyond ranks and sizes: the model checks a batch's values once,
@@ -280,10 +270,9 @@ class AttentiveDecoder(nn.Module):
         """The (3D + 2L, 2H) stacked [C; C_o]: c_i enters the step only through these two
         bias-free maps (C into the GRU's gates, C_o into the deep output), so
         [C; C_o] c_i = value_weight() @ c_i. None unless both are plain bias-free layers."""
-        gates, readout = linear_weights(self.context_gates), linear_weights(self.readout_context)
-        if gates is None or readout is None or gates[1] is not None or readout[1] is not None:
-            return None
-        return torch.cat([gates[0], readout[0]])
+        gates = bias_free_weight(self.context_gates)
+        readout = bias_free_weight(self.readout_context)
+        return None if gates is None or readout is None else torch.cat([gates, readout])
 
     def drops_rnn_inputs(self) -> bool:
         """True while dropout on the GRU's inputs is active (training, `dropout_rnn_inputs` > 0):

@@ -38,6 +38,10 @@ class LowRankAdapted(nn.Module):
 
 
 def adapt(decoder: nn.Module) -> None:
-    """Wrap every one of the decoder's linear layers in a `LowRankAdapted`."""
+    """Wrap every one of the decoder's linear layers, and its attention's query projection W_a
+    if it has one, in a `LowRankAdapted`."""
     for name in DECODER_LINEARS:
         setattr(decoder, name, LowRankAdapted(getattr(decoder, name)))
+    attention = decoder.attention
+    if getattr(attention, "W_a", None) is not None:
+        attention.W_a = LowRankAdapted(attention.W_a)

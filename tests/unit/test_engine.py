@@ -388,17 +388,18 @@ def test_the_engine_meets_the_decoder_only_at_its_fusion_seam(drop) -> None:
                                rtol=1e-10, atol=1e-10)
 
 
-@pytest.mark.parametrize("attention", ["additive/reference", "none"])
+@pytest.mark.parametrize("attention", ["additive/reference", "luong_general", "none"])
 def test_wrapped_layers_that_expose_their_base_weight_are_called(attention) -> None:
-    """LoRA-style wrappers that still expose the base layer's `weight`: the decoder offers none
-    of their weights, so the engine calls them, and still equals the reference (reading the base
-    weight would drop the low-rank change)."""
+    """LoRA-style wrappers that still expose the base layer's `weight`: the decoder and the
+    attention offer none of their weights, so the engine calls them, and still equals the
+    reference (reading the base weight would drop the low-rank change)."""
     fast, reference = twins(attention, "torch")
     for model in (fast, reference):
         adapt(model.decoder)
     decoder = fast.decoder
     assert (decoder.value_weight(), decoder.output_weights(), decoder.input_weights(),
             decoder.readout_weights()) == (None, None, None, None)
+    assert decoder.attention is None or decoder.attention.query_weight() is None
     fast.train(), reference.train()
     loss, n_tokens, grads = gradients(fast, label_smoothing=0.1)
     ref_loss, ref_tokens, ref_grads = gradients(reference, label_smoothing=0.1)
