@@ -101,9 +101,9 @@ class AttentiveDecoder(nn.Module):
         gru_form: "torch" (r * (U s + b)) or "paper" (U (r * s)); see `functional.gru_update`.
 
     The fusion seam. A fast twin of this decoder (`bahdanau.engine.DecoderEngine`) computes the
-    same function with the same parameters. It calls the decoder's layers and its `update` and
-    `readout`, and reads weights and settings only through these, never through its layers'
-    attributes:
+    same function with the same parameters. It calls the decoder's layers and its `update`,
+    `readout` and `deep_output`, and reads weights and settings only through these, never
+    through its layers' attributes:
 
         recurrent_rows        R, the rows of [U_r; U_z; U] that multiply s_{i-1} directly
         recurrent_weights()   those (R, D) rows and their bias; `update` takes their product
@@ -118,8 +118,8 @@ class AttentiveDecoder(nn.Module):
     The weights are offered only while their layers are plain `nn.Linear`s
     (`bahdanau.attention.linear_weights`), and None otherwise: a wrapper (LoRA, quantisation) may
     expose its base layer's `weight` without its own change, so a wrapped layer is called, never
-    read. A subclass that knows
-    what its wrapped layers hold may offer their weights by overriding these methods.
+    read. A subclass that knows what its wrapped layers hold may offer their weights by
+    overriding these methods.
 
     Inputs are not validated here beyond ranks and sizes: the model checks a batch's values once,
     at its door (`RNNSearch.check_batch`), and the decoder trusts what it is given.
