@@ -141,16 +141,32 @@ def assert_same_gradients(model, grads, ref_grads) -> None:
             torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12, msg=name)
 
 
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("attention", ATTENTIONS)
-def test_engine_loss_and_gradients_equal_the_reference(attention, form) -> None:
-    fast, reference = twins(attention, form)
+def assert_same_loss_and_gradients(fast, reference) -> None:
+    """In training mode, the engine's loss (label smoothing 0.1), token count and gradients
+    equal the reference's."""
     fast.train(), reference.train()
     loss, n_tokens, grads = gradients(fast, label_smoothing=0.1)
     ref_loss, ref_tokens, ref_grads = gradients(reference, label_smoothing=0.1)
     assert int(n_tokens) == int(ref_tokens) == 11
     torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
     assert_same_gradients(fast, grads, ref_grads)
+
+
+def assert_steps_equal_teacher_forcing(model, src, src_lengths, tgt_in, logits):
+    """The model's own `step`, position by position from `encode`, gives `logits` (B, T, V);
+    returns the memory `encode` built."""
+    state, memory = model.encode(src, src_lengths)
+    for i in range(tgt_in.shape[1]):
+        out = model.step(tgt_in[:, i], state, memory)
+        torch.testing.assert_close(out.logits, logits[:, i], rtol=1e-10, atol=1e-10)
+        state = out.state
+    return memory
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("attention", ATTENTIONS)
+def test_engine_loss_and_gradients_equal_the_reference(attention, form) -> None:
+    assert_same_loss_and_gradients(*twins(attention, form))
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -165,12 +181,7 @@ def test_engine_logits_steps_and_search_equal_the_reference(attention, form) -> 
     assert (weights is None) == (ref_weights is None) == (attention == "none")
     if weights is not None:
         torch.testing.assert_close(weights, ref_weights, rtol=1e-10, atol=1e-10)
-    # the engine's own step, row by row, equals its teacher forcing
-    state, memory = fast.encode(src, src_lengths)
-    for i in range(tgt_in.shape[1]):
-        out = fast.step(tgt_in[:, i], state, memory)
-        torch.testing.assert_close(out.logits, logits[:, i], rtol=1e-10, atol=1e-10)
-        state = out.state
+    assert_steps_equal_teacher_forcing(fast, src, src_lengths, tgt_in, logits)
     search = BeamSearch(beam_size=3, n_best=2, max_len=6)
     assert_same_hypotheses(search(fast, src, src_lengths), search(reference, src, src_lengths),
                            tol=1e-10)
@@ -185,11 +196,7 @@ def test_sequence_level_gradients_equal_per_step_autograd(attention, form) -> No
     per_step.engine = DecoderEngine(model.decoder, sequence_grads=False)
     _, _, summed = gradients(model)
     _, _, plain = gradients(per_step)
-    for (name, _), g, r in zip(model.named_parameters(), summed, plain, strict=True):
-        if r is None:
-            assert g is None or not g.any(), name
-        else:
-            torch.testing.assert_close(g, r, rtol=1e-10, atol=1e-12, msg=name)
+    assert_same_gradients(model, summed, plain)
 
 
 def test_sequence_level_gradients_with_retained_graph() -> None:
@@ -231,12 +238,8 @@ def test_engine_with_gru_input_dropout_equals_the_reference(attention) -> None:
     src, src_lengths, tgt_in, _ = batch()
     logits = reference(src, src_lengths, tgt_in)
     torch.testing.assert_close(fast(src, src_lengths, tgt_in), logits, rtol=1e-10, atol=1e-10)
-    state, memory = fast.encode(src, src_lengths)
+    memory = assert_steps_equal_teacher_forcing(fast, src, src_lengths, tgt_in, logits)
     assert memory.calls_context and memory.values.shape[-1] == 16        # h_j: C, C_o called
-    for i in range(tgt_in.shape[1]):
-        out = fast.step(tgt_in[:, i], state, memory)
-        torch.testing.assert_close(out.logits, logits[:, i], rtol=1e-10, atol=1e-10)
-        state = out.state
     fast.eval()
     assert not fast.encode(src, src_lengths)[1].calls_context         # decoding: [C; C_o] h_j
 
@@ -400,22 +403,13 @@ def test_wrapped_layers_that_expose_their_base_weight_are_called(attention) -> N
     assert (decoder.value_weight(), decoder.output_weights(), decoder.input_weights(),
             decoder.readout_weights()) == (None, None, None, None)
     assert decoder.attention is None or decoder.attention.query_weight() is None
-    fast.train(), reference.train()
-    loss, n_tokens, grads = gradients(fast, label_smoothing=0.1)
-    ref_loss, ref_tokens, ref_grads = gradients(reference, label_smoothing=0.1)
-    assert int(n_tokens) == int(ref_tokens) == 11
-    torch.testing.assert_close(loss, ref_loss, rtol=1e-12, atol=1e-12)
-    assert_same_gradients(fast, grads, ref_grads)
+    assert_same_loss_and_gradients(fast, reference)
     fast.eval(), reference.eval()
     src, src_lengths, tgt_in, _ = batch()
     logits = reference(src, src_lengths, tgt_in)
     torch.testing.assert_close(fast(src, src_lengths, tgt_in), logits, rtol=1e-10, atol=1e-10)
-    state, memory = fast.encode(src, src_lengths)
+    memory = assert_steps_equal_teacher_forcing(fast, src, src_lengths, tgt_in, logits)
     assert memory.calls_context
-    for i in range(tgt_in.shape[1]):
-        out = fast.step(tgt_in[:, i], state, memory)
-        torch.testing.assert_close(out.logits, logits[:, i], rtol=1e-10, atol=1e-10)
-        state = out.state
     search = BeamSearch(beam_size=3, n_best=2, max_len=6)
     assert_same_hypotheses(search(fast, src, src_lengths), search(reference, src, src_lengths),
                            tol=1e-10)
