@@ -103,8 +103,9 @@ def test_search_through_packed_weights_equals_the_reference_decoder() -> None:
 
 @needs_onednn
 def test_wrapped_layers_are_called_not_packed() -> None:
-    """LoRA-style wrappers exposing their base `weight`: only the step weight (the decoder's own
-    parameters and W_a) is packed, and the search still finds what the reference finds."""
+    """LoRA-style wrappers exposing their base `weight`: only the step weight is packed (the
+    GRU's recurrent rows, the decoder's own parameters; the wrapped W_a is called), and the
+    search still finds what the reference finds."""
     fast, reference = model("fast"), model("reference")
     reference.load_state_dict(fast.state_dict())
     for net in (fast, reference):
