@@ -41,7 +41,8 @@ class _Member(Protocol):
     def encode(self, src: Tensor, src_lengths: Tensor, *, check: bool = True
                ) -> tuple[Any, Any]: ...
 
-    def step(self, prev_tokens: Tensor, state: Any, memory: Any) -> StepOutput: ...
+    def step(self, prev_tokens: Tensor, state: Any, memory: Any, *, check: bool = True
+             ) -> StepOutput: ...
 
 
 class EnsembleState(NamedTuple):
@@ -74,8 +75,8 @@ class Ensemble(nn.Module):
 
     Args:
         models: one or more models with `encode(src, src_lengths, check=...)` and
-            `step(prev_tokens, state, memory)` (`RNNSearch`, `RNNEncDec`), on one device, and
-            with the same source and target vocabulary sizes and special ids (their
+            `step(prev_tokens, state, memory, check=...)` (`RNNSearch`, `RNNEncDec`), on one
+            device, and with the same source and target vocabulary sizes and special ids (their
             `.config`s').
     Raises:
         InputError: no model, something that is not a `torch.nn.Module` with `encode` and
@@ -143,22 +144,25 @@ class Ensemble(nn.Module):
             memories.append(memory)
         return EnsembleState(tuple(states)), EnsembleMemory(tuple(memories))
 
-    def step(self, prev_tokens: Tensor, state: EnsembleState, memory: EnsembleMemory
-             ) -> StepOutput:
+    def step(self, prev_tokens: Tensor, state: EnsembleState, memory: EnsembleMemory, *,
+             check: bool = True) -> StepOutput:
         """One step of every member, combined (see the module docstring).
 
         Args:
             prev_tokens: (N,) the previous target ids.
             state: N rows of every member's state.
             memory: the members' memories.
+            check: the members' check of the token ids' values (`RNNSearch.step`), made by the
+                first member alone; False (what `BeamSearch` passes) reads nothing back.
         Returns:
             (N, V) log of the mean of the members' probabilities as `logits` (the one member's
             logits for an ensemble of one), the new `EnsembleState`, and the (N, S) mean of
             the members' alignment weights (None if no member has attention).
         """
-        outputs = [model.step(prev_tokens, member_state, member_memory)
-                   for model, member_state, member_memory
-                   in zip(self._models(), state.members, memory.members, strict=True)]
+        outputs = [model.step(prev_tokens, member_state, member_memory, check=check and i == 0)
+                   for i, (model, member_state, member_memory)
+                   in enumerate(zip(self._models(), state.members, memory.members,
+                                    strict=True))]
         new_state = EnsembleState(tuple(out.state for out in outputs))
         if len(outputs) == 1:
             # StepOutput.state is typed DecoderState; an ensemble's is an EnsembleState with the

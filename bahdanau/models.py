@@ -66,7 +66,9 @@ class RNNSearch(nn.Module):
         # then checks the lengths against the padding itself) nor a `check` argument (which
         # lets the model skip the value checks it has made at its door).
         self._encoder_checks = callable(getattr(encoder, "check_inputs", None))
-        self._encoder_takes_check = "check" in inspect.signature(encoder.forward).parameters
+        encoder_args = inspect.signature(encoder.forward).parameters
+        self._encoder_takes_check = "check" in encoder_args
+        self._encoder_takes_sync_free = "sync_free" in encoder_args
 
     @property
     def vocab_sizes(self) -> tuple[int, int]:
@@ -114,11 +116,14 @@ class RNNSearch(nn.Module):
             self._check_at_door(src, src_lengths)
         return self._encode(src, src_lengths, for_search=True)
 
-    def _encode(self, src: Tensor, src_lengths: Tensor, *, for_search: bool = False
-                ) -> tuple[DecoderState, Any]:
+    def _encode(self, src: Tensor, src_lengths: Tensor, *, for_search: bool = False,
+                sync_free: bool = False) -> tuple[DecoderState, Any]:
         """`encode` of a batch whose values are checked (the door has run `check_batch`);
-        `for_search`: the memory will be stepped (`DecoderEngine.prepare`)."""
-        if self._encoder_takes_check:
+        `for_search`: the memory will be stepped (`DecoderEngine.prepare`); `sync_free`: the
+        encoder's path that reads nothing back to the host, where it has one."""
+        if self._encoder_takes_sync_free and sync_free:
+            annotations, mask = self.encoder(src, src_lengths, check=False, sync_free=True)
+        elif self._encoder_takes_check:
             annotations, mask = self.encoder(src, src_lengths, check=False)
         else:
             annotations, mask = self.encoder(src, src_lengths)
@@ -133,26 +138,31 @@ class RNNSearch(nn.Module):
         if not torch.compiler.is_compiling():
             self.check_batch(*batch)
 
-    def step(self, prev_tokens: Tensor, state: DecoderState, memory: Any) -> StepOutput:
+    def step(self, prev_tokens: Tensor, state: DecoderState, memory: Any, *,
+             check: bool = True) -> StepOutput:
         """One decoder step for N rows from `encode`'s memory (what `BeamSearch` calls).
 
         Args:
             prev_tokens: (N,) y_{i-1}, ids in [0, V).
             state: (N, D) s_{i-1} (`DecoderState`), from `encode` or the previous step.
             memory: `encode`'s memory of the B sentences (N is B, or B*K beams).
+            check: check the values of `prev_tokens` (one read of them back to the host). A
+                search that takes its tokens from the model's own vocabulary passes False, so
+                its steps read nothing back (`BeamSearch` does). Ranks and sizes are checked
+                either way.
         Returns:
             `StepOutput`: (N, V) logits, the next state, (N, S) weights (None for RNNencdec).
         Raises:
-            InputError: tokens of the wrong rank, dtype or value, or a state of the wrong shape
-                (cheap checks at this door: one read of the token ids, none under
+            InputError: tokens of the wrong rank, dtype or (with `check`) value, or a state of
+                the wrong shape (cheap checks at this door: no read of the token ids under
                 `torch.compile`).
         """
-        self._check_step(prev_tokens, state)
+        self._check_step(prev_tokens, state, values=check)
         if self.engine is None:
             return self.decoder.step(prev_tokens, state, memory)
         return self.engine.step(prev_tokens, state, memory)
 
-    def _check_step(self, prev_tokens: Tensor, state: DecoderState) -> None:
+    def _check_step(self, prev_tokens: Tensor, state: DecoderState, *, values: bool) -> None:
         check_tensor("prev_tokens", prev_tokens, 1, integer=True)
         hidden = getattr(state, "hidden", None)
         if not isinstance(hidden, Tensor):
@@ -162,7 +172,7 @@ class RNNSearch(nn.Module):
         if tuple(hidden.shape) != expected:
             raise InputError(f"state.hidden has shape {tuple(hidden.shape)}, expected {expected}: "
                              "one row of size D per token of prev_tokens")
-        if not torch.compiler.is_compiling():
+        if values and not torch.compiler.is_compiling():
             check_token_ids("prev_tokens", prev_tokens, self.decoder.vocab_size)
 
     def check_batch(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor | None = None,
@@ -258,7 +268,7 @@ class RNNSearch(nn.Module):
         return (logits, attention) if return_attention else logits
 
     def loss(self, src: Tensor, src_lengths: Tensor, tgt_in: Tensor, tgt_out: Tensor, *,
-             label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+             label_smoothing: float = 0.0, sync_free: bool = False) -> tuple[Tensor, Tensor]:
         """Summed negative log-likelihood of `tgt_out` given `src`, padding ignored.
 
         Equal to `functional.sequence_nll(model(src, src_lengths, tgt_in), tgt_out, pad_id)`,
@@ -269,19 +279,24 @@ class RNNSearch(nn.Module):
             src, src_lengths, tgt_in: as for `forward`.
             tgt_out: (B, T) the targets y_1..y_T (tgt_in shifted by one, eos last), pad_id after.
             label_smoothing: 0 (the paper) by default.
+            sync_free: read nothing back to the host, so that a CUDA graph of the loss replays
+                for any batch of the same shape: no value checks (call `check_batch` on the
+                batch first), the encoder's padded path and every target position through the
+                loss (padding ignored by its index). The same loss, computed on fixed shapes.
         Returns:
             The summed loss (scalar) and the number of target tokens (scalar tensor).
         Raises:
-            InputError: see `check_batch`.
+            InputError: see `check_batch` (only ranks and sizes with `sync_free`).
         """
         check_tensor("tgt_out", tgt_out, 2, integer=True)
         check_tensor("tgt_in", tgt_in, 2, integer=True)
         _check_same_shape(tgt_in, tgt_out)
-        self._check_at_door(src, src_lengths, tgt_in, tgt_out)
-        state, memory = self._encode(src, src_lengths)
+        if not sync_free:
+            self._check_at_door(src, src_lengths, tgt_in, tgt_out)
+        state, memory = self._encode(src, src_lengths, sync_free=sync_free)
         if self.engine is not None:
             return self.engine.loss(tgt_in, tgt_out, state, memory,
-                                    label_smoothing=label_smoothing)
+                                    label_smoothing=label_smoothing, every_position=sync_free)
         logits, _ = self.decoder(tgt_in, state, memory)
         return functional.sequence_nll(logits, tgt_out, self.decoder.pad_id,
                                        label_smoothing=label_smoothing)
@@ -289,13 +304,16 @@ class RNNSearch(nn.Module):
     def translate(self, src: Tensor, src_lengths: Tensor, *, beam_size: int = 5,
                   n_best: int = 1, max_len: int = 100, max_len_ratio: float | None = None,
                   min_len: int = 1, length_penalty: LengthPenalty = "none", alpha: float = 0.6,
-                  early_stopping: bool = True) -> list[list[Hypothesis]]:
+                  early_stopping: bool = True, check_every: int = 1, cuda_graphs: bool = False
+                  ) -> list[list[Hypothesis]]:
         """Beam search (`beam_size=1`: greedy) for a padded batch; see `bahdanau.BeamSearch`.
 
         Args:
             src, src_lengths: as for `forward`.
             beam_size, n_best, max_len, max_len_ratio, min_len, length_penalty, alpha,
-                early_stopping: the settings of `bahdanau.BeamSearch`.
+                early_stopping, check_every, cuda_graphs: the settings of
+                `bahdanau.BeamSearch` (a search of its own keeps its CUDA graphs between
+                batches; this one records them for each call).
         Returns:
             For each sentence, its `n_best` hypotheses, best first, each with `tokens` (ids
             without bos/eos), `log_prob`, `score` and `attention` ((len(tokens)+1, S), or None
@@ -305,8 +323,9 @@ class RNNSearch(nn.Module):
         """
         search = BeamSearch(beam_size=beam_size, n_best=n_best, max_len=max_len,
                             max_len_ratio=max_len_ratio, min_len=min_len,
-                            length_penalty=length_penalty,
-                            alpha=alpha, early_stopping=early_stopping)
+                            length_penalty=length_penalty, alpha=alpha,
+                            early_stopping=early_stopping, check_every=check_every,
+                            cuda_graphs=cuda_graphs)
         return search(self, src, src_lengths)                    # checked by `encode`
 
 

@@ -23,3 +23,14 @@ def assert_same_hypotheses(got: Sequence[Sequence[Hypothesis]],
             assert (hyp.attention is None) == (ref.attention is None)
             if ref.attention is not None:
                 torch.testing.assert_close(hyp.attention, ref.attention, rtol=0, atol=tol)
+
+
+def reorder_tol(dtype: torch.dtype, *, steps: int = 10, inner: int = 32,
+                magnitude: float = 1e3) -> float:
+    """How far the scores of the same hypotheses may differ between two searches that do the
+    same arithmetic with the sums in another order: other rows sharing a matrix product (the
+    BLAS picks its kernel by the number of rows), or a source padded further (longer masked
+    rows in the softmax and the context sum). Each sum of `inner` terms moves by at most
+    inner * eps * sum|terms| (sum|terms| < `magnitude` for the tests' tiny models with N(0, 1)
+    weights), over `steps` steps."""
+    return steps * inner * torch.finfo(dtype).eps * magnitude

@@ -16,7 +16,8 @@ The pieces compose; none owns a loop::
   a tokenizer is stored; `sentencepiece`: `SentencePieceTokenizer`;
 * `text`: reading line-aligned text (plain or gzip, files and stdin), `read_parallel`, and the
   shipped Multi30k files;
-* `batching`: `Example`, `encode_pairs`, `Batch`, `collate`, `BucketBatchSampler`;
+* `batching`: `Example`, `encode_pairs`, `Batch`, `collate`, `pad_to_multiple`,
+  `BucketBatchSampler`;
 * `corpus`: a corpus prepared once (`prepare_corpus`; where it goes is checked and locked
   before any work by `bahdanau._files.check_destination`), `workers` (the tokenising
   processes, stopped cleanly) and
@@ -36,6 +37,7 @@ from bahdanau.data.batching import (
     collate,
     encode_pairs,
     pad_sources,
+    pad_to_multiple,
 )
 from bahdanau.data.corpus import PreparedCorpus, TrainSentencePiece, prepare_corpus
 from bahdanau.data.sentencepiece import SentencePieceTokenizer, check_vocabs
@@ -84,6 +86,7 @@ __all__ = [
     "multi30k_files",
     "normalize_whitespace",
     "pad_sources",
+    "pad_to_multiple",
     "prepare_corpus",
     "read_lines",
     "read_parallel",

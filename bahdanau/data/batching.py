@@ -209,6 +209,54 @@ def collate(examples: Sequence[Example]) -> Batch:
     return Batch(src, lengths, tgt_in, tgt_out, indices, pad_id)
 
 
+# CUDA graphs are recorded per shape: a captured update pads its batches' B, S and T
+# (`pad_to_multiple`), and a captured search its sources' S
+# (`bahdanau.captured_step.pad_to_bucket`), to multiples of this, so that few graphs serve all.
+SHAPE_MULTIPLE = 8
+
+
+def pad_to_multiple(batch: Batch, multiple: int = SHAPE_MULTIPLE) -> Batch:
+    """The same batch on a shape from a small set: B, S and T rounded up to multiples.
+
+    What a CUDA graph of an update needs, one graph per shape
+    (`bahdanau.training.update.SyncFreeUpdate`). The loss is unchanged: source padding is
+    masked, target padding is ignored, and each added row is a one-token source (eos) with no
+    target token at all, which adds nothing to the loss or its gradient and counts as no
+    sentence (a real row always has its eos target).
+
+    Args:
+        batch: a `Batch` on any device.
+        multiple: the rounding, >= 1 (`SHAPE_MULTIPLE` by default; 1 returns the batch
+            unchanged).
+    Returns:
+        The padded `Batch`; added rows have `indices` -1.
+    Raises:
+        InputError: `multiple` is not an int >= 1.
+    """
+    if not is_int(multiple) or multiple < 1:
+        raise InputError(f"multiple must be an int >= 1, got {multiple!r}")
+    (rows, src_len), tgt_len = batch.src.shape, batch.tgt_in.shape[1]
+    new_rows, new_src, new_tgt = (math.ceil(n / multiple) * multiple
+                                  for n in (rows, src_len, tgt_len))
+    if (new_rows, new_src, new_tgt) == (rows, src_len, tgt_len):
+        return batch
+    pad_id, eos_id = batch.pad_id, Vocab.eos_id
+
+    def grown(t: Tensor, cols: int) -> Tensor:
+        out = t.new_full((new_rows, cols), pad_id)
+        out[:rows, :t.shape[1]] = t
+        return out
+
+    src = grown(batch.src, new_src)
+    src[rows:, 0] = eos_id
+    lengths = batch.src_lengths.new_ones(new_rows)
+    lengths[:rows] = batch.src_lengths
+    indices = batch.indices.new_full((new_rows,), -1)
+    indices[:rows] = batch.indices
+    return Batch(src, lengths, grown(batch.tgt_in, new_tgt), grown(batch.tgt_out, new_tgt),
+                 indices, pad_id)
+
+
 # ----------------------------------------------------------------------------------------------
 # Length-bucketed batch sampler
 

@@ -3,14 +3,29 @@
 from __future__ import annotations
 
 import itertools
+import re
 from dataclasses import replace
 
 import pytest
 import torch
-from search_asserts import assert_same_hypotheses
+from search_asserts import assert_same_hypotheses, reorder_tol
 
 from bahdanau import BeamSearch, RNNEncDec, RNNSearch, greedy_search, presets, replace_unk
-from bahdanau.search import Hypothesis, length_normalise
+from bahdanau.captured_step import pad_to_bucket
+from bahdanau.errors import InputError
+from bahdanau.search import (
+    Hypothesis,
+    _Beams,
+    length_normalise,
+    select_candidates,
+    step_call,
+)
+
+# The host looks at the batch every k steps (`check_every`): every k finds the same hypotheses.
+# 1 is today's default, 3 leaves finished sentences in the batch for up to two steps, and
+# 1000 runs every step of a batch before the first look.
+CHECKS = [1, 3, 1000]
+TOL64 = reorder_tol(torch.float64)
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -58,26 +73,28 @@ def reference_greedy(model, src, length, max_len: int) -> tuple[list[int], float
     raise AssertionError("unreachable")
 
 
+@pytest.mark.parametrize("check_every", CHECKS)
 @pytest.mark.parametrize("cls", [RNNSearch, RNNEncDec])
-def test_beam_one_is_greedy(cls) -> None:
+def test_beam_one_is_greedy(cls, check_every) -> None:
     model = random_model(cls)
-    results = BeamSearch(beam_size=1, max_len=7)(model, SRC, LENGTHS)
+    results = BeamSearch(beam_size=1, max_len=7, check_every=check_every)(model, SRC, LENGTHS)
     greedy = greedy_search(model, SRC, LENGTHS, max_len=7)
     for b in range(3):
         tokens, total = reference_greedy(model, SRC[b], int(LENGTHS[b]), 7)
         assert results[b][0].tokens == greedy[b].tokens == tokens
         assert results[b][0].log_prob == pytest.approx(total, abs=1e-10)
-        assert greedy[b].score == results[b][0].score
+        assert greedy[b].score == pytest.approx(results[b][0].score, abs=TOL64)
 
 
+@pytest.mark.parametrize("check_every", CHECKS)
 @pytest.mark.parametrize("penalty", ["none", "average", "gnmt"])
-def test_wide_beam_equals_exhaustive_enumeration(penalty: str) -> None:
+def test_wide_beam_equals_exhaustive_enumeration(penalty: str, check_every: int) -> None:
     """V = 6 (4 specials, 2 words), cap 3: 39 candidate sequences, all enumerated."""
     model = random_model(vocab=6, seed=1, scale=1.5)
     words = [3, 4, 5]                                           # unk and the two words
     max_len = 3
     search = BeamSearch(beam_size=40, n_best=3, max_len=max_len, length_penalty=penalty,
-                        alpha=0.8)
+                        alpha=0.8, check_every=check_every)
     for b in range(3):
         length = int(LENGTHS[b])
         scored = []
@@ -114,10 +131,12 @@ def test_log_prob_matches_teacher_forcing_and_attention_rows() -> None:
             torch.testing.assert_close(hyp.attention, attention[0], rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("check_every", CHECKS)
 @pytest.mark.parametrize("cls", [RNNSearch, RNNEncDec])
-def test_alone_equals_in_batch(cls) -> None:
+def test_alone_equals_in_batch(cls, check_every) -> None:
     model = random_model(cls, seed=2)
-    search = BeamSearch(beam_size=3, n_best=2, max_len=8, length_penalty="average")
+    search = BeamSearch(beam_size=3, n_best=2, max_len=8, length_penalty="average",
+                        check_every=check_every)
     batched = search(model, SRC, LENGTHS)
     for b in range(3):
         length = int(LENGTHS[b])
@@ -127,11 +146,14 @@ def test_alone_equals_in_batch(cls) -> None:
             assert all(h.attention is None for h in alone[0])
 
 
-def test_min_and_max_length_and_ratio() -> None:
+@pytest.mark.parametrize("check_every", CHECKS)
+def test_min_and_max_length_and_ratio(check_every) -> None:
     model = random_model(seed=3)
-    fixed = BeamSearch(beam_size=3, min_len=4, max_len=4)(model, SRC, LENGTHS)
+    fixed = BeamSearch(beam_size=3, min_len=4, max_len=4, check_every=check_every)(
+        model, SRC, LENGTHS)
     assert all(len(h[0].tokens) == 4 for h in fixed)
-    capped = BeamSearch(beam_size=2, max_len=50, max_len_ratio=1.5)(model, SRC, LENGTHS)
+    capped = BeamSearch(beam_size=2, max_len=50, max_len_ratio=1.5, check_every=check_every)(
+        model, SRC, LENGTHS)
     for b in range(3):
         assert len(capped[b][0].tokens) <= -(-3 * int(LENGTHS[b]) // 2)
 
@@ -145,10 +167,12 @@ def test_a_huge_length_ratio_caps_nothing(ratio: float) -> None:
     assert BeamSearch(max_len=40, max_len_ratio=2.0).caps(lengths).tolist() == [2, 14, 40]
 
 
-def test_early_stopping_does_not_change_the_result() -> None:
+@pytest.mark.parametrize("check_every", CHECKS)
+def test_early_stopping_does_not_change_the_result(check_every) -> None:
     model = random_model(seed=4)
     for penalty in ("none", "average", "gnmt"):
-        kwargs = dict(beam_size=3, n_best=2, max_len=6, length_penalty=penalty)
+        kwargs = dict(beam_size=3, n_best=2, max_len=6, length_penalty=penalty,
+                      check_every=check_every)
         fast = BeamSearch(**kwargs)(model, SRC, LENGTHS)
         full = BeamSearch(**kwargs, early_stopping=False)(model, SRC, LENGTHS)
         assert [[h.tokens for h in hs] for hs in fast] == [[h.tokens for h in hs] for hs in full]
@@ -199,6 +223,9 @@ def test_replace_unk() -> None:
     (dict(alpha=-1.0), "alpha must be >= 0"),
     (dict(max_len=2.5), "max_len must be an int"),
     (dict(beam_size=True), "beam_size must be an int"),
+    (dict(check_every=0), "check_every must be an int >= 1"),
+    (dict(check_every=2.0), "check_every must be an int"),
+    (dict(cuda_graphs=1), "cuda_graphs must be True or False"),
 ])
 def test_config_errors(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):
@@ -211,3 +238,163 @@ def test_input_errors() -> None:
         model.translate(SRC[:0], LENGTHS[:0])
     with pytest.raises(ValueError, match="at least one token"):
         model.translate(SRC, torch.tensor([5, 0, 3]))
+
+
+# ---------------------------------------------------------------------------- the check interval
+LONGER_SRC = torch.tensor([[5, 6, 7, 8, 9, 10, 11], [9, 10, 0, 0, 0, 0, 0],
+                           [4, 12, 13, 0, 0, 0, 0], [7, 0, 0, 0, 0, 0, 0],
+                           [8, 8, 9, 9, 10, 0, 0], [13, 5, 0, 0, 0, 0, 0]])
+LONGER_LENGTHS = torch.tensor([7, 2, 3, 1, 5, 2])
+SETTINGS = [
+    dict(beam_size=1, max_len=9),
+    dict(beam_size=3, n_best=2, min_len=2, max_len=9, max_len_ratio=1.5,
+         length_penalty="average"),
+    dict(beam_size=4, n_best=3, max_len=7, length_penalty="gnmt", alpha=0.8),
+    dict(beam_size=2, n_best=2, max_len=5, early_stopping=False),
+]
+
+
+def ending_model(cls=RNNSearch):
+    """A random model whose eos is likely enough that sentences end at different steps, some
+    before their caps (greedy and beam: 1 to 9 tokens over LONGER_SRC)."""
+    model = random_model(cls, seed=5, scale=0.5)
+    with torch.no_grad():
+        model.decoder.output.bias[EOS] += 3.0 if cls is RNNSearch else 6.0
+    return model
+
+
+@pytest.mark.parametrize("check_every", CHECKS[1:])
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(map(str, s.values())))
+@pytest.mark.parametrize("cls", [RNNSearch, RNNEncDec])
+def test_every_check_interval_finds_the_hypotheses_of_one(cls, settings, check_every) -> None:
+    """Sentences that are done but still in the batch change nothing: the same tokens, and the
+    same scores and alignments up to the order of the sums their rows now share."""
+    model = ending_model(cls)
+    want = BeamSearch(**settings)(model, LONGER_SRC, LONGER_LENGTHS)
+    got = BeamSearch(**settings, check_every=check_every)(model, LONGER_SRC, LONGER_LENGTHS)
+    assert_same_hypotheses(got, want, tol=TOL64)
+
+
+@pytest.mark.parametrize("settings", SETTINGS, ids=lambda s: "-".join(map(str, s.values())))
+def test_a_done_sentence_changes_nothing_while_it_stays_in_the_batch(settings) -> None:
+    """Every step of the batch without a check: once a sentence is done, none of its
+    candidates is finite (so none finishes), its beams score -inf and its n-best stay."""
+    model = ending_model()
+    search = BeamSearch(**settings)
+    with torch.inference_mode():
+        beams = _Beams.start(search, model, LONGER_SRC, LONGER_LENGTHS, step_call(model))
+        done_at, kept_at = {}, {}
+        for index in range(int(beams.caps.max()) + 1):
+            beams.advance(range(index, index + 1))
+            for sent in range(LONGER_SRC.shape[0]):
+                if bool(beams.done[sent]) and sent not in done_at:
+                    done_at[sent], kept_at[sent] = index, beams.kept[sent].clone()
+    assert len(done_at) == LONGER_SRC.shape[0]
+    if search.early_stopping:                       # else every sentence runs to its cap
+        assert len(set(done_at.values())) > 1
+    for step, _, finished, top_scores, _ in beams.finished:
+        for sent, index in done_at.items():
+            if step > index:
+                assert not torch.isfinite(top_scores[sent]).any() and not finished[sent].any()
+    for sent in done_at:
+        assert torch.equal(beams.kept[sent], kept_at[sent])
+        assert not torch.isfinite(beams.scores[sent]).any()
+
+
+class NaNAfter(torch.nn.Module):
+    """A model whose logits turn NaN for one sentence's rows from a given step on: the memory
+    carries each sentence's id, so its rows are known however the batch is cut."""
+
+    def __init__(self, model: RNNSearch, sentence: int, from_step: int) -> None:
+        super().__init__()
+        self.model, self.sentence, self.from_step = model, sentence, from_step
+        self.config, self.steps = model.config, 0
+
+    def encode(self, src, src_lengths):
+        state, memory = self.model.encode(src, src_lengths)
+        self.steps = 0
+        return state, Tagged(memory, torch.arange(src.shape[0]))
+
+    def step(self, prev_tokens, state, memory):
+        out = self.model.step(prev_tokens, state, memory.inner)
+        beams = prev_tokens.shape[0] // memory.ids.shape[0]
+        bad = (memory.ids.repeat_interleave(beams) == self.sentence) & (
+            self.steps >= self.from_step)
+        self.steps += 1
+        return out._replace(logits=torch.where(bad[:, None], float("nan"), out.logits))
+
+
+class Tagged(tuple):
+    """A memory and the sentences' ids, selected together."""
+
+    def __new__(cls, inner, ids):
+        return super().__new__(cls, (inner, ids))
+
+    inner = property(lambda self: self[0])
+    ids = property(lambda self: self[1])
+
+    def select(self, keep):
+        return Tagged(self.inner.select(keep), self.ids.index_select(0, keep))
+
+
+@pytest.mark.parametrize("check_every", CHECKS)
+def test_nan_scores_are_refused_only_in_sentences_still_searching(check_every) -> None:
+    model = ending_model()
+    search = BeamSearch(beam_size=1, max_len=9, check_every=check_every)
+    want = search(model, LONGER_SRC, LONGER_LENGTHS)
+    # sentence 3 ends with eos at step 3 (its last beam gone: done, not at its cap); its rows
+    # turn NaN from step 4 on, inside the second run of 3 steps
+    assert len(want[3][0].tokens) == 3 and all(len(h[0].tokens) > 4 for h in want[:3])
+    found = search(NaNAfter(model, 3, 4), LONGER_SRC, LONGER_LENGTHS)
+    assert_same_hypotheses(found, want, tol=TOL64)
+    with pytest.raises(InputError, match="scores are NaN"):
+        search(NaNAfter(model, 0, 4), LONGER_SRC, LONGER_LENGTHS)   # still searching at 4
+
+
+def test_only_eos_is_the_log_probs_masked_but_eos() -> None:
+    """`select_candidates(..., only_eos=...)` equals selecting from log-probabilities that are
+    -inf everywhere but eos for those sentences (how a cap was applied before)."""
+    gen = torch.Generator().manual_seed(7)
+    n_sent, beams, vocab, eos = 5, 3, 9, 2
+    log_probs = torch.log_softmax(torch.randn(n_sent, beams, vocab, generator=gen,
+                                              dtype=torch.float64), -1)
+    log_probs[4, :, eos] = float("nan")
+    scores = torch.randn(n_sent, beams, generator=gen, dtype=torch.float64)
+    scores[1, 1:] = float("-inf")
+    capped = torch.tensor([True, True, False, True, True])
+    masked = log_probs.clone()
+    masked[capped] = float("-inf")
+    masked[capped, :, eos] = log_probs[capped, :, eos]
+    want = select_candidates(scores, masked, eos)
+    got = select_candidates(scores, log_probs, eos, only_eos=capped)
+    assert torch.equal(got.finished, want.finished)
+    torch.testing.assert_close(got.top_scores, want.top_scores, rtol=0, atol=0, equal_nan=True)
+    live = torch.isfinite(want.top_scores)          # -inf candidates tie: their order is free
+    assert torch.equal(got.top_parent[live], want.top_parent[live])
+    torch.testing.assert_close(got.scores, want.scores, rtol=0, atol=0, equal_nan=True)
+    going = torch.isfinite(want.scores)
+    assert torch.equal(got.parent[going], want.parent[going])
+    assert torch.equal(got.token[going], want.token[going])
+    assert got.finished[capped].any() and not torch.isfinite(got.scores[capped]).any()
+    assert not (got.token[capped] == eos).any()          # K continuing beams, none with eos
+
+
+@pytest.mark.parametrize("cls", [RNNSearch, RNNEncDec])
+def test_a_source_padded_to_a_bucket_finds_the_same_hypotheses(cls) -> None:
+    """Padding is exact in this model (the encoder stops at each sentence's length, attention
+    gives padding the weight 0), up to the order of the sums over the longer rows."""
+    model = random_model(cls, seed=8)
+    full = torch.tensor([[5, 6, 7], [9, 10, 11]])            # no padding: packed after it
+    for src, lengths in ((SRC, LENGTHS), (full, torch.tensor([3, 3]))):
+        padded = pad_to_bucket(src, 0)
+        assert padded.shape == (src.shape[0], 8) and torch.equal(padded[:, :src.shape[1]], src)
+        search = BeamSearch(beam_size=3, n_best=2, max_len=8)
+        assert_same_hypotheses(search(model, padded, lengths), search(model, src, lengths),
+                               tol=TOL64)
+
+
+def test_cuda_graphs_are_refused_on_a_cpu() -> None:
+    with pytest.raises(InputError, match=re.escape("cuda_graphs=True replays the decoder step "
+                                                   "as CUDA graphs")) as err:
+        BeamSearch(cuda_graphs=True)(random_model(), SRC, LENGTHS)
+    assert "\n" not in str(err.value) and "src is on cpu" in str(err.value)
