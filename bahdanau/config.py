@@ -289,8 +289,17 @@ class TrainConfig(DictConfig):
         low=0, above=True, high=1, below=True)
     label_smoothing: float = setting(0.0, "label smoothing of the loss (0: none, as in the "
                                           "paper)", low=0, high=1, below=True)
-    amp: Amp = setting("none", "mixed precision (GPU; fp16 adds a gradient scaler)",
+    amp: Amp = setting("none", "mixed precision: the updates, dev evaluation and test under "
+                               "torch.autocast to bf16 or fp16 (fp16 adds a gradient scaler)",
                        group="machine")
+    tf32: bool = setting(True, "on CUDA, float32 matmuls and cuDNN on TF32 tensor cores (10-bit "
+                               "mantissa products, float32 sums); --no-tf32: full float32",
+                         group="machine")
+    cuda_graphs: bool = setting(
+        False, "on CUDA, make each update with no host sync and replay its forward and "
+        "backward as one CUDA graph per batch shape (batches padded to multiples of 8), and "
+        "decode dev and test with captured steps too; not on a CPU, nor under torchrun",
+        group="machine")
     log_every: int = setting(100, "a log line every N updates", low=1, group="output")
     seed: int = setting(1234, "seed of the weights and the batch order", low=0,
                         high=2**63 - 1, on_resume="fixed")

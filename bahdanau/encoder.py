@@ -17,6 +17,8 @@ Two paths compute the same annotations:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -137,10 +139,12 @@ class BiRNNEncoder(nn.Module):
             both directions at once. See `bahdanau.functional.gru_update`.
 
     Paths: eager calls take the packed path (torch form) or `_paper_gru` (paper form); under
-    `torch.compile` and `torch.export` both forms take `_padded_gru`, whose graph has no loop
-    over S, so B and S can be dynamic. They agree (tested in float64, gradients included). Packed
-    stays the eager default, being faster: forward + backward at B=80, S=30, E=H=256 on two CPU
-    threads, about 80 ms packed and 125 ms padded (`examples/benchmarks/bench_encoder.py`).
+    `torch.compile` and `torch.export`, and with `sync_free=True`, both forms take
+    `_padded_gru`, whose shapes do not depend on the lengths' values (traced, each direction is
+    one op with no loop over S, so B and S can be dynamic). They agree
+    (tested in float64, gradients included). Packed stays the eager default, being faster:
+    forward + backward at B=80, S=30, E=H=256 on two CPU threads, about 80 ms packed and
+    125 ms padded (`examples/benchmarks/bench_encoder.py`).
     `torch.compile` needs `torch._dynamo.config.patch(allow_rnn=True)` around its calls (dynamo
     refuses to read an `nn.GRU` otherwise; it is only read, never traced). An exported program
     needs `bahdanau.encoder` imported to run (it registers the op).
@@ -185,8 +189,8 @@ class BiRNNEncoder(nn.Module):
             else:
                 nn.init.zeros_(param)
 
-    def forward(self, src: Tensor, src_lengths: Tensor, *, check: bool = True
-                ) -> tuple[Tensor, Tensor]:
+    def forward(self, src: Tensor, src_lengths: Tensor, *, check: bool = True,
+                sync_free: bool = False) -> tuple[Tensor, Tensor]:
         """Encode a padded batch.
 
         Args:
@@ -198,17 +202,22 @@ class BiRNNEncoder(nn.Module):
                 the batch at its own door (`RNNSearch.check_batch`) passes False. Ranks, dtypes
                 and sizes are checked either way; traced code (`torch.compile`, `torch.export`)
                 never runs the value checks.
+            sync_free: read nothing back to the host, as traced code does: no value checks and
+                the padded path (`_padded_gru`), whose shapes do not depend on the lengths'
+                values, so a CUDA graph of it replays for any lengths
+                (`bahdanau.training.update.SyncFreeUpdate`).
         Returns:
             (B, S, 2H) annotations h_j (0 at padding) and the (B, S) bool mask, True at real tokens.
         Raises:
             InputError: wrong ranks, dtypes or sizes, an empty batch; with `check`, empty
                 sentences, lengths beyond S or disagreeing with the padding, ids outside V.
         """
-        self._check(src, src_lengths, values=check and not torch.compiler.is_compiling())
+        padded = sync_free or torch.compiler.is_compiling()
+        self._check(src, src_lengths, values=check and not padded)
         lengths = src_lengths.to(src.device)
         mask = functional.lengths_to_mask(lengths, src.shape[1])
         embedded = self.rnn_input_dropout(self.dropout(self.embedding(src)))   # (B, S, E)
-        if torch.compiler.is_compiling():
+        if padded:
             return self._padded_gru(embedded, lengths, mask), mask
         if self.gru_form == "paper":
             return self._paper_gru(embedded, mask), mask
@@ -262,14 +271,21 @@ class BiRNNEncoder(nn.Module):
         Returns:
             (B, S, 2H) annotations, 0 at padding.
         """
-        rnn, paper = self.rnn, self.gru_form == "paper"
+        paper, compiling = self.gru_form == "paper", torch.compiler.is_compiling()
+        forward_weights, backward_weights = self.rnn.all_weights   # [W_ih, W_hh, b_ih, b_hh]
+
+        def layer(x: Tensor, weights: Sequence[Tensor]) -> Tensor:
+            w_ih, w_hh, b_ih, b_hh = weights
+            if compiling:                      # one op in the graph, S stays dynamic
+                return _gru_layer_op(x, w_ih, w_hh, b_ih, b_hh, paper)
+            # eager: autograd's own backward, without the op's recomputation
+            return _gru_layer(x, w_ih, w_hh, b_ih, b_hh, paper, train=torch.is_grad_enabled())
+
         positions = torch.arange(embedded.shape[1], device=embedded.device)
         flip = torch.where(mask, lengths[:, None] - 1 - positions, positions)[..., None]
-        fwd = _gru_layer_op(embedded, rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0,
-                            rnn.bias_hh_l0, paper)                              # (B, S, H)
+        fwd = layer(embedded, forward_weights)                                  # (B, S, H)
         flipped = embedded.gather(1, flip.expand_as(embedded))                  # (B, S, E)
-        bwd = _gru_layer_op(flipped, rnn.weight_ih_l0_reverse, rnn.weight_hh_l0_reverse,
-                            rnn.bias_ih_l0_reverse, rnn.bias_hh_l0_reverse, paper)
+        bwd = layer(flipped, backward_weights)
         bwd = bwd.gather(1, flip.expand_as(bwd))                                # (B, S, H)
         return torch.cat([fwd, bwd], dim=-1).masked_fill(~mask[..., None], 0.0)
 

@@ -220,7 +220,9 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
     """Translate raw sentences; results come back in input order.
 
     Sentences are sorted by length and batched (less padding); each is tokenised, encoded
-    (unknown words -> [UNK]), searched, decoded and detokenised.
+    (unknown words -> [UNK]), searched, decoded and detokenised. Under `torch.autocast` the
+    model runs in its precision and the search adds up log-probabilities in float32
+    (docs/guides/decoding.md, "Mixed precision").
 
     Args:
         model: an `RNNSearch` / `RNNEncDec` on `device`.
@@ -308,7 +310,8 @@ def score_ids(model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int], Seque
     Each batch runs the model's teacher-forced `forward` (the path its loss takes, in eval mode,
     without gradients) on bos y_1 .. y_n, and sums log_softmax of the logits at y_1 .. y_n eos,
     the log-probabilities `BeamSearch` adds up when it generates the same tokens (in the same
-    dtype: float32, or float64 for a float64 model; the sum is taken in float64).
+    dtype: float32, or float64 for a float64 model; the sum is taken in float64). Under
+    `torch.autocast` the model runs in its precision; the log-softmax stays float32.
 
     Args:
         model: an `RNNSearch` / `RNNEncDec` on `device` (an `Ensemble` only decodes).

@@ -12,6 +12,11 @@ Several checkpoints make an ensemble (`bahdanau.ensemble.Ensemble`), which decod
 mean of its members' probabilities:
 
     translator = bahdanau.load(["runs/a", "runs/b", "runs/c"])
+
+Under `torch.autocast` the model runs in its precision (bfloat16, float16), on a CPU or a GPU:
+
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        translator.translate(["A man is riding a bicycle."])
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ class Translator:
             search: a `BeamSearch` (default: beam 5, at most 100 tokens).
             batch_size: sentences per batch.
         Returns:
-            One detokenised translation per sentence.
+            One detokenised translation per sentence (under `torch.autocast`, decoded in its
+            precision, as `translate_corpus`).
         Raises:
             InputError: as `translate_corpus` (an empty sentence, a bad argument).
         """

@@ -44,7 +44,7 @@ from bahdanau.jobs.options import (
 )
 from bahdanau.jobs.release import release_model
 from bahdanau.jobs.report import alignment_title, plot_alignment_file, score_translations
-from bahdanau.jobs.resolve import beam_search, checkpoint_paths, load_decoder, machine
+from bahdanau.jobs.resolve import autocast, beam_search, checkpoint_paths, load_decoder, machine
 from bahdanau.jobs.run_folder import is_prepared_folder
 from bahdanau.search import argmax_alignment
 
@@ -95,6 +95,7 @@ def translate(o: TranslateOptions) -> int:
     bounded and a pipe sees results as they come. An empty line gives an empty output line."""
     o = stdout_as_dash(o, "alignments")
     device = machine(o)
+    precision = autocast(o.amp, device)
     search = beam_search(o, o.n_best)
     path = existing(o.input, "--input")
     checkpoints = checkpoint_paths(o)
@@ -126,10 +127,11 @@ def translate(o: TranslateOptions) -> int:
         with _input_bar(path if sized else None, interactive) as bar:
             while window := list(itertools.islice(lines, size)):
                 sentences = [line for line in window if line.strip()]
-                translated = iter(translate_corpus(
-                    model, sentences, src_vocab, tgt_vocab, tokenizer, search=search,
-                    batch_size=o.batch_size, unk_replace=o.unk_replace, device=device,
-                    progress=None) if sentences else [])
+                with precision:
+                    translated = iter(translate_corpus(
+                        model, sentences, src_vocab, tgt_vocab, tokenizer, search=search,
+                        batch_size=o.batch_size, unk_replace=o.unk_replace, device=device,
+                        progress=None) if sentences else [])
                 with clear_bars():
                     for line in window:
                         t = next(translated) if line.strip() else None
@@ -186,6 +188,7 @@ def evaluate(o: EvaluateOptions) -> int:
     or --output -, that output goes to stdout and the report to stderr."""
     o = stdout_as_dash(o, "output", "json")
     device = machine(o)
+    precision = autocast(o.amp, device)
     if o.output == STDOUT and o.json == STDOUT:
         raise InputError("--output - and --json - both ask for stdout; give one of them a file")
     src, ref = existing(o.src, "--src"), existing(o.ref, "--ref")
@@ -196,8 +199,9 @@ def evaluate(o: EvaluateOptions) -> int:
         src, ref, flags=("--src", "--ref"),
         needed=("a sentence to translate", "the reference translation of its source line"))
     t = load_decoder(o, checkpoints, device)
-    report = score_translations(t.model, sources, references, t.src_vocab, t.tgt_vocab,
-                                t.tokenizer, o, device)
+    with precision:
+        report = score_translations(t.model, sources, references, t.src_vocab, t.tgt_vocab,
+                                    t.tokenizer, o, device)
     print(*report.lines(), sep="\n",
           file=sys.stderr if STDOUT in (o.output, o.json) else sys.stdout)
     if o.output:
@@ -222,6 +226,7 @@ def plot(o: PlotOptions) -> int:
         raise InputError("--output -: a plot is an image file; give a file name (e.g. "
                          "alignment.png or .pdf)")
     device = machine(o)
+    precision = autocast(o.amp, device)
     search = beam_search(o)
     path = existing(o.input, "--input")
     checkpoints = checkpoint_paths(o)
@@ -246,8 +251,9 @@ def plot(o: PlotOptions) -> int:
         raise InputError(f"{' '.join(o.checkpoint)} {what} no alignment to plot")
     src_tokens = tokenizer.tokenize(sentence)
     _check_plot_length(len(src_tokens), "tokens")
-    [translation] = translate_corpus(model, [sentence], src_vocab, tgt_vocab, tokenizer,
-                                     search=search, unk_replace=o.unk_replace, device=device)
+    with precision:
+        [translation] = translate_corpus(model, [sentence], src_vocab, tgt_vocab, tokenizer,
+                                         search=search, unk_replace=o.unk_replace, device=device)
     model_name = " + ".join(str(path) if step is None else f"{path} (step {step})"
                             for path, step in zip(checkpoints.values(), t.steps, strict=True))
     note = plot_alignment_file(Path(o.output), translation, src_tokens,

@@ -14,7 +14,7 @@ from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.evaluate import ForcedScore, score_corpus
 from bahdanau.jobs.files import check_outputs, existing, read_aligned, stdout_as_dash, write_text
 from bahdanau.jobs.options import ScoreOptions
-from bahdanau.jobs.resolve import machine
+from bahdanau.jobs.resolve import autocast, machine
 from bahdanau.translate import load
 
 
@@ -27,15 +27,17 @@ def score(o: ScoreOptions) -> int:
     """`bahdanau score`: every input checked (files, line counts, empty lines) before scoring."""
     o = stdout_as_dash(o, "output")
     device = machine(o)
+    precision = autocast(o.amp, device)
     src, tgt = existing(o.src, "--src"), existing(o.tgt, "--tgt")
     checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
     check_outputs({"--output": o.output}, {"--src": src, "--tgt": tgt, "--checkpoint": checkpoint})
     sources, targets = read_aligned(src, tgt, flags=("--src", "--tgt"),
                                     needed=("a sentence to score", "a sentence to score"))
     t = load(checkpoint, device=device)
-    scores = score_corpus(t.model, sources, targets, t.src_vocab, t.tgt_vocab, t.tokenizer,
-                          batch_size=o.batch_size, length_penalty=o.length_penalty,
-                          alpha=o.alpha, device=device)
+    with precision:
+        scores = score_corpus(t.model, sources, targets, t.src_vocab, t.tgt_vocab, t.tokenizer,
+                              batch_size=o.batch_size, length_penalty=o.length_penalty,
+                              alpha=o.alpha, device=device)
     text = score_lines(scores)
     if o.output:
         write_text(Path(o.output), text)

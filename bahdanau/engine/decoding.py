@@ -187,17 +187,20 @@ class DecoderEngine:
         return features, attention
 
     def loss(self, tgt_in: Tensor, tgt_out: Tensor, state: DecoderState, memory: EngineMemory, *,
-             label_smoothing: float = 0.0) -> tuple[Tensor, Tensor]:
+             label_smoothing: float = 0.0, every_position: bool = False
+             ) -> tuple[Tensor, Tensor]:
         """Summed NLL of `tgt_out` (pad ignored) and the number of target tokens.
 
         Only the non-pad positions are projected onto the vocabulary, in row chunks
-        (`linear_cross_entropy`); while compiling, or when the decoder offers no W_o (a wrapped
-        layer), every position through its `output` and `F.cross_entropy`. The ids of `tgt_in`
-        and `tgt_out` are the caller's to check (`RNNSearch.loss` does, at its door).
+        (`linear_cross_entropy`); with `every_position`, while compiling, or when the decoder
+        offers no W_o (a wrapped layer), every position through its `output` and
+        `F.cross_entropy` with padding ignored by its index: no shape depends on the targets'
+        values, so nothing is read back to the host. The ids of `tgt_in` and `tgt_out` are the
+        caller's to check (`RNNSearch.loss` does, at its door).
         """
         dec = self.decoder
         output = dec.output_weights()
-        if output is None or torch.compiler.is_compiling():     # no data-dependent shapes
+        if output is None or every_position or torch.compiler.is_compiling():
             features, _ = self.features(tgt_in, state, memory)
             return functional.sequence_nll(dec.output(features), tgt_out, dec.pad_id,
                                            label_smoothing=label_smoothing)

@@ -25,7 +25,8 @@ config file key, the resume rule and the checks follow from it.
 
 A default that depends on more than the option is resolved in one place: `TrainOptions.limits`
 (the default job trains `DEFAULT_EPOCHS` epochs), and, for every command, --device auto and the
---threads default in `bahdanau.jobs.resolve.machine`.
+--threads default in `bahdanau.jobs.resolve.machine`; --amp becomes a `torch.autocast` on the
+device in `bahdanau.jobs.resolve.autocast`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from bahdanau.config import UNNAMED_METRIC, TrainConfig
+from bahdanau.config import UNNAMED_METRIC, Amp, TrainConfig
 from bahdanau.data.text import MULTI30K_LANGS
 from bahdanau.errors import InputError
 from bahdanau.jobs.flags import (
@@ -155,6 +156,10 @@ LengthPenalty = Literal["none", "average", "gnmt"]
 _DEVICE_HELP = "auto (cuda when available, else cpu), cpu, cuda or cuda:N"
 _THREADS_HELP = ("torch CPU threads (default: the usable cores divided by LOCAL_WORLD_SIZE, the "
                  "processes on this machine)")
+# --amp of every command that decodes or scores (`bahdanau.jobs.resolve.autocast`); train's is
+# `TrainConfig.amp`
+_AMP_HELP = ("mixed precision: run the model under torch.autocast in bf16 or fp16 on --device "
+             "(none: float32); the search adds up its log-probabilities in float32")
 
 
 @dataclass(frozen=True)
@@ -326,6 +331,10 @@ class DecodeOptions(SearchOptions):
         required=True, metavar="PATH")
     device: str = option("auto", _DEVICE_HELP)
     threads: int | None = option(None, _THREADS_HELP, low=1)
+    amp: Amp = option("none", _AMP_HELP)
+    cuda_graphs: bool = option(False, "on CUDA, replay the decoder step as a CUDA graph "
+                                      "recorded once per shape, the host looking at the batch "
+                                      "every few steps (bahdanau.BeamSearch's cuda_graphs)")
 
 
 @dataclass(frozen=True)
@@ -396,6 +405,7 @@ class ScoreOptions(Options):
     alpha: float = option(0.6, "exponent of the gnmt length penalty", low=0)
     device: str = option("auto", _DEVICE_HELP)
     threads: int | None = option(None, _THREADS_HELP, low=1)
+    amp: Amp = option("none", _AMP_HELP)
 
 
 @dataclass(frozen=True)

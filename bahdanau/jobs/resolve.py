@@ -1,14 +1,20 @@
-"""Options resolved once, before any work: the device and threads, the search, the checkpoints.
+"""Options resolved once, before any work: the device and threads, the precision, the search, the
+checkpoints.
 
-`machine` checks --device and sets --threads; `beam_search` builds the `BeamSearch` of the search
-options; `checkpoint_paths` finds the --checkpoint files and `load_decoder` loads their model
-(the ensemble of several), vocabularies and tokenizer.
+`machine` checks --device and sets --threads; `autocast` turns --amp into the `torch.autocast`
+the model runs under; `beam_search` builds the `BeamSearch` of the search options;
+`checkpoint_paths` finds the --checkpoint files and `load_decoder` loads their model (the
+ensemble of several), vocabularies and tokenizer.
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -17,7 +23,8 @@ from bahdanau._files import repeated_file
 from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.errors import InputError
 from bahdanau.jobs.options import DecodeOptions, ScoreOptions, SearchOptions, TrainOptions
-from bahdanau.search import BeamSearch
+from bahdanau.search import CAPTURED_CHECK_EVERY, BeamSearch
+from bahdanau.training.step import AMP_DTYPES
 from bahdanau.training.threads import AdaptiveThreads
 from bahdanau.translate import Translator, load
 
@@ -35,9 +42,44 @@ def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
                              "cuda:LOCAL_RANK; give --device cuda (or auto)")
         device = resolve_device(f"cuda:{launcher_value('LOCAL_RANK')}", "cuda:LOCAL_RANK")
         torch.cuda.set_device(device)
+    if isinstance(o, DecodeOptions) and o.cuda_graphs and device.type != "cuda":
+        raise InputError(f"--cuda-graphs replays decoder steps as CUDA graphs, which needs a "
+                         f"CUDA device, not {device}")
     torch.set_num_threads(o.threads or default_threads())
     _LOG.debug(f"device {device}, {torch.get_num_threads()} CPU threads")
     return device
+
+
+def autocast(amp: str, device: torch.device
+             ) -> AbstractContextManager[Any]:
+    """The context a model runs under in the precision `amp` names ("none", "bf16", "fp16":
+    `bahdanau.config.Amp`) on `device`: `torch.autocast` in bfloat16 or float16, or for "none"
+    a context that changes nothing. Built once, before any work; enter it around the model's
+    calls (a search, a loss), as many times as needed, one at a time.
+
+    Raises:
+        InputError: torch cannot autocast to that dtype on that device (bfloat16 on a GPU without
+            it, or a device or dtype torch's autocast would switch off with a warning), one
+            line naming --amp.
+    """
+    if amp not in AMP_DTYPES:
+        raise InputError(f"--amp must be one of {', '.join(AMP_DTYPES)}, got {amp!r}")
+    dtype = AMP_DTYPES[amp]
+    if dtype is None:
+        return nullcontext()
+    name = str(dtype).removeprefix("torch.")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            context = torch.autocast(device.type, dtype=dtype)
+        except RuntimeError as err:              # a GPU without bfloat16, a device without it
+            reason = " ".join(str(err).split())
+            raise InputError(f"--amp {amp}: torch cannot autocast to {name} on {device}: "
+                             f"{reason}") from None
+    if caught:                                   # torch would switch autocast off
+        reason = " ".join(str(caught[0].message).split())
+        raise InputError(f"--amp {amp}: torch cannot autocast to {name} on {device}: {reason}")
+    return context
 
 
 def thread_tuner(o: TrainOptions, device: torch.device) -> AdaptiveThreads | None:
@@ -64,10 +106,22 @@ def machine_line(device: torch.device, tuner: AdaptiveThreads | None) -> str:
 
 
 def beam_search(o: SearchOptions, n_best: int = 1) -> BeamSearch:
-    """The `BeamSearch` of the search options, keeping `n_best` hypotheses per sentence."""
-    return BeamSearch(beam_size=o.beam_size, n_best=n_best, max_len=o.max_len,
-                      max_len_ratio=o.max_len_ratio, min_len=o.min_len,
-                      length_penalty=o.length_penalty, alpha=o.alpha)
+    """The `BeamSearch` of the search options, keeping `n_best` hypotheses per sentence; with
+    --cuda-graphs (a decoding command's, or a training run's for its dev and test decoding) its
+    steps replay as CUDA graphs, the host looking at the batch every `CAPTURED_CHECK_EVERY`."""
+    graphs = (o.training.cuda_graphs if isinstance(o, TrainOptions)
+              else isinstance(o, DecodeOptions) and o.cuda_graphs)
+    return captured(BeamSearch(beam_size=o.beam_size, n_best=n_best, max_len=o.max_len,
+                               max_len_ratio=o.max_len_ratio, min_len=o.min_len,
+                               length_penalty=o.length_penalty, alpha=o.alpha), graphs)
+
+
+def captured(search: BeamSearch, graphs: bool) -> BeamSearch:
+    """`search` with its decoder steps replayed as CUDA graphs when `graphs`, the host looking
+    at the batch every `CAPTURED_CHECK_EVERY` steps; else `search` itself."""
+    if not graphs:
+        return search
+    return replace(search, cuda_graphs=True, check_every=CAPTURED_CHECK_EVERY)
 
 
 def checkpoint_paths(o: DecodeOptions) -> dict[str, Path]:

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from bahdanau._about import versions
+from bahdanau._checks import launcher_value
 from bahdanau.checkpoint.files import load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import CheckpointManager
 from bahdanau.checkpoint.payload import stored_parts, tokenizer_of
@@ -42,7 +43,7 @@ from bahdanau.jobs.report import (
     score_translations,
     typical_sentence,
 )
-from bahdanau.jobs.resolve import machine, machine_line, thread_tuner
+from bahdanau.jobs.resolve import autocast, captured, machine, machine_line, thread_tuner
 from bahdanau.jobs.run_folder import RUN_CONFIG, holds_run, locked, remove_run, stored_options
 from bahdanau.models import build_model
 from bahdanau.search import BeamSearch
@@ -53,7 +54,7 @@ from bahdanau.training.distributed import (
     process_group,
 )
 from bahdanau.training.loop import TrainResult, train_run
-from bahdanau.training.run import TrainRun, setup_run, stop_reason
+from bahdanau.training.run import TrainRun, check_machine, setup_run, stop_reason
 from bahdanau.training.runlog import TensorBoardLog, TrainLog, require_tensorboard
 from bahdanau.training.step import evaluate_loss
 
@@ -214,12 +215,16 @@ def _dev_scores(o: TrainOptions, data: _Data, run: TrainRun, device: torch.devic
                for i in range(0, len(examples), o.batch_size)]
     shown = typical_sentence(sources, data.tokenizer) if board is not None and sources else None
     folder = Path(o.out) / "dev"
+    precision = autocast(o.training.amp, device)          # the run's --amp, as its updates
+    search = captured(BeamSearch(beam_size=1, max_len=o.max_len),   # kept: its graphs, if any
+                      o.training.cuda_graphs)
 
     def validate(m: torch.nn.Module) -> dict[str, float]:
         start = time.perf_counter()
-        hyps = translate_corpus(m, sources, data.src_vocab, data.tgt_vocab, data.tokenizer,
-                                search=BeamSearch(beam_size=1, max_len=o.max_len),
-                                batch_size=o.batch_size, device=device, progress="dev")
+        with precision:
+            hyps = translate_corpus(m, sources, data.src_vocab, data.tgt_vocab, data.tokenizer,
+                                    search=search, batch_size=o.batch_size, device=device,
+                                    progress="dev")
         decoded = time.perf_counter()
         folder.mkdir(exist_ok=True)
         write_text(folder / f"step_{run.state.step:08d}.hyp",
@@ -233,7 +238,7 @@ def _dev_scores(o: TrainOptions, data: _Data, run: TrainRun, device: torch.devic
                                                   sources[shown]))
         scores = corpus_scores([h.text for h in hyps], references,
                                lowercase=getattr(data.tokenizer, "lowercase", False))
-        with torch.no_grad():
+        with torch.no_grad(), precision:
             _, ppl = evaluate_loss(m, batches)
         _LOG.debug(f"dev evaluation at step {run.state.step}: {len(sources)} sentences decoded "
                    f"in {decoded - start:.1f} s, scored and perplexity in "
@@ -253,8 +258,9 @@ def _test_report(o: TrainOptions, data: _Data, run: TrainRun, device: torch.devi
         run.ema.copy_to(run.model)
     run.model.eval()
     sources, references = [s for s, _ in data.test], [t for _, t in data.test]
-    report = score_translations(run.model, sources, references, data.src_vocab,
-                                data.tgt_vocab, data.tokenizer, o, device)
+    with autocast(o.training.amp, device):                # the run's --amp, as its updates
+        report = score_translations(run.model, sources, references, data.src_vocab,
+                                    data.tgt_vocab, data.tokenizer, o, device)
     write_text(out / "test.hyp.txt", "".join(t.text + "\n" for t in report.translations))
     pick = typical_sentence(sources, data.tokenizer)
     note = plot_alignment_file(out / "alignment.png", report.translations[pick],
@@ -269,6 +275,8 @@ def _checked_options(o: TrainOptions) -> tuple[TrainOptions, torch.device, list[
     resumed run changes, in the command line's terms (None for a new run)."""
     check_launcher()
     device = machine(o)
+    check_machine(o.training, device, launcher_value("WORLD_SIZE"))
+    autocast(o.training.amp, device)                      # --amp bf16 where torch cannot: a line
     stored = stored_options(Path(o.out), o)
     if stored is not None:
         o = resumed_options(stored, o)

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -45,7 +45,14 @@ from bahdanau.checkpoint.files import (
 )
 from bahdanau.checkpoint.manager import CheckpointManager
 from bahdanau.config import TrainConfig, improves
-from bahdanau.data.batching import Batch, BucketBatchSampler, Example, check_examples, collate
+from bahdanau.data.batching import (
+    Batch,
+    BucketBatchSampler,
+    Example,
+    check_examples,
+    collate,
+    pad_to_multiple,
+)
 from bahdanau.data.corpus import PreparedCorpus
 from bahdanau.data.sentencepiece import check_vocabs
 from bahdanau.data.tokenizers import Tokenizer, tokenizer_to_payload
@@ -66,6 +73,7 @@ from bahdanau.training.state import (
 )
 from bahdanau.training.step import AMP_DTYPES, LossModule, StepStats, make_optimizer, train_step
 from bahdanau.training.threads import AdaptiveThreads
+from bahdanau.training.update import SyncFreeUpdate
 
 _LOG = logging.getLogger(__name__)
 
@@ -107,6 +115,7 @@ class TrainRun:
     ema: WeightEMA | None = None            # with cfg.ema_decay: the weights' moving average
     scores: dict[str, float] = field(default_factory=dict)  # the last evaluation's (rank 0)
     threads: AdaptiveThreads | None = None  # None: torch's thread count stays as it is
+    update: SyncFreeUpdate | None = None    # with cfg.cuda_graphs: what run_step calls
 
 
 def _tick(run: TrainRun) -> None:
@@ -129,15 +138,17 @@ def examples_digest(examples: Sequence[Example]) -> str:
 def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *,
               src_vocab: Vocab, tgt_vocab: Vocab, checkpoint_dir: str | Path | None = None,
               resume: bool = True, device: str | torch.device = "cpu",
-              extra: dict[str, Any] | None = None,
-              tokenizer: Tokenizer | None = None) -> TrainRun:
+              extra: dict[str, Any] | None = None, tokenizer: Tokenizer | None = None
+              ) -> TrainRun:
     """Check the arguments, build the optimizer and batch plan, and resume the latest checkpoint.
 
     With `checkpoint_dir` and `resume`, the latest checkpoint there is checked whole, then
     restored (weights, optimizer, GradScaler, RNG states, `TrainState`), and a save of it that a
     crash cut short is completed; otherwise torch's RNG is seeded with `cfg.seed`. Under
     `torch.distributed` the model is wrapped in `DistributedDataParallel` (`run.step_model`),
-    and each update is `processes x cfg.accumulation` batches shared out by `BatchPlan`.
+    and each update is `processes x cfg.accumulation` batches shared out by `BatchPlan`. On
+    CUDA, TF32 is set as `cfg.tf32` says, and `cfg.cuda_graphs` makes `run.update` the captured
+    `SyncFreeUpdate` that `run_step` calls.
 
     Args:
         model: an `RNNSearch` / `RNNEncDec`, moved to `device`; it needs its `.config` (as
@@ -166,7 +177,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     """
     lengths, digest = _check_inputs(model, examples, cfg, src_vocab, tgt_vocab,
                                     checkpoint_dir is not None, tokenizer)
-    device = resolve_device(device)
+    device = _training_device(device, cfg)
     manager = (_checkpoint_manager(checkpoint_dir, cfg, resume)
                if checkpoint_dir is not None else None)
     latest = manager.latest() if manager is not None else None
@@ -179,10 +190,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     optimizer = make_optimizer(model, cfg)
     ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay is not None else None
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
-    sampler = BucketBatchSampler(lengths, batch_size=None if cfg.max_tokens else cfg.batch_size,
-                                 max_tokens=cfg.max_tokens, bucket=cfg.bucket, seed=cfg.seed,
-                                 num_replicas=1, rank=0)
-    plan = BatchPlan(sampler, processes=processes, rank=rank, accumulation=cfg.accumulation)
+    plan = _batch_plan(lengths, cfg, processes, rank)
     if payload is not None:
         assert manager is not None and latest is not None
         with named(latest):
@@ -191,7 +199,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
         assert restored is not None   # _resumable refused a checkpoint without a train_state
         state = restored
         cfg.set_hyperparameters(optimizer)
-        _finish_resume(state, latest, manager, sampler, write=rank == 0)
+        _finish_resume(state, latest, manager, plan.sampler, write=rank == 0)
     else:
         state = TrainState(run_id=uuid.uuid4().hex)    # which its checkpoints keep
         torch.manual_seed(cfg.seed)
@@ -205,7 +213,60 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
                     resume_notes=rng_streams_notes(payload, processes),
                     loader=BatchLoader(examples, plan, cfg.loader_workers,
                                        pin_memory=device.type == "cuda")
-                    if cfg.loader_workers else None, ema=ema)
+                    if cfg.loader_workers else None, ema=ema,
+                    update=_cuda_setup(cfg, device, model, optimizer, scaler))
+
+
+def _batch_plan(lengths: np.ndarray | Sequence[Example], cfg: TrainConfig, processes: int,
+                rank: int) -> BatchPlan:
+    """The run's batches (the paper's length-sorted minibatches of `cfg`), and this
+    process's share of each update."""
+    sampler = BucketBatchSampler(lengths, batch_size=None if cfg.max_tokens else cfg.batch_size,
+                                 max_tokens=cfg.max_tokens, bucket=cfg.bucket, seed=cfg.seed,
+                                 num_replicas=1, rank=0)
+    return BatchPlan(sampler, processes=processes, rank=rank, accumulation=cfg.accumulation)
+
+
+def _training_device(device: str | torch.device, cfg: TrainConfig) -> torch.device:
+    """The device, checked (`check_machine`)."""
+    device = resolve_device(device)
+    check_machine(cfg, device, torch.distributed.get_world_size() if is_distributed() else 1)
+    return device
+
+
+def check_machine(cfg: TrainConfig, device: torch.device, processes: int) -> None:
+    """What `cfg` asks of the machine: `cuda_graphs` needs one process on a CUDA device.
+
+    Raises:
+        InputError: naming the flag and the device or the processes.
+    """
+    if cfg.cuda_graphs and device.type != "cuda":
+        raise InputError(f"--cuda-graphs needs a CUDA device, training is on {device}")
+    if cfg.cuda_graphs and processes > 1:
+        raise InputError(f"--cuda-graphs runs one process, not {processes}; under torchrun "
+                         "leave it off")
+
+
+def _cuda_setup(cfg: TrainConfig, device: torch.device, model: nn.Module,
+                optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None
+                ) -> SyncFreeUpdate | None:
+    """On CUDA, TF32 as `cfg.tf32` says; with `cfg.cuda_graphs`, the captured update that
+    `run_step` calls."""
+    if device.type == "cuda":
+        set_tf32(cfg.tf32)
+    if not cfg.cuda_graphs:
+        return None
+    return SyncFreeUpdate(model, optimizer, clip_norm=cfg.clip_norm,
+                          label_smoothing=cfg.label_smoothing, amp_dtype=AMP_DTYPES[cfg.amp],
+                          scaler=scaler, cuda_graphs=True)
+
+
+def set_tf32(on: bool) -> None:
+    """Let CUDA float32 matmuls and cuDNN use TF32 tensor cores (`TrainConfig.tf32`): set by
+    a training run on CUDA, never at import."""
+    precision = "tf32" if on else "ieee"
+    torch.backends.cuda.matmul.fp32_precision = precision
+    torch.backends.cudnn.fp32_precision = precision
 
 
 def _finish_resume(state: TrainState, latest: Path, manager: CheckpointManager,
@@ -332,11 +393,24 @@ def next_batches(run: TrainRun) -> list[Batch]:
 
 def _batches_of(run: TrainRun, planned: PlannedUpdate) -> list[Batch]:
     """This process's batches of the update that starts at the run's place, on `run.device`."""
+    return [b.to(run.device, non_blocking=True) for b in _host_batches(run, planned)]
+
+
+def _host_batches(run: TrainRun, planned: PlannedUpdate) -> list[Batch]:
+    """This process's batches of the update, collated (by `run.loader`'s workers, or here)."""
     if run.loader is not None:
-        batches = run.loader.batches(run.state.epoch, run.state.position)
-    else:
-        batches = [collate([run.examples[i] for i in b]) for b in planned.batches]
-    return [b.to(run.device, non_blocking=True) for b in batches]
+        return run.loader.batches(run.state.epoch, run.state.position)
+    return [collate([run.examples[i] for i in b]) for b in planned.batches]
+
+
+def _shaped_batches(run: TrainRun, planned: PlannedUpdate) -> list[Batch]:
+    """`_batches_of` for `run.update`: each batch checked whole on the CPU (the update reads
+    none of its values) and padded to a shape of few (`pad_to_multiple`)."""
+    shaped, model = [], cast(Any, run.model)            # an RNNSearch: its check_batch
+    for b in _host_batches(run, planned):
+        model.check_batch(b.src, b.src_lengths, b.tgt_in, b.tgt_out)
+        shaped.append(pad_to_multiple(b).to(run.device, non_blocking=True))
+    return shaped
 
 
 def run_step(run: TrainRun) -> StepStats:
@@ -357,12 +431,14 @@ def run_step(run: TrainRun) -> StepStats:
     """
     cfg, state, started = run.cfg, run.state, time.perf_counter()
     planned = run.plan.update(state.epoch, state.position)
-    batches = _batches_of(run, planned)
     set_lr(run.optimizer, run.schedule(state.step + 1, state.lr_decays))
-    stats = train_step(run.step_model, batches, run.optimizer, clip_norm=cfg.clip_norm,
-                       label_smoothing=cfg.label_smoothing, amp_dtype=AMP_DTYPES[cfg.amp],
-                       scaler=run.scaler,
-                       update_sentences=planned.sentences if run.distributed else None)
+    if run.update is not None:
+        stats = run.update(_shaped_batches(run, planned)).read()
+    else:
+        stats = train_step(run.step_model, _batches_of(run, planned), run.optimizer,
+                           clip_norm=cfg.clip_norm, label_smoothing=cfg.label_smoothing,
+                           amp_dtype=AMP_DTYPES[cfg.amp], scaler=run.scaler,
+                           update_sentences=planned.sentences if run.distributed else None)
     if run.ema is not None:
         run.ema.update(run.model)
     state.step += 1

@@ -1,9 +1,10 @@
 """Time one additive-attention step: the eager reference, the compiled reference, the fused kernel.
 
-Two problem sizes, both with S = 50 source positions:
+Three problem sizes, all with S = 50 source positions:
 
 * train: the paper's training batch, B = 80 sentences, A = 1000, 2H = 2000, D = 1000; forward
   and forward + backward (gradients for the query projection, keys, annotations and v_a);
+* engine: the same with M = 4000 values, the [C; C_o] h_j the default engine mixes;
 * beam: beam search, 64 sentences x 12 beams = 768 query rows sharing their sentence's keys and
   annotations; forward only, as in decoding.
 
@@ -12,6 +13,9 @@ For each path and dtype it prints the median time per step, the bytes that must 
 the upstream gradients and write every input gradient), the bandwidth that time implies, and on
 CUDA the peak memory the step allocates above its inputs. The eager reference materialises a
 (B, S, A) tanh tensor (and keeps it for backward); the fused kernel keeps (N, S) weights only.
+With --graph (CUDA) each step is captured in a CUDA graph and the replays are timed: the GPU's
+time alone, without the host's cost of launching (which a captured training step or decoding
+step does not pay either); without it, a step is timed as called.
 
 Paths:
     eager      `bahdanau.functional.additive_attention`, the tanh form
@@ -21,6 +25,7 @@ Paths:
 
     python examples/benchmarks/bench_attention.py                      # CUDA if present
     python examples/benchmarks/bench_attention.py --device cpu --paths eager sigmoid compiled
+    python examples/benchmarks/bench_attention.py --graph --paths eager fused
     python examples/benchmarks/bench_attention.py --json out.json
 
 On a CPU the fused kernel only runs under TRITON_INTERPRET=1, which checks correctness and is
@@ -38,10 +43,12 @@ from collections.abc import Callable
 import torch
 
 from bahdanau import functional
+from bahdanau.captured_step import cuda_graph
 from bahdanau.kernels import sigmoid_attention_weights
 
 SIZES = {  # name: (sentences, beams, source length, align A, annotation width 2H)
     "train": (80, 1, 50, 1000, 2000),
+    "engine": (80, 1, 50, 1000, 4000),
     "beam": (64, 12, 50, 1000, 2000),
 }
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -98,29 +105,34 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_step(fn: Callable, args: tuple, backward: bool, device: str, repeats: int
-              ) -> tuple[float, float | None]:
-    """Median seconds per call and peak bytes allocated above the inputs (CUDA only)."""
+def time_step(fn: Callable, args: tuple, backward: bool, device: str, repeats: int,
+              graph: bool = False) -> tuple[float, float | None]:
+    """Median seconds per call (per replay of a captured call with `graph`) and the peak bytes
+    a call allocates above the inputs (CUDA only)."""
     def once():
         context, weights = fn(*args)
         if backward:
             grads = [a for a in args if a.requires_grad]
             torch.autograd.grad((context.float().sum() + weights.float().sum()), grads)
 
-    for _ in range(3):
-        once()                                         # warm up: compile, autotune, caches
+    if graph:                    # warm-up calls on a side stream (compile, autotune), capture
+        step, _ = cuda_graph()(once)
+    else:
+        for _ in range(3):
+            once()                                     # warm up: compile, autotune, caches
+        step = once
     sync(device)
     peak = None
     if device == "cuda":
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        once()
+        once()                                         # a call's peak (a replay allocates none)
         sync(device)
         peak = torch.cuda.max_memory_allocated() - base
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        once()
+        step()
         sync(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times), peak
@@ -135,6 +147,8 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     parser.add_argument("--sizes", nargs="+", choices=list(SIZES), default=list(SIZES))
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--graph", action="store_true",
+                        help="time replays of each step captured in a CUDA graph (CUDA only)")
     parser.add_argument("--threads", type=int, default=2, help="CPU threads (default 2)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
@@ -144,6 +158,8 @@ def main() -> None:
     missing = [p for p in wanted if p not in table]
     if missing:
         parser.error(f"paths {missing} cannot run here (is triton installed?)")
+    if args.graph and args.device != "cuda":
+        parser.error("--graph needs --device cuda")
 
     print(f"device {args.device} ({torch.cuda.get_device_name() if args.device == 'cuda' else ''}"
           f"{torch.get_num_threads()} threads), torch {torch.__version__}")
@@ -154,7 +170,7 @@ def main() -> None:
     for size in args.sizes:
         for dtype_name in args.dtypes:
             dtype = DTYPES[dtype_name]
-            passes = ["fwd", "fwd+bwd"] if size == "train" else ["fwd"]
+            passes = ["fwd"] if size == "beam" else ["fwd", "fwd+bwd"]
             for pass_name in passes:
                 backward = pass_name == "fwd+bwd"
                 inputs = make_inputs(size, dtype, args.device, backward)
@@ -162,7 +178,7 @@ def main() -> None:
                 for name in wanted:
                     with torch.set_grad_enabled(backward):
                         seconds, peak = time_step(table[name], inputs, backward, args.device,
-                                                  args.repeats)
+                                                  args.repeats, args.graph)
                     row = {"size": size, "dtype": dtype_name, "pass": pass_name, "path": name,
                            "ms": 1e3 * seconds, "min_mb": moved / 1e6,
                            "gb_s": moved / seconds / 1e9,

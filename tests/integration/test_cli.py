@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import struct
 import subprocess
@@ -83,6 +84,34 @@ def test_translate_evaluate(trained, files, capsys, tmp_path) -> None:
                  "--ref", str(files / "te.fr"), "--beam-size", "1", "--max-len", "6",
                  "--json", str(scores)]) == 0
     assert json.loads(scores.read_text())["sentences"] == 20
+
+
+def test_decoding_commands_take_amp(trained, files, capsys, tmp_path) -> None:
+    """--amp bf16 or fp16: translate, evaluate and score run the model under autocast on the
+    CPU, and give their outputs; translate's alignment weights and score's log-probabilities
+    then differ from float32's (the model ran in half precision), and stay finite."""
+    weights = {}
+    for amp in ("none", "bf16", "fp16"):
+        align = tmp_path / f"{amp}.jsonl"
+        assert len(_translate(trained, files / "te.en", capsys, "--amp", amp,
+                              "--alignments", str(align))) == 20
+        weights[amp] = [json.loads(row)["weights"] for row in align.read_text().splitlines()]
+    assert weights["bf16"] != weights["none"] and weights["fp16"] != weights["none"]
+    scores = tmp_path / "s.json"
+    assert main(["evaluate", "--checkpoint", str(trained), "--src", str(files / "te.en"),
+                 "--ref", str(files / "te.fr"), "--beam-size", "1", "--max-len", "6",
+                 "--json", str(scores), "--amp", "bf16"]) == 0
+    assert json.loads(scores.read_text())["sentences"] == 20
+    capsys.readouterr()
+
+    def score(*flags: str) -> list[float]:
+        assert main(["score", "--checkpoint", str(trained), "--src", str(files / "te.en"),
+                     "--tgt", str(files / "te.fr"), *flags]) == 0
+        return [float(line.split("\t")[0]) for line in capsys.readouterr().out.splitlines()]
+
+    full, half = score(), score("--amp", "bf16")
+    assert len(half) == len(full) == 20 and all(math.isfinite(x) for x in half)
+    assert half != full
 
 
 def test_plot_writes_a_png(trained, files, tmp_path) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -22,3 +23,26 @@ def test_benchmark_script_imports_and_has_help(script) -> None:
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "usage:" in result.stdout
+
+
+def test_gpu_suite_smoke_runs_every_path_on_the_cpu(tmp_path) -> None:
+    """`gpu_suite.py --smoke`: every section and path at tiny sizes on the CPU, no row failing;
+    what needs a GPU says so; each path's update agrees with float64 to its precision."""
+    out = tmp_path / "suite.json"
+    script = Path(__file__).parents[2] / "examples" / "benchmarks" / "gpu_suite.py"
+    result = subprocess.run([sys.executable, str(script), "--smoke", "--json", str(out)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(out.read_text(encoding="utf-8"))["rows"]
+    assert not [row for row in rows if "error" in row], result.stdout[-3000:]
+    assert {row["section"] for row in rows} == {"check", "train", "attention", "decode"}
+    for row in rows:
+        if "graphs" in row["name"].split(" | ")[0].split():
+            assert row.get("skipped") == "CUDA graphs need a GPU", row
+    checks = [row for row in rows if row["section"] == "check" and "skipped" not in row]
+    assert len(checks) >= 4
+    for row in checks:        # the tiny model's errors stay within a few tens of roundoffs
+        assert row["grad_rel"] < 30 * row["unit_roundoff"], row
+    train = [row for row in rows if row["section"] == "train" and "skipped" not in row]
+    assert train and all(row["tok_s"] > 0 for row in train)
+    assert "=" * 100 in result.stdout                     # the closing table

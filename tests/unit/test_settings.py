@@ -85,6 +85,7 @@ def _changed(name: str) -> TrainConfig:
     literal = {"optimizer": "adadelta", "schedule": "inverse_sqrt", "amp": "bf16",
                "early_stopping_metric": "chrf"}
     candidates = ([literal[name]] if name in literal
+                  else [not value] if isinstance(value, bool)
                   else [2, 8, 0.5, 0.25] if value is None
                   else [value * 2, value / 2, value + 1, 1, 0.5])
     for candidate in candidates:
