@@ -1,14 +1,31 @@
-"""Two searches' results compared hypothesis by hypothesis. Importable from any test module
-(`pythonpath = ["tests"]`)."""
+"""Two searches' results compared hypothesis by hypothesis, and the random models the search
+tests decode with. Importable from any test module (`pythonpath = ["tests"]`)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import torch
 
+from bahdanau import RNNSearch, presets
 from bahdanau.search import Hypothesis
+
+
+def random_model(cls: type[RNNSearch] = RNNSearch, seed: int = 0, *, vocab: int = 16,
+                 scale: float = 1.0, dtype: torch.dtype = torch.float64, engine: str = "fast"
+                 ) -> RNNSearch:
+    """A tiny model (16 source words, `vocab` target words) in eval mode, its weights drawn
+    from N(0, scale^2) by a generator seeded with `seed` (also torch's seed): peaked
+    distributions, different per seed, sentences of varied lengths."""
+    torch.manual_seed(seed)
+    model = cls.from_config(replace(presets.tiny(16, vocab), engine=engine)).to(dtype)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(scale * torch.randn(p.shape, generator=gen, dtype=torch.float64))
+    return model.eval()
 
 
 def assert_same_hypotheses(got: Sequence[Sequence[Hypothesis]],

@@ -11,13 +11,12 @@ comparisons through real CUDA graphs.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 
 import pytest
 import torch
-from search_asserts import assert_same_hypotheses, reorder_tol
+from search_asserts import assert_same_hypotheses, random_model, reorder_tol
 
-from bahdanau import BeamSearch, Ensemble, RNNEncDec, RNNSearch, presets
+from bahdanau import BeamSearch, Ensemble, RNNEncDec
 from bahdanau.captured_step import (
     CapturedStep,
     clone,
@@ -32,16 +31,6 @@ from bahdanau.search import step_call
 SRC = torch.tensor([[5, 6, 7, 8, 9, 10, 11], [9, 10, 0, 0, 0, 0, 0], [4, 12, 13, 0, 0, 0, 0],
                     [7, 0, 0, 0, 0, 0, 0], [8, 8, 9, 9, 10, 0, 0], [13, 5, 0, 0, 0, 0, 0]])
 LENGTHS = torch.tensor([7, 2, 3, 1, 5, 2])
-
-
-def random_model(cls=RNNSearch, seed: int = 0, dtype=torch.float64, engine: str = "fast"):
-    """A tiny model with N(0, 1) weights: peaked distributions, sentences of varied lengths."""
-    net = cls.from_config(replace(presets.tiny(16, 16), engine=engine)).to(dtype)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in net.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
-    return net.eval()
 
 
 # ---------------------------------------------------------------------------- the pieces

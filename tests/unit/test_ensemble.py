@@ -14,7 +14,7 @@ import re
 
 import pytest
 import torch
-from search_asserts import assert_same_hypotheses
+from search_asserts import assert_same_hypotheses, random_model
 from training_fixtures import TINY_VOCAB, tiny_model
 
 from bahdanau import BeamSearch, Ensemble, RNNEncDec, RNNSearch, greedy_search, presets
@@ -28,15 +28,6 @@ BOS, EOS = 1, 2
 SRC = torch.tensor([[5, 6, 7, 8, 9], [9, 10, 0, 0, 0], [4, 12, 13, 0, 0]])
 LENGTHS = torch.tensor([5, 2, 3])
 VOCAB = TINY_VOCAB
-
-
-def random_model(cls=RNNSearch, seed: int = 0, **changes):
-    """A float64 tiny model with N(0, 1) weights: peaked, different distributions per seed."""
-    model = cls.from_config(presets.tiny(16, 16)).double()
-    gen = torch.Generator().manual_seed(seed)
-    for p in model.parameters():
-        p.data = torch.randn(p.shape, generator=gen, dtype=torch.float64)
-    return model.eval()
 
 
 @pytest.mark.parametrize("model", [random_model(seed=1), tiny_model(0).eval()])

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 import pytest
 import torch
-from search_asserts import assert_same_hypotheses, reorder_tol
+from search_asserts import assert_same_hypotheses, random_model, reorder_tol
 
-from bahdanau import BeamSearch, RNNEncDec, RNNSearch, greedy_search, presets, replace_unk
+from bahdanau import BeamSearch, RNNEncDec, RNNSearch, greedy_search, replace_unk
 from bahdanau.captured_step import pad_to_bucket
 from bahdanau.errors import InputError
 from bahdanau.search import (
@@ -28,15 +28,6 @@ CHECKS = [1, 3, 1000]
 TOL64 = reorder_tol(torch.float64)
 
 PAD, BOS, EOS = 0, 1, 2
-
-
-def random_model(cls=RNNSearch, vocab: int = 16, seed: int = 0, scale: float = 1.0):
-    torch.manual_seed(seed)
-    model = cls.from_config(presets.tiny(16, vocab)).double()
-    gen = torch.Generator().manual_seed(seed)
-    for p in model.parameters():
-        p.data = scale * torch.randn(p.shape, generator=gen, dtype=torch.float64)
-    return model.eval()
 
 
 SRC = torch.tensor([[5, 6, 7, 8, 9], [9, 10, 0, 0, 0], [4, 12, 13, 0, 0]])

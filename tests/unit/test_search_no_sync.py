@@ -20,9 +20,9 @@ import functools
 import pytest
 import torch
 from host_reads import HostRead, host_reads_refused
-from search_asserts import assert_same_hypotheses, reorder_tol
+from search_asserts import assert_same_hypotheses, random_model, reorder_tol
 
-from bahdanau import BeamSearch, Ensemble, RNNEncDec, RNNSearch, presets
+from bahdanau import BeamSearch, Ensemble, RNNEncDec
 from bahdanau import search as search_module
 from bahdanau.errors import InputError
 
@@ -52,17 +52,6 @@ def test_the_guard_refuses_every_host_read_and_is_lifted_after() -> None:
         read()
 
 
-def model(cls=RNNSearch, seed: int = 0, dtype=torch.float64, engine: str = "fast"):
-    """A tiny model with N(0, 1) weights: peaked distributions, sentences of varied lengths."""
-    from dataclasses import replace
-    net = cls.from_config(replace(presets.tiny(16, 16), engine=engine)).to(dtype)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in net.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen, dtype=torch.float64))
-    return net.eval()
-
-
 def guarded_search(search: BeamSearch, net: torch.nn.Module, monkeypatch) -> tuple[list, dict]:
     """`search(net, SRC, LENGTHS)` with host reads refused during every run of steps, and
     the model's steps counted inside and outside those runs."""
@@ -90,19 +79,19 @@ def guarded_search(search: BeamSearch, net: torch.nn.Module, monkeypatch) -> tup
 
 
 CASES = {
-    "greedy-rnnsearch": (lambda: model(), dict(beam_size=1, max_len=9)),
-    "beam-rnnsearch": (lambda: model(seed=1), dict(beam_size=3, n_best=2, max_len=8,
+    "greedy-rnnsearch": (lambda: random_model(), dict(beam_size=1, max_len=9)),
+    "beam-rnnsearch": (lambda: random_model(seed=1), dict(beam_size=3, n_best=2, max_len=8,
                                                    length_penalty="gnmt", min_len=2)),
-    "beam-rnnencdec": (lambda: model(RNNEncDec, seed=2), dict(beam_size=3, max_len=7,
+    "beam-rnnencdec": (lambda: random_model(RNNEncDec, seed=2), dict(beam_size=3, max_len=7,
                                                               max_len_ratio=2.0)),
-    "greedy-rnnencdec": (lambda: model(RNNEncDec, seed=3), dict(beam_size=1, max_len=6)),
-    "beam-float32-packed": (lambda: model(seed=4, dtype=torch.float32),
+    "greedy-rnnencdec": (lambda: random_model(RNNEncDec, seed=3), dict(beam_size=1, max_len=6)),
+    "beam-float32-packed": (lambda: random_model(seed=4, dtype=torch.float32),
                             dict(beam_size=4, n_best=2, max_len=8, length_penalty="average")),
-    "beam-reference-engine": (lambda: model(seed=5, engine="reference"),
+    "beam-reference-engine": (lambda: random_model(seed=5, engine="reference"),
                               dict(beam_size=2, max_len=6)),
-    "beam-ensemble": (lambda: Ensemble([model(seed=6), model(RNNEncDec, seed=7)]),
+    "beam-ensemble": (lambda: Ensemble([random_model(seed=6), random_model(RNNEncDec, seed=7)]),
                       dict(beam_size=3, n_best=2, max_len=7)),
-    "greedy-ensemble": (lambda: Ensemble([model(seed=8), model(seed=9)]),
+    "greedy-ensemble": (lambda: Ensemble([random_model(seed=8), random_model(seed=9)]),
                         dict(beam_size=1, max_len=7)),
 }
 
@@ -122,7 +111,8 @@ def test_steps_between_checks_read_nothing_back(case, check_every, monkeypatch) 
         assert counts["windows"] == 1           # every step of the batch in one window
 
 
-@pytest.mark.parametrize("build", [model, lambda: Ensemble([model(seed=1), model(seed=2)])],
+@pytest.mark.parametrize("build", [random_model,
+                                   lambda: Ensemble([random_model(seed=1), random_model(seed=2)])],
                          ids=["model", "ensemble"])
 def test_the_model_s_own_check_is_a_host_read(build) -> None:
     """Why the search passes `check=False`: the step's check of the token ids reads them (an
