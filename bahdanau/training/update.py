@@ -29,7 +29,7 @@ them equal in float64, and proves that nothing is read back to the host while it
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from contextlib import nullcontext
 from typing import Any, NamedTuple, Protocol, cast
 
@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from bahdanau._checks import check_type
-from bahdanau.captured_step import Record, clone, copy_into, cuda_graph
+from bahdanau.captured_step import Record, clone, copy_into, cuda_graph, signature
 from bahdanau.data.batching import Batch
 from bahdanau.errors import InputError
 from bahdanau.training.step import StepStats
@@ -191,11 +191,11 @@ class SyncFreeUpdate:
             raise InputError(f"cuda_graphs needs the model on a CUDA device, it is on {device}")
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.clip_norm, self.label_smoothing = clip_norm, label_smoothing
-        self.amp_dtype, self.cuda_graphs, self.device = amp_dtype, cuda_graphs, device
+        self.amp_dtype, self.device = amp_dtype, device
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         if cuda_graphs and record is None:
             record = cuda_graph(torch.cuda.graph_pool_handle())   # one pool for the graphs
-        self._record, self._graphs = record, dict[tuple, _CapturedLoss]()
+        self._record, self._graphs = record, dict[Hashable, _CapturedLoss]()
 
     @property
     def captured_shapes(self) -> int:
@@ -215,7 +215,7 @@ class SyncFreeUpdate:
         losses, counts = [], []
         for b in batches:
             inputs = (b.src, b.src_lengths, b.tgt_in, b.tgt_out)
-            if self.cuda_graphs:
+            if self._record is not None:                # cuda_graphs
                 loss_sum, n_tokens = self._replay(inputs, sentences)
             else:
                 loss_sum, n_tokens = self._loss_and_backward(*inputs, sentences)
@@ -248,7 +248,7 @@ class SyncFreeUpdate:
             torch._foreach_zero_(grads)
 
     def _replay(self, inputs: tuple[Tensor, ...], sentences: Tensor) -> tuple[Tensor, Tensor]:
-        key = tuple((tuple(t.shape), t.dtype) for t in inputs)
+        key = signature(inputs)
         captured = self._graphs.get(key)
         if captured is None:
             captured = self._graphs[key] = self._capture(inputs, sentences)
@@ -259,7 +259,7 @@ class SyncFreeUpdate:
         recorder's warm-up runs add to the gradients: they are put back as they were)."""
         static = tuple(t.clone() for t in (*inputs, sentences))
         saved = [None if p.grad is None else p.grad.clone() for p in self.params]
-        assert self._record is not None                # set whenever cuda_graphs is
+        assert self._record is not None                # _replay runs with cuda_graphs only
         replay, outputs = self._record(lambda: self._loss_and_backward(*static, capturing=True))
         for p, grad in zip(self.params, saved, strict=True):
             if p.grad is not None:
