@@ -24,6 +24,7 @@ from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.errors import InputError
 from bahdanau.jobs.options import DecodeOptions, ScoreOptions, SearchOptions, TrainOptions
 from bahdanau.search import CAPTURED_CHECK_EVERY, BeamSearch
+from bahdanau.training.run import check_machine
 from bahdanau.training.step import AMP_DTYPES
 from bahdanau.training.threads import AdaptiveThreads
 from bahdanau.translate import Translator, load
@@ -32,9 +33,9 @@ _LOG = logging.getLogger(__name__)
 
 
 def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
-    """Check --device (auto: cuda when available, else cpu) and set --threads (default: the
-    usable cores divided by LOCAL_WORLD_SIZE); returns the device. Under torchrun, cuda is
-    each process's own GPU, cuda:LOCAL_RANK."""
+    """Check --device (auto: cuda when available, else cpu), and --cuda-graphs with it, and set
+    --threads (default: the usable cores divided by LOCAL_WORLD_SIZE); returns the device.
+    Under torchrun, cuda is each process's own GPU, cuda:LOCAL_RANK."""
     device = resolve_device(default_device() if o.device == "auto" else o.device, "--device")
     if launcher_value("WORLD_SIZE") > 1 and device.type == "cuda":
         if device.index is not None:
@@ -42,7 +43,9 @@ def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
                              "cuda:LOCAL_RANK; give --device cuda (or auto)")
         device = resolve_device(f"cuda:{launcher_value('LOCAL_RANK')}", "cuda:LOCAL_RANK")
         torch.cuda.set_device(device)
-    if isinstance(o, DecodeOptions) and o.cuda_graphs and device.type != "cuda":
+    if isinstance(o, TrainOptions):          # what the run asks of the machine: --cuda-graphs
+        check_machine(o.training, device, launcher_value("WORLD_SIZE"))
+    elif isinstance(o, DecodeOptions) and o.cuda_graphs and device.type != "cuda":
         raise InputError(f"--cuda-graphs replays decoder steps as CUDA graphs, which needs a "
                          f"CUDA device, not {device}")
     torch.set_num_threads(o.threads or default_threads())

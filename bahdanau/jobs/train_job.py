@@ -21,7 +21,6 @@ from typing import Any
 import torch
 
 from bahdanau._about import versions
-from bahdanau._checks import launcher_value
 from bahdanau.checkpoint.files import load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import CheckpointManager
 from bahdanau.checkpoint.payload import stored_parts, tokenizer_of
@@ -54,7 +53,7 @@ from bahdanau.training.distributed import (
     process_group,
 )
 from bahdanau.training.loop import TrainResult, train_run
-from bahdanau.training.run import TrainRun, check_machine, setup_run, stop_reason
+from bahdanau.training.run import TrainRun, setup_run, stop_reason
 from bahdanau.training.runlog import TensorBoardLog, TrainLog, require_tensorboard
 from bahdanau.training.step import evaluate_loss
 
@@ -275,7 +274,6 @@ def _checked_options(o: TrainOptions) -> tuple[TrainOptions, torch.device, list[
     resumed run changes, in the command line's terms (None for a new run)."""
     check_launcher()
     device = machine(o)
-    check_machine(o.training, device, launcher_value("WORLD_SIZE"))
     autocast(o.training.amp, device)                      # --amp bf16 where torch cannot: a line
     stored = stored_options(Path(o.out), o)
     if stored is not None:
