@@ -62,8 +62,10 @@ from bahdanau.search import refuse_nan_scores
 __all__ = ["ExportedDecoder", "ExportedMemory", "ExportedModel", "ServingPrograms", "export_folder",
            "export_programs", "greedy_decode", "load_exported", "pad_source"]
 
-# ``manifest.json``'s format, raised when the interface of the programs changes.
-MANIFEST_FORMAT = 1
+# ``manifest.json``'s "format" (what the folder is) and "version" (raised when the interface of
+# the programs or the folder changes; version 1 had an integer "format" and no digests).
+EXPORTED_FORMAT = "bahdanau exported model"
+EXPORTED_VERSION = 2
 # The shortest padded source the programs take: traced shapes hold for S >= 2 (a batch whose
 # longest sentence has one token is padded to two, `pad_source`).
 MIN_SRC_LEN = 2
@@ -219,7 +221,7 @@ def export_programs(model: nn.Module) -> ServingPrograms:
             dynamic_shapes=({0: batch}, {0: batch}, tuple(memory_dims)))
     finally:
         model.train(was_training)
-    manifest = {"format": MANIFEST_FORMAT, "arch": model.arch,
+    manifest = {"format": EXPORTED_FORMAT, "version": EXPORTED_VERSION, "arch": model.arch,
                 "src_vocab_size": model.encoder.vocab_size,
                 "tgt_vocab_size": model.decoder.vocab_size, **_ids(model),
                 "memory_tensors": len(kept), "min_src_len": MIN_SRC_LEN,
@@ -418,9 +420,10 @@ def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
     if missing:
         raise InputError(f"{folder} is not an exported model: {', '.join(missing)} missing")
     manifest = json.loads((folder / FILES["manifest"]).read_text(encoding="utf-8"))
-    if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise InputError(f"{folder / FILES['manifest']}: not a format-{MANIFEST_FORMAT} "
-                         "manifest")
+    if (not isinstance(manifest, dict) or manifest.get("format") != EXPORTED_FORMAT
+            or manifest.get("version") != EXPORTED_VERSION):
+        raise InputError(f"{folder / FILES['manifest']}: not a version-{EXPORTED_VERSION} "
+                         "exported model's manifest")
     data = json.loads((folder / FILES["tokenizer"]).read_text(encoding="utf-8"))
     if isinstance(data, dict) and data.get("name") == "sentencepiece":
         tokenizer: Tokenizer = SentencePieceTokenizer.load(folder / str(data.get("model")))
