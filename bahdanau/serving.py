@@ -29,15 +29,18 @@ programs, the special ids and the check that refuses NaN scores
 (`translate --beam-size 1`). `ExportedDecoder` makes the programs a model for `BeamSearch`, so
 beam search over them (`translate_corpus` with any search) gives what the model gives.
 
-`export_folder` writes the programs (``encoder.pt2``, ``step.pt2``), the vocabularies, the
-tokenizer, a ``manifest.json`` of the interface and a README with the loop; `load_exported`
-reads them back, and `bahdanau export` runs `export_folder`. The step program is plain torch
+`export_folder` writes the programs (``encoder.pt2``, ``step.pt2``, with nothing pickled:
+`bahdanau._pt2_archive`), the vocabularies, the tokenizer, a README with the loop and a
+``manifest.json`` of the interface that seals every file (`bahdanau._sealed`); `load_exported`
+reads them back as data, checking the seal and refusing any program that loading could
+unpickle anything from, and `bahdanau export` runs `export_folder`. The step program is plain torch
 ops; the encoder program calls the library's registered GRU op (``bahdanau::gru_layer``, the
 traced encoder's path, which keeps S dynamic), so loading it needs `import bahdanau` first.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import json
 import os
@@ -49,7 +52,10 @@ from torch import Tensor, nn
 from torch.export import Dim, ExportedProgram
 
 from bahdanau._about import versions
+from bahdanau._checks import is_int
 from bahdanau._files import atomic_write, check_destination, held, new_folder
+from bahdanau._pt2_archive import load_program, program_bytes
+from bahdanau._sealed import check_sealed, seal
 from bahdanau.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, ModelConfig
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.tokenizers import Tokenizer, tokenizer_from_payload, tokenizer_to_payload
@@ -330,6 +336,7 @@ FILES = {"encoder": "encoder.pt2", "step": "step.pt2", "manifest": "manifest.jso
          "src_vocab": "src_vocab.json", "tgt_vocab": "tgt_vocab.json",
          "tokenizer": "tokenizer.json", "readme": "README.md"}
 SENTENCEPIECE_FILE = "tokenizer.model"   # a SentencePiece tokenizer's model, beside its JSON
+PROGRAMS = ("encoder", "step")
 
 
 def check_new_folder(folder: str | os.PathLike[str]) -> Path:
@@ -366,35 +373,37 @@ def export_folder(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab, tokenize
         model.config.check_vocabs(src_vocab, tgt_vocab)
     tokenizer_data = tokenizer_to_payload(tokenizer)        # refuses tokenizers it cannot store
     programs = export_programs(model)
+    archives = {name: program_bytes(getattr(programs, name)) for name in PROGRAMS}
     manifest = {**programs.manifest, "versions": versions()}
     with held(folder, f"{folder} is being exported by another process: wait for it to "
                       "finish or choose another folder"):
         check_new_folder(folder)                  # as it is now that the folder is held
         with new_folder(folder) as partial:
-            _write_folder(partial, programs, src_vocab, tgt_vocab, tokenizer, tokenizer_data,
+            _write_folder(partial, archives, src_vocab, tgt_vocab, tokenizer, tokenizer_data,
                           manifest)
     return folder
 
 
-def _write_folder(partial: Path, programs: ServingPrograms, src_vocab: Vocab, tgt_vocab: Vocab,
-                  tokenizer: Tokenizer, tokenizer_data: Any, manifest: dict[str, Any]) -> None:
-    """Every file of an exported folder, written into `partial`."""
-    torch.export.save(programs.encoder, partial / FILES["encoder"])
-    torch.export.save(programs.step, partial / FILES["step"])
+def _write_folder(partial: Path, archives: dict[str, bytes], src_vocab: Vocab,
+                  tgt_vocab: Vocab, tokenizer: Tokenizer, tokenizer_data: Any,
+                  manifest: dict[str, Any]) -> None:
+    """Every file of an exported folder, written into `partial`, the manifest last: it seals
+    the others (`bahdanau._sealed.seal`)."""
+    for name, data in archives.items():
+        _write_bytes(partial / FILES[name], data)
     src_vocab.save(partial / FILES["src_vocab"])
     tgt_vocab.save(partial / FILES["tgt_vocab"])
     if isinstance(tokenizer, SentencePieceTokenizer):
         tokenizer.save(partial / SENTENCEPIECE_FILE)
         tokenizer_data = {"name": "sentencepiece", "model": SENTENCEPIECE_FILE}
-    for name, text in (("tokenizer", json.dumps(tokenizer_data, indent=2)),
-                       ("manifest", json.dumps(manifest, indent=2)),
-                       ("readme", _readme(manifest,
-                                          isinstance(tokenizer, SentencePieceTokenizer)))):
-        _write_text(partial / FILES[name], text + "\n")
+    readme = _readme(manifest, isinstance(tokenizer, SentencePieceTokenizer))
+    _write_bytes(partial / FILES["tokenizer"],
+                 (json.dumps(tokenizer_data, indent=2) + "\n").encode("utf-8"))
+    _write_bytes(partial / FILES["readme"], (readme + "\n").encode("utf-8"))
+    seal(partial, manifest)
 
 
-def _write_text(path: Path, text: str) -> None:
-    data = text.encode("utf-8")
+def _write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda f: f.write(data))
 
 
@@ -410,29 +419,133 @@ class ExportedModel(NamedTuple):
 
 
 def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
-    """The programs, vocabularies and tokenizer of a folder that `export_folder` wrote.
+    """The programs, vocabularies and tokenizer of a folder that `export_folder` wrote, read as
+    data: loading never runs code from the folder.
+
+    Before anything is used, the manifest's own digest and every file's SHA-256 are checked
+    against the seal `export_folder` wrote (`bahdanau._sealed.check_sealed`), each file from
+    the bytes then used, and every name stays in the folder (no path, no symbolic link, the
+    SentencePiece model only as ``tokenizer.model``). The programs are loaded only when
+    nothing in their archives is pickled (`bahdanau._pt2_archive.load_program`). The
+    vocabularies must have the manifest's sizes and special ids, and the programs the
+    manifest's interface.
 
     Raises:
-        InputError: a file is missing, or the manifest is of another format.
+        InputError: one line naming the file: not an exported folder, one of an earlier
+            version, a file changed or damaged, a program that loading could unpickle
+            anything from, or parts that do not fit together.
     """
     folder = Path(folder)
-    missing = [name for key, name in FILES.items() if not (folder / name).is_file()]
-    if missing:
-        raise InputError(f"{folder} is not an exported model: {', '.join(missing)} missing")
-    manifest = json.loads((folder / FILES["manifest"]).read_text(encoding="utf-8"))
-    if (not isinstance(manifest, dict) or manifest.get("format") != EXPORTED_FORMAT
-            or manifest.get("version") != EXPORTED_VERSION):
-        raise InputError(f"{folder / FILES['manifest']}: not a version-{EXPORTED_VERSION} "
-                         "exported model's manifest")
-    data = json.loads((folder / FILES["tokenizer"]).read_text(encoding="utf-8"))
-    if isinstance(data, dict) and data.get("name") == "sentencepiece":
-        tokenizer: Tokenizer = SentencePieceTokenizer.load(folder / str(data.get("model")))
-    else:
-        tokenizer = tokenizer_from_payload(data)
-    return ExportedModel(torch.export.load(folder / FILES["encoder"]).module(),
-                         torch.export.load(folder / FILES["step"]).module(), manifest,
-                         Vocab.load(folder / FILES["src_vocab"]),
-                         Vocab.load(folder / FILES["tgt_vocab"]), tokenizer)
+    manifest = _read_manifest(folder)
+    files = check_sealed(folder, manifest, [FILES[key] for key in FILES if key != "manifest"],
+                         _AGAIN, hashed=False)
+    data = {name: _sealed_bytes(folder / name, sha) for name, sha in files.items()}
+    try:
+        src_vocab, tgt_vocab = (Vocab.from_dict(_json(data, folder, FILES[side]))
+                                for side in ("src_vocab", "tgt_vocab"))
+        ModelConfig(src_vocab_size=manifest["src_vocab_size"],
+                    tgt_vocab_size=manifest["tgt_vocab_size"],
+                    **{k: manifest[k] for k in SPECIAL_IDS}).check_vocabs(src_vocab, tgt_vocab)
+    except InputError as err:
+        raise InputError(f"{folder}: the vocabularies do not fit {FILES['manifest']}: {err}; "
+                         f"{_AGAIN}") from None
+    tokenizer = _tokenizer(_json(data, folder, FILES["tokenizer"]), data, folder)
+    encoder, step = (load_program(data[FILES[name]], folder / FILES[name]) for name in PROGRAMS)
+    _check_interface(encoder, step, manifest, folder)
+    return ExportedModel(encoder.module(), step.module(), manifest, src_vocab, tgt_vocab,
+                         tokenizer)
+
+
+_AGAIN = "export the model again (bahdanau export)"
+_MANIFEST_BYTES = 1 << 20          # a manifest.json larger than this is no exported folder's
+_MANIFEST_FIELDS = {               # field -> (check, what it must be)
+    "arch": (lambda v: isinstance(v, str), "a string"),
+    "src_vocab_size": (lambda v: is_int(v) and v > 0, "a positive int"),
+    "tgt_vocab_size": (lambda v: is_int(v) and v > 0, "a positive int"),
+    **{key: (lambda v: is_int(v) and v >= 0, "an int >= 0") for key in SPECIAL_IDS},
+    "memory_tensors": (lambda v: is_int(v) and v > 0, "a positive int"),
+    "min_src_len": (lambda v: v == MIN_SRC_LEN, str(MIN_SRC_LEN)),
+    "attention": (lambda v: isinstance(v, bool), "true or false"),
+    "dtype": (lambda v: v in ("float32", "float64"), '"float32" or "float64"'),
+}
+
+
+def _read_manifest(folder: Path) -> dict[str, Any]:
+    """An exported folder's manifest, its format, version and fields checked."""
+    path = folder / FILES["manifest"]
+    if not folder.is_dir():
+        raise InputError(f"{folder}: " + ("not a folder" if folder.exists() else "no such folder")
+                         + "; bahdanau export writes an exported model")
+    if not path.is_file() or path.is_symlink():
+        raise InputError(f"{folder} is not an exported model: {FILES['manifest']} missing")
+    if path.stat().st_size > _MANIFEST_BYTES:
+        raise InputError(f"{path} is larger than an exported model's manifest: {_AGAIN}")
+    try:
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+    except ValueError as err:                 # JSONDecodeError, UnicodeDecodeError
+        raise InputError(f"{path} is damaged ({type(err).__name__}): {_AGAIN}") from None
+    if isinstance(manifest, dict) and manifest.get("format") == 1 and "version" not in manifest:
+        raise InputError(f"{folder} was exported by an earlier bahdanau, without digests and "
+                         f"with pickled members in its programs: {_AGAIN}")
+    if not isinstance(manifest, dict) or manifest.get("format") != EXPORTED_FORMAT:
+        raise InputError(f"{path} is not the manifest of an exported model")
+    if manifest.get("version") != EXPORTED_VERSION:
+        raise InputError(f"{folder} is an exported model of version {manifest.get('version')!r}; "
+                         f"this bahdanau reads version {EXPORTED_VERSION}: {_AGAIN}")
+    for key, (check, expected) in _MANIFEST_FIELDS.items():
+        if key not in manifest or not check(manifest[key]):
+            raise InputError(f"{path} is damaged: {key!r} must be {expected}: {_AGAIN}")
+    return manifest
+
+
+def _sealed_bytes(path: Path, sha256: str) -> bytes:
+    """The bytes of a file of the folder, once their SHA-256 is the sealed one."""
+    data = path.read_bytes()
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise InputError(f"{path} does not match its digest in {FILES['manifest']}: the file "
+                         f"was changed or damaged; {_AGAIN}")
+    return data
+
+
+def _json(data: dict[str, bytes], folder: Path, name: str) -> Any:
+    try:
+        return json.loads(data[name].decode("utf-8"))
+    except ValueError as err:
+        raise InputError(f"{folder / name}: not readable JSON ({type(err).__name__})") from None
+
+
+def _tokenizer(stored: Any, data: dict[str, bytes], folder: Path) -> Tokenizer:
+    """The tokenizer of ``tokenizer.json``: a SentencePiece one names ``tokenizer.model``, the
+    folder's own sealed file, and nothing else."""
+    if isinstance(stored, dict) and stored.get("name") == "sentencepiece":
+        if stored != {"name": "sentencepiece", "model": SENTENCEPIECE_FILE}:
+            raise InputError(f"{folder / FILES['tokenizer']}: a SentencePiece tokenizer names "
+                             f"its model {SENTENCEPIECE_FILE!r} beside it, and nothing else")
+        if SENTENCEPIECE_FILE not in data:
+            raise InputError(f"{folder / FILES['manifest']} seals no digest of "
+                             f"{SENTENCEPIECE_FILE}: {_AGAIN}")
+        return SentencePieceTokenizer(data[SENTENCEPIECE_FILE])
+    return tokenizer_from_payload(stored)
+
+
+def _check_interface(encoder: ExportedProgram, step: ExportedProgram, manifest: dict[str, Any],
+                     folder: Path) -> None:
+    """The programs take and give what the manifest says: the encoder s_0 and the memory
+    tensors, the step the tokens, s_{i-1} and the memory, and log-probabilities over the
+    target vocabulary."""
+    memory = manifest["memory_tensors"]
+    outputs = [node for node in step.graph.nodes if node.op == "output"][0].args[0]
+    log_probs = outputs[0].meta.get("val") if outputs else None
+    found = {"encoder outputs": (len(encoder.graph_signature.user_outputs), 1 + memory),
+             "step inputs": (len(step.graph_signature.user_inputs), 2 + memory),
+             "step outputs": (len(step.graph_signature.user_outputs),
+                              3 if manifest["attention"] else 2),
+             "target words": (None if log_probs is None else int(log_probs.shape[-1]),
+                              manifest["tgt_vocab_size"])}
+    for what, (got, want) in found.items():
+        if got != want:
+            raise InputError(f"{folder}: the programs have {got} {what}, {FILES['manifest']} "
+                             f"says {want}: {_AGAIN}")
 
 
 def _readme(manifest: dict[str, Any], sentencepiece: bool) -> str:
@@ -474,7 +587,9 @@ the log-softmax of the next token; the memory tensors (annotations, mask, precom
 values) have one row per sentence. The step takes as many memory rows as state rows: for a beam
 of K, repeat each sentence's rows K times (`m.repeat_interleave(K, 0)`), and drop a finished
 sentence's rows from both. The encoder uses bahdanau's registered GRU op: `import bahdanau`
-before `torch.export.load`.
+first. `manifest.json` also lists the SHA-256 of every file and its own: `load_exported`
+checks them, and loads the programs only if nothing in them would be unpickled (plain
+`torch.export.load` unpickles some members of an archive, which can run code).
 
 ## Greedy decoding, in plain torch
 

@@ -1,10 +1,11 @@
 """A prepared corpus's manifest (``manifest.json``) and the digest that seals the folder.
 
-`seal` records the SHA-256 of every file of the folder in the manifest (``files``) and then
-the SHA-256 of the manifest itself (``digest``, of its other fields as canonical JSON), so a
-changed id, offset, vocabulary word, tokenizer setting or manifest field (a flipped
-``lowercase``, a forged ``shipped``) no longer matches. `verify` checks both; `read_manifest`
-checks the type of every field first, each failure one line naming the file.
+`seal` (`bahdanau._sealed`, the seal of every sealed folder) records the SHA-256 of every file
+of the folder in the manifest (``files``) and then the SHA-256 of the manifest itself
+(``digest``, of its other fields as canonical JSON), so a changed id, offset, vocabulary word,
+tokenizer setting or manifest field (a flipped ``lowercase``, a forged ``shipped``) no longer
+matches. `read_manifest` checks the type of every field and the manifest's digest,
+`verify_digest` the files; each failure is one line naming the file.
 
 `PreparedCorpus` checks it all on every open, so the check must be cheap: SHA-256 (with the
 CPU's SHA instructions, faster than BLAKE2b here) ran at 1.7 GB/s on one core of the 2-core
@@ -15,16 +16,15 @@ its files are in the page cache; a first read from disk takes what the disk take
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from bahdanau._checks import describe, is_finite_number, is_int
-from bahdanau._files import atomic_write, sha256_file
+from bahdanau._files import sha256_file
+from bahdanau._sealed import MANIFEST, file_digests, manifest_digest, seal
 from bahdanau.data.text import MULTI30K_LANGS, multi30k_files
 from bahdanau.data.tokenizers import SENTENCEPIECE_FILE, TOKENIZER_FILE
 from bahdanau.data.vocab import SPECIALS
@@ -35,45 +35,9 @@ __all__ = ["FORMAT", "MANIFEST", "SIDES", "VERSION", "check_shipped", "format_fi
 
 FORMAT = "bahdanau prepared corpus"
 VERSION = 2                   # 2: the folder is sealed by a digest (version 1 had none)
-MANIFEST = "manifest.json"
 SIDES = ("src", "tgt")
 COUNTS = ("lines", "pairs", "empty", "too_long", "ratio")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_PER_THREAD = 1 << 28       # bytes worth a hashing thread of their own (about 0.15 s of hashing)
-
-
-def _manifest_digest(manifest: dict[str, Any]) -> str:
-    """The SHA-256 of every field but ``digest``, as canonical JSON."""
-    fields = {key: value for key, value in manifest.items() if key != "digest"}
-    text = json.dumps(fields, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _file_digests(folder: Path, names: list[str]) -> dict[str, str]:
-    """The SHA-256 of each named file of `folder`. A large folder hashes in threads (hashlib
-    releases the GIL on large blocks, so the arrays of the two sides hash at once); a small
-    one here, as starting threads would cost more than it saves."""
-    size = sum((folder / name).stat().st_size for name in names)
-    threads = min(4, len(names), 1 + size // _PER_THREAD)
-    if threads <= 1:
-        return {name: sha256_file(folder / name) for name in names}
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        return dict(zip(names, pool.map(lambda name: sha256_file(folder / name), names),
-                        strict=True))
-
-
-def seal(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
-    """Write `manifest` into `folder` with the digests of the folder's files and its own.
-
-    Returns:
-        The manifest written (with ``files`` and ``digest``).
-    """
-    names = sorted(p.name for p in folder.iterdir() if p.is_file() and p.name != MANIFEST)
-    sealed = {**manifest, "files": _file_digests(folder, names)}
-    sealed["digest"] = _manifest_digest(sealed)
-    text = json.dumps(sealed, indent=2, ensure_ascii=False) + "\n"
-    atomic_write(folder / MANIFEST, lambda f: f.write(text.encode("utf-8")))
-    return sealed
 
 
 def format_files(manifest: dict[str, Any]) -> list[str]:
@@ -106,7 +70,7 @@ def verify_digest(folder: Path, manifest: dict[str, Any]) -> None:
         if not (folder / name).is_file():
             raise InputError(f"{folder} is damaged: {name} is missing; prepare it again with "
                              "--overwrite")
-    for name, digest in _file_digests(folder, names).items():
+    for name, digest in file_digests(folder, names).items():
         if digest != manifest["files"][name]:
             raise InputError(f"{folder / name} does not match its digest in {MANIFEST}: {again}")
 
@@ -173,7 +137,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
         if not check(manifest[key]):
             raise InputError(f"{path} is damaged: {key!r} must be {expected}, got "
                              f"{_short(manifest[key])}")
-    if _manifest_digest(manifest) != manifest["digest"]:
+    if manifest_digest(manifest) != manifest["digest"]:
         raise InputError(f"{path} does not match its digest (a field was changed after prepare): "
                          "the folder is damaged: prepare it again with --overwrite")
     return manifest

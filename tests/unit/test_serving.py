@@ -103,7 +103,7 @@ def test_folder_files_and_errors(exported, tmp_path, capsys, tmp_path_factory) -
                                        "new folder\n")
     (tmp_path / "partial").mkdir()
     one_line_error(lambda: load_exported(tmp_path / "partial"), "not an exported model",
-                   "encoder.pt2")
+                   "manifest.json")
 
 
 def test_readme_names_the_models_dtype_and_its_sentencepiece_model() -> None:
