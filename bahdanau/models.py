@@ -7,6 +7,7 @@ context comes from (additive attention vs. a fixed vector), so they compare on e
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -304,7 +305,9 @@ class RNNSearch(nn.Module):
     def translate(self, src: Tensor, src_lengths: Tensor, *, beam_size: int = 5,
                   n_best: int = 1, max_len: int = 100, max_len_ratio: float | None = None,
                   min_len: int = 1, length_penalty: LengthPenalty = "none", alpha: float = 0.6,
-                  early_stopping: bool = True, check_every: int = 1, cuda_graphs: bool = False
+                  early_stopping: bool = True, check_every: int = 1, cuda_graphs: bool = False,
+                  constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+                  avoid: Sequence[Sequence[Sequence[int]]] | None = None
                   ) -> list[list[Hypothesis]]:
         """Beam search (`beam_size=1`: greedy) for a padded batch; see `bahdanau.BeamSearch`.
 
@@ -314,19 +317,23 @@ class RNNSearch(nn.Module):
                 early_stopping, check_every, cuda_graphs: the settings of
                 `bahdanau.BeamSearch` (a search of its own keeps its CUDA graphs between
                 batches; this one records them for each call).
+            constraints, avoid: optional, one list of phrases (lists of target ids) per
+                sentence that every hypothesis holds, or none holds (`bahdanau.constraints`).
         Returns:
             For each sentence, its `n_best` hypotheses, best first, each with `tokens` (ids
             without bos/eos), `log_prob`, `score` and `attention` ((len(tokens)+1, S), or None
             for RNNencdec).
         Raises:
-            InputError: a bad search setting, or see `check_batch`.
+            InputError: a bad search setting or phrase (`BeamSearch.__call__`), or see
+                `check_batch`.
         """
         search = BeamSearch(beam_size=beam_size, n_best=n_best, max_len=max_len,
                             max_len_ratio=max_len_ratio, min_len=min_len,
                             length_penalty=length_penalty, alpha=alpha,
                             early_stopping=early_stopping, check_every=check_every,
                             cuda_graphs=cuda_graphs)
-        return search(self, src, src_lengths)                    # checked by `encode`
+        return search(self, src, src_lengths, constraints=constraints,  # checked by `encode`
+                      avoid=avoid)
 
 
 class RNNEncDec(RNNSearch):

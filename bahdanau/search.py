@@ -43,6 +43,7 @@ from torch import Tensor
 from bahdanau._checks import check_lengths, check_tensor, check_type, is_finite_number, is_int
 from bahdanau.captured_step import CapturedStep, pad_to_bucket
 from bahdanau.config import BOS_ID, EOS_ID, PAD_ID
+from bahdanau.constraints import LexicalBeams, compile_constraints
 from bahdanau.errors import InputError
 
 if TYPE_CHECKING:
@@ -126,6 +127,7 @@ class Selection(NamedTuple):
     scores: Tensor           # (B', K) log-probabilities of the continuing beams
     parent: Tensor           # (B', K) beam each continuing beam extends
     token: Tensor            # (B', K) its new token
+    top_token: Tensor        # (B', 2K) each candidate's token
 
 
 def select_candidates(scores: Tensor, log_probs: Tensor, eos_id: int, *,
@@ -166,7 +168,7 @@ def select_candidates(scores: Tensor, log_probs: Tensor, eos_id: int, *,
     finished = is_eos & (rank < beams) & torch.isfinite(top_scores)
     order = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :beams]
     return Selection(finished, top_scores, top_parent, top_scores.gather(1, order),
-                     top_parent.gather(1, order), top_token.gather(1, order))
+                     top_parent.gather(1, order), top_token.gather(1, order), top_token)
 
 
 def update_kept(kept: Tensor, new_scores: Tensor, finished: Tensor) -> Tensor:
@@ -280,7 +282,9 @@ class BeamSearch:
         return caps
 
     @torch.inference_mode()
-    def __call__(self, model: torch.nn.Module, src: Tensor, src_lengths: Tensor
+    def __call__(self, model: torch.nn.Module, src: Tensor, src_lengths: Tensor, *,
+                 constraints: Sequence[Sequence[Sequence[int]]] | None = None,
+                 avoid: Sequence[Sequence[Sequence[int]]] | None = None
                  ) -> list[list[Hypothesis]]:
         """Translate a padded batch.
 
@@ -295,13 +299,20 @@ class BeamSearch:
                 (`step_call`).
             src: (B, S) source ids, padded.
             src_lengths: (B,) real lengths.
+            constraints: optional, one list of phrases per sentence (each a non-empty list of
+                target ids; [] for none) that every hypothesis of the sentence holds, each
+                contiguously (lexically constrained decoding, `bahdanau.constraints`).
+            avoid: optional, one list of phrases per sentence that no hypothesis holds.
         Returns:
             For each sentence, its `n_best` hypotheses, best first.
         Raises:
             InputError: empty batch or bad shapes, `cuda_graphs` for tensors not on CUDA,
                 what `model.encode` refuses (empty sentences, lengths that disagree with the
-                padding, ids out of range), or scores that are not finite (NaN logits, or -inf
-                for every way to end a sentence): never an empty or NaN-ranked result.
+                padding, ids out of range), phrases that `compile_constraints` refuses (not
+                one list per sentence, empty, not words of the target vocabulary, more than
+                the sentence's cap allows), all before decoding; or scores that are not finite
+                (NaN logits, or -inf for every way to end a sentence): never an empty or
+                NaN-ranked result.
         """
         check_type("model", model, torch.nn.Module, "a torch.nn.Module such as RNNSearch")
         check_tensor("src", src, 2, integer=True)
@@ -312,6 +323,7 @@ class BeamSearch:
             raise InputError(f"cuda_graphs=True replays the decoder step as CUDA graphs, which "
                              f"needs the model and src on a CUDA device; src is on "
                              f"{src.device.type}")
+        lexical = self._lexical(model, src_lengths, constraints, avoid)
         was_training = model.training
         model.eval()
         try:
@@ -319,12 +331,32 @@ class BeamSearch:
             decoding, lengths = cast(_Decoding, model), src_lengths.to(src.device)
             if not self.cuda_graphs:
                 return self._search(decoding, src, lengths, step_call(decoding),
-                                    fixed_rows=False)
+                                    fixed_rows=False, lexical=lexical)
             padded = pad_to_bucket(src, self._ids(model)[2])
             return self._search(decoding, padded, lengths, self._captured_step(model),
-                                fixed_rows=True)
+                                fixed_rows=True, lexical=lexical)
         finally:
             model.train(was_training)
+
+    def _lexical(self, model: torch.nn.Module, src_lengths: Tensor, constraints: object,
+                 avoid: object) -> LexicalBeams | None:
+        """The phrases' automata on the device (`bahdanau.constraints`), checked before any
+        decoding; None without phrases (the plain search)."""
+        if constraints is None and avoid is None:
+            return None
+        config = getattr(model, "config", None)
+        sizes = getattr(model, "vocab_sizes", None)
+        vocab = config.tgt_vocab_size if config is not None else sizes[1] if sizes else None
+        if vocab is None:
+            raise InputError("constraints and avoid need the model's target vocabulary size "
+                             "(model.config.tgt_vocab_size)")
+        bos, eos, pad = self._ids(model)
+        automata = compile_constraints(constraints, avoid, self.caps(src_lengths).tolist(),
+                                       vocab, (pad, bos, eos),
+                                       label=lambda i: f"sentence {i} of the batch")
+        if automata is None:
+            return None
+        return LexicalBeams.start(automata, self.beam_size, src_lengths.device, pad)
 
     def captured(self, model: torch.nn.Module) -> CapturedStep | None:
         """The captured step this search holds for `model` (`cuda_graphs=True`), with its
@@ -343,11 +375,12 @@ class BeamSearch:
         return held[2]
 
     def _search(self, model: _Decoding, src: Tensor, src_lengths: Tensor, step: _StepCall, *,
-                fixed_rows: bool) -> list[list[Hypothesis]]:
+                fixed_rows: bool, lexical: LexicalBeams | None = None
+                ) -> list[list[Hypothesis]]:
         """The search of one batch through `step` (model.step, or its captured graphs): runs of
         `check_every` steps, with the host's look at the batch after each (`_Beams.check`;
-        `fixed_rows` keeps power-of-two groups of sentences)."""
-        beams = _Beams.start(self, model, src, src_lengths, step)
+        `fixed_rows` keeps power-of-two groups of sentences), under the phrases of `lexical`."""
+        beams = _Beams.start(self, model, src, src_lengths, step, lexical)
         end = int(beams.caps.max()) + 1                 # step `cap` may only end with eos
         for first in range(0, end, self.check_every):
             beams.advance(range(first, min(first + self.check_every, end)))
@@ -382,7 +415,8 @@ class BeamSearch:
         for sent in range(n_sent):
             if not candidates[sent]:     # finite log-probabilities always let eos end one
                 raise InputError(f"sentence {sent} of the batch got no hypothesis: the model "
-                                 "gives every ending a log-probability of -inf")
+                                 "gives every ending a log-probability of -inf (or every way "
+                                 "to hold its phrases leads to an avoided one)")
             best = sorted(candidates[sent], key=lambda c: (-c[0], c[2]))[: self.n_best]
             hyps = []
             for score, log_prob, step, beam in best:
@@ -436,13 +470,15 @@ class _Beams:
     kept: Tensor                  # (B', n_best) best normalised finished scores, descending
     done: Tensor                  # (B',) bool
     nan: Tensor                   # () bool: a live beam's log-probability was NaN
+    lexical: LexicalBeams | None = None   # the phrases of each sentence and each beam's state
     history: list[_Step] = field(default_factory=list)
     finished: list[_Finished] = field(default_factory=list)
 
     @classmethod
     def start(cls, search: BeamSearch, model: _Decoding, src: Tensor, src_lengths: Tensor,
-              step: _StepCall) -> _Beams:
-        """Encode the batch (the model checks its values) and set up one live beam each."""
+              step: _StepCall, lexical: LexicalBeams | None = None) -> _Beams:
+        """Encode the batch (the model checks its values) and set up one live beam each,
+        under the phrases of `lexical` (None: none)."""
         bos, eos, pad = search._ids(model)
         K, n_sent, device = search.beam_size, src.shape[0], src.device
         state, memory = model.encode(src, src_lengths)
@@ -457,7 +493,7 @@ class _Beams:
                    torch.full((n_sent, search.n_best), float("-inf"), dtype=dtype,
                               device=device),
                    torch.zeros(n_sent, dtype=torch.bool, device=device),
-                   torch.zeros((), dtype=torch.bool, device=device))
+                   torch.zeros((), dtype=torch.bool, device=device), lexical)
 
     def advance(self, steps: range) -> None:
         """Search steps `steps` (numbered from 0), reading nothing back to the host."""
@@ -474,7 +510,13 @@ class _Beams:
         if index < search.min_len:
             log_probs[..., eos] = float("-inf")
         at_cap = self.caps <= index                                  # (B',) only eos left
-        sel = select_candidates(self.scores, log_probs, eos, only_eos=at_cap)
+        if self.lexical is None:
+            sel = select_candidates(self.scores, log_probs, eos, only_eos=at_cap)
+        else:                       # the seam of constrained decoding (bahdanau.constraints)
+            log_probs = self.lexical.restrict(log_probs, self.caps - index - 1, eos)
+            top = select_candidates(self.scores, log_probs, eos, only_eos=at_cap)
+            choice, self.lexical = self.lexical.choose(self.scores, log_probs, top, eos)
+            sel = Selection(*choice)
         normalised = length_normalise(sel.top_scores, index + 1, search.length_penalty,
                                       search.alpha)
         self.kept = update_kept(self.kept, normalised, sel.finished)
@@ -514,6 +556,8 @@ class _Beams:
         self.scores, self.kept = self.scores[keep], self.kept[keep]
         self.state, self.tokens = self.state.rows(keep_rows), self.tokens[keep_rows]
         self.memory = self.memory.select(keep)
+        if self.lexical is not None:
+            self.lexical = self.lexical.select(keep)
         return True
 
 

@@ -1,12 +1,16 @@
-"""The search's pieces against NumPy: candidate selection, kept n-best, length penalties."""
+"""The search's pieces against NumPy (candidate selection, kept n-best, length penalties), and
+constrained decoding on random tiny models: every hypothesis holds its phrases, and a sentence
+alone finds what it finds in a batch."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
+from search_asserts import assert_same_hypotheses, random_model, reorder_tol
 
+from bahdanau import BeamSearch
 from bahdanau.search import length_normalise, select_candidates, update_kept
 
 
@@ -58,3 +62,49 @@ def test_length_penalties(log_prob, length, alpha) -> None:
     assert np.isclose(length_normalise(lp, length, "average", alpha).item(), log_prob / length)
     gnmt = log_prob / ((5 + length) / 6) ** alpha
     assert np.isclose(length_normalise(lp, length, "gnmt", alpha).item(), gnmt)
+
+
+# ------------------------------------------------------------- lexically constrained decoding
+SRC = torch.tensor([[5, 6, 7, 8, 9], [9, 10, 0, 0, 0], [4, 12, 13, 0, 0], [7, 0, 0, 0, 0]])
+LENGTHS = torch.tensor([5, 2, 3, 1])
+REQUIRED = list(range(3, 10))                   # words for required phrases (3 is unk)
+AVOIDED = list(range(10, 16))                   # words for avoided ones: always satisfiable
+
+
+def holds(tokens: list[int], phrase: list[int]) -> bool:
+    n = len(phrase)
+    return any(tokens[i:i + n] == phrase for i in range(len(tokens) - n + 1))
+
+
+def phrase_lists(words: list[int], most: int) -> st.SearchStrategy:
+    """One list of up to `most` phrases of 1-2 of `words` per sentence of SRC."""
+    phrase = st.lists(st.sampled_from(words), min_size=1, max_size=2)
+    return st.lists(st.lists(phrase, max_size=most), min_size=4, max_size=4)
+
+
+@given(st.integers(0, 2**16), phrase_lists(REQUIRED, 2), phrase_lists(AVOIDED, 2),
+       st.integers(1, 4), st.sampled_from(["none", "average", "gnmt"]), st.booleans())
+def test_constrained_hypotheses_hold_every_phrase_and_no_avoided_one(
+        seed, positive, avoid, beam, penalty, float32) -> None:
+    model = random_model(seed=seed, scale=0.7, dtype=torch.float32 if float32 else torch.float64)
+    search = BeamSearch(beam_size=beam, n_best=beam, max_len=6, length_penalty=penalty)
+    for b, hyps in enumerate(search(model, SRC, LENGTHS, constraints=positive, avoid=avoid)):
+        assert len(hyps) == beam
+        for hyp in hyps:
+            assert all(holds(hyp.tokens, p) for p in positive[b]), (b, hyp.tokens, positive[b])
+            assert not any(holds(hyp.tokens, a) for a in avoid[b]), (b, hyp.tokens, avoid[b])
+
+
+@settings(max_examples=20)                      # five searches each
+@given(st.integers(0, 2**16), phrase_lists(REQUIRED, 2), phrase_lists(AVOIDED, 1),
+       st.integers(1, 3))
+def test_a_constrained_sentence_alone_equals_its_result_in_a_batch(seed, positive, avoid,
+                                                                   beam) -> None:
+    model = random_model(seed=seed, scale=0.7)
+    search = BeamSearch(beam_size=beam, n_best=beam, max_len=6, length_penalty="average")
+    batched = search(model, SRC, LENGTHS, constraints=positive, avoid=avoid)
+    for b in range(SRC.shape[0]):
+        length = int(LENGTHS[b])
+        alone = search(model, SRC[b:b + 1, :length], LENGTHS[b:b + 1],
+                       constraints=positive[b:b + 1], avoid=avoid[b:b + 1])
+        assert_same_hypotheses(alone, batched[b:b + 1], tol=reorder_tol(torch.float64))

@@ -448,4 +448,5 @@ def test_decoding_options_are_the_search_s_arguments() -> None:
     fields = [f.name for f in dataclasses.fields(bahdanau.BeamSearch)]
     translate = inspect.signature(bahdanau.RNNSearch.translate).parameters
     assert documented == fields, "docs/guides/decoding.md's option table != BeamSearch's fields"
-    assert set(translate) - {"self", "src", "src_lengths"} == set(fields)
+    # besides the search's settings, translate takes the batch and its phrases (per sentence)
+    assert set(translate) - {"self", "src", "src_lengths", "constraints", "avoid"} == set(fields)
