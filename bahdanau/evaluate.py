@@ -6,13 +6,15 @@ Scores are computed on detokenised hypotheses against raw references, with sacre
 our decoder; the paper's "No UNK" column and its Figure 2 (BLEU by source length) are
 `bleu_without_unk` and `bleu_by_length`. `score_corpus` (and `score_ids` below it) scores given
 translations instead of searching for them (forced decoding): log p(Y | X) of each target, and
-the length-normalised score that `BeamSearch` would rank it by.
+the length-normalised score that `BeamSearch` would rank it by. Phrases given as text for
+constrained decoding (`bahdanau.constraints`) become target ids in `encode_phrases` and are
+checked against their sentences in `check_constraints`, before any decoding.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -23,11 +25,13 @@ from bahdanau._checks import (
     check_strings,
     check_tokenizer,
     check_type,
+    describe,
     is_finite_number,
     is_int,
     resolve_device,
 )
 from bahdanau._progress import Bar, progress_bar
+from bahdanau.constraints import compile_constraints
 from bahdanau.data.batching import Example, collate, pad_sources
 from bahdanau.data.text import normalize_whitespace
 from bahdanau.data.tokenizers import Tokenizer
@@ -206,6 +210,77 @@ def _length_sorted(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
     return [order[start:start + batch_size] for start in range(0, len(order), batch_size)]
 
 
+Phrases = list[list[list[int]]]     # per sentence, its phrases as target ids
+
+
+def _sentence(i: int) -> str:
+    return f"sentence {i + 1}"
+
+
+def encode_phrases(name: str, entries: object, n_sentences: int, tokenizer: Tokenizer,
+                   tgt_vocab: Vocab, label: Callable[[int], str] = _sentence
+                   ) -> Phrases | None:
+    """Phrases given as text (one list of str per sentence) as target ids, tokenised as the
+    model's tokenizer tokenises; None stays None.
+
+    Raises:
+        InputError: not one list of str per sentence, a phrase with no token, or one with a
+            word outside `tgt_vocab` (the model cannot write it: it would be `<unk>`), named
+            by `name` and `label(i)`.
+    """
+    if entries is None:
+        return None
+    if (isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence)
+            or len(entries) != n_sentences):
+        raise InputError(f"{name} must hold one list of phrases per sentence ({n_sentences}), "
+                         f"got {describe(entries)}")
+    out = []
+    for i, phrases in enumerate(entries):
+        if (isinstance(phrases, (str, bytes)) or not isinstance(phrases, Sequence)
+                or not all(isinstance(p, str) for p in phrases)):
+            raise InputError(f"{name}, {label(i)}: expected a list of phrases (str), got "
+                             f"{describe(phrases)}")
+        ids = []
+        for phrase in phrases:
+            tokens = tokenizer.tokenize(phrase)
+            if not tokens:
+                raise InputError(f"{name}, {label(i)}: the phrase {phrase!r} is empty; a phrase "
+                                 "needs at least one word")
+            unknown = [t for t in tokens if t not in tgt_vocab]
+            if unknown:
+                raise InputError(f"{name}, {label(i)}: the phrase {phrase!r} has words outside "
+                                 f"the target vocabulary ({' '.join(unknown)}): the model "
+                                 "cannot write it")
+            ids.append(tgt_vocab.encode(tokens))
+        out.append(ids)
+    return out
+
+
+def check_constraints(lengths: Sequence[int], constraints: object, avoid: object,
+                      tgt_vocab: Vocab, tokenizer: Tokenizer, search: BeamSearch, *,
+                      names: tuple[str, str] = ("constraints", "avoid"),
+                      label: Callable[[int], str] = _sentence
+                      ) -> tuple[Phrases | None, Phrases | None]:
+    """Phrases given as text for sentences of `lengths` source tokens, as target ids, checked
+    before any decoding: `encode_phrases`, then `bahdanau.constraints.compile_constraints` under
+    the caps of `search`.
+
+    Returns:
+        The required and the avoided phrases as ids (None where not given).
+    Raises:
+        InputError: what `encode_phrases` or `compile_constraints` refuses.
+    """
+    if constraints is None and avoid is None:
+        return None, None
+    positive = encode_phrases(names[0], constraints, len(lengths), tokenizer, tgt_vocab, label)
+    avoided = encode_phrases(names[1], avoid, len(lengths), tokenizer, tgt_vocab, label)
+    caps = search.caps(torch.tensor(list(lengths), dtype=torch.long)).tolist()
+    compile_constraints(positive, avoided, caps, len(tgt_vocab),
+                        (tgt_vocab.pad_id, tgt_vocab.bos_id, tgt_vocab.eos_id), label=label,
+                        names=names)
+    return positive, avoided
+
+
 def _bar(progress: str | None, total: int) -> Any:
     """The bar of a corpus of `total` sentences labelled `progress`; None: a bar that draws
     nothing (the caller draws its own)."""
@@ -216,7 +291,9 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
                      tgt_vocab: Vocab, tokenizer: Tokenizer, *, search: BeamSearch | None = None,
                      batch_size: int = 64, unk_replace: bool = False,
                      device: str | torch.device = "cpu",
-                     progress: str | None = "translating") -> list[Translation]:
+                     progress: str | None = "translating",
+                     constraints: Sequence[Sequence[str]] | None = None,
+                     avoid: Sequence[Sequence[str]] | None = None) -> list[Translation]:
     """Translate raw sentences; results come back in input order.
 
     Sentences are sorted by length and batched (less padding); each is tokenised, encoded
@@ -236,12 +313,17 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
         device: where the model lives.
         progress: the label of the progress bar (sentences translated, on stderr, when bars
             are shown: `bahdanau._progress`); None: no bar (the caller draws its own).
+        constraints: optional, one list of phrases (text) per sentence that its translation
+            must hold, each contiguously ([] for none): lexically constrained decoding
+            (`bahdanau.constraints`); each phrase is tokenised with `tokenizer`.
+        avoid: optional, one list of phrases per sentence that its translation must not hold.
     Returns:
         One `Translation` per sentence, in input order.
     Raises:
         InputError: an argument of the wrong type, an empty sentence, `unk_replace` with
-            RNNencdec, or vocabularies whose sizes or special ids differ from `model.config`
-            (see `ModelConfig.check_vocabs`); all before any decoding.
+            RNNencdec, vocabularies whose sizes or special ids differ from `model.config`
+            (see `ModelConfig.check_vocabs`), or phrases that `check_constraints` refuses;
+            all before any decoding.
     """
     check_type("model", model, torch.nn.Module, "a torch.nn.Module such as RNNSearch")
     check_type("src_vocab", src_vocab, Vocab, "a Vocab")
@@ -264,12 +346,16 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
         if not toks:
             raise InputError(f"sentence {i + 1} is empty")
     ids = [src_vocab.encode(toks) for toks in tokenized]
+    positive, avoided = check_constraints([len(x) for x in ids], constraints, avoid, tgt_vocab,
+                                          tokenizer, search)
     results: list[Translation | None] = [None] * len(ids)
     with _bar(progress, len(ids)) as bar:
         for chunk in _length_sorted([len(x) for x in ids], batch_size):
             src, lengths = pad_sources([ids[i] for i in chunk], src_vocab.pad_id)
-            for i, hyps in zip(chunk, search(model, src.to(device), lengths.to(device)),
-                               strict=True):
+            found = search(model, src.to(device), lengths.to(device),
+                           constraints=None if positive is None else [positive[i] for i in chunk],
+                           avoid=None if avoided is None else [avoided[i] for i in chunk])
+            for i, hyps in zip(chunk, found, strict=True):
                 best = hyps[0]
                 words = tgt_vocab.decode(best.tokens)
                 if unk_replace:

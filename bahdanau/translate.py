@@ -55,13 +55,17 @@ class Translator:
     steps: tuple[int | None, ...] = ()
 
     def translate(self, sentences: Sequence[str], *, search: BeamSearch | None = None,
-                  batch_size: int = 64) -> list[str]:
+                  batch_size: int = 64, constraints: Sequence[Sequence[str]] | None = None,
+                  avoid: Sequence[Sequence[str]] | None = None) -> list[str]:
         """Translate raw sentences, in order.
 
         Args:
             sentences: source sentences (not one str).
             search: a `BeamSearch` (default: beam 5, at most 100 tokens).
             batch_size: sentences per batch.
+            constraints: optional, one list of phrases per sentence that its translation
+                holds, each contiguously; avoid: phrases it must not hold (as
+                `translate_corpus`).
         Returns:
             One detokenised translation per sentence (under `torch.autocast`, decoded in its
             precision, as `translate_corpus`).
@@ -71,7 +75,8 @@ class Translator:
         device = next(self.model.parameters()).device
         return [t.text for t in translate_corpus(self.model, sentences, self.src_vocab,
                                                  self.tgt_vocab, self.tokenizer, search=search,
-                                                 batch_size=batch_size, device=device)]
+                                                 batch_size=batch_size, device=device,
+                                                 constraints=constraints, avoid=avoid)]
 
 
 def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,

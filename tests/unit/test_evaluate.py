@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -131,3 +132,74 @@ def test_translate_corpus_refuses_config_ids_that_differ_from_vocabularies() -> 
     model = RNNSearch.from_config(replace(presets.tiny(len(vocab), len(vocab)), eos_id=5))
     with pytest.raises(ValueError, match=r"^model config eos_id=5 but src_vocab.eos_id=2: "):
         translate_corpus(model, ["a man ."], vocab, vocab, tok)
+
+
+# ------------------------------------------------------------ constrained decoding from text
+SENTENCES = ["a man .", "two dogs play in the snow .", "a girl", "dogs ."]
+
+
+def text_model(lowercase: bool = False):
+    tok = DefaultTokenizer(lowercase=lowercase)
+    vocab = Vocab.build([tok.tokenize(s) for s in SENTENCES])
+    torch.manual_seed(0)
+    return RNNSearch.from_config(presets.tiny(len(vocab), len(vocab))).eval(), vocab, tok
+
+
+def holds(words: list[str], phrase: list[str]) -> bool:
+    n = len(phrase)
+    return any(words[i:i + n] == phrase for i in range(len(words) - n + 1))
+
+
+@pytest.mark.parametrize("lowercase", [False, True])
+def test_translate_corpus_holds_the_phrases_given_as_text(lowercase) -> None:
+    """Phrases are tokenised with the model's tokenizer (a lowercasing one lowercases them)."""
+    from bahdanau import BeamSearch, Translator
+
+    model, vocab, tok = text_model(lowercase)
+    constraints = [["two dogs"], [], ["the snow", "A" if lowercase else "a"], ["play ."]]
+    avoid = [["a"], ["dogs"], [], ["man", "girl"]]
+    search = BeamSearch(beam_size=3, n_best=2, max_len=8)
+    out = translate_corpus(model, SENTENCES, vocab, vocab, tok, search=search, batch_size=3,
+                           constraints=constraints, avoid=avoid)
+    for t, need, shun in zip(out, constraints, avoid, strict=True):
+        for hyp in t.nbest:
+            words = vocab.decode(hyp.tokens)
+            assert all(holds(words, tok.tokenize(p)) for p in need), (words, need)
+            assert not any(holds(words, tok.tokenize(p)) for p in shun), (words, shun)
+    translator = Translator(model, tok, vocab, vocab)
+    assert translator.translate(SENTENCES, search=search, constraints=constraints,
+                                avoid=avoid) == [t.text for t in out]
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    (dict(constraints=[["two dogs"]] * 3), "constraints must hold one list of phrases per "
+                                           "sentence (4)"),
+    (dict(avoid="dogs"), "avoid must hold one list of phrases per sentence (4)"),
+    (dict(constraints=[[], [], [], ["zebra crossing"]]),
+     "constraints, sentence 4: the phrase 'zebra crossing' has words outside the target "
+     "vocabulary (zebra crossing): the model cannot write it"),
+    (dict(avoid=[[], ["a zebra"], [], []]), "avoid, sentence 2: the phrase 'a zebra' has "
+                                            "words outside the target vocabulary (zebra)"),
+    (dict(constraints=[[], [], [], ["  "]]), "constraints, sentence 4: the phrase '  ' is "
+                                             "empty"),
+    (dict(constraints=[[], [], [], [["dogs"]]]), "constraints, sentence 4: expected a list "
+                                                 "of phrases (str)"),
+    (dict(constraints=[[], [], [], "dogs"]), "expected a list of phrases (str), got str"),
+    (dict(constraints=[[], [], [], ["two dogs play in the snow", "a man"]]),
+     "sentence 4: its phrases need at least 8 tokens, more than the 6"),
+    (dict(constraints=[[], [], [], ["dogs play"]], avoid=[[], [], [], ["play"]]),
+     "sentence 4: its phrases cannot all appear"),
+])
+def test_translate_corpus_refuses_bad_phrases_before_decoding(kwargs, match, monkeypatch
+                                                              ) -> None:
+    """Each refused before the first batch is encoded (the last sentence's too), naming the
+    sentence in the corpus."""
+    from bahdanau import BeamSearch
+
+    model, vocab, tok = text_model()
+    encoded = []
+    monkeypatch.setattr(model, "encode", lambda *a, **k: encoded.append(a) or 1 / 0)
+    with pytest.raises(ValueError, match=re.escape(match)) as err:
+        translate_corpus(model, SENTENCES, vocab, vocab, tok, batch_size=1,
+                         search=BeamSearch(beam_size=2, max_len=6), **kwargs)
+    assert "\n" not in str(err.value) and not encoded
