@@ -37,6 +37,7 @@ from bahdanau.jobs.options import (
     PREPARE_WORDS,
     AverageOptions,
     EvaluateOptions,
+    PhraseOptions,
     PlotOptions,
     PrepareOptions,
     ReleaseOptions,
@@ -44,7 +45,16 @@ from bahdanau.jobs.options import (
 )
 from bahdanau.jobs.release import release_model
 from bahdanau.jobs.report import alignment_title, plot_alignment_file, score_translations
-from bahdanau.jobs.resolve import autocast, beam_search, checkpoint_paths, load_decoder, machine
+from bahdanau.jobs.resolve import (
+    PhraseLists,
+    autocast,
+    beam_search,
+    check_line_phrases,
+    checkpoint_paths,
+    load_decoder,
+    machine,
+    phrase_files,
+)
 from bahdanau.jobs.run_folder import is_prepared_folder
 from bahdanau.search import argmax_alignment
 
@@ -92,7 +102,9 @@ def translate(o: TranslateOptions) -> int:
 
     Translates in windows of WINDOW_BATCHES batches (one line at a time from a terminal): each
     window's output is printed, in input order, before the next is read, so memory stays
-    bounded and a pipe sees results as they come. An empty line gives an empty output line."""
+    bounded and a pipe sees results as they come. An empty line gives an empty output line.
+    With --constraints or --avoid the whole input is read first, and every line's phrases
+    checked, before any line is translated."""
     o = stdout_as_dash(o, "alignments")
     device = machine(o)
     precision = autocast(o.amp, device)
@@ -102,7 +114,9 @@ def translate(o: TranslateOptions) -> int:
     if o.alignments == STDOUT:
         raise InputError("--alignments -: stdout carries the translations; write the "
                          "alignments to a file")
-    check_outputs({"--alignments": o.alignments}, {"--input": path, **checkpoints})
+    check_outputs({"--alignments": o.alignments}, {"--input": path, **checkpoints,
+                                                   **_phrase_inputs(o)})
+    phrases = phrase_files(o)
     if sys.stdout is None or (path is None and sys.stdin is None):
         raise InputError("stdin or stdout is closed: translate reads stdin (or --input) and "
                          "writes stdout")
@@ -117,12 +131,17 @@ def translate(o: TranslateOptions) -> int:
         alignments = (stack.enter_context(output_file(o.alignments))
                       if o.alignments else None)
         lines = iter_lines(stream, str(path) if path else "<stdin>")
+        constrained = phrases != (None, None)
+        if constrained:                  # every line's phrases checked before any is translated
+            every = list(lines)
+            check_line_phrases(o, phrases, every, loaded, search)
+            lines = iter(every)
         # typed at a terminal: each line is answered at once, and no bar is drawn
-        interactive = path is None and sys.stdin.isatty()
+        interactive = path is None and sys.stdin.isatty() and not constrained
         size = 1 if interactive else o.batch_size * WINDOW_BATCHES
         # a pipe or FIFO given as --input (/dev/stdin, <(zcat x.gz)) has no size and no
-        # position: its lines are counted, as stdin's are
-        sized = path is not None and stream.seekable()
+        # position: its lines are counted, as stdin's are (and a file read whole already)
+        sized = path is not None and stream.seekable() and not constrained
         done = read = 0
         with _input_bar(path if sized else None, interactive) as bar:
             while window := list(itertools.islice(lines, size)):
@@ -131,7 +150,8 @@ def translate(o: TranslateOptions) -> int:
                     translated = iter(translate_corpus(
                         model, sentences, src_vocab, tgt_vocab, tokenizer, search=search,
                         batch_size=o.batch_size, unk_replace=o.unk_replace, device=device,
-                        progress=None) if sentences else [])
+                        progress=None, **_window_phrases(phrases, window, done))
+                        if sentences else [])
                 with clear_bars():
                     for line in window:
                         t = next(translated) if line.strip() else None
@@ -145,6 +165,22 @@ def translate(o: TranslateOptions) -> int:
                 bar.update(position - read)
                 read = position
     return 0
+
+
+def _phrase_inputs(o: PhraseOptions) -> dict[str, Path | None]:
+    """--constraints and --avoid as inputs that no output may overwrite."""
+    return {"--constraints": existing(o.constraints, "--constraints"),
+            "--avoid": existing(o.avoid, "--avoid")}
+
+
+def _window_phrases(phrases: PhraseLists, window: list[str], first: int
+                    ) -> dict[str, list[list[str]] | None]:
+    """The `constraints` and `avoid` of the non-empty lines of `window`, which begins at input
+    line `first` (0-based)."""
+    return {name: None if lists is None else
+            [p for line, p in zip(window, lists[first:first + len(window)], strict=True)
+             if line.strip()]
+            for name, lists in zip(("constraints", "avoid"), phrases, strict=True)}
 
 
 def _print_translation(index: int, t: Translation | None, n_best: int,
@@ -194,14 +230,16 @@ def evaluate(o: EvaluateOptions) -> int:
     src, ref = existing(o.src, "--src"), existing(o.ref, "--ref")
     checkpoints = checkpoint_paths(o)
     check_outputs({"--output": o.output, "--json": o.json},
-                   {"--src": src, "--ref": ref, **checkpoints})
+                   {"--src": src, "--ref": ref, **checkpoints, **_phrase_inputs(o)})
     sources, references = read_aligned(
         src, ref, flags=("--src", "--ref"),
         needed=("a sentence to translate", "the reference translation of its source line"))
+    phrases = phrase_files(o)
     t = load_decoder(o, checkpoints, device)
+    check_line_phrases(o, phrases, sources, t, beam_search(o))
     with precision:
         report = score_translations(t.model, sources, references, t.src_vocab, t.tgt_vocab,
-                                    t.tokenizer, o, device)
+                                    t.tokenizer, o, device, phrases)
     print(*report.lines(), sep="\n",
           file=sys.stderr if STDOUT in (o.output, o.json) else sys.stdout)
     if o.output:

@@ -8,12 +8,14 @@ output that names stdout (``/dev/stdout``, ``/dev/fd/1``, ``/proc/self/fd/1``) i
 (`stdout_as_dash`). `output_file` opens an output (``-``: stdout) and
 `write_text` writes one, never destroying what the path is (`bahdanau._files.atomic_file`);
 `read_sources` reads the sentences to translate from a file or stdin, `read_aligned` a source
-file and its line-aligned translations.
+file and its line-aligned translations, `read_phrases` a JSON Lines file of phrases
+(``--constraints``, ``--avoid``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from collections.abc import Iterator
@@ -21,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, TypeVar, overload
 
+from bahdanau._checks import describe
 from bahdanau._files import atomic_file, replaced_file, writes_in_place
 from bahdanau.data.text import decode_lines, read_lines
 from bahdanau.errors import InputError
@@ -185,3 +188,25 @@ def read_aligned(src: Path, tgt: Path, *, flags: tuple[str, str], needed: tuple[
         raise InputError(f"{flags[0]} has {len(sources)} lines but {flags[1]} has "
                          f"{len(targets)}")
     return sources, targets
+
+
+def read_phrases(path: Path, what: str) -> list[list[str]]:
+    """The lists of phrases of a JSON Lines file (`what` is its flag, ``--constraints``): one
+    JSON list of strings per line, ``[]`` for none; each line that is not one is refused,
+    naming it (an empty line too: a missing list would shift every line after it)."""
+    out = []
+    for number, line in enumerate(read_lines(path), start=1):
+        if not line.strip():
+            raise InputError(f"{what} {path}: line {number} is empty; write [] for a line "
+                             "without phrases")
+        try:
+            value = json.loads(line)
+        except ValueError as err:
+            detail = getattr(err, "msg", str(err))
+            raise InputError(f"{what} {path}: line {number} is not JSON ({detail}); each line "
+                             'is a list of phrases, e.g. ["un vélo", "rouge"]') from None
+        if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+            raise InputError(f"{what} {path}: line {number} must be a JSON list of phrases "
+                             f"(strings), got {describe(value)}")
+        out.append(value)
+    return out

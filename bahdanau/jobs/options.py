@@ -338,7 +338,22 @@ class DecodeOptions(SearchOptions):
 
 
 @dataclass(frozen=True)
-class TranslateOptions(DecodeOptions):
+class PhraseOptions(DecodeOptions):
+    """What the commands that decode a file of sentences take besides: phrases each line's
+    translation must hold, or must not (lexically constrained decoding, `bahdanau.constraints`;
+    read by `bahdanau.jobs.resolve.phrase_files`)."""
+
+    constraints: str | None = option(
+        None, "JSON Lines, one list of phrases per input line (e.g. [\"un vélo\"]; [] for "
+        "none) that its translation must hold, each contiguously (constrained decoding)",
+        metavar="FILE", group="decoding")
+    avoid: str | None = option(
+        None, "JSON Lines, one list of phrases per input line that its translation must not "
+        "hold", metavar="FILE", group="decoding")
+
+
+@dataclass(frozen=True)
+class TranslateOptions(PhraseOptions):
     """`bahdanau translate`."""
 
     input: str | None = option(None, "source file (default: stdin)", metavar="FILE")
@@ -362,7 +377,7 @@ class TranslateOptions(DecodeOptions):
 
 
 @dataclass(frozen=True)
-class EvaluateOptions(DecodeOptions):
+class EvaluateOptions(PhraseOptions):
     """`bahdanau evaluate`."""
 
     src: str = option(None, "source file", required=True, metavar="FILE")

@@ -65,7 +65,8 @@ class TestReport:
 
 def score_translations(model: torch.nn.Module, sources: list[str], references: list[str],
                        src_vocab: Vocab, tgt_vocab: Vocab, tokenizer: Tokenizer,
-                       options: SearchOptions, device: torch.device) -> TestReport:
+                       options: SearchOptions, device: torch.device,
+                       phrases: tuple[Any, Any] = (None, None)) -> TestReport:
     """Translate `sources` with the search of `options` and score them against `references`.
 
     Args:
@@ -74,11 +75,14 @@ def score_translations(model: torch.nn.Module, sources: list[str], references: l
         src_vocab, tgt_vocab, tokenizer: what the model was trained with.
         options: the search settings (beam, lengths, penalty), batch size and --unk-replace.
         device: where to decode.
+        phrases: each sentence's required and avoided phrases (text), or None
+            (`translate_corpus`'s `constraints` and `avoid`).
     """
     start = time.perf_counter()
     out = translate_corpus(model, sources, src_vocab, tgt_vocab, tokenizer,
                            search=beam_search(options), batch_size=options.batch_size,
-                           unk_replace=options.unk_replace, device=device)
+                           unk_replace=options.unk_replace, device=device,
+                           constraints=phrases[0], avoid=phrases[1])
     seconds = time.perf_counter() - start
     scores = score_test_set([t.text for t in out], sources, references, src_vocab, tgt_vocab,
                             tokenizer)

@@ -4,7 +4,8 @@ checkpoints.
 `machine` checks --device and sets --threads; `autocast` turns --amp into the `torch.autocast`
 the model runs under; `beam_search` builds the `BeamSearch` of the search options;
 `checkpoint_paths` finds the --checkpoint files and `load_decoder` loads their model (the
-ensemble of several), vocabularies and tokenizer.
+ensemble of several), vocabularies and tokenizer; `phrase_files` reads --constraints and
+--avoid, and `check_line_phrases` checks them against the input's lines and the model.
 """
 
 from __future__ import annotations
@@ -22,7 +23,15 @@ from bahdanau._checks import default_device, default_threads, launcher_value, re
 from bahdanau._files import repeated_file
 from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.errors import InputError
-from bahdanau.jobs.options import DecodeOptions, ScoreOptions, SearchOptions, TrainOptions
+from bahdanau.evaluate import check_constraints
+from bahdanau.jobs.files import existing, read_phrases
+from bahdanau.jobs.options import (
+    DecodeOptions,
+    PhraseOptions,
+    ScoreOptions,
+    SearchOptions,
+    TrainOptions,
+)
 from bahdanau.search import CAPTURED_CHECK_EVERY, BeamSearch
 from bahdanau.training.run import check_machine
 from bahdanau.training.step import AMP_DTYPES
@@ -151,3 +160,41 @@ def load_decoder(o: DecodeOptions, paths: dict[str, Path], device: torch.device)
         raise InputError(f"--unk-replace needs attention weights; {' '.join(map(str, files))} "
                          f"{what}")
     return t
+
+
+# Each input line's phrases (text), or None where the option is not given
+PhraseLists = tuple[list[list[str]] | None, list[list[str]] | None]
+
+
+def phrase_files(o: PhraseOptions) -> PhraseLists:
+    """--constraints and --avoid, read (`bahdanau.jobs.files.read_phrases`) before the model
+    loads."""
+    def read(path: str | None, flag: str) -> list[list[str]] | None:
+        return None if path is None else read_phrases(existing(path, flag), flag)
+
+    return read(o.constraints, "--constraints"), read(o.avoid, "--avoid")
+
+
+def check_line_phrases(o: PhraseOptions, phrases: PhraseLists, sources: list[str],
+                       t: Translator, search: BeamSearch) -> None:
+    """Refuse, before any line is translated, phrases of `phrase_files` that do not fit the
+    input: a file of another number of lines, phrases for an empty input line (its translation
+    is an empty line), and what `bahdanau.evaluate.check_constraints` refuses, naming the file
+    and the line."""
+    for (flag, path), lists in zip((("--constraints", o.constraints), ("--avoid", o.avoid)),
+                                   phrases, strict=True):
+        if lists is None:
+            continue
+        if len(lists) != len(sources):
+            raise InputError(f"{flag} {path} has {len(lists)} lines but the input has "
+                             f"{len(sources)}: give one list of phrases per input line ([] "
+                             "for none)")
+        blank = next((i for i, (line, p) in enumerate(zip(sources, lists, strict=True))
+                      if p and not line.strip()), None)
+        if blank is not None:
+            raise InputError(f"{flag} {path}: line {blank + 1} has phrases, but input line "
+                             f"{blank + 1} is empty (its translation is an empty line)")
+    check_constraints([len(t.tokenizer.tokenize(line)) for line in sources], *phrases,
+                      t.tgt_vocab, t.tokenizer, search,
+                      names=(f"--constraints {o.constraints}", f"--avoid {o.avoid}"),
+                      label=lambda i: f"line {i + 1}")

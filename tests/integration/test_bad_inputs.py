@@ -54,6 +54,19 @@ def files(tmp_path_factory) -> Path:
     (root / "not-a-mapping.yaml").write_text("- max_steps\n- 1\n")
     (root / "broken.yaml").write_text("max_steps: [1\n")
     (root / "nan.yaml").write_text("max_steps: 1\nlr: .nan\n")
+    phrases = {                      # JSON Lines of phrases for te.en's 10 lines (--constraints)
+        "c-ok.jsonl": ['["un"]'] * 10,
+        "c-short.jsonl": ["[]"] * 3,
+        "c-bad-json.jsonl": ["[]", '["un"'] + ["[]"] * 8,
+        "c-not-list.jsonl": ['{"un": 1}'] + ["[]"] * 9,
+        "c-number.jsonl": ["[]", "[1]"] + ["[]"] * 8,
+        "c-blank.jsonl": ["[]", "[]", ""] + ["[]"] * 7,
+        "c-empty-phrase.jsonl": ["[]"] * 3 + ['["un", " "]'] + ["[]"] * 6,
+        "c-unknown.jsonl": ["[]"] * 4 + ['["xyzzyq"]'] + ["[]"] * 5,
+        "c-long.jsonl": ['["un homme un homme un"]'] + ["[]"] * 9,
+    }
+    for name, lines in phrases.items():
+        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     return root
 
 
@@ -305,6 +318,49 @@ CASES = [
     ("plot --checkpoint {run} --sentence 'a dog' --output {files}/no/dir/a.png",
      "does not exist"),
     ("plot --output {new}.png --checkpoint {run} --input {files}/empty.txt", "--line 1"),
+    # phrases each line's translation must hold (--constraints) or not (--avoid), JSON Lines
+    ("translate --checkpoint {run} --input {files}/te.en --constraints {files}/nope.jsonl",
+     "--constraints {files}/nope.jsonl: no such file"),
+    ("translate --checkpoint {run} --input {files}/te.en --constraints {files}/c-short.jsonl",
+     "--constraints {files}/c-short.jsonl has 3 lines but the input has 10"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --avoid "
+     "{files}/c-short.jsonl", "--avoid {files}/c-short.jsonl has 3 lines but the input has 10"),
+    ("translate --checkpoint {run} --input {files}/te.en --constraints {files}/c-bad-json.jsonl",
+     "c-bad-json.jsonl: line 2 is not JSON"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --constraints "
+     "{files}/c-bad-json.jsonl", "c-bad-json.jsonl: line 2 is not JSON"),
+    ("translate --checkpoint {run} --input {files}/te.en --avoid {files}/c-not-list.jsonl",
+     "c-not-list.jsonl: line 1 must be a JSON list of phrases (strings), got dict"),
+    ("translate --checkpoint {run} --input {files}/te.en --constraints {files}/c-number.jsonl",
+     "c-number.jsonl: line 2 must be a JSON list of phrases (strings), got list [1]"),
+    ("translate --checkpoint {run} --input {files}/te.en --constraints {files}/c-blank.jsonl",
+     "c-blank.jsonl: line 3 is empty; write [] for a line without phrases"),
+    ("translate --checkpoint {run} --input {files}/te.en --constraints {files}/latin1.txt",
+     "utf-8"),
+    ("translate --checkpoint {run} --input {files}/te.en --constraints "
+     "{files}/c-empty-phrase.jsonl", "c-empty-phrase.jsonl, line 4: the phrase ' ' is empty"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --avoid "
+     "{files}/c-empty-phrase.jsonl", "--avoid {files}/c-empty-phrase.jsonl, line 4: the phrase "
+     "' ' is empty"),
+    ("translate --checkpoint {run} --input {files}/te.en --constraints {files}/c-unknown.jsonl",
+     "c-unknown.jsonl, line 5: the phrase 'xyzzyq' has words outside the target vocabulary "
+     "(xyzzyq): the model cannot write it"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --avoid "
+     "{files}/c-unknown.jsonl", "--avoid {files}/c-unknown.jsonl, line 5: the phrase 'xyzzyq'"),
+    ("translate --checkpoint {run} --input {files}/te.en --constraints {files}/c-long.jsonl "
+     "--max-len 3", "line 1: its phrases need at least 5 tokens, more than the 3"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --constraints "
+     "{files}/c-long.jsonl --max-len-ratio 0.25", "line 1: its phrases need at least 5 tokens, "
+     "more than the 4"),                     # line 1 has 15 tokens: ceil(0.25 x 15) = 4
+    ("translate --checkpoint {run} --input {files}/te.en --constraints {files}/c-ok.jsonl "
+     "--avoid {files}/c-ok.jsonl", "line 1: its phrases cannot all appear in a translation that "
+     "holds none of its avoided phrases"),
+    ("translate --checkpoint {run} --input {files}/blank-line.en --constraints "
+     "{files}/c-ok.jsonl", "line 6 has phrases, but input line 6 is empty"),
+    ("translate --checkpoint {run} --input {files}/te.en --constraints {files}/c-ok.jsonl "
+     "--alignments {files}/c-ok.jsonl", "would destroy it"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --avoid "
+     "{files}/c-ok.jsonl --output {files}/c-ok.jsonl", "would destroy it"),
     # config files
     ("train --out {new} --config {files}/unknown-key.yaml", "'learning_rate'"),
     ("train --out {new} --config {files}/wrong-type.json", "--threads"),
@@ -396,6 +452,7 @@ def test_listed_case_refused(command, match, run, files, bad_checkpoints, tmp_pa
     argv = [a.replace("{ckpt}", str(bad_checkpoints)) for a in argv]
     code = _main(argv)
     extra = _missing_extra(argv)
+    match = _fill([match], run, files, new)[0]
     err = _assert_one_error(capsys, code, "" if extra else match)
     assert _snapshot(run, files) == before
     assert not new.exists() and not Path(f"{new}.png").exists()

@@ -192,6 +192,52 @@ def test_translate_windows_and_empty_lines_keep_the_line_alignment(trained, file
     assert len(rows) == 22 and rows[0]["target"] == rows[8]["target"] == []
 
 
+def holds(words: list[str], phrase: list[str]) -> bool:
+    n = len(phrase)
+    return any(words[i:i + n] == phrase for i in range(len(words) - n + 1))
+
+
+def test_translate_and_evaluate_hold_the_phrases_of_each_line(trained, files, capsys,
+                                                              tmp_path) -> None:
+    """--constraints/--avoid (JSON Lines, one list per input line): every output line holds its
+    line's phrases and none of its avoided ones, across windows and empty lines; evaluate's
+    translations too."""
+    from bahdanau import load
+
+    t = load(trained)
+    sources = (files / "te.en").read_text(encoding="utf-8").splitlines()
+    refs = (files / "te.fr").read_text(encoding="utf-8").splitlines()
+    known = [[w for w in t.tokenizer.tokenize(r) if w in t.tgt_vocab and w.isalpha()]
+             for r in refs]
+    need = [[] if not ws else [ws[0]] if i % 3 else [" ".join(ws[:2]), ws[-1]]
+            for i, ws in enumerate(known)]
+    shun = [[w] if i % 2 and w not in ws else [] for i, (ws, w) in enumerate(
+        zip(known, ["un", "une", "le", "la"] * 5, strict=True))]
+    gappy = tmp_path / "gappy.en"
+    gappy.write_text("\n".join(["", *sources[:7], "   ", *sources[7:]]) + "\n", encoding="utf-8")
+    cons, avoid = tmp_path / "c.jsonl", tmp_path / "a.jsonl"
+    for path, lists in ((cons, need), (avoid, shun)):
+        path.write_text("".join(json.dumps(p) + "\n" for p in [[], *lists[:7], [], *lists[7:]]),
+                        encoding="utf-8")
+    out = _translate(trained, gappy, capsys, "--batch-size", "1", "--constraints", str(cons),
+                     "--avoid", str(avoid))
+    assert len(out) == 22 and out[0] == out[8] == ""
+    out = out[1:8] + out[9:]
+    for line, phrases, avoided in zip(out, need, shun, strict=True):
+        words = t.tokenizer.tokenize(line)
+        assert all(holds(words, t.tokenizer.tokenize(p)) for p in phrases), (line, phrases)
+        assert not any(holds(words, [a]) for a in avoided), (line, avoided)
+    assert any(phrases for phrases in need) and any(shun)
+    for path, lists in ((cons, need), (avoid, shun)):
+        path.write_text("".join(json.dumps(p) + "\n" for p in lists), encoding="utf-8")
+    hyps = tmp_path / "hyps.txt"
+    assert main(["evaluate", "--checkpoint", str(trained), "--src", str(files / "te.en"),
+                 "--ref", str(files / "te.fr"), "--beam-size", "2", "--max-len", "8",
+                 "--constraints", str(cons), "--avoid", str(avoid), "--output", str(hyps)]) == 0
+    for line, phrases in zip(hyps.read_text(encoding="utf-8").splitlines(), need, strict=True):
+        assert all(holds(t.tokenizer.tokenize(line), t.tokenizer.tokenize(p)) for p in phrases)
+
+
 def test_translate_streams(trained, files) -> None:
     """From a pipe, each window's translations come out before the input ends."""
     sources = (files / "te.en").read_text(encoding="utf-8").splitlines()
