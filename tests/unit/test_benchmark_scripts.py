@@ -46,3 +46,19 @@ def test_gpu_suite_smoke_runs_every_path_on_the_cpu(tmp_path) -> None:
     train = [row for row in rows if row["section"] == "train" and "skipped" not in row]
     assert train and all(row["tok_s"] > 0 for row in train)
     assert "=" * 100 in result.stdout                     # the closing table
+
+
+def test_constraints_smoke_holds_every_constraint(tmp_path) -> None:
+    """`bench_constraints.py --smoke`: an untrained tiny model on a few test sentences; every
+    constraint taken from the references is held, and each row has its BLEU and time."""
+    out = tmp_path / "constraints.json"
+    script = Path(__file__).parents[2] / "examples" / "benchmarks" / "bench_constraints.py"
+    result = subprocess.run([sys.executable, str(script), "--smoke", "--limit", "12",
+                             "--max-len", "16", "--repeats", "1", "--threads", "1",
+                             "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads(out.read_text(encoding="utf-8"))["rows"]
+    assert [row["constraints"] > 0 for row in rows] == [False, True, True]
+    assert all(row["held"] == row["constraints"] for row in rows)
+    assert rows[2]["constraints"] > rows[1]["constraints"]
+    assert all(row["seconds"] > 0 and row["bleu"] >= 0 for row in rows)

@@ -1,0 +1,143 @@
+"""Lexically constrained decoding on Multi30k test_2016_flickr: satisfaction, BLEU and speed.
+
+The experiment of Post & Vilar (2018, section 5): constraints taken from the reference. Each
+test sentence is first translated without constraints (beam 5, as the default job decodes);
+then, per sentence, one or two random reference words or bigrams that the unconstrained
+translation does not hold (fixed seed; words of the target vocabulary, whose tokens the
+tokenizer gives back alone) become its constraints, and the test set is translated again.
+Printed: the share of constraints the translations hold (the search guarantees 100%), BLEU and
+chrF of each (sacrebleu, against the references), and the decoding time of plain beam 5 and of
+each constrained run, in the same run (the fastest of --repeats passes each).
+
+    bahdanau train --out runs/default                   # the default job
+    python examples/benchmarks/bench_constraints.py --checkpoint runs/default
+    python examples/benchmarks/bench_constraints.py --smoke     # an untrained tiny model, seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+
+import torch
+
+from bahdanau import BeamSearch, RNNSearch, presets
+from bahdanau.data import DefaultTokenizer, Vocab, multi30k_files, read_lines, read_parallel
+from bahdanau.evaluate import corpus_scores, translate_corpus
+from bahdanau.translate import Translator, load
+
+
+def holds(words: list[str], phrase: list[str]) -> bool:
+    """`phrase` appears contiguously in `words`."""
+    n = len(phrase)
+    return any(words[i:i + n] == phrase for i in range(len(words) - n + 1))
+
+
+def reference_phrases(t: Translator, reference: str, output: list[str]) -> list[list[str]]:
+    """The reference's words and bigrams that `output` does not hold: each token a word of the
+    target vocabulary with a letter in it, that the tokenizer gives back alone."""
+    tokens = t.tokenizer.tokenize(reference)
+    ok = [w in t.tgt_vocab and any(c.isalpha() for c in w) and t.tokenizer.tokenize(w) == [w]
+          for w in tokens]
+    found = [[w] for w, good in zip(tokens, ok, strict=True) if good]
+    found += [tokens[i:i + 2] for i in range(len(tokens) - 1) if ok[i] and ok[i + 1]]
+    unique = list(dict.fromkeys(tuple(p) for p in found if not holds(output, p)))
+    return [list(p) for p in unique]
+
+
+def pick(candidates: list[list[list[str]]], count: int, seed: int) -> list[list[str]]:
+    """Per sentence, `count` random phrases of its candidates (as text; fewer if it has fewer)."""
+    rng = random.Random(seed)
+    return [[" ".join(p) for p in rng.sample(c, min(count, len(c)))] for c in candidates]
+
+
+def timed(t: Translator, sources: list[str], search: BeamSearch, repeats: int, batch_size: int,
+          constraints: list[list[str]] | None = None) -> tuple[float, list]:
+    """The fastest of `repeats` translations of `sources`, and what it found."""
+    best, out = float("inf"), []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = translate_corpus(t.model, sources, t.src_vocab, t.tgt_vocab, t.tokenizer,
+                               search=search, batch_size=batch_size, constraints=constraints,
+                               progress=None)
+        best = min(best, time.perf_counter() - start)
+    return best, out
+
+
+def smoke_translator(max_size: int) -> Translator:
+    """An untrained tiny model with Multi30k vocabularies (for --smoke: the script's paths)."""
+    torch.manual_seed(0)
+    tok = DefaultTokenizer()
+    pairs = read_parallel(multi30k_files("train", "en"), multi30k_files("train", "fr"))[:2000]
+    src_vocab = Vocab.build((tok.tokenize(s) for s, _ in pairs), max_size=max_size)
+    tgt_vocab = Vocab.build((tok.tokenize(t) for _, t in pairs), max_size=max_size)
+    model = RNNSearch.from_config(presets.tiny(len(src_vocab), len(tgt_vocab))).eval()
+    return Translator(model, tok, src_vocab, tgt_vocab)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", help="a trained model (run folder or checkpoint file)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="an untrained tiny model instead, on --limit sentences")
+    parser.add_argument("--limit", type=int, default=1000, help="test sentences to decode")
+    parser.add_argument("--beam-size", type=int, default=5)
+    parser.add_argument("--max-len", type=int, default=100)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=1, help="of the random constraints")
+    parser.add_argument("--repeats", type=int, default=2, help="passes per setting; fastest kept")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args()
+    if (args.checkpoint is None) == (not args.smoke):
+        parser.error("give --checkpoint PATH, or --smoke")
+
+    torch.set_num_threads(args.threads)
+    t = smoke_translator(1000) if args.smoke else load(args.checkpoint)
+    sources = read_lines(multi30k_files("test_2016_flickr", "en"))[: args.limit]
+    references = read_lines(multi30k_files("test_2016_flickr", "fr"))[: args.limit]
+    search = BeamSearch(beam_size=args.beam_size, max_len=args.max_len)
+    seconds, plain = timed(t, sources, search, args.repeats, args.batch_size)
+    candidates = [reference_phrases(t, ref, out.tokens)
+                  for ref, out in zip(references, plain, strict=True)]
+    rows = [dict(setting=f"beam {args.beam_size}", seconds=seconds, constraints=0,
+                 sentences=0, held=0, **score(plain, references))]
+    for count in (1, 2):
+        phrases = pick(candidates, count, args.seed + count)
+        seconds, found = timed(t, sources, search, args.repeats, args.batch_size, phrases)
+        held = sum(holds(out.tokens, t.tokenizer.tokenize(p))
+                   for out, ps in zip(found, phrases, strict=True) for p in ps)
+        given = sum(map(len, phrases))
+        rows.append(dict(setting=f"beam {args.beam_size}, {count} from the reference",
+                         seconds=seconds, constraints=given,
+                         sentences=sum(1 for ps in phrases if ps), held=held,
+                         **score(found, references)))
+    report(rows, len(sources), args)
+
+
+def score(found: list, references: list[str]) -> dict:
+    scores = corpus_scores([out.text for out in found], references)
+    return dict(bleu=round(scores.bleu, 2), chrf=round(scores.chrf, 2))
+
+
+def report(rows: list[dict], n: int, args: argparse.Namespace) -> None:
+    base = rows[0]["seconds"]
+    print(f"{n} test_2016_flickr sentences, {torch.get_num_threads()} threads, "
+          f"{'untrained tiny model' if args.smoke else args.checkpoint}")
+    print(f"{'setting':32} {'constraints':>11} {'held':>7} {'BLEU':>6} {'chrF':>6} "
+          f"{'seconds':>8} {'x plain':>8}")
+    for row in rows:
+        row["ratio"] = round(row["seconds"] / base, 2)
+        held = f"{100 * row['held'] / row['constraints']:.1f}%" if row["constraints"] else "-"
+        print(f"{row['setting']:32} {row['constraints']:>11} {held:>7} {row['bleu']:>6.2f} "
+              f"{row['chrf']:>6.2f} {row['seconds']:>8.1f} {row['ratio']:>8.2f}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"sentences": n, "threads": torch.get_num_threads(), "rows": rows}, f,
+                      indent=2)
+
+
+if __name__ == "__main__":
+    main()
