@@ -57,7 +57,8 @@ from torch import Tensor
 from bahdanau._checks import describe, is_int
 from bahdanau.errors import InputError
 
-__all__ = ["Automaton", "Choice", "LexicalBeams", "check_phrases", "compile_constraints"]
+__all__ = ["Automaton", "Choice", "LexicalBeams", "allocate", "automaton", "check_phrases",
+           "compile_constraints"]
 
 Phrase = tuple[int, ...]
 # The states an automaton may have: each set of met phrases times each trie node, so at most
