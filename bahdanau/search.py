@@ -23,6 +23,10 @@ Length normalisation (`length_penalty`), with |Y| = len(tokens) + 1 (eos counted
     "average"  score = log p(Y | X) / |Y|
     "gnmt"     score = log p(Y | X) / ((5 + |Y|) / 6) ** alpha   (Wu et al. 2016)
 
+Lexically constrained decoding (`constraints=` and `avoid=`, phrases each sentence's hypotheses
+must or must not hold) is `bahdanau.constraints`, met at one seam: where `_Beams._step` picks a
+step's candidates. A batch without phrases never reaches it.
+
 Early stopping is exact for all three: a sentence stops once it has `n_best` finished hypotheses
 and no live one can still beat the worst of them. Log-probabilities only decrease as tokens are
 added, so a live hypothesis with log-probability l can at best score l (none), l / (cap + 1)
@@ -323,7 +327,7 @@ class BeamSearch:
             raise InputError(f"cuda_graphs=True replays the decoder step as CUDA graphs, which "
                              f"needs the model and src on a CUDA device; src is on "
                              f"{src.device.type}")
-        lexical = self._lexical(model, src_lengths, constraints, avoid)
+        lexical = self._lexical(model, src_lengths, src.device, constraints, avoid)
         was_training = model.training
         model.eval()
         try:
@@ -338,8 +342,8 @@ class BeamSearch:
         finally:
             model.train(was_training)
 
-    def _lexical(self, model: torch.nn.Module, src_lengths: Tensor, constraints: object,
-                 avoid: object) -> LexicalBeams | None:
+    def _lexical(self, model: torch.nn.Module, src_lengths: Tensor, device: torch.device,
+                 constraints: object, avoid: object) -> LexicalBeams | None:
         """The phrases' automata on the device (`bahdanau.constraints`), checked before any
         decoding; None without phrases (the plain search)."""
         if constraints is None and avoid is None:
@@ -356,7 +360,7 @@ class BeamSearch:
                                        label=lambda i: f"sentence {i} of the batch")
         if automata is None:
             return None
-        return LexicalBeams.start(automata, self.beam_size, src_lengths.device, pad)
+        return LexicalBeams.start(automata, self.beam_size, device, pad)
 
     def captured(self, model: torch.nn.Module) -> CapturedStep | None:
         """The captured step this search holds for `model` (`cuda_graphs=True`), with its

@@ -294,7 +294,7 @@ def test_every_check_interval_and_kept_groups_find_the_same_hypotheses(check_eve
     search = BeamSearch(**settings, check_every=check_every)
     got = search(model, LONGER_SRC, LONGER_LENGTHS, constraints=MIXED, avoid=AVOID)
     assert_same_hypotheses(got, want, tol=TOL64)
-    lexical = search._lexical(model, LONGER_LENGTHS, MIXED, AVOID)
+    lexical = search._lexical(model, LONGER_LENGTHS, LONGER_SRC.device, MIXED, AVOID)
     with torch.inference_mode():
         kept = search._search(model.eval(), LONGER_SRC, LONGER_LENGTHS, step_call(model),
                               fixed_rows=True, lexical=lexical)
