@@ -260,11 +260,13 @@ class _Top(Protocol):
     def top_parent(self) -> Tensor: ...
     @property
     def top_token(self) -> Tensor: ...
+    @property
+    def best_token(self) -> Tensor: ...
 
 
 class Choice(NamedTuple):
     """One constrained step for B' sentences over N candidates (the fields of
-    `bahdanau.search.Selection`, in its order)."""
+    `bahdanau.search.Selection` but its last, in its order)."""
 
     finished: Tensor         # (B', N) bool: eos candidates that finish
     top_scores: Tensor       # (B', N) candidate log-probabilities (-inf: none)
@@ -326,11 +328,11 @@ class LexicalBeams(NamedTuple):
         return torch.where(self.letters >= 0, self.letters, self.pad_id)
 
     def restrict(self, log_probs: Tensor, room: Tensor, eos_id: int) -> Tensor:
-        """The step's log-probabilities with what the phrases forbid at -inf.
+        """The step's log-probabilities with what the phrases forbid at -inf (in place).
 
         Args:
             log_probs: (B', K, V) next-token log-probabilities of each beam (pad and bos
-                already -inf).
+                already -inf), changed in place.
             room: (B',) the tokens each sentence may still write after this one (its cap minus
                 the step minus 1; below 0 at the cap, where only eos may follow).
             eos_id: the end-of-sentence id.
@@ -348,11 +350,14 @@ class LexicalBeams(NamedTuple):
         other_ok = (by_other >= 0) & (self.dist.gather(1, by_other.clamp(min=0)) <= within)
         held = self.dist.gather(1, self.state) == 0                          # (B', K)
         ids = self._letter_ids()[:, None, :].expand(n, beams, width)         # (B', K, J)
-        kept = log_probs.gather(2, ids).masked_fill(~letter_ok, float("-inf"))
-        out = log_probs.masked_fill(~other_ok[..., None], float("-inf"))
-        out.scatter_(2, ids, kept)                      # padding writes -inf over pad
-        out[..., eos_id] = log_probs[..., eos_id].masked_fill(~held, float("-inf"))
-        return out
+        letters = log_probs.gather(2, ids).masked_fill(~letter_ok, float("-inf"))
+        eos = log_probs[..., eos_id].masked_fill(~held, float("-inf"))       # a copy
+        # + -inf where no other word may follow (+ 0 changes nothing): an add in place is
+        # several times faster than a masked fill of (B', K, V) on a CPU
+        log_probs.add_(torch.zeros_like(eos).masked_fill(~other_ok, float("-inf"))[..., None])
+        log_probs.scatter_(2, ids, letters)             # padding writes -inf over pad
+        log_probs[..., eos_id] = eos
+        return log_probs
 
     def after(self, state: Tensor, token: Tensor) -> Tensor:
         """(B', N) the state after writing `token` (B', N) in `state` (B', N); -1: no move."""
@@ -370,13 +375,14 @@ class LexicalBeams(NamedTuple):
         Args:
             scores: (B', K) log-probabilities of the live beams (-inf for dead ones).
             log_probs: (B', K, V) as `restrict` returned them.
-            top: `select_candidates` of `scores` and `log_probs` (with its `only_eos`).
+            top: `select_candidates` of `scores` and `log_probs` (with its `only_eos`): its
+                candidates, and each beam's best token.
             eos_id: the end-of-sentence id.
         Returns:
             The `Choice` of the step, and these beams with the continuing beams' states.
         """
         n, beams, vocab = log_probs.shape
-        extra = torch.cat([log_probs.argmax(2, keepdim=True),                # best token
+        extra = torch.cat([top.best_token[..., None],                        # best token
                            torch.full((n, beams, 1), eos_id, device=scores.device),
                            self._letter_ids()[:, None, :].expand(n, beams, -1)], dim=2)
         extra_lp = log_probs.gather(2, extra)           # at a cap all -inf but eos (restrict)

@@ -132,6 +132,7 @@ class Selection(NamedTuple):
     parent: Tensor           # (B', K) beam each continuing beam extends
     token: Tensor            # (B', K) its new token
     top_token: Tensor        # (B', 2K) each candidate's token
+    best_token: Tensor       # (B', K) each beam's most probable next token
 
 
 def select_candidates(scores: Tensor, log_probs: Tensor, eos_id: int, *,
@@ -172,7 +173,8 @@ def select_candidates(scores: Tensor, log_probs: Tensor, eos_id: int, *,
     finished = is_eos & (rank < beams) & torch.isfinite(top_scores)
     order = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :beams]
     return Selection(finished, top_scores, top_parent, top_scores.gather(1, order),
-                     top_parent.gather(1, order), top_token.gather(1, order), top_token)
+                     top_parent.gather(1, order), top_token.gather(1, order), top_token,
+                     beam_token[..., 0])
 
 
 def update_kept(kept: Tensor, new_scores: Tensor, finished: Tensor) -> Tensor:
@@ -520,7 +522,7 @@ class _Beams:
             log_probs = self.lexical.restrict(log_probs, self.caps - index - 1, eos)
             top = select_candidates(self.scores, log_probs, eos, only_eos=at_cap)
             choice, self.lexical = self.lexical.choose(self.scores, log_probs, top, eos)
-            sel = Selection(*choice)
+            sel = Selection(*choice, top.best_token)
         normalised = length_normalise(sel.top_scores, index + 1, search.length_penalty,
                                       search.alpha)
         self.kept = update_kept(self.kept, normalised, sel.finished)
