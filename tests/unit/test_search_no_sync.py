@@ -7,7 +7,7 @@ checks run (`bahdanau.search._Beams.advance`, wrapped). The encode and set-up of
 checks themselves stay outside the window. The search must still complete, every call of the
 model's step must have come inside a window, and the hypotheses must be those of the unguarded
 search, for greedy and beam search, RNNSearch and RNNEncDec, float64 and float32 (the
-oneDNN-packed step), the reference engine, and an Ensemble.
+oneDNN-packed step), the reference engine, and an Ensemble; and so for constrained decoding.
 
 Reads made by C++ code without a Python call (a kernel that syncs inside ATen) are not seen
 here; on a GPU, recording the step as a CUDA graph (`bahdanau.captured_step`) refuses those.
@@ -52,9 +52,10 @@ def test_the_guard_refuses_every_host_read_and_is_lifted_after() -> None:
         read()
 
 
-def guarded_search(search: BeamSearch, net: torch.nn.Module, monkeypatch) -> tuple[list, dict]:
-    """`search(net, SRC, LENGTHS)` with host reads refused during every run of steps, and
-    the model's steps counted inside and outside those runs."""
+def guarded_search(search: BeamSearch, net: torch.nn.Module, monkeypatch, **phrases
+                   ) -> tuple[list, dict]:
+    """`search(net, SRC, LENGTHS, **phrases)` with host reads refused during every run of
+    steps, and the model's steps counted inside and outside those runs."""
     counts = {"inside": 0, "outside": 0, "windows": 0}
     inside = [False]
     advance, step = search_module._Beams.advance, net.step
@@ -75,7 +76,7 @@ def guarded_search(search: BeamSearch, net: torch.nn.Module, monkeypatch) -> tup
 
     monkeypatch.setattr(search_module._Beams, "advance", guarded_advance)
     monkeypatch.setattr(net, "step", counted_step)
-    return search(net, SRC, LENGTHS), counts
+    return search(net, SRC, LENGTHS, **phrases), counts
 
 
 CASES = {
@@ -109,6 +110,26 @@ def test_steps_between_checks_read_nothing_back(case, check_every, monkeypatch) 
     assert counts["inside"] >= 2 and counts["windows"] >= 1
     if check_every == 1000:
         assert counts["windows"] == 1           # every step of the batch in one window
+
+
+# phrases each sentence's hypotheses must hold, and must not (bahdanau.constraints)
+PHRASES = dict(constraints=[[[4, 5]], [], [[9], [13, 13]], [[6]]], avoid=[[], [[15]], [], [[7]]])
+
+
+@pytest.mark.parametrize("check_every", [1, 4, 1000])
+@pytest.mark.parametrize("case", ["greedy-rnnsearch", "beam-rnnsearch", "beam-rnnencdec",
+                                  "beam-float32-packed", "beam-ensemble"])
+def test_constrained_steps_between_checks_read_nothing_back(case, check_every,
+                                                            monkeypatch) -> None:
+    """The constrained step (restrict, the candidates, the bank allocation) too."""
+    build, options = CASES[case]
+    net = build()
+    want = BeamSearch(**options)(net, SRC, LENGTHS, **PHRASES)          # unguarded, k = 1
+    search = BeamSearch(**options, check_every=check_every)
+    got, counts = guarded_search(search, net, monkeypatch, **PHRASES)
+    assert_same_hypotheses(got, want, tol=reorder_tol(next(net.parameters()).dtype))
+    assert counts["outside"] == 0 and counts["inside"] >= 2
+    assert all(any(h.tokens[i:i + 2] == [4, 5] for i in range(len(h.tokens))) for h in got[0])
 
 
 @pytest.mark.parametrize("build", [random_model,
