@@ -4,6 +4,7 @@ test_bad_inputs.py; run folders, resumes and signals: in test_runs.py)."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import math
 import os
@@ -198,7 +199,7 @@ def holds(words: list[str], phrase: list[str]) -> bool:
 
 
 def test_translate_and_evaluate_hold_the_phrases_of_each_line(trained, files, capsys,
-                                                              tmp_path) -> None:
+                                                              tmp_path, monkeypatch) -> None:
     """--constraints/--avoid (JSON Lines, one list per input line): every output line holds its
     line's phrases and none of its avoided ones, across windows and empty lines; evaluate's
     translations too."""
@@ -230,6 +231,12 @@ def test_translate_and_evaluate_hold_the_phrases_of_each_line(trained, files, ca
     assert any(phrases for phrases in need) and any(shun)
     for path, lists in ((cons, need), (avoid, shun)):
         path.write_text("".join(json.dumps(p) + "\n" for p in lists), encoding="utf-8")
+    # from stdin (read whole before the first line is translated): the same lines
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(
+        "\n".join(sources).encode() + b"\n")))
+    assert main(["translate", "--checkpoint", str(trained), "--beam-size", "2", "--max-len", "6",
+                 "--batch-size", "1", "--constraints", str(cons), "--avoid", str(avoid)]) == 0
+    assert capsys.readouterr().out.splitlines() == out
     hyps = tmp_path / "hyps.txt"
     assert main(["evaluate", "--checkpoint", str(trained), "--src", str(files / "te.en"),
                  "--ref", str(files / "te.fr"), "--beam-size", "2", "--max-len", "8",
