@@ -9,6 +9,8 @@ Printed: the share of constraints the translations hold (the search guarantees 1
 chrF of each (sacrebleu, against the references), and the decoding time of plain beam 5 and of
 each constrained run, in the same run: --repeats rounds of the three, the fastest pass of each
 kept (rounds, not one setting after another, so that the machine's other work falls on all).
+Beside the times, the decoder rows each run computed (sentences x beams, summed over the steps):
+the work, which the machine's load does not change.
 
     bahdanau train --out runs/default                   # the default job
     python examples/benchmarks/bench_constraints.py --checkpoint runs/default
@@ -18,6 +20,7 @@ kept (rounds, not one setting after another, so that the machine's other work fa
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import random
 import time
@@ -54,14 +57,30 @@ def pick(candidates: list[list[list[str]]], count: int, seed: int) -> list[list[
     return [[" ".join(p) for p in rng.sample(c, min(count, len(c)))] for c in candidates]
 
 
+def count_rows(model: torch.nn.Module) -> list[int]:
+    """Count the rows of every call of `model.step` into the list returned (one number)."""
+    step, rows = model.step, [0]
+
+    @functools.wraps(step)              # keeps the signature the search reads (`check`)
+    def counted(prev_tokens, *args, **kwargs):
+        rows[0] += prev_tokens.shape[0]
+        return step(prev_tokens, *args, **kwargs)
+
+    model.step = counted
+    return rows
+
+
 def timed(t: Translator, sources: list[str], search: BeamSearch, batch_size: int,
-          constraints: list[list[str]] | None = None) -> tuple[float, list]:
-    """The time of one translation of `sources`, and what it found."""
+          rows: list[int], constraints: list[list[str]] | None = None
+          ) -> tuple[float, int, list]:
+    """The time of one translation of `sources`, the decoder rows it computed (`rows` is
+    `count_rows`'), and what it found."""
+    rows[0] = 0
     start = time.perf_counter()
     out = translate_corpus(t.model, sources, t.src_vocab, t.tgt_vocab, t.tokenizer,
                            search=search, batch_size=batch_size, constraints=constraints,
                            progress=None)
-    return time.perf_counter() - start, out
+    return time.perf_counter() - start, rows[0], out
 
 
 def smoke_translator(max_size: int) -> Translator:
@@ -98,8 +117,10 @@ def main() -> None:
     sources = read_lines(multi30k_files("test_2016_flickr", "en"))[: args.limit]
     references = read_lines(multi30k_files("test_2016_flickr", "fr"))[: args.limit]
     search = BeamSearch(beam_size=args.beam_size, max_len=args.max_len)
+    counter = count_rows(t.model)
     settings: dict[int, list[list[str]] | None] = {0: None}        # constraints per sentence
     seconds: dict[int, float] = {}
+    rows_of: dict[int, int] = {}
     found: dict[int, list] = {}
     for _ in range(args.repeats):
         for count in (0, 1, 2):
@@ -107,7 +128,8 @@ def main() -> None:
                 candidates = [reference_phrases(t, ref, out.tokens)
                               for ref, out in zip(references, found[0], strict=True)]
                 settings[count] = pick(candidates, count, args.seed + count)
-            took, found[count] = timed(t, sources, search, args.batch_size, settings[count])
+            took, rows_of[count], found[count] = timed(t, sources, search, args.batch_size,
+                                                       counter, settings[count])
             seconds[count] = min(took, seconds.get(count, took))
     rows = []
     for count, given in settings.items():
@@ -115,7 +137,7 @@ def main() -> None:
         held = sum(holds(out.tokens, t.tokenizer.tokenize(p))
                    for out, ps in zip(found[count], phrases, strict=True) for p in ps)
         name = f"beam {args.beam_size}" + (f", {count} from the reference" if count else "")
-        rows.append(dict(setting=name, seconds=seconds[count],
+        rows.append(dict(setting=name, seconds=seconds[count], decoder_rows=rows_of[count],
                          constraints=sum(map(len, phrases)),
                          sentences=sum(1 for ps in phrases if ps), held=held,
                          **score(found[count], references)))
@@ -128,16 +150,18 @@ def score(found: list, references: list[str]) -> dict:
 
 
 def report(rows: list[dict], n: int, args: argparse.Namespace) -> None:
-    base = rows[0]["seconds"]
+    base, work = rows[0]["seconds"], rows[0]["decoder_rows"]
     print(f"{n} test_2016_flickr sentences, {torch.get_num_threads()} threads, "
           f"{'untrained tiny model' if args.smoke else args.checkpoint}")
     print(f"{'setting':32} {'constraints':>11} {'held':>7} {'BLEU':>6} {'chrF':>6} "
-          f"{'seconds':>8} {'x plain':>8}")
+          f"{'seconds':>8} {'x plain':>8} {'rows x plain':>12}")
     for row in rows:
         row["ratio"] = round(row["seconds"] / base, 2)
+        row["rows_ratio"] = round(row["decoder_rows"] / work, 2)
         held = f"{100 * row['held'] / row['constraints']:.1f}%" if row["constraints"] else "-"
         print(f"{row['setting']:32} {row['constraints']:>11} {held:>7} {row['bleu']:>6.2f} "
-              f"{row['chrf']:>6.2f} {row['seconds']:>8.1f} {row['ratio']:>8.2f}")
+              f"{row['chrf']:>6.2f} {row['seconds']:>8.1f} {row['ratio']:>8.2f} "
+              f"{row['rows_ratio']:>12.2f}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"sentences": n, "threads": torch.get_num_threads(), "rows": rows}, f,

@@ -61,4 +61,4 @@ def test_constraints_smoke_holds_every_constraint(tmp_path) -> None:
     assert [row["constraints"] > 0 for row in rows] == [False, True, True]
     assert all(row["held"] == row["constraints"] for row in rows)
     assert rows[2]["constraints"] > rows[1]["constraints"]
-    assert all(row["seconds"] > 0 and row["bleu"] >= 0 for row in rows)
+    assert all(row["seconds"] > 0 and row["bleu"] >= 0 and row["decoder_rows"] > 0 for row in rows)
