@@ -9,8 +9,9 @@ Printed: the share of constraints the translations hold (the search guarantees 1
 chrF of each (sacrebleu, against the references), and the decoding time of plain beam 5 and of
 each constrained run, in the same run: --repeats rounds of the three, the fastest pass of each
 kept (rounds, not one setting after another, so that the machine's other work falls on all).
-Beside the times, the decoder rows each run computed (sentences x beams, summed over the steps):
-the work, which the machine's load does not change.
+Beside the wall-clock times, the CPU time of this process (with --threads 1, close to what the
+run costs whatever else the machine runs) and the decoder rows each run computed (sentences x
+beams, summed over the steps): the work, which the machine's load does not change.
 
     bahdanau train --out runs/default                   # the default job
     python examples/benchmarks/bench_constraints.py --checkpoint runs/default
@@ -72,15 +73,15 @@ def count_rows(model: torch.nn.Module) -> list[int]:
 
 def timed(t: Translator, sources: list[str], search: BeamSearch, batch_size: int,
           rows: list[int], constraints: list[list[str]] | None = None
-          ) -> tuple[float, int, list]:
-    """The time of one translation of `sources`, the decoder rows it computed (`rows` is
-    `count_rows`'), and what it found."""
+          ) -> tuple[tuple[float, float], int, list]:
+    """The wall-clock and CPU seconds of one translation of `sources`, the decoder rows it
+    computed (`rows` is `count_rows`'), and what it found."""
     rows[0] = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     out = translate_corpus(t.model, sources, t.src_vocab, t.tgt_vocab, t.tokenizer,
                            search=search, batch_size=batch_size, constraints=constraints,
                            progress=None)
-    return time.perf_counter() - start, rows[0], out
+    return (time.perf_counter() - start, time.process_time() - cpu), rows[0], out
 
 
 def smoke_translator(max_size: int) -> Translator:
@@ -119,7 +120,7 @@ def main() -> None:
     search = BeamSearch(beam_size=args.beam_size, max_len=args.max_len)
     counter = count_rows(t.model)
     settings: dict[int, list[list[str]] | None] = {0: None}        # constraints per sentence
-    seconds: dict[int, float] = {}
+    seconds: dict[int, tuple[float, float]] = {}             # wall-clock, CPU
     rows_of: dict[int, int] = {}
     found: dict[int, list] = {}
     for _ in range(args.repeats):
@@ -130,14 +131,16 @@ def main() -> None:
                 settings[count] = pick(candidates, count, args.seed + count)
             took, rows_of[count], found[count] = timed(t, sources, search, args.batch_size,
                                                        counter, settings[count])
-            seconds[count] = min(took, seconds.get(count, took))
+            best = seconds.get(count, took)
+            seconds[count] = (min(took[0], best[0]), min(took[1], best[1]))
     rows = []
     for count, given in settings.items():
         phrases = given or [[] for _ in sources]
         held = sum(holds(out.tokens, t.tokenizer.tokenize(p))
                    for out, ps in zip(found[count], phrases, strict=True) for p in ps)
         name = f"beam {args.beam_size}" + (f", {count} from the reference" if count else "")
-        rows.append(dict(setting=name, seconds=seconds[count], decoder_rows=rows_of[count],
+        rows.append(dict(setting=name, seconds=seconds[count][0],
+                         cpu_seconds=seconds[count][1], decoder_rows=rows_of[count],
                          constraints=sum(map(len, phrases)),
                          sentences=sum(1 for ps in phrases if ps), held=held,
                          **score(found[count], references)))
@@ -150,18 +153,19 @@ def score(found: list, references: list[str]) -> dict:
 
 
 def report(rows: list[dict], n: int, args: argparse.Namespace) -> None:
-    base, work = rows[0]["seconds"], rows[0]["decoder_rows"]
+    base = {key: rows[0][key] for key in ("seconds", "cpu_seconds", "decoder_rows")}
     print(f"{n} test_2016_flickr sentences, {torch.get_num_threads()} threads, "
           f"{'untrained tiny model' if args.smoke else args.checkpoint}")
-    print(f"{'setting':32} {'constraints':>11} {'held':>7} {'BLEU':>6} {'chrF':>6} "
-          f"{'seconds':>8} {'x plain':>8} {'rows x plain':>12}")
+    print(f"{'setting':30} {'constraints':>11} {'held':>7} {'BLEU':>6} {'chrF':>6} "
+          f"{'seconds':>8} {'x plain':>7} {'CPU s':>7} {'x plain':>7} {'rows x plain':>12}")
     for row in rows:
-        row["ratio"] = round(row["seconds"] / base, 2)
-        row["rows_ratio"] = round(row["decoder_rows"] / work, 2)
+        for key, name in (("seconds", "ratio"), ("cpu_seconds", "cpu_ratio"),
+                          ("decoder_rows", "rows_ratio")):
+            row[name] = round(row[key] / base[key], 2)
         held = f"{100 * row['held'] / row['constraints']:.1f}%" if row["constraints"] else "-"
-        print(f"{row['setting']:32} {row['constraints']:>11} {held:>7} {row['bleu']:>6.2f} "
-              f"{row['chrf']:>6.2f} {row['seconds']:>8.1f} {row['ratio']:>8.2f} "
-              f"{row['rows_ratio']:>12.2f}")
+        print(f"{row['setting']:30} {row['constraints']:>11} {held:>7} {row['bleu']:>6.2f} "
+              f"{row['chrf']:>6.2f} {row['seconds']:>8.1f} {row['ratio']:>7.2f} "
+              f"{row['cpu_seconds']:>7.1f} {row['cpu_ratio']:>7.2f} {row['rows_ratio']:>12.2f}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"sentences": n, "threads": torch.get_num_threads(), "rows": rows}, f,
