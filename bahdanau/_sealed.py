@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from bahdanau._files import atomic_write, sha256_file
+from bahdanau._folders import MANIFEST
 from bahdanau.errors import InputError
 
 __all__ = ["MANIFEST", "check_sealed", "file_digests", "manifest_digest", "seal"]
 
-MANIFEST = "manifest.json"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _PER_THREAD = 1 << 28       # bytes worth a hashing thread of their own (about 0.15 s of hashing)
 

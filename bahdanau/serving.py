@@ -54,6 +54,7 @@ from torch.export import Dim, ExportedProgram
 from bahdanau._about import versions
 from bahdanau._checks import is_int
 from bahdanau._files import atomic_write, check_destination, held, new_folder
+from bahdanau._folders import EXPORTED_FORMAT, Kind, check_folder_to_write
 from bahdanau._pt2_archive import load_program, program_bytes
 from bahdanau._sealed import check_sealed, seal
 from bahdanau.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, ModelConfig
@@ -68,9 +69,9 @@ from bahdanau.search import refuse_nan_scores
 __all__ = ["ExportedDecoder", "ExportedMemory", "ExportedModel", "ServingPrograms", "export_folder",
            "export_programs", "greedy_decode", "load_exported", "pad_source"]
 
-# ``manifest.json``'s "format" (what the folder is) and "version" (raised when the interface of
-# the programs or the folder changes; version 1 had an integer "format" and no digests).
-EXPORTED_FORMAT = "bahdanau exported model"
+# ``manifest.json``'s "format" (what the folder is: `EXPORTED_FORMAT`, declared with the other
+# folders' in `bahdanau._folders`) and "version" (raised when the interface of the programs or
+# the folder changes; version 1 had an integer "format" and no digests).
 EXPORTED_VERSION = 2
 # The shortest padded source the programs take: traced shapes hold for S >= 2 (a batch whose
 # longest sentence has one token is padded to two, `pad_source`).
@@ -340,15 +341,19 @@ PROGRAMS = ("encoder", "step")
 
 
 def check_new_folder(folder: str | os.PathLike[str]) -> Path:
-    """`folder` as `export_folder` writes it: not there yet, in a place that can be replaced
-    by renaming (`bahdanau._files.check_destination`: not the current folder, a mount point or
-    a dangling link, a parent that is not a file; a parent that is missing is created).
+    """`folder` as `export_folder` writes it: absent or empty (by the rule of every folder
+    writer, `bahdanau._folders.check_folder_to_write`: never a folder of another kind or of
+    other files, nor one inside a model folder, a prepared corpus or an exported folder), in a
+    place that can be replaced by renaming (`bahdanau._files.check_destination`: not the
+    current folder, a mount point or a dangling link, a parent that is not a file; a parent
+    that is missing is created).
 
     Raises:
-        InputError: it exists, or `check_destination` refuses it.
+        InputError: it is an exported folder already, or `check_folder_to_write` or
+            `check_destination` refuses it.
     """
     folder = Path(folder)
-    if folder.exists():
+    if check_folder_to_write(folder, Kind.EXPORTED):
         raise InputError(f"{folder} exists: export writes a new folder")
     check_destination(folder, "an exported model")
     return folder

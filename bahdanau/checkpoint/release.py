@@ -5,7 +5,8 @@ files, a model card, and a manifest with the SHA-256 of every file.
     payload = read_release("my-model")           # what model_from_checkpoint reads
 
 docs/release-format.md describes the folder. `write_release` writes it atomically, by the rules
-of every folder the commands write (`bahdanau._files.check_destination`, `bahdanau._files.held`,
+of every folder the commands write (`bahdanau._folders.check_folder_to_write`: it replaces only
+a model folder; `bahdanau._files.check_destination`, `bahdanau._files.held`,
 `bahdanau._files.new_folder`: a temporary folder beside it, renamed into place when whole; a
 symbolic link keeps linking); `read_release` checks the manifest
 and every file's digest before it reads anything, and gives back a checkpoint payload of the
@@ -28,6 +29,7 @@ import torch
 
 from bahdanau._checks import check_path
 from bahdanau._files import check_destination, held, new_folder, process_umask, sha256_file
+from bahdanau._folders import MANIFEST, RELEASE_FORMAT, Kind, check_folder_to_write
 from bahdanau.checkpoint.files import FORMAT_VERSION
 from bahdanau.checkpoint.payload import (
     stored_parts,
@@ -40,8 +42,6 @@ from bahdanau.errors import InputError
 __all__ = ["MANIFEST", "RELEASE_FORMAT", "RELEASE_VERSION", "is_release", "read_release",
            "write_release"]
 
-MANIFEST = "manifest.json"
-RELEASE_FORMAT = "bahdanau-model"     # the manifest's "format"
 RELEASE_VERSION = 1                   # the manifest's "version": what this code reads
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
 SRC_VOCAB, TGT_VOCAB = "src_vocab.json", "tgt_vocab.json"
@@ -88,15 +88,18 @@ def write_release(payload: dict[str, Any], out: str | os.PathLike[str], *, card:
     Args:
         payload: a checkpoint of the current format (`upgrade_payload`), checked whole
             (`bahdanau.checkpoint.model_from_checkpoint` takes it) before anything is written.
-        out: the folder to write; it must not exist or be empty, unless `overwrite`. A
+        out: the folder to write: absent, empty, or a model folder to replace with
+            `overwrite`; a folder of another kind or of other files is never replaced. A
             symbolic link keeps linking: the folder it names is replaced.
         card: the model card, written as README.md.
-        overwrite: replace what `out` holds (only once the new folder is whole).
+        overwrite: replace the model folder `out` holds (only once the new folder is whole).
     Returns:
         The folder.
     Raises:
-        InputError: `out` is a file, a non-empty folder without `overwrite`, a place that
-            cannot be replaced (`check_destination`) or is being written by another process;
+        InputError: `out` is a file, a model folder without `overwrite`, a folder of
+            another kind or of other files or inside a model folder, a prepared corpus or an
+            exported folder (`check_new_release`), a place that cannot be replaced
+            (`check_destination`) or is being written by another process;
             safetensors is not installed; or the payload is one that `model_from_checkpoint`
             refuses.
     """
@@ -122,16 +125,16 @@ def write_release(payload: dict[str, Any], out: str | os.PathLike[str], *, card:
 
 def check_new_release(out: Path, overwrite: bool) -> Path:
     """The folder `write_release` writes for `out` (`check_destination`), checked before any
-    work: not a file, and empty unless `overwrite`.
+    work by the rule of every folder writer (`bahdanau._folders.check_folder_to_write`):
+    absent, empty, or a model folder already, replaced only with `overwrite`.
 
     Raises:
         InputError: as `write_release` says.
     """
     folder = check_destination(out, "a model folder")
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"--out {out} is a file, not a folder")
-    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
-        raise InputError(f"--out {out} is not empty: choose another folder, or --overwrite it")
+    if check_folder_to_write(folder, Kind.MODEL, name=f"--out {out}") and not overwrite:
+        raise InputError(f"--out {out} is a model folder already: replace it with --overwrite "
+                         "or choose another folder")
     return folder
 
 

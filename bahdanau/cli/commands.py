@@ -12,6 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from bahdanau._folders import Kind
 from bahdanau._progress import Bar, clear_bars, progress_bar
 from bahdanau.checkpoint.averaging import average_checkpoints, select_checkpoints
 from bahdanau.checkpoint.files import save_checkpoint
@@ -45,7 +46,6 @@ from bahdanau.jobs.options import (
 from bahdanau.jobs.release import release_model
 from bahdanau.jobs.report import alignment_title, plot_alignment_file, score_translations
 from bahdanau.jobs.resolve import autocast, beam_search, checkpoint_paths, load_decoder, machine
-from bahdanau.jobs.run_folder import is_prepared_folder
 from bahdanau.search import argmax_alignment
 
 _LOG = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def prepare(o: PrepareOptions) -> int:
         src, tgt = multi30k_files("train", src_lang), multi30k_files("train", tgt_lang)
         shipped = {"corpus": "multi30k", "src_lang": src_lang, "tgt_lang": tgt_lang}
     check_output_folder("--out", o.out, {"--train-src": src, "--train-tgt": tgt},
-                        own=is_prepared_folder(Path(o.out)))
+                        writes=Kind.PREPARED)
     vocab_size = o.vocab_size
     if o.sentencepiece_model is not None:
         tokenizer: Any = SentencePieceTokenizer.load(

@@ -19,7 +19,8 @@ never leaves something that passes for a prepared corpus. Running again on the s
 with the same options reuses it.
 
 `bahdanau.data.prepared.PreparedCorpus` opens one (re-exported here). Where the folder goes is
-checked and held by `bahdanau._files.check_destination` and `bahdanau._files.held`, the
+checked and held by `bahdanau._folders.check_folder_to_write` (it replaces only a prepared
+corpus), `bahdanau._files.check_destination` and `bahdanau._files.held`, the
 manifest and its digest are `bahdanau.data.manifest`'s, and the tokenising processes
 `bahdanau.data.workers`'.
 """
@@ -55,11 +56,11 @@ from bahdanau._files import (
     new_folder,
     sha256_file,
 )
+from bahdanau._folders import Kind, check_folder_to_write
 from bahdanau._progress import progress_bar
 from bahdanau.data.batching import refuse_specials, special_token
 from bahdanau.data.manifest import (
     FORMAT,
-    MANIFEST,
     SIDES,
     VERSION,
     check_shipped,
@@ -230,7 +231,9 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
         src_path, tgt_path: line-aligned UTF-8 text files, plain or gzip.
         out: the folder to write. If it holds a prepared corpus of the same inputs (by SHA-256)
             and options, that one is reused; another prepared corpus is replaced only with
-            `overwrite`; a folder of other files is never touched.
+            `overwrite`; a folder of another kind (a model folder, an exported folder) or of
+            other files is never touched, whatever `overwrite`
+            (`bahdanau._folders.check_folder_to_write`).
         tokenizer: a tokenizer instance (default `DefaultTokenizer()`), e.g. a
             `SentencePieceTokenizer` loaded from one's own model, or `TrainSentencePiece(...)`
             to train one on these files.
@@ -267,6 +270,7 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
                      strict, overwrite)
     workers, log = _workers(workers), log or logging.getLogger(__name__).info
     folder, start = check_destination(out, "a prepared corpus"), time.perf_counter()
+    check_folder_to_write(folder, Kind.PREPARED, name=str(out))   # again once `held`
     options = {"tokenizer": _describe_tokenizer(tokenizer), "vocab_size": vocab_size,
                "src_vocab": _vocab_sha256(src_vocab), "tgt_vocab": _vocab_sha256(tgt_vocab),
                "max_len": max_len, "max_ratio": max_ratio, "strict": strict}
@@ -294,10 +298,10 @@ def _reuse(folder: Path, out: Path, inputs: list[dict[str, Any]], options: dict[
     digest checked); None when a new one is to be written there.
 
     Raises:
-        InputError: `folder` holds something else (another corpus, a damaged one) and
-            `overwrite` is False, or files that are not a prepared corpus (never replaced).
+        InputError: `folder` holds another prepared corpus or a damaged one and `overwrite`
+            is False, or a folder of another kind or of other files (never replaced).
     """
-    existing = _existing_corpus(folder)
+    existing = _existing_corpus(folder, out)
     if existing is None:
         return None
     damage = existing if isinstance(existing, str) else ""
@@ -402,21 +406,15 @@ def _vocab_sha256(vocab: Vocab | None) -> str | None:
     return hashlib.sha256(json.dumps(vocab.to_dict(), ensure_ascii=False).encode()).hexdigest()
 
 
-def _existing_corpus(out: Path) -> dict[str, Any] | str | None:
-    """The manifest of the prepared corpus in `out` (or why it cannot be read), None if `out`
-    is missing or empty. Raises when `out` is a file or a folder of other files: never
-    replaced."""
-    if not out.exists():
-        return None
-    if not out.is_dir():
-        raise InputError(f"{out} is a file, not a folder for a prepared corpus")
-    if not (out / MANIFEST).is_file():
-        if any(out.iterdir()):
-            raise InputError(f"{out} holds files but no prepared corpus ({MANIFEST}): choose "
-                             "another folder; nothing there is replaced")
+def _existing_corpus(folder: Path, out: Path) -> dict[str, Any] | str | None:
+    """The manifest of the prepared corpus in `folder` (or why it cannot be read: a damaged
+    one), None if it is missing or empty. Raises when it is a file, a folder of another kind
+    (a model folder, an exported folder, a run) or of other files: never replaced
+    (`bahdanau._folders.check_folder_to_write`, naming it as `out`)."""
+    if not check_folder_to_write(folder, Kind.PREPARED, name=str(out)):
         return None
     try:
-        return read_manifest(out)
+        return read_manifest(folder)
     except InputError as err:
         return str(err)
 

@@ -24,7 +24,9 @@ from typing import Any
 
 from bahdanau._checks import describe, is_finite_number, is_int
 from bahdanau._files import sha256_file
-from bahdanau._sealed import MANIFEST, file_digests, manifest_digest, seal
+from bahdanau._folders import MANIFEST
+from bahdanau._folders import PREPARED_FORMAT as FORMAT
+from bahdanau._sealed import file_digests, manifest_digest, seal
 from bahdanau.data.text import MULTI30K_LANGS, multi30k_files
 from bahdanau.data.tokenizers import SENTENCEPIECE_FILE, TOKENIZER_FILE
 from bahdanau.data.vocab import SPECIALS
@@ -33,7 +35,6 @@ from bahdanau.errors import InputError
 __all__ = ["FORMAT", "MANIFEST", "SIDES", "VERSION", "check_shipped", "format_files",
            "read_manifest", "seal", "verify_digest"]
 
-FORMAT = "bahdanau prepared corpus"
 VERSION = 2                   # 2: the folder is sealed by a digest (version 1 had none)
 SIDES = ("src", "tgt")
 COUNTS = ("lines", "pairs", "empty", "too_long", "ratio")

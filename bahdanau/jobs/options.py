@@ -241,7 +241,7 @@ class TrainOptions(SearchOptions):
                                 "--no-resume refuses an OUT that holds a run",
                           on_resume="not_recorded", group="output")
     overwrite: bool = option(False, "start a new run in OUT, deleting the run it holds "
-                                    "(checkpoints, config.yaml, results)",
+                                    "(checkpoints, config.yaml, results; other files stay)",
                              on_resume="not_recorded", group="output")
 
     def check(self) -> None:
@@ -414,7 +414,7 @@ class ExportOptions(Options):
 
     checkpoint: str = option(None, "a checkpoint file, or a training output folder (its best, "
                                    "else latest checkpoint)", required=True, metavar="PATH")
-    out: str = option(None, "the folder to write (created; must not exist yet)", required=True,
+    out: str = option(None, "the folder to write (created; absent or empty)", required=True,
                       metavar="DIR")
 
 @dataclass(frozen=True)
@@ -449,7 +449,8 @@ class ReleaseOptions(Options):
     checkpoint: str = option(None, "a checkpoint file, or a training output folder (its best, "
                                    "else latest checkpoint)", required=True, metavar="PATH")
     out: str = option(None, "the model folder to write", required=True, metavar="DIR")
-    overwrite: bool = option(False, "replace what OUT holds")
+    overwrite: bool = option(False, "replace the model folder OUT holds (never a folder of "
+                                    "another kind or of other files)")
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,11 @@ command line on two tiny runs.
   link; ``-`` is stdout where a user expects it.
 * A file of a run (its checkpoints, best.*, config.yaml, train.log, the lock), also reached
   through a symlink, is refused as an output of another command, before any work; averaging
-  refuses checkpoints of two runs unless --allow-different-runs.
+  refuses checkpoints of two runs unless --allow-different-runs. So is a file of a model
+  folder, a prepared corpus or an exported folder (of either format).
+* A folder writer (release, prepare, export, train) replaces only a folder of its own kind:
+  a folder of another kind, or of a user's own files, is refused whatever --overwrite says,
+  in one line naming what it is, every file left byte for byte.
 * Ctrl-C or a full disk while `average` writes, or while training saves a checkpoint, is one
   line and leaves the files as they were; a killed --loader-workers process stops training
   with a checkpoint at its step.
@@ -22,6 +26,7 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
 import stat
 import threading
 from pathlib import Path
@@ -42,6 +47,7 @@ import bahdanau.training.loop as loop
 import bahdanau.training.plan as plan
 import bahdanau.training.run as run_module
 from bahdanau._files import writes_in_place
+from bahdanau._folders import Kind, folder_kind
 from bahdanau.checkpoint import load_checkpoint, save_checkpoint
 from bahdanau.cli import main
 from bahdanau.config import TrainConfig
@@ -318,6 +324,152 @@ def test_export_follows_the_folder_rules_of_prepare(root, tmp_path, monkeypatch,
                              str(tmp_path / "file" / "out")]), "cannot be created:",
                "file is a file")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "link"]
+
+
+@pytest.fixture(scope="module")
+def kinds(root, tmp_path_factory) -> dict[str, Path]:
+    """A folder of each kind the commands write, from the run in `root`: "model" (release),
+    "prep" (prepare), "exported" (export), "old" (an exported folder of the first format: its
+    manifest's "format" the integer 1), and "data", a folder of a user's own 12 files."""
+    pytest.importorskip("safetensors")
+    from bahdanau.data import prepare_corpus
+
+    base = tmp_path_factory.mktemp("kinds")
+    assert main(["release", "--checkpoint", str(root / "run"), "--out", str(base / "model")]) == 0
+    prepare_corpus(root / "tr.en", root / "tr.fr", base / "prep", workers=1)
+    assert main(["export", "--checkpoint", str(root / "run"), "--out", str(base / "exported")]) == 0
+    shutil.copytree(base / "exported", base / "old")
+    manifest = json.loads((base / "old" / "manifest.json").read_text())
+    del manifest["version"]
+    (base / "old" / "manifest.json").write_text(json.dumps({**manifest, "format": 1}))
+    (base / "data").mkdir()
+    for i in range(12):
+        (base / "data" / f"part{i:02d}.txt").write_text(f"the user's line {i}\n")
+    return {name: base / name for name in ("model", "prep", "exported", "old", "data")}
+
+
+_WRITERS = {"release": ["release", "--checkpoint", "{run}", "--overwrite"],
+            "prepare": ["prepare", "--train-src", "{root}/tr.en", "--train-tgt", "{root}/tr.fr",
+                        "--overwrite"],
+            "export": ["export", "--checkpoint", "{run}"]}
+_OTHER_FILES = ("is a folder of other files (12 entries): {writer} writes {writes} whole and never "
+                "replaces other files; choose a new folder")
+
+
+# (the writer, the kind of folder its --out names, what the error says it is)
+_FOREIGN = [
+    ("release", "data", _OTHER_FILES),
+    ("release", "prep", "is a prepared corpus: release writes a model folder; choose another "
+                        "folder"),
+    ("release", "old", "is an exported folder: release writes a model folder; choose another "
+                       "folder"),
+    ("prepare", "data", _OTHER_FILES),
+    ("prepare", "model", "is a model folder: prepare writes a prepared corpus; choose another "
+                         "folder"),
+    ("prepare", "exported", "is an exported folder: prepare writes a prepared corpus; choose "
+                            "another folder"),
+    ("prepare", "old", "is an exported folder: prepare writes a prepared corpus; choose another "
+                       "folder"),
+    ("export", "data", _OTHER_FILES),
+    ("export", "model", "is a model folder: export writes an exported folder; choose another "
+                        "folder"),
+    ("export", "prep", "is a prepared corpus: export writes an exported folder; choose another "
+                       "folder"),
+]
+
+
+@pytest.mark.parametrize(("writer", "kind", "message"), _FOREIGN,
+                         ids=[f"{writer}-{kind}" for writer, kind, _ in _FOREIGN])
+def test_no_folder_writer_replaces_a_folder_of_another_kind(root, kinds, capsys, writer, kind,
+                                                            message) -> None:
+    """`release --out data --overwrite` deleted every file of a folder of the user's own, exit 0;
+    `prepare --overwrite` replaced a model folder or an exported folder, calling it "a damaged
+    prepared corpus". A writer replaces only a folder of its own kind, whatever the flag."""
+    writes = {"release": "a model folder", "prepare": "a prepared corpus",
+              "export": "an exported folder"}[writer]
+    argv = [a.replace("{run}", str(root / "run")).replace("{root}", str(root))
+            for a in _WRITERS[writer]]
+    out = kinds[kind]
+    before, around = _snapshot(out), sorted(p.name for p in out.parent.iterdir())
+    capsys.readouterr()
+    err = _one_error(capsys, main([*argv, "--out", str(out)]))
+    assert err == f"bahdanau: error: --out {out} {message.format(writer=writer, writes=writes)}\n"
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == around       # nothing left beside
+
+
+@pytest.mark.parametrize(("kind", "inside", "flags"), [
+    ("model", False, ["--overwrite"]), ("prep", False, ["--overwrite"]),
+    ("exported", False, []), ("old", False, ["--overwrite"]),
+    ("model", True, []), ("exported", True, ["--overwrite"]),
+])
+def test_train_writes_no_run_into_a_folder_of_another_kind(root, kinds, capsys, kind, inside,
+                                                           flags) -> None:
+    """`train --out` wrote a run (checkpoints, config.yaml, train.log) inside a prepared corpus,
+    a model folder or an exported folder; a folder of other files stays a place for a run."""
+    folder = kinds[kind]
+    out = folder / "run" if inside else folder
+    what = {"model": "a model folder", "prep": "a prepared corpus"}.get(kind, "an exported folder")
+    expected = (f"--out {out} is inside the {what.split(' ', 1)[1]} {folder}: writing it would "
+                "damage it; choose a folder outside it" if inside else
+                f"--out {out} is {what}: train writes a run folder; choose another folder")
+    before = _snapshot(folder)
+    capsys.readouterr()
+    err = _one_error(capsys, main(_train_argv(root, out, *flags)))
+    assert err == f"bahdanau: error: {expected}\n"
+    assert _snapshot(folder) == before and not (folder / "run").exists()
+
+
+# (the kind of folder, a command line without its output, the file of the folder it names)
+_EXPORTED_OUTPUTS = [
+    ("exported", ["translate", "--checkpoint", "{run}", "--input", "{root}/te.en",
+                  "--alignments"], "manifest.json"),
+    ("old", ["translate", "--checkpoint", "{run}", "--input", "{root}/te.en", "--alignments"],
+     "manifest.json"),
+    ("exported", ["score", "--checkpoint", "{run}", "--src", "{root}/te.en", "--tgt",
+                  "{root}/te.fr", "--output"], "encoder.pt2"),
+    ("exported", ["average", "--checkpoint", "{run}", "--last", "2", "--output"], "step.pt2"),
+    ("old", ["evaluate", "--checkpoint", "{run}", "--src", "{root}/te.en", "--ref",
+             "{root}/te.fr", "--output"], "README.md"),
+    ("exported", ["export", "--checkpoint", "{run}", "--out"], "again"),
+]
+
+
+@pytest.mark.parametrize(("kind", "argv", "name"), _EXPORTED_OUTPUTS,
+                         ids=[f"{argv[0]}-{kind}" for kind, argv, _ in _EXPORTED_OUTPUTS])
+def test_an_exported_folder_is_no_other_command_s_output(root, kinds, capsys, kind, argv,
+                                                         name) -> None:
+    """`translate --alignments EXP/manifest.json`, `score --output`, `average --output` wrote
+    over an exported folder's files, exit 0, and the folder no longer loaded."""
+    folder = kinds[kind]
+    argv = [a.replace("{run}", str(root / "run")).replace("{root}", str(root)) for a in argv]
+    before = _snapshot(folder)
+    capsys.readouterr()
+    err = _one_error(capsys, main([*argv, str(folder / name)]))
+    flag = argv[-1]
+    expected = (f"{flag} {folder / name} is inside the exported folder {folder}: writing it "
+                "would damage it; choose a folder outside it" if name == "again" else
+                f"{flag} {folder / name} is a file of the exported folder {folder}: writing it "
+                "would damage it; choose a path outside it")
+    assert err == f"bahdanau: error: {expected}\n"
+    assert _snapshot(folder) == before
+
+
+def test_a_damaged_folder_of_a_writer_s_kind_is_still_its_kind(root, kinds, tmp_path,
+                                                              capsys) -> None:
+    """A folder whose manifest.json is damaged is known by the files its writer wrote, so
+    `release --overwrite` still replaces a damaged model folder (and prepare a damaged corpus,
+    tests/unit/test_folders.py)."""
+    for name, kind in (("model", Kind.MODEL), ("prep", Kind.PREPARED),
+                       ("exported", Kind.EXPORTED)):
+        shutil.copytree(kinds[name], tmp_path / name)
+        (tmp_path / name / "manifest.json").write_text('{"format": ')
+        assert folder_kind(tmp_path / name) is kind, name
+    assert main(["release", "--checkpoint", str(root / "run"), "--out", str(tmp_path / "model"),
+                 "--overwrite"]) == 0
+    assert json.loads((tmp_path / "model" / "manifest.json").read_text())["format"] == (
+        "bahdanau-model")
+    capsys.readouterr()
 
 
 def test_an_ensemble_refuses_one_checkpoint_twice(root, tmp_path, capsys) -> None:

@@ -120,7 +120,8 @@ def test_reuse_overwrite_and_other_files_are_never_replaced(sample, tmp_path) ->
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(InputError, match="holds files but no prepared corpus"):
+    with pytest.raises(InputError, match=r"mine is a folder of other files \(1 entry\): "
+                       "prepare writes a prepared corpus whole and never replaces other files"):
         prepare_corpus(src, tgt, mine, workers=1, overwrite=True)
     assert (mine / "notes.txt").read_text() == "keep me"
 

@@ -180,8 +180,8 @@ def test_a_folder_without_its_manifest_is_named(folder) -> None:
 
 def test_out_is_refused_when_not_empty_and_replaced_whole(run, folder, monkeypatch) -> None:
     payload = load_checkpoint(find_checkpoint(run))
-    one_line_error(lambda: write_release(payload, folder, card="x"), "is not empty",
-                   "--overwrite")
+    one_line_error(lambda: write_release(payload, folder, card="x"),
+                   f"--out {folder} is a model folder already: replace it with --overwrite")
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
 
     def dies(*args, **kwargs):
