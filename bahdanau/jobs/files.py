@@ -124,9 +124,10 @@ def check_output_folder(what: str, out: str, inputs: dict[str, Path | None], *,
     kind `writes`) that holds a run or lies inside one (`bahdanau.jobs.run_folder.is_run_folder`),
     lies inside a model folder, a prepared corpus or an exported folder (`run_file_owner`), is
     a folder of another kind or of other files (`bahdanau._folders.check_folder_to_write`,
-    whatever --overwrite says), or holds one of the `inputs` (the checkpoint being released):
-    replacing it whole would take them with it. A folder of the kind `writes` already is left
-    to the command's own rules (--overwrite)."""
+    whatever --overwrite says), or holds one of the `inputs` (a file the command reads, inside
+    the folder it replaces): replacing it whole would take them with it. A folder of the kind
+    `writes` already is left to the command's own rules (--overwrite), and may itself be the
+    input (a model folder released again over itself, read whole first)."""
     target = Path(os.path.realpath(out))
     shown = out if str(target) == os.path.abspath(out) else f"{out} ({target})"
     if is_run_folder(target):
@@ -138,8 +139,9 @@ def check_output_folder(what: str, out: str, inputs: dict[str, Path | None], *,
         raise InputError(f"{what} {shown} is inside {owner}: writing it would damage it; "
                          "choose a folder outside it")
     for name, path in inputs.items():
-        if (path is not None and Path(os.path.realpath(path)).is_relative_to(target)
-                and folder_kind(target) is not writes):
+        given = None if path is None else Path(os.path.realpath(path))
+        if given is not None and given.is_relative_to(target) and (
+                given != target or folder_kind(target) is not writes):
             raise InputError(f"{what} {shown} holds {name} {path}: writing it would replace "
                              "it; choose a new folder")
     check_folder_to_write(target, writes, name=f"{what} {shown}")

@@ -398,6 +398,27 @@ def test_no_folder_writer_replaces_a_folder_of_another_kind(root, kinds, capsys,
     assert sorted(p.name for p in out.parent.iterdir()) == around       # nothing left beside
 
 
+def test_an_input_inside_the_folder_a_writer_replaces(root, kinds, tmp_path, capsys) -> None:
+    """`prepare --train-src P/x --out P --overwrite` over a prepared corpus P of its own kind
+    read P/x and then deleted it with the old corpus; `release` of a model folder over itself
+    reads it whole first and stays allowed."""
+    prep = tmp_path / "prep"
+    shutil.copytree(kinds["prep"], prep)
+    for side in ("en", "fr"):
+        shutil.copy(root / f"tr.{side}", prep / f"tr.{side}")
+    before = _snapshot(prep)
+    capsys.readouterr()
+    _one_error(capsys, main(["prepare", "--train-src", str(prep / "tr.en"), "--train-tgt",
+                             str(root / "tr.fr"), "--out", str(prep), "--overwrite"]),
+               f"--out {prep} holds --train-src {prep / 'tr.en'}: writing it would replace it")
+    assert _snapshot(prep) == before
+    model = tmp_path / "model"
+    shutil.copytree(kinds["model"], model)
+    assert main(["release", "--checkpoint", str(model), "--out", str(model), "--overwrite"]) == 0
+    assert (model / "model.safetensors").read_bytes() == (
+        kinds["model"] / "model.safetensors").read_bytes()
+
+
 @pytest.mark.parametrize(("kind", "inside", "flags"), [
     ("model", False, ["--overwrite"]), ("prep", False, ["--overwrite"]),
     ("exported", False, []), ("old", False, ["--overwrite"]),
