@@ -133,8 +133,13 @@ def check_run_out(out: Path) -> None:
     """Refuse, before any work, a train --out that is a file, a model folder, a prepared
     corpus or an exported folder, or lies inside one (`bahdanau._folders.check_folder_to_write`
     with train's rule: a run's files go beside other files, never into a folder of another
-    kind)."""
+    kind), nor into the files of another run (``RUN/checkpoints``, ``RUN/dev``: `run_file_owner`),
+    where its --overwrite would remove what it took for its own."""
     check_folder_to_write(out, Kind.RUN, name=f"--out {out}", beside_other_files=True)
+    owner = run_file_owner(Path(os.path.realpath(out)))
+    if owner is not None:
+        raise InputError(f"--out {out} is inside {owner}: writing a run there would damage it; "
+                         "choose a folder outside it")
 
 
 @contextmanager

@@ -441,6 +441,19 @@ def test_train_writes_no_run_into_a_folder_of_another_kind(root, kinds, capsys, 
     assert _snapshot(folder) == before and not (folder / "run").exists()
 
 
+@pytest.mark.parametrize(("inside", "flags"), [("checkpoints", []), ("dev", ["--overwrite"])])
+def test_train_writes_no_run_into_another_run_s_files(root, capsys, inside, flags) -> None:
+    """`train --out RUN/checkpoints` put a second run among the first one's checkpoints, where
+    its --overwrite would remove what it took for its own."""
+    run = root / "run"
+    before = _snapshot(run)
+    capsys.readouterr()
+    err = _one_error(capsys, main(_train_argv(root, run / inside, *flags)))
+    assert err == (f"bahdanau: error: --out {run / inside} is inside the run in {run}: writing "
+                   "a run there would damage it; choose a folder outside it\n")
+    assert _snapshot(run) == before
+
+
 # (the kind of folder, a command line without its output, the file of the folder it names)
 _EXPORTED_OUTPUTS = [
     ("exported", ["translate", "--checkpoint", "{run}", "--input", "{root}/te.en",
