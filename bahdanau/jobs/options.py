@@ -18,7 +18,7 @@ with the default job's values, `JOB_TRAINING`). From these declarations
   sorts the options a resumed run changes into those it must refuse (declared
   ``on_resume="fixed"``: the model, the data and its tokenisation, the batches, the seed, the
   optimizer type) and those it applies and records ("applied"); `resumed_options` keeps a run's
-  own --time-budget when none is given.
+  own --time-budget when none is given, and a fine-tuned run's --init-from when it is left out.
 
 Adding a training setting is one declaration in `TrainConfig` (and its use): the flag, the
 config file key, the resume rule and the checks follow from it.
@@ -112,6 +112,10 @@ def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
         old, new = stored.get(s.key, _BEFORE_RECORDED.get(s.key)), value_of(given, s)
         if old == new:
             continue
+        if s.key == "init_from" and old is not None:
+            raise InputError(f"this run began with --init-from {old}, and resuming takes its "
+                             "weights from its own checkpoints: leave --init-from out (or give "
+                             f"{old} again) to resume it, or start a new run with another --out")
         if s.spec.on_resume == "fixed":
             raise InputError(f"{flag(s.key)} was {old!r} when this run began and is {new!r} "
                              "now; a resumed run keeps it (start a new run with another --out, "
@@ -126,15 +130,22 @@ def _shown(value: Any) -> str:
 
 
 def resumed_options(stored: Mapping[str, Any], given: TrainOptions) -> TrainOptions:
-    """`given` as it resumes the run that recorded `stored`: a --time-budget not given is the
-    run's own, so that a run begun under an older default (12 minutes) keeps the length it had.
+    """`given` as it resumes the run that recorded `stored`, with the run's own values of what
+    it leaves out and the run's start alone needed: a --time-budget not given (so that a run
+    begun under an older default, 12 minutes, keeps the length it had), and the --init-from
+    model of a fine-tuned run, with its --init-vocab (its checkpoints hold the weights now:
+    ``bahdanau train --out RUN ...`` resumes it without naming the model again).
 
     Raises:
-        InputError: the stored --time-budget is not a valid value (a damaged config.yaml).
+        InputError: a stored value is not a valid one (a damaged config.yaml).
     """
-    if given.time_budget is not None or stored.get("time_budget") is None:
-        return given
-    return dataclasses.replace(given, time_budget=stored["time_budget"])
+    kept: dict[str, Any] = {}
+    if given.time_budget is None and stored.get("time_budget") is not None:
+        kept["time_budget"] = stored["time_budget"]
+    if given.init_from is None and stored.get("init_from") is not None:
+        kept["init_from"] = stored["init_from"]
+        kept["init_vocab"] = stored.get("init_vocab", True)
+    return dataclasses.replace(given, **kept) if kept else given
 
 
 def _check_shipped_languages(src_lang: str | None, tgt_lang: str | None, own: bool) -> None:
@@ -209,7 +220,8 @@ class TrainOptions(SearchOptions):
     training: TrainConfig = section(JOB_TRAINING, "optimisation")  # --lr, --max-steps, ...
     init_from: str | None = option(
         None, "fine-tune: start from the weights of a trained model (a checkpoint, a run folder "
-        "or a bahdanau release folder) on this run's data; the optimizer starts afresh",
+        "or a bahdanau release folder) on this run's data; the optimizer starts afresh (a "
+        "resumed run keeps the model it began with: leave it out then)",
         on_resume="fixed", metavar="PATH", group="model")
     init_vocab: bool = option(
         True, "with --init-from: encode the data with the model's vocabularies and tokenizer "
