@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from torch.export import Dim, ExportedProgram
 
 from bahdanau._about import versions
-from bahdanau._files import atomic_write, check_destination, held, new_folder
+from bahdanau._files import atomic_write, check_destination, held, new_folder, restore_replaced
 from bahdanau.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, ModelConfig
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.tokenizers import Tokenizer, tokenizer_from_payload, tokenizer_to_payload
@@ -416,6 +416,7 @@ def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
         InputError: a file is missing, or the manifest is of another format.
     """
     folder = Path(folder)
+    restore_replaced(folder)             # left aside by a writer that died replacing it
     missing = [name for key, name in FILES.items() if not (folder / name).is_file()]
     if missing:
         raise InputError(f"{folder} is not an exported model: {', '.join(missing)} missing")

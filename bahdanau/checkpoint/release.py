@@ -27,7 +27,14 @@ from typing import Any
 import torch
 
 from bahdanau._checks import check_path
-from bahdanau._files import check_destination, held, new_folder, process_umask, sha256_file
+from bahdanau._files import (
+    check_destination,
+    held,
+    new_folder,
+    process_umask,
+    restore_replaced,
+    sha256_file,
+)
 from bahdanau.checkpoint.files import FORMAT_VERSION
 from bahdanau.checkpoint.payload import (
     stored_parts,
@@ -205,6 +212,7 @@ def read_release(folder: str | os.PathLike[str]) -> dict[str, Any]:
             manifest's (changed or damaged), or safetensors is not installed.
     """
     folder = check_path("model folder", folder)
+    restore_replaced(folder)
     manifest = _manifest(folder)
     files = manifest["files"]
     for name, digest in files.items():

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from bahdanau._checks import describe, is_finite_number, is_int
-from bahdanau._files import atomic_write, sha256_file
+from bahdanau._files import atomic_write, restore_replaced, sha256_file
 from bahdanau.data.text import MULTI30K_LANGS, multi30k_files
 from bahdanau.data.tokenizers import SENTENCEPIECE_FILE, TOKENIZER_FILE
 from bahdanau.data.vocab import SPECIALS
@@ -148,6 +148,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
             naming the file and the field.
     """
     path = folder / MANIFEST
+    restore_replaced(folder)             # left aside by a writer that died replacing it
     if not folder.is_dir():
         raise InputError(f"{folder}: " + ("not a folder" if folder.exists() else "no such folder")
                          + "; make a prepared corpus with bahdanau prepare")

@@ -293,3 +293,13 @@ def test_an_old_corpus_left_aside_by_a_dead_run_is_put_back(sample, tmp_path) ->
     assert lines == [f"{out} is up to date (same inputs and options, digest checked): reusing it"]
     assert [ex.src for ex in again] == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prep"]
+
+
+def test_an_old_corpus_left_aside_by_a_dead_run_is_read(sample, tmp_path) -> None:
+    """A reader (train --data: `PreparedCorpus`) of a corpus that a run killed between the
+    renames left aside puts it back and reads it, instead of "no such folder"."""
+    out = tmp_path / "prep"
+    before = [ex.src for ex in prepare_corpus(*sample, out, workers=1)]
+    os.replace(out, tmp_path / f".prep.old-{_dead_pid()}")
+    assert [ex.src for ex in PreparedCorpus(out)] == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prep"]

@@ -10,6 +10,7 @@ wrote, so what is tested is what a user ships.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 
 import pytest
@@ -104,6 +105,16 @@ def test_folder_files_and_errors(exported, tmp_path, capsys, tmp_path_factory) -
     (tmp_path / "partial").mkdir()
     one_line_error(lambda: load_exported(tmp_path / "partial"), "not an exported model",
                    "encoder.pt2")
+
+
+def test_an_exported_folder_left_aside_by_a_dead_writer_is_loaded(exported) -> None:
+    """load_exported of a folder that an export killed between its renames left aside
+    (``.NAME.old-PID``, nothing at its place) puts it back and loads it."""
+    _, served, folder, _ = exported
+    aside = folder.parent / f".{folder.name}.old-{2**22 + 7}"   # above pid_max: no such process
+    os.replace(folder, aside)
+    assert load_exported(folder).manifest == served.manifest
+    assert folder.is_dir() and not aside.exists()
 
 
 def test_readme_names_the_models_dtype_and_its_sentencepiece_model() -> None:
