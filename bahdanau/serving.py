@@ -50,6 +50,7 @@ from torch.export import Dim, ExportedProgram
 
 from bahdanau._about import versions
 from bahdanau._files import atomic_write, check_destination, held, new_folder, restore_replaced
+from bahdanau.checkpoint.release import EXPORTED_PROGRAM
 from bahdanau.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, ModelConfig
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.tokenizers import Tokenizer, tokenizer_from_payload, tokenizer_to_payload
@@ -325,8 +326,9 @@ class ExportedDecoder(nn.Module):
         return StepOutput(log_probs, DecoderState(hidden), weights[0] if weights else None)
 
 # ---------------------------------------------------------------------------- the folder
-# The files of an exported folder (`export_folder`), by what they hold.
-FILES = {"encoder": "encoder.pt2", "step": "step.pt2", "manifest": "manifest.json",
+# The files of an exported folder (`export_folder`), by what they hold; the encoder's name is
+# the checkpoints' floor's, which names an exported folder given for a checkpoint by it.
+FILES = {"encoder": EXPORTED_PROGRAM, "step": "step.pt2", "manifest": "manifest.json",
          "src_vocab": "src_vocab.json", "tgt_vocab": "tgt_vocab.json",
          "tokenizer": "tokenizer.json", "readme": "README.md"}
 SENTENCEPIECE_FILE = "tokenizer.model"   # a SentencePiece tokenizer's model, beside its JSON

@@ -365,7 +365,9 @@ def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> P
         if found is None and (p / "model.safetensors").is_file():
             raise InputError(f"{name} {path}: a model folder without its manifest.json")
         if found is None:
-            raise InputError(f"{name} {path}: no checkpoint in this folder")
+            raise InputError(f"{name} {path}: no checkpoint in this folder (a run keeps its "
+                             "own in checkpoints/, best.pt and step_N.pt, saving one every "
+                             "--save-every updates and when it stops)")
         return found
     if not p.exists():
         raise InputError(f"{name} {path}: no such file")

@@ -41,6 +41,7 @@ from bahdanau.checkpoint.payload import (
     tokenizer_of,
     translation_weights,
 )
+from bahdanau.data.manifest import FORMAT as PREPARED_FORMAT
 from bahdanau.data.tokenizers import tokenizer_to_payload
 from bahdanau.errors import InputError
 
@@ -54,6 +55,9 @@ WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
 SRC_VOCAB, TGT_VOCAB = "src_vocab.json", "tgt_vocab.json"
 TOKENIZER, TOKENIZER_MODEL = "tokenizer.json", "tokenizer.model"
 REQUIRED = (WEIGHTS, CONFIG, SRC_VOCAB, TGT_VOCAB, TOKENIZER)
+# The encoder program of an exported model (`bahdanau.serving.FILES` takes it from here), whose
+# folder has a manifest.json too: what tells one given for a checkpoint.
+EXPORTED_PROGRAM = "encoder.pt2"
 
 
 def _safetensors() -> Any:
@@ -158,6 +162,19 @@ def release_manifest(payload: dict[str, Any], digests: dict[str, str]) -> dict[s
             "versions": payload.get("versions"), "files": digests}
 
 
+def _other_folder(folder: Path, manifest: Any) -> str | None:
+    """What a folder whose manifest.json is not a model folder's is, and what reads it, in
+    words: a prepared corpus, or an exported model (of any version: the first had an integer
+    "format"); None for a folder of neither kind."""
+    if isinstance(manifest, dict) and manifest.get("format") == PREPARED_FORMAT:
+        return ("this is a prepared corpus (bahdanau prepare), not a model: bahdanau train "
+                "--data reads it")
+    if (folder / EXPORTED_PROGRAM).is_file():
+        return ("this is an exported model (bahdanau export), not a checkpoint: load it with "
+                "bahdanau.serving.load_exported")
+    return None
+
+
 def _manifest(folder: Path) -> dict[str, Any]:
     """The manifest, checked: its format, version and shape."""
     path = folder / MANIFEST
@@ -168,6 +185,10 @@ def _manifest(folder: Path) -> dict[str, Any]:
     except (OSError, ValueError) as err:
         raise InputError(f"{path}: not a readable manifest ({type(err).__name__})") from None
     if not isinstance(data, dict) or data.get("format") != RELEASE_FORMAT:
+        other = _other_folder(folder, data)
+        if other is not None:
+            raise InputError(f"{folder}: {other}; a checkpoint is read from a checkpoint file, "
+                             "a run folder or a model folder (bahdanau release)")
         raise InputError(f"{path}: not a bahdanau model folder's manifest (its format is not "
                          f"{RELEASE_FORMAT!r})")
     if data.get("version") != RELEASE_VERSION:

@@ -18,6 +18,7 @@ import torch
 from training_fixtures import tiny_model
 
 import bahdanau._files as files_module
+from bahdanau.cli import main
 from bahdanau.config import TrainConfig
 from bahdanau.data import (
     BucketBatchSampler,
@@ -303,3 +304,16 @@ def test_an_old_corpus_left_aside_by_a_dead_run_is_read(sample, tmp_path) -> Non
     os.replace(out, tmp_path / f".prep.old-{_dead_pid()}")
     assert [ex.src for ex in PreparedCorpus(out)] == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prep"]
+
+
+def test_a_prepared_corpus_given_for_a_checkpoint_says_what_it_is(sample, tmp_path,
+                                                                  capsys) -> None:
+    """A prepared corpus given to --checkpoint (or bahdanau.load) was "not a bahdanau model
+    folder's manifest": it is named, with what reads it."""
+    out = tmp_path / "prep"
+    prepare_corpus(*sample, out, workers=1)
+    assert main(["translate", "--checkpoint", str(out), "--input", "/dev/null"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"{out}: this is a prepared corpus (bahdanau prepare), not a model" in err, err
+    assert "bahdanau train --data reads it" in err
