@@ -19,8 +19,10 @@ The safetensors package is an optional extra (``pip install 'bahdanau[share]'``)
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from bahdanau._files import (
     process_umask,
     restore_replaced,
     sha256_file,
+    write_failure,
 )
 from bahdanau.checkpoint.files import FORMAT_VERSION
 from bahdanau.checkpoint.payload import (
@@ -110,6 +113,8 @@ def write_release(payload: dict[str, Any], out: str | os.PathLike[str], *, card:
             cannot be replaced (`check_destination`) or is being written by another process;
             safetensors is not installed; or the payload is one that `model_from_checkpoint`
             refuses.
+        OSError: a file could not be written (a full disk, a file-size limit): one line
+            naming `out`, which is left as it was (the temporary folder is removed).
     """
     out = check_path("--out", out)
     folder = check_new_release(out, overwrite)
@@ -120,15 +125,32 @@ def write_release(payload: dict[str, Any], out: str | os.PathLike[str], *, card:
                       "finish or choose another folder"):
         check_new_release(out, overwrite)       # as it is now that the folder is held
         with new_folder(folder) as temp:
-            # safetensors stores each tensor once: shared storage is cloned apart
-            save_file({k: v.detach().cpu().contiguous().clone() for k, v in weights.items()},
-                      str(temp / WEIGHTS), metadata={"format": RELEASE_FORMAT})
-            os.chmod(temp / WEIGHTS, 0o666 & ~process_umask())   # as open(), not its 0600
-            for name, data in files.items():
-                (temp / name).write_bytes(data)
-            digests = {name: sha256_file(temp / name) for name in sorted([WEIGHTS, *files])}
-            (temp / MANIFEST).write_bytes(_json_bytes(release_manifest(payload, digests)))
+            try:
+                _save_weights(save_file, weights, temp / WEIGHTS)
+                for name, data in files.items():
+                    (temp / name).write_bytes(data)
+                digests = {name: sha256_file(temp / name) for name in sorted([WEIGHTS, *files])}
+                (temp / MANIFEST).write_bytes(_json_bytes(release_manifest(payload, digests)))
+            except BaseException as err:         # new_folder removes the temporary folder
+                raise write_failure(out, err, kept=True) from None
     return out
+
+
+def _save_weights(save_file: Any, weights: dict[str, torch.Tensor], path: Path) -> None:
+    """Write `weights` as safetensors at `path` (with the mode open() gives a new file); a
+    failed write (a full disk, a file-size limit), which safetensors raises as its own
+    SafetensorError ("I/O error: File too large (os error 27)"), is an `OSError` of that
+    number."""
+    try:
+        # safetensors stores each tensor once: shared storage is cloned apart
+        save_file({k: v.detach().cpu().contiguous().clone() for k, v in weights.items()},
+                  str(path), metadata={"format": RELEASE_FORMAT})
+    except Exception as err:
+        code = re.search(r"os error (\d+)", str(err))
+        if code is None:
+            raise OSError(errno.EIO, " ".join(str(err).split())) from err
+        raise OSError(int(code[1]), os.strerror(int(code[1]))) from err
+    os.chmod(path, 0o666 & ~process_umask())                 # as open(), not its 0600
 
 
 def check_new_release(out: Path, overwrite: bool) -> Path:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -238,7 +240,7 @@ def test_out_is_refused_when_not_empty_and_replaced_whole(run, folder, monkeypat
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(safetensors_torch, "save_file", dies)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(OSError, match=f"writing {folder} failed: disk full; {folder} is left"):
         write_release(payload, folder, card="x", overwrite=True)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before   # untouched
     assert sorted(p.name for p in folder.parent.iterdir()) == ["model"]   # no temporary left
@@ -247,6 +249,40 @@ def test_out_is_refused_when_not_empty_and_replaced_whole(run, folder, monkeypat
     assert (folder / "README.md").read_text() == "new card"
     assert sorted(p.name for p in folder.parent.iterdir()) == ["model"]
     read_release(folder)
+
+
+def _release_under_a_size_limit(*args: str) -> subprocess.CompletedProcess:
+    """`bahdanau release ARGS` in a child process whose files may not grow past 4 KiB
+    (RLIMIT_FSIZE; Python ignores SIGXFSZ, so a write past it fails with EFBIG): the
+    weights cannot be written, the small files could."""
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    return subprocess.run([sys.executable, "-m", "bahdanau", "release", *args],
+                          capture_output=True, text=True, timeout=300, preexec_fn=limited)
+
+
+def test_a_release_that_cannot_write_its_weights_is_one_line(run, tmp_path) -> None:
+    """Under a file-size limit the safetensors write failed with a SafetensorError traceback:
+    it is one error line naming the folder, and no temporary folder is left."""
+    out = tmp_path / "model"
+    child = _release_under_a_size_limit("--checkpoint", str(run), "--out", str(out))
+    assert child.returncode == 2, child.stderr
+    assert child.stderr.count("\n") == 1 and "Traceback" not in child.stderr, child.stderr
+    assert f"writing {out} failed: File too large" in child.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_overwrite_that_cannot_write_keeps_the_old_folder(run, folder) -> None:
+    """The same with --overwrite of a model folder: the old folder stays, byte for byte."""
+    before = _snapshot(folder)
+    child = _release_under_a_size_limit("--checkpoint", str(run), "--out", str(folder),
+                                        "--overwrite")
+    assert child.returncode == 2, child.stderr
+    assert child.stderr.count("\n") == 1 and "Traceback" not in child.stderr, child.stderr
+    assert f"writing {folder} failed: File too large; {folder} is left as it was" in child.stderr
+    assert _snapshot(folder) == before
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["model"]
 
 
 def test_without_safetensors_the_command_says_what_to_install(run, tmp_path, monkeypatch,
