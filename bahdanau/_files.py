@@ -16,8 +16,12 @@ current folder or one holding it, a mount point, a dangling link, a parent that 
 `held` creates the parent, takes the lock beside the folder and removes the temporary folders
 of processes that died (`remove_stale`); `new_folder` gives the temporary folder
 (`partial_folder`) to write into and puts it in place whole (`replace_folder`). A symbolic link
-given as the folder keeps linking: the folder it names is the one replaced. `sha256_file` is
-the digest every manifest lists, `process_umask` the mode mask new files are created with.
+given as the folder keeps linking: the folder it names is the one replaced. A process killed
+between the two renames of `replace_folder` leaves the old folder aside and none at its place:
+every reader of such a folder (a checkpoint's path, a model folder, a prepared corpus, an
+exported model) first puts it back (`restore_replaced`), as a writer does once `held`.
+`sha256_file` is the digest every manifest lists, `process_umask` the mode mask new files are
+created with.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import errno
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import stat
@@ -263,6 +268,7 @@ def check_destination(out: Path, what: str) -> Path:
         InputError: `out` is a dangling link, the current folder or one that holds it, a mount
             point, or its parent is a file.
     """
+    restore_replaced(out)
     if out.is_symlink():
         if not out.exists():
             raise InputError(f"{out} is a symbolic link to {os.readlink(out)}, which does not "
@@ -333,14 +339,61 @@ def _restore_old(out: Path) -> None:
     there stays stale."""
     if out.exists() or out.is_symlink():
         return
+    olds = _old_folders(out)
+    if len(olds) == 1:
+        _put_back(olds[0], out)
+
+
+def _old_folders(out: Path) -> list[Path]:
+    """The old folders (each with a ``manifest.json``) that processes no longer alive moved
+    aside from `out` (``.NAME.old-PID``) and did not delete."""
     prefix = f".{out.name}.old-"
-    olds = [path for path in out.parent.iterdir()
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:                               # no parent, or one that cannot be listed
+        return []
+    return [path for path in entries
             if path.name.startswith(prefix) and path.name[len(prefix):].isdigit()
             and not _alive(int(path.name[len(prefix):])) and path.is_dir()
             and not path.is_symlink() and (path / "manifest.json").is_file()]
-    if len(olds) == 1:
-        os.replace(olds[0], out)
-        fsync_dir(out.parent)
+
+
+def _put_back(old: Path, out: Path) -> None:
+    """Rename `old` to `out`; another process that put a folder there first wins."""
+    try:
+        os.replace(old, out)
+    except OSError:
+        if out.exists():                          # put back (or replaced) by another process
+            return
+        raise
+    fsync_dir(out.parent)
+
+
+def restore_replaced(folder: str | os.PathLike[str]) -> None:
+    """For a reader of a folder that the commands replace whole (a prepared corpus, a model
+    folder, an exported model): when a process died between `replace_folder`'s two renames,
+    `folder` is missing and the old folder lies beside it (``.NAME.old-PID``); put it back, as
+    `held` does for a writer, so that it reads as it was instead of as missing. Nothing is
+    done when `folder` exists (the common case: one `stat`) or no such old folder is there. A
+    symbolic link given as `folder` names the folder that was replaced.
+
+    Raises:
+        InputError: the old folder cannot be put back (no permission to write beside it): one
+            line naming where it is and the command that puts it back.
+    """
+    target = Path(os.path.realpath(folder))
+    if target.exists():
+        return
+    olds = _old_folders(target)
+    if len(olds) != 1:
+        return
+    try:
+        _put_back(olds[0], target)
+    except OSError as err:
+        raise InputError(f"{folder} is missing: a process that died while replacing it left it "
+                         f"as {olds[0]}, which cannot be put back here ({err.strerror}): put it "
+                         f"back with: mv {shlex.quote(str(olds[0]))} "
+                         f"{shlex.quote(str(target))}") from None
 
 
 def _alive(pid: int) -> bool:

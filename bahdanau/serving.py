@@ -53,7 +53,13 @@ from torch.export import Dim, ExportedProgram
 
 from bahdanau._about import versions
 from bahdanau._checks import is_int
-from bahdanau._files import atomic_write, check_destination, held, new_folder
+from bahdanau._files import (
+    atomic_write,
+    check_destination,
+    held,
+    new_folder,
+    restore_replaced,
+)
 from bahdanau._folders import EXPORTED_FORMAT, Kind, check_folder_to_write
 from bahdanau._pt2_archive import load_program, program_bytes
 from bahdanau._sealed import check_sealed, seal
@@ -332,7 +338,8 @@ class ExportedDecoder(nn.Module):
         return StepOutput(log_probs, DecoderState(hidden), weights[0] if weights else None)
 
 # ---------------------------------------------------------------------------- the folder
-# The files of an exported folder (`export_folder`), by what they hold.
+# The files of an exported folder (`export_folder`), by what they hold; the encoder's name is
+# the checkpoints' floor's, which names an exported folder given for a checkpoint by it.
 FILES = {"encoder": "encoder.pt2", "step": "step.pt2", "manifest": "manifest.json",
          "src_vocab": "src_vocab.json", "tgt_vocab": "tgt_vocab.json",
          "tokenizer": "tokenizer.json", "readme": "README.md"}
@@ -441,6 +448,7 @@ def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
             anything from, or parts that do not fit together.
     """
     folder = Path(folder)
+    restore_replaced(folder)             # left aside by a writer that died replacing it
     manifest = _read_manifest(folder)
     files = check_sealed(folder, manifest, [FILES[key] for key in FILES if key != "manifest"],
                          _AGAIN, hashed=False)

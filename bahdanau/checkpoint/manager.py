@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bahdanau._checks import check_path, describe, is_finite_number, is_int
-from bahdanau._files import atomic_write, fsync_dir
+from bahdanau._files import atomic_write, fsync_dir, restore_replaced
 from bahdanau.checkpoint.files import load_checkpoint, named, save_checkpoint, upgrade_payload
 from bahdanau.checkpoint.release import is_release
 from bahdanau.config import UNNAMED_METRIC, improves
@@ -356,6 +356,7 @@ def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> P
         InputError: no such file, a file that cannot be read, or a folder without checkpoints.
     """
     p = check_path(name, path)
+    restore_replaced(p)                  # a model folder left aside by a dead writer
     if is_release(p):
         return p
     if p.is_dir():
@@ -364,7 +365,9 @@ def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> P
         if found is None and (p / "model.safetensors").is_file():
             raise InputError(f"{name} {path}: a model folder without its manifest.json")
         if found is None:
-            raise InputError(f"{name} {path}: no checkpoint in this folder")
+            raise InputError(f"{name} {path}: no checkpoint in this folder (a run keeps its "
+                             "own in checkpoints/, best.pt and step_N.pt, saving one every "
+                             "--save-every updates and when it stops)")
         return found
     if not p.exists():
         raise InputError(f"{name} {path}: no such file")

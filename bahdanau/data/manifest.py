@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bahdanau._checks import describe, is_finite_number, is_int
-from bahdanau._files import sha256_file
+from bahdanau._files import restore_replaced, sha256_file
 from bahdanau._folders import MANIFEST
 from bahdanau._folders import PREPARED_FORMAT as FORMAT
 from bahdanau._sealed import file_digests, manifest_digest, seal
@@ -113,6 +113,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
             naming the file and the field.
     """
     path = folder / MANIFEST
+    restore_replaced(folder)             # left aside by a writer that died replacing it
     if not folder.is_dir():
         raise InputError(f"{folder}: " + ("not a folder" if folder.exists() else "no such folder")
                          + "; make a prepared corpus with bahdanau prepare")

@@ -1,6 +1,7 @@
 """The files a job reads and writes, checked before any work starts.
 
-`existing` refuses an input that is missing, a folder or unreadable; `check_outputs` an output
+`existing` refuses an input that is missing, a folder or unreadable (and, where a regular file
+is needed, a FIFO or a device); `check_outputs` an output
 that cannot be created, that would overwrite an input or another output, or that is a file of a
 run, a model folder, a prepared corpus or an exported folder
 (`bahdanau.jobs.run_folder.run_file_owner`); `check_output_folder` the same for the folders that
@@ -31,20 +32,26 @@ from bahdanau.jobs.run_folder import is_run_folder, run_file_owner
 
 
 @overload
-def existing(path: str, what: str) -> Path: ...
+def existing(path: str, what: str, *, regular: bool = False) -> Path: ...
 @overload
-def existing(path: None, what: str) -> None: ...
+def existing(path: None, what: str, *, regular: bool = False) -> None: ...
 @overload
-def existing(path: str | None, what: str) -> Path | None: ...
-def existing(path: str | None, what: str) -> Path | None:
-    """`path` as a readable file, checked before any work (None stays None)."""
+def existing(path: str | None, what: str, *, regular: bool = False) -> Path | None: ...
+def existing(path: str | None, what: str, *, regular: bool = False) -> Path | None:
+    """`path` as a readable file, checked before any work (None stays None). Pipes such as
+    /dev/stdin are fine, unless `regular`: a reader that needs a regular file (one it reads
+    twice, or hashes) refuses a FIFO, a device or a socket, on which it would wait forever or
+    read another stream each time."""
     if path is None:
         return None
     p = Path(path)
     if not p.exists():
         raise InputError(f"{what} {path}: no such file")
-    if p.is_dir():                                 # pipes such as /dev/stdin are fine
+    if p.is_dir():
         raise InputError(f"{what} {path} is a folder, not a file")
+    if regular and not p.is_file():
+        raise InputError(f"{what} {path} is not a regular file (a FIFO, a device or a socket): "
+                         "give a file")
     if not os.access(p, os.R_OK):
         raise InputError(f"{what} {path}: not readable")
     return p

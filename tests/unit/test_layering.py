@@ -47,7 +47,7 @@ MAP = ROOT / "docs" / "package-map.md"
 # unit import each other freely (the import tests catch their circles).
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("leaves", ("errors", "_checks", "_files", "_folders", "_sealed", "_pt2_archive",
-                "_progress", "_about", "settings", "config", "presets")),
+                "_progress", "_about", "_interrupt", "settings", "config", "presets")),
     ("data", ("data",)),
     # The model reads nothing of data/ (its special ids are config's); data sits below it so
     # that the floors above (scores, checkpoints, training) may read both.
