@@ -20,7 +20,7 @@ from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.text import iter_lines, multi30k_files, read_lines
 from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
 from bahdanau.data.vocab import Vocab
-from bahdanau.data.workers import Stopped
+from bahdanau.data.workers import Stopped, ignore_stop_signals
 from bahdanau.errors import InputError
 from bahdanau.evaluate import Translation, translate_corpus
 from bahdanau.jobs.files import (
@@ -52,8 +52,9 @@ _LOG = logging.getLogger(__name__)
 
 
 def prepare(o: PrepareOptions) -> int:
-    """`bahdanau prepare`: a corpus tokenised and encoded once, for train --data. SIGINT or
-    SIGTERM stop it with one line (nothing is left in --out) and exit 128 + the signal."""
+    """`bahdanau prepare`: a corpus tokenised and encoded once, for train --data. SIGINT,
+    SIGTERM or SIGHUP (a closed terminal) stop it with one line (nothing is left in --out, the
+    lock is released) and exit 128 + the signal; signals after the first change nothing."""
     if o.train_src is not None and o.train_tgt is not None:   # check(): both or neither
         src, tgt = existing(o.train_src, "--train-src"), existing(o.train_tgt, "--train-tgt")
         shipped = None
@@ -78,6 +79,7 @@ def prepare(o: PrepareOptions) -> int:
                        max_len=o.max_len, max_ratio=o.max_ratio, strict=o.strict,
                        workers=o.workers, overwrite=o.overwrite, shipped=shipped)
     except Stopped as stop:
+        ignore_stop_signals()                # the process ends with this stop: one line
         print(f"bahdanau: prepare {stop}: nothing was written in {o.out}", file=sys.stderr)
         return 128 + stop.signum
     return 0
