@@ -128,12 +128,13 @@ def translate(o: TranslateOptions) -> int:
         done = read = 0
         with _input_bar(path if sized else None, interactive) as bar:
             while window := list(itertools.islice(lines, size)):
+                numbers = [done + i + 1 for i, line in enumerate(window) if line.strip()]
                 sentences = [line for line in window if line.strip()]
                 with precision:
                     translated = iter(translate_corpus(
                         model, sentences, src_vocab, tgt_vocab, tokenizer, search=search,
                         batch_size=o.batch_size, unk_replace=o.unk_replace, device=device,
-                        progress=None) if sentences else [])
+                        progress=None, lines=numbers) if sentences else [])
                 with clear_bars():
                     for line in window:
                         t = next(translated) if line.strip() else None
