@@ -39,6 +39,7 @@ traced encoder's path, which keeps S dynamic), so loading it needs `import bahda
 from __future__ import annotations
 
 import inspect
+import io
 import json
 import os
 from pathlib import Path
@@ -378,9 +379,14 @@ def export_folder(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab, tokenize
 
 def _write_folder(partial: Path, programs: ServingPrograms, src_vocab: Vocab, tgt_vocab: Vocab,
                   tokenizer: Tokenizer, tokenizer_data: Any, manifest: dict[str, Any]) -> None:
-    """Every file of an exported folder, written into `partial`."""
-    torch.export.save(programs.encoder, partial / FILES["encoder"])
-    torch.export.save(programs.step, partial / FILES["step"])
+    """Every file of an exported folder, written into `partial`. A program is archived in
+    memory first, then written by `atomic_write`: torch's archive writer, meeting a failed
+    write (a full disk), aborts the process from a C++ destructor, where the one writer of
+    files makes it one `OSError` naming the file (`bahdanau._files.write_failure`)."""
+    for name, program in (("encoder", programs.encoder), ("step", programs.step)):
+        archive = io.BytesIO()
+        torch.export.save(program, archive)
+        _write_bytes(partial / FILES[name], archive.getbuffer())
     src_vocab.save(partial / FILES["src_vocab"])
     tgt_vocab.save(partial / FILES["tgt_vocab"])
     if isinstance(tokenizer, SentencePieceTokenizer):
@@ -394,7 +400,10 @@ def _write_folder(partial: Path, programs: ServingPrograms, src_vocab: Vocab, tg
 
 
 def _write_text(path: Path, text: str) -> None:
-    data = text.encode("utf-8")
+    _write_bytes(path, text.encode("utf-8"))
+
+
+def _write_bytes(path: Path, data: bytes | memoryview) -> None:
     atomic_write(path, lambda f: f.write(data))
 
 
