@@ -411,9 +411,9 @@ def _alive(pid: int) -> bool:
 def replace_folder(out: Path, partial: Path) -> None:
     """Put the finished folder `partial` at `out`, moving an old folder there aside first
     (deleted only once the new one is in place): `out` is at every moment the old folder,
-    absent, or the new one whole. A SIGINT or SIGTERM between the two renames waits until the
-    new folder is in place and the old one removed (`signals_held`); a process killed there
-    leaves the old folder aside, which `remove_stale` puts back."""
+    absent, or the new one whole. A SIGINT, SIGTERM or SIGHUP between the two renames waits
+    until the new folder is in place and the old one removed (`signals_held`); a process killed
+    there leaves the old folder aside, which `remove_stale` puts back."""
     with signals_held():
         old = None
         if out.exists():
@@ -425,7 +425,10 @@ def replace_folder(out: Path, partial: Path) -> None:
             shutil.rmtree(old)
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)     # what stops a command that a user ends
+# What stops a command that a user ends: Ctrl-C, a scheduler's or `kill`'s request, a closed
+# terminal (SIGHUP, where the platform has it).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
 
 
 @contextmanager
@@ -449,7 +452,7 @@ def handling_signals(signals: tuple[int, ...], handler: Callable[[int, Any], Non
 
 @contextmanager
 def signals_held() -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM are only noted; on leaving, the first one noted is
+    """While inside, the `STOP_SIGNALS` are only noted; on leaving, the first one noted is
     raised again for the handler that was in place. For a step that must not be cut in two,
     such as the renames that put a folder in place. A Python handler, not a signal mask: a
     mask holds back only its own thread's signals, and the process's signal may reach another

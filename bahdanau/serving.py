@@ -400,7 +400,10 @@ def _write_folder(partial: Path, archives: dict[str, bytes], src_vocab: Vocab,
                   tgt_vocab: Vocab, tokenizer: Tokenizer, tokenizer_data: Any,
                   manifest: dict[str, Any]) -> None:
     """Every file of an exported folder, written into `partial`, the manifest last: it seals
-    the others (`bahdanau._sealed.seal`)."""
+    the others (`bahdanau._sealed.seal`). The programs are archived in memory
+    (`bahdanau._pt2_archive.program_bytes`) and written as every file is: torch's archive
+    writer, meeting a failed write (a full disk), aborts the process from a C++ destructor,
+    where `atomic_write` makes it one `OSError` naming the file."""
     for name, data in archives.items():
         _write_bytes(partial / FILES[name], data)
     src_vocab.save(partial / FILES["src_vocab"])

@@ -21,7 +21,7 @@ from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.text import iter_lines, multi30k_files, read_lines
 from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
 from bahdanau.data.vocab import Vocab
-from bahdanau.data.workers import Stopped
+from bahdanau.data.workers import Stopped, ignore_stop_signals
 from bahdanau.errors import InputError
 from bahdanau.evaluate import Translation, translate_corpus
 from bahdanau.jobs.files import (
@@ -52,8 +52,9 @@ _LOG = logging.getLogger(__name__)
 
 
 def prepare(o: PrepareOptions) -> int:
-    """`bahdanau prepare`: a corpus tokenised and encoded once, for train --data. SIGINT or
-    SIGTERM stop it with one line (nothing is left in --out) and exit 128 + the signal."""
+    """`bahdanau prepare`: a corpus tokenised and encoded once, for train --data. SIGINT,
+    SIGTERM or SIGHUP (a closed terminal) stop it with one line (nothing is left in --out, the
+    lock is released) and exit 128 + the signal; signals after the first change nothing."""
     if o.train_src is not None and o.train_tgt is not None:   # check(): both or neither
         src, tgt = existing(o.train_src, "--train-src"), existing(o.train_tgt, "--train-tgt")
         shipped = None
@@ -78,6 +79,7 @@ def prepare(o: PrepareOptions) -> int:
                        max_len=o.max_len, max_ratio=o.max_ratio, strict=o.strict,
                        workers=o.workers, overwrite=o.overwrite, shipped=shipped)
     except Stopped as stop:
+        ignore_stop_signals()                # the process ends with this stop: one line
         print(f"bahdanau: prepare {stop}: nothing was written in {o.out}", file=sys.stderr)
         return 128 + stop.signum
     return 0
@@ -126,12 +128,13 @@ def translate(o: TranslateOptions) -> int:
         done = read = 0
         with _input_bar(path if sized else None, interactive) as bar:
             while window := list(itertools.islice(lines, size)):
+                numbers = [done + i + 1 for i, line in enumerate(window) if line.strip()]
                 sentences = [line for line in window if line.strip()]
                 with precision:
                     translated = iter(translate_corpus(
                         model, sentences, src_vocab, tgt_vocab, tokenizer, search=search,
                         batch_size=o.batch_size, unk_replace=o.unk_replace, device=device,
-                        progress=None) if sentences else [])
+                        progress=None, lines=numbers) if sentences else [])
                 with clear_bars():
                     for line in window:
                         t = next(translated) if line.strip() else None

@@ -260,8 +260,9 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
             something that may not be replaced, being prepared by another process, or a place
             that cannot be replaced (`bahdanau._files.check_destination`: refused before any
             work); a tokenising worker that died. Nothing is written in `out` then.
-        Stopped: SIGINT or SIGTERM (`bahdanau.data.workers.Stopped`): the workers stopped,
-            the partial folder removed; one during the swap only once it is done.
+        Stopped: SIGINT, SIGTERM or SIGHUP (`bahdanau.data.workers.Stopped`): the workers
+            killed, the partial folder removed, the lock released; one during the swap only
+            once it is done.
     """
     src, tgt, out = (check_path(n, p) for n, p in (("src_path", src_path),
                                                    ("tgt_path", tgt_path), ("out", out)))
@@ -276,7 +277,7 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
                "max_len": max_len, "max_ratio": max_ratio, "strict": strict}
     busy = (f"{out} is being prepared by another process: wait for it to finish or choose "
             "another folder")
-    with held(folder, busy), stop_on_signals():
+    with stop_on_signals(), held(folder, busy):      # a stop releases the lock too
         inputs = _inputs(src, tgt, shipped)          # hashing a large corpus takes seconds
         if (reused := _reuse(folder, out, inputs, options, overwrite, log)) is not None:
             return reused

@@ -186,8 +186,8 @@ def _check_shipped_languages(src_lang: str | None, tgt_lang: str | None, own: bo
 LengthPenalty = Literal["none", "average", "gnmt"]
 # --device and --threads of every command (resolved by the command: `bahdanau.jobs.resolve.machine`)
 _DEVICE_HELP = "auto (cuda when available, else cpu), cpu, cuda or cuda:N"
-_THREADS_HELP = ("torch CPU threads (default: the usable cores divided by LOCAL_WORLD_SIZE, the "
-                 "processes on this machine)")
+_THREADS_HELP = ("torch CPU threads, at most the usable cores (default: the usable cores "
+                 "divided by LOCAL_WORLD_SIZE, the processes on this machine)")
 # --amp of every command that decodes or scores (`bahdanau.jobs.resolve.autocast`); train's is
 # `TrainConfig.amp`
 _AMP_HELP = ("mixed precision: run the model under torch.autocast in bf16 or fp16 on --device "

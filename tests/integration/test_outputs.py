@@ -27,7 +27,10 @@ import multiprocessing
 import os
 import re
 import shutil
+import signal
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -583,6 +586,42 @@ def test_a_fault_while_average_writes_keeps_the_target(root, tmp_path, capsys, m
                                  "left as it was")
     assert out.read_bytes() == b"the user's earlier average"
     assert os.listdir(tmp_path) == ["average.pt"]                 # no temporary file
+
+
+@pytest.mark.parametrize(("name", "error"), [
+    ("encoder.pt2", OSError(errno.ENOSPC, "No space left on device")),
+    ("step.pt2", OSError(errno.EIO, "Input/output error")),
+])
+def test_a_fault_while_export_writes_leaves_nothing(root, tmp_path, capsys, monkeypatch, name,
+                                                    error) -> None:
+    """export onto a full disk aborted Python (rc 134, torch's archive writer failing in a
+    C++ destructor): a program is archived in memory and written as every file is, so a full
+    disk (an I/O error) is one line naming the file, and the partial folder is removed."""
+    out = tmp_path / "served"
+    failing_writes(monkeypatch, error, after=4096, name=name)
+    code = main(["export", "--checkpoint", str(root / "run"), "--out", str(out)])
+    _one_error(capsys, code, f"/.served.partial-{os.getpid()}/{name} failed: {error.strerror}")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE (POSIX)")
+def test_export_past_the_file_size_limit_is_one_line_in_a_process(root, tmp_path) -> None:
+    """The kernel's own refusal (EFBIG past RLIMIT_FSIZE, SIGXFSZ ignored, as a full disk's
+    ENOSPC) met by torch's writer in a real process: exit 2 with one line, not an abort."""
+    import resource
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    out = tmp_path / "served"
+    child = subprocess.run([sys.executable, "-m", "bahdanau", "export", "--checkpoint",
+                            str(root / "run"), "--out", str(out)], capture_output=True,
+                           text=True, preexec_fn=limited, timeout=300)
+    assert child.returncode == 2, child.stderr[-2000:]
+    assert child.stderr.startswith("bahdanau: error: ") and child.stderr.count("\n") == 1
+    assert "encoder.pt2 failed: File too large" in child.stderr
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_full_disk_while_training_saves_keeps_the_last_checkpoint(root, tmp_path, capsys,
