@@ -31,9 +31,11 @@ beam search over them (`translate_corpus` with any search) gives what the model 
 
 `export_folder` writes the programs (``encoder.pt2``, ``step.pt2``, with nothing pickled:
 `bahdanau._pt2_archive`), the vocabularies, the tokenizer, a README with the loop and a
-``manifest.json`` of the interface that seals every file (`bahdanau._sealed`); `load_exported`
-reads them back as data, checking the seal and refusing any program that loading could
-unpickle anything from, and `bahdanau export` runs `export_folder`. The step program is plain torch
+``manifest.json`` of the interface and the model's config that seals every file
+(`bahdanau._sealed`); `load_exported` reads them back as data: it checks the seal and traces
+the programs again from the config and the weights, never deserializing a program (which
+``torch.export.load`` does by running what the file says), and `bahdanau export` runs
+`export_folder`. The step program is plain torch
 ops; the encoder program calls the library's registered GRU op (``bahdanau::gru_layer``, the
 traced encoder's path, which keeps S dynamic), so loading it needs `import bahdanau` first.
 """
@@ -61,7 +63,7 @@ from bahdanau._files import (
     restore_replaced,
 )
 from bahdanau._folders import EXPORTED_FORMAT, Kind, check_folder_to_write
-from bahdanau._pt2_archive import load_program, program_bytes
+from bahdanau._pt2_archive import archive_weights, check_archive, program_bytes
 from bahdanau._sealed import check_sealed, seal
 from bahdanau.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, ModelConfig
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
@@ -69,7 +71,7 @@ from bahdanau.data.tokenizers import Tokenizer, tokenizer_from_payload, tokenize
 from bahdanau.data.vocab import Vocab
 from bahdanau.decoder import DecoderState, StepOutput
 from bahdanau.errors import InputError
-from bahdanau.models import RNNSearch
+from bahdanau.models import RNNSearch, build_model, model_class
 from bahdanau.search import refuse_nan_scores
 
 __all__ = ["ExportedDecoder", "ExportedMemory", "ExportedModel", "ServingPrograms", "export_folder",
@@ -375,18 +377,26 @@ def export_folder(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab, tokenize
     The folder is written beside its final name and renamed into place
     (`bahdanau._files.new_folder`, `held` against a second writer): it is whole or absent.
 
+    The manifest records the model's config too: `load_exported` rebuilds the programs from it
+    and the weights, so the model must be one that `build_model` builds from its config.
+
     Raises:
-        InputError: `folder` exists or cannot be written (`check_new_folder`), the vocabularies
-            do not fit the model, or what `export_programs` and `tokenizer_to_payload`
-            refuse; before any tracing.
+        InputError: `folder` exists or cannot be written (`check_new_folder`), the model has
+            no config or is not what `build_model` builds from it, the vocabularies do not fit
+            the model, or what `export_programs` and `tokenizer_to_payload` refuse; before any
+            tracing.
     """
     folder, model = check_new_folder(folder), _one_model(model)
-    if model.config is not None:
-        model.config.check_vocabs(src_vocab, tgt_vocab)
+    if model.config is None or type(model) is not model_class(model.config):
+        raise InputError(f"export writes a model that build_model rebuilds from its config; "
+                         f"this {type(model).__name__} "
+                         f"{'has no config' if model.config is None else 'is not one'}")
+    model.config.check_vocabs(src_vocab, tgt_vocab)
     tokenizer_data = tokenizer_to_payload(tokenizer)        # refuses tokenizers it cannot store
     programs = export_programs(model)
     archives = {name: program_bytes(getattr(programs, name)) for name in PROGRAMS}
-    manifest = {**programs.manifest, "versions": versions()}
+    manifest = {**programs.manifest, "model_config": model.config.to_dict(),
+                "versions": versions()}
     with held(folder, f"{folder} is being exported by another process: wait for it to "
                       "finish or choose another folder"):
         check_new_folder(folder)                  # as it is now that the folder is held
@@ -440,15 +450,18 @@ def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
     Before anything is used, the manifest's own digest and every file's SHA-256 are checked
     against the seal `export_folder` wrote (`bahdanau._sealed.check_sealed`), each file from
     the bytes then used, and every name stays in the folder (no path, no symbolic link, the
-    SentencePiece model only as ``tokenizer.model``). The programs are loaded only when
-    nothing in their archives is pickled (`bahdanau._pt2_archive.load_program`). The
-    vocabularies must have the manifest's sizes and special ids, and the programs the
-    manifest's interface.
+    SentencePiece model only as ``tokenizer.model``). The programs are not deserialized:
+    ``torch.export.load`` trusts its file (it unpickles some members, and its JSON graph is
+    code to it: `bahdanau._pt2_archive`). They are traced again (`export_programs`) from the
+    model of the manifest's config, with the weights read as raw tensors from the encoder
+    program's archive (`bahdanau._pt2_archive.archive_weights`), which must hold nothing
+    pickled. The vocabularies must have the manifest's sizes and special ids, and the
+    programs traced the manifest's interface.
 
     Raises:
         InputError: one line naming the file: not an exported folder, one of an earlier
-            version, a file changed or damaged, a program that loading could unpickle
-            anything from, or parts that do not fit together.
+            version, a file changed or damaged, an archive with a pickled or unknown member,
+            or parts that do not fit together.
     """
     folder = Path(folder)
     restore_replaced(folder)             # left aside by a writer that died replacing it
@@ -466,10 +479,39 @@ def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
         raise InputError(f"{folder}: the vocabularies do not fit {FILES['manifest']}: {err}; "
                          f"{_AGAIN}") from None
     tokenizer = _tokenizer(_json(data, folder, FILES["tokenizer"]), data, folder)
-    encoder, step = (load_program(data[FILES[name]], folder / FILES[name]) for name in PROGRAMS)
-    _check_interface(encoder, step, manifest, folder)
-    return ExportedModel(encoder.module(), step.module(), manifest, src_vocab, tgt_vocab,
-                         tokenizer)
+    check_archive(data[FILES["step"]], str(folder / FILES["step"]))   # no pickle for anyone
+    programs = export_programs(_rebuilt_model(manifest, data[FILES["encoder"]],
+                                              folder / FILES["encoder"]))
+    for key, value in programs.manifest.items():
+        if manifest.get(key) != value:
+            raise InputError(f"{folder}: its model gives programs with {key} {value!r}, "
+                             f"{FILES['manifest']} says {manifest.get(key)!r}: {_AGAIN}")
+    return ExportedModel(programs.encoder.module(), programs.step.module(), manifest,
+                         src_vocab, tgt_vocab, tokenizer)
+
+
+def _rebuilt_model(manifest: dict[str, Any], archive: bytes, path: Path) -> RNNSearch:
+    """The model of the manifest's config with the weights of the encoder program's archive
+    (which holds them all, as ``model.NAME``), in their dtype."""
+    try:
+        config = ModelConfig.from_dict(manifest["model_config"])
+    except (InputError, TypeError, ValueError, AttributeError) as err:
+        raise InputError(f"{path.parent / FILES['manifest']}: its model_config is no model "
+                         f"config ({err}): {_AGAIN}") from None
+    weights = {name.removeprefix("model."): tensor
+               for name, tensor in archive_weights(archive, path).items()
+               if name.startswith("model.")}
+    dtypes = {tensor.dtype for tensor in weights.values()}
+    if len(dtypes) != 1:
+        raise InputError(f"{path}: its weights are of {len(dtypes)} dtypes, a model's of one: "
+                         f"{_AGAIN}")
+    model = build_model(config).to(dtypes.pop()).eval()
+    try:
+        model.load_state_dict(weights, strict=True)
+    except RuntimeError as err:
+        raise InputError(f"{path}: its weights are not those of the manifest's model "
+                         f"({str(err).splitlines()[0][:200]}): {_AGAIN}") from None
+    return model
 
 
 _AGAIN = "export the model again (bahdanau export)"
@@ -483,6 +525,7 @@ _MANIFEST_FIELDS = {               # field -> (check, what it must be)
     "min_src_len": (lambda v: v == MIN_SRC_LEN, str(MIN_SRC_LEN)),
     "attention": (lambda v: isinstance(v, bool), "true or false"),
     "dtype": (lambda v: v in ("float32", "float64"), '"float32" or "float64"'),
+    "model_config": (lambda v: isinstance(v, dict), "an object"),
 }
 
 
@@ -498,7 +541,7 @@ def _read_manifest(folder: Path) -> dict[str, Any]:
         raise InputError(f"{path} is larger than an exported model's manifest: {_AGAIN}")
     try:
         manifest = json.loads(path.read_bytes().decode("utf-8"))
-    except ValueError as err:                 # JSONDecodeError, UnicodeDecodeError
+    except (ValueError, RecursionError) as err:   # JSONDecodeError, UnicodeDecodeError, nesting
         raise InputError(f"{path} is damaged ({type(err).__name__}): {_AGAIN}") from None
     if isinstance(manifest, dict) and manifest.get("format") == 1 and "version" not in manifest:
         raise InputError(f"{folder} was exported by an earlier bahdanau, without digests and "
@@ -526,7 +569,7 @@ def _sealed_bytes(path: Path, sha256: str) -> bytes:
 def _json(data: dict[str, bytes], folder: Path, name: str) -> Any:
     try:
         return json.loads(data[name].decode("utf-8"))
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:
         raise InputError(f"{folder / name}: not readable JSON ({type(err).__name__})") from None
 
 
@@ -540,28 +583,14 @@ def _tokenizer(stored: Any, data: dict[str, bytes], folder: Path) -> Tokenizer:
         if SENTENCEPIECE_FILE not in data:
             raise InputError(f"{folder / FILES['manifest']} seals no digest of "
                              f"{SENTENCEPIECE_FILE}: {_AGAIN}")
-        return SentencePieceTokenizer(data[SENTENCEPIECE_FILE])
-    return tokenizer_from_payload(stored)
-
-
-def _check_interface(encoder: ExportedProgram, step: ExportedProgram, manifest: dict[str, Any],
-                     folder: Path) -> None:
-    """The programs take and give what the manifest says: the encoder s_0 and the memory
-    tensors, the step the tokens, s_{i-1} and the memory, and log-probabilities over the
-    target vocabulary."""
-    memory = manifest["memory_tensors"]
-    outputs = [node for node in step.graph.nodes if node.op == "output"][0].args[0]
-    log_probs = outputs[0].meta.get("val") if outputs else None
-    found = {"encoder outputs": (len(encoder.graph_signature.user_outputs), 1 + memory),
-             "step inputs": (len(step.graph_signature.user_inputs), 2 + memory),
-             "step outputs": (len(step.graph_signature.user_outputs),
-                              3 if manifest["attention"] else 2),
-             "target words": (None if log_probs is None else int(log_probs.shape[-1]),
-                              manifest["tgt_vocab_size"])}
-    for what, (got, want) in found.items():
-        if got != want:
-            raise InputError(f"{folder}: the programs have {got} {what}, {FILES['manifest']} "
-                             f"says {want}: {_AGAIN}")
+        try:
+            return SentencePieceTokenizer(data[SENTENCEPIECE_FILE])
+        except InputError as err:
+            raise InputError(f"{folder / SENTENCEPIECE_FILE}: {err}; {_AGAIN}") from None
+    try:
+        return tokenizer_from_payload(stored)
+    except InputError as err:
+        raise InputError(f"{folder / FILES['tokenizer']}: {err}; {_AGAIN}") from None
 
 
 def _readme(manifest: dict[str, Any], sentencepiece: bool) -> str:
@@ -603,9 +632,11 @@ the log-softmax of the next token; the memory tensors (annotations, mask, precom
 values) have one row per sentence. The step takes as many memory rows as state rows: for a beam
 of K, repeat each sentence's rows K times (`m.repeat_interleave(K, 0)`), and drop a finished
 sentence's rows from both. The encoder uses bahdanau's registered GRU op: `import bahdanau`
-first. `manifest.json` also lists the SHA-256 of every file and its own: `load_exported`
-checks them, and loads the programs only if nothing in them would be unpickled (plain
-`torch.export.load` unpickles some members of an archive, which can run code).
+first. `manifest.json` also lists the SHA-256 of every file and its own, and the model's
+config. `torch.export.load` trusts its file (it unpickles some members of an archive and
+evaluates strings of its graph): give it only folders you trust. `load_exported` checks the
+digests and traces the programs again from the config and the raw weights, so a folder it
+loads runs none of its own code.
 
 ## Greedy decoding, in plain torch
 
