@@ -254,6 +254,16 @@ CASES = [
     ("train --out {new} --max-steps 1 --patience 2", "--patience"),
     ("train --out {new} --max-steps 1 --schedule plateau", "--eval-every"),
     ("train --out {new} --max-steps 1 --min-lr 0.001", "--min-lr"),
+    # options that act only together with another, given alone (silently ignored)
+    ("translate --checkpoint {run} --input {files}/te.en --alignments-format json",
+     "--alignments-format json sets what --alignments FILE holds: it needs --alignments FILE"),
+    ("translate --checkpoint {run} --input {files}/te.en --alignments-format pharaoh",
+     "--alignments-format pharaoh sets what --alignments FILE holds"),
+    ("train --out {new} --max-steps 1 --optimizer adam --min-lr 0.0001",
+     "--min-lr 0.0001 floors a decaying learning rate: it needs --schedule inverse_sqrt or "
+     "plateau"),
+    ("train --out {new} --max-steps 1 --optimizer adam --schedule constant --min-lr 0.0001",
+     "--min-lr 0.0001 floors a decaying learning rate"),
     # a manifest or --config nested too deeply to parse (RecursionError tracebacks)
     ("release --checkpoint {run} --out {files}/bomb", "is a model folder already"),
     ("translate --checkpoint {run} --input {files}/te.en --alignments {files}/bomb/al.txt",
