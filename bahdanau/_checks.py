@@ -19,6 +19,11 @@ from torch import Tensor
 
 from bahdanau.errors import InputError
 
+# What `json.loads` of a user's file raises when it is not JSON: JSONDecodeError and
+# UnicodeDecodeError (both ValueErrors), and RecursionError for one nested too deeply to parse
+# ("[" * 200000): catch these, never ValueError alone.
+JSON_ERRORS = (ValueError, RecursionError)
+
 
 def is_int(value: object) -> TypeGuard[int]:
     """True for an int that is not a bool (True is an int to Python, not a count)."""

@@ -318,26 +318,39 @@ def partial_folder(out: Path, kind: str = "partial", pid: int | None = None) -> 
 def remove_stale(out: Path) -> list[Path]:
     """Remove the temporary folders beside `out` left by processes no longer alive; returns
     them. An old folder moved aside by one that died between `replace_folder`'s two renames
-    (`out` missing, one ``.NAME.old-PID`` holding a ``manifest.json``) is put back at `out`
-    instead."""
+    (`out` missing or an empty folder, one ``.NAME.old-PID`` holding a ``manifest.json``) is
+    put back at `out` instead; while `out` is still missing or empty (several such old
+    folders), none of them is removed: each may be the only copy of what `out` held."""
     _restore_old(out)
+    keep = _old_folders(out) if _vacant(out) else []
     removed = []
     for kind in _LEFTOVERS:
         prefix = f".{out.name}.{kind}-"
         for path in out.parent.iterdir():
             pid = path.name[len(prefix):]
             if (path.name.startswith(prefix) and pid.isdigit() and not _alive(int(pid))
-                    and path.is_dir() and not path.is_symlink()):
+                    and path.is_dir() and not path.is_symlink() and path not in keep):
                 shutil.rmtree(path)
                 removed.append(path)
     return removed
 
 
+def _vacant(out: Path) -> bool:
+    """`out` is missing, or an empty folder (not a symbolic link): where an old folder a dead
+    process moved aside is put back (one made by hand, or by a command, after the crash)."""
+    try:
+        if out.is_symlink() or not out.exists():
+            return not out.is_symlink()
+        return out.is_dir() and not any(out.iterdir())
+    except OSError:
+        return False
+
+
 def _restore_old(out: Path) -> None:
-    """Put back at a missing `out` the one old folder (one with a ``manifest.json``: a prepared
-    corpus, a model folder, an exported model) a dead process left beside it; anything else
-    there stays stale."""
-    if out.exists() or out.is_symlink():
+    """Put back at a missing or empty `out` the one old folder (one with a ``manifest.json``: a
+    prepared corpus, a model folder, an exported model) a dead process left beside it;
+    anything else there stays stale."""
+    if not _vacant(out):
         return
     olds = _old_folders(out)
     if len(olds) == 1:
@@ -359,11 +372,12 @@ def _old_folders(out: Path) -> list[Path]:
 
 
 def _put_back(old: Path, out: Path) -> None:
-    """Rename `old` to `out`; another process that put a folder there first wins."""
+    """Rename `old` to `out` (missing or an empty folder, which the rename replaces); another
+    process that put a folder there first wins."""
     try:
         os.replace(old, out)
     except OSError:
-        if out.exists():                          # put back (or replaced) by another process
+        if not _vacant(out):                      # put back (or replaced) by another process
             return
         raise
     fsync_dir(out.parent)
@@ -372,9 +386,10 @@ def _put_back(old: Path, out: Path) -> None:
 def restore_replaced(folder: str | os.PathLike[str]) -> None:
     """For a reader of a folder that the commands replace whole (a prepared corpus, a model
     folder, an exported model): when a process died between `replace_folder`'s two renames,
-    `folder` is missing and the old folder lies beside it (``.NAME.old-PID``); put it back, as
-    `held` does for a writer, so that it reads as it was instead of as missing. Nothing is
-    done when `folder` exists (the common case: one `stat`) or no such old folder is there. A
+    `folder` is missing (or an empty folder made since) and the old folder lies beside it
+    (``.NAME.old-PID``); put it back, as `held` does for a writer, so that it reads as it was
+    instead of as missing. Nothing is done when `folder` is a file or a folder with entries
+    (the common case) or no such old folder is there. A
     symbolic link given as `folder` names the folder that was replaced.
 
     Raises:
@@ -382,7 +397,7 @@ def restore_replaced(folder: str | os.PathLike[str]) -> None:
             line naming where it is and the command that puts it back.
     """
     target = Path(os.path.realpath(folder))
-    if target.exists():
+    if not _vacant(target):
         return
     olds = _old_folders(target)
     if len(olds) != 1:

@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
-from bahdanau._checks import check_path, describe, is_finite_number, is_int
+from bahdanau._checks import JSON_ERRORS, check_path, describe, is_finite_number, is_int
 from bahdanau._files import atomic_write, fsync_dir, restore_replaced
 from bahdanau.checkpoint.files import load_checkpoint, named, save_checkpoint, upgrade_payload
 from bahdanau.checkpoint.release import is_release
@@ -93,7 +93,7 @@ class CheckpointManager:
             if not best.is_file():
                 return   # nothing recorded yet
             problem = "missing beside best.pt"
-        except (OSError, ValueError) as err:   # JSON and UTF-8 decoding errors are ValueErrors
+        except (OSError, *JSON_ERRORS) as err:   # JSON_ERRORS: decoding, nested too deeply
             problem = f"unreadable ({type(err).__name__})"
         else:
             if (isinstance(data, dict) and set(data) in ({"metric", "step"},

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from bahdanau._checks import check_path
+from bahdanau._checks import JSON_ERRORS, check_path
 from bahdanau._files import (
     check_destination,
     held,
@@ -210,7 +210,7 @@ def _manifest(folder: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: missing: a model folder lists its files there") from None
-    except (OSError, ValueError) as err:
+    except (OSError, *JSON_ERRORS) as err:
         raise InputError(f"{path}: not a readable manifest ({type(err).__name__})") from None
     if not isinstance(data, dict) or data.get("format") != RELEASE_FORMAT:
         other = _other_folder(folder)
@@ -240,7 +240,7 @@ def _manifest(folder: Path) -> dict[str, Any]:
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
+    except (OSError, *JSON_ERRORS) as err:
         raise InputError(f"{path}: not readable JSON ({type(err).__name__})") from None
 
 

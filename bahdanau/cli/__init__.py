@@ -223,6 +223,9 @@ def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
         data = json.loads(text, object_pairs_hook=_unique)
     except _DuplicateKey as err:
         raise InputError(f"--config {path}: {err}") from None
+    except RecursionError:
+        raise InputError(f"--config {path} is nested too deeply to read; it holds options "
+                         "by name") from None
     except ValueError:                   # not JSON (or not UTF-8): YAML, which needs PyYAML
         try:
             import yaml
@@ -233,6 +236,9 @@ def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
             data = _yaml_load(text)
         except _DuplicateKey as err:
             raise InputError(f"--config {path}: {err}") from None
+        except RecursionError:
+            raise InputError(f"--config {path} is nested too deeply to read; it holds options "
+                             "by name") from None
         except yaml.YAMLError as err:
             detail = " ".join(str(err).split())
             raise InputError(f"--config {path} is not valid YAML: {detail}") from None

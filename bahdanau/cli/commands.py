@@ -141,7 +141,7 @@ def translate(o: TranslateOptions) -> int:
                         _print_translation(done, t, o.n_best, tokenizer, tgt_vocab)
                         if alignments is not None:
                             alignments.write(_alignment_row(line, t, tokenizer,
-                                                        o.alignments_format).encode())
+                                                        o.alignments_format or "json").encode())
                         done += 1
                     sys.stdout.flush()
                 position = stream.tell() if sized else done   # bytes, or lines

@@ -34,6 +34,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -55,6 +56,7 @@ from bahdanau._files import (
     held,
     new_folder,
     sha256_file,
+    write_failure,
 )
 from bahdanau._folders import Kind, check_folder_to_write
 from bahdanau._progress import progress_bar
@@ -157,7 +159,8 @@ class _Side:
         counts[:len(self.counts)] += self.counts
         self.counts = counts
         self.lengths.append(lengths[keep])
-        self.spool.write(ids.tobytes())
+        with _writing(self.spool_path):
+            self.spool.write(ids.tobytes())
 
     def _refuse_specials(self, chunk_words: list[str], local_ids: np.ndarray,
                          lengths: np.ndarray, first_line: int) -> None:
@@ -173,13 +176,18 @@ class _Side:
         refuse_specials(tokens, self.specials, f"{self.path}: line {first_line + line + 1}",
                         self.side)
 
+    def close(self) -> None:
+        """Close the spool (its last buffered ids written)."""
+        with _writing(self.spool_path):
+            self.spool.close()
+
     def word_counts(self) -> dict[str, int]:
         return dict(zip(self.words, self.counts.tolist(), strict=True))
 
     def write(self, folder: Path, side: str, vocab: Vocab) -> int:
         """Write `{side}.ids.npy` (the spooled ids through `vocab`) and `{side}.offsets.npy`;
         returns the number of tokens."""
-        self.spool.close()
+        self.close()
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -188,15 +196,27 @@ class _Side:
                              count=len(self.words))
         spooled: np.ndarray | list[int] = (
             np.memmap(self.spool_path, dtype=np.uint32, mode="r") if offsets[-1] else [])
-        ids = np.lib.format.open_memmap(folder / f"{side}.ids.npy", mode="w+",
-                                        dtype=_id_dtype(vocab), shape=(int(offsets[-1]),))
-        for start in range(0, len(ids), _COPY_IDS):
-            ids[start:start + _COPY_IDS] = lookup[spooled[start:start + _COPY_IDS]]
-        ids.flush()
-        del ids, spooled
-        fsync_file(folder / f"{side}.ids.npy")
+        with _writing(folder / f"{side}.ids.npy"):
+            ids = np.lib.format.open_memmap(folder / f"{side}.ids.npy", mode="w+",
+                                            dtype=_id_dtype(vocab), shape=(int(offsets[-1]),))
+            for start in range(0, len(ids), _COPY_IDS):
+                ids[start:start + _COPY_IDS] = lookup[spooled[start:start + _COPY_IDS]]
+            ids.flush()
+            del ids, spooled
+            fsync_file(folder / f"{side}.ids.npy")
         self.spool_path.unlink()
         return int(offsets[-1])
+
+
+@contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """A write of `path` outside `atomic_file` (the spooled ids, the memory-mapped id arrays):
+    a system error (a full disk, a file-size limit) is one line naming the file, as every
+    write's is (`bahdanau._files.write_failure`)."""
+    try:
+        yield
+    except OSError as err:
+        raise write_failure(path, err, kept=False) from None
 
 
 def _save(path: Path, array: np.ndarray) -> None:
@@ -485,7 +505,7 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
         chunks.close()                   # stops the workers at once when something raised
         bar.close()
         for side in sides:
-            side.spool.close()
+            side.close()
     _save(folder / "lines.npy", np.concatenate(kept_lines))
     src_vocab.save(folder / "src_vocab.json")
     tgt_vocab.save(folder / "tgt_vocab.json")

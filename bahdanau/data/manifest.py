@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bahdanau._checks import describe, is_finite_number, is_int
+from bahdanau._checks import JSON_ERRORS, describe, is_finite_number, is_int
 from bahdanau._files import restore_replaced, sha256_file
 from bahdanau._folders import MANIFEST
 from bahdanau._folders import PREPARED_FORMAT as FORMAT
@@ -122,7 +122,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
                          "bahdanau prepare")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except JSON_ERRORS as err:
         raise InputError(f"{path} is damaged ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise InputError(f"{path} is not the manifest of a prepared corpus")

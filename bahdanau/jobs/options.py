@@ -300,7 +300,8 @@ class TrainOptions(SearchOptions):
 
     def _check_inert(self) -> None:
         """Options that act only with another one, given without it (which left them silently
-        ignored): the dev evaluations' (--eval-every), the plateau schedule's, Adadelta's."""
+        ignored): the dev evaluations' (--eval-every), the plateau schedule's, a decaying
+        schedule's floor (--min-lr: the constant rate never decays to it), Adadelta's."""
         t, job = self.training, JOB_TRAINING
         if not t.eval_every:
             _needs("--eval-every N", [
@@ -320,6 +321,10 @@ class TrainOptions(SearchOptions):
                  "sets the plateau schedule's decays"),
                 (t.decay_patience != job.decay_patience, f"--decay-patience {t.decay_patience}",
                  "sets the plateau schedule's decays")])
+        if t.schedule == "constant":
+            _needs("--schedule inverse_sqrt or plateau", [
+                (t.min_lr != job.min_lr, f"--min-lr {t.min_lr:g}",
+                 "floors a decaying learning rate")])
         if t.optimizer != "adadelta":
             _needs("--optimizer adadelta", [
                 (t.rho != job.rho, f"--rho {t.rho:g}", "is Adadelta's decay")])
@@ -395,19 +400,21 @@ class TranslateOptions(DecodeOptions):
     alignments: str | None = option(None, "write each sentence's alignment here, one line per "
                                           "input line, as --alignments-format says",
                                     metavar="FILE")
-    alignments_format: Literal["json", "pharaoh"] = option(
-        "json", "what --alignments holds per line: json (tokens and weights) or pharaoh ('i-j' "
-        "pairs, 0-based source token i and target token j, each target token with its most "
-        "attended source token)")
+    alignments_format: Literal["json", "pharaoh"] | None = option(
+        None, "what --alignments holds per line: json (tokens and weights; the default) or "
+        "pharaoh ('i-j' pairs, 0-based source token i and target token j, each target token "
+        "with its most attended source token)")
 
     def check(self) -> None:
         super().check()
         if self.n_best > self.beam_size:
             raise InputError(f"--n-best ({self.n_best}) cannot exceed --beam-size "
                              f"({self.beam_size})")
-        if self.alignments_format != "json" and self.alignments is None:
-            raise InputError("--alignments-format sets what --alignments FILE holds: give "
-                             "--alignments too")
+        if self.alignments is None:
+            _needs("--alignments FILE", [
+                (self.alignments_format is not None,
+                 f"--alignments-format {self.alignments_format}",
+                 "sets what --alignments FILE holds")])
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from bahdanau._checks import JSON_ERRORS
 from bahdanau._folders import Kind
 from bahdanau.checkpoint.files import load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import find_checkpoint
@@ -54,7 +55,7 @@ def run_test_scores(checkpoint: Path, payload: dict[str, Any]) -> dict[str, Any]
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, *JSON_ERRORS):
         return None
     state = payload.get("train_state")
     step = state.get("step") if isinstance(state, dict) else None

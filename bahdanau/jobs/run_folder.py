@@ -23,6 +23,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from bahdanau._checks import JSON_ERRORS
 from bahdanau._files import exclusive_lock
 from bahdanau._folders import Kind, check_folder_to_write, enclosing_kind
 from bahdanau.checkpoint.manager import CheckpointManager
@@ -55,7 +56,7 @@ def stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
         return None                  # checkpoints of an earlier version: train() checks them
     try:
         stored = json.loads(config.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except JSON_ERRORS as err:
         raise InputError(f"{config} is damaged ({err}); it records the run's options") from None
     if not isinstance(stored, dict):
         raise InputError(f"{config} is damaged: it holds a {type(stored).__name__}, not options")
@@ -85,7 +86,7 @@ def is_run_folder(folder: Path) -> bool:
         if not config.is_file() or config.stat().st_size > _RECORD_BYTES:
             return False
         record = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, *JSON_ERRORS):
         return False
     if not isinstance(record, dict):
         return False

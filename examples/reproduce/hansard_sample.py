@@ -36,7 +36,9 @@ Usage, from the repository root (the folder that --out goes into must exist)::
 
 Inputs and --out follow bahdanau's rules (`bahdanau.jobs.files.existing`,
 `bahdanau._files.check_destination`): a release file that is a folder, a FIFO or a device, and an
---out that is a dangling link, the current folder or under a file, are refused in one line.
+--out that is a dangling link, the current folder, under a file, or inside a folder bahdanau
+replaces whole (a model folder, a prepared corpus, an exported folder, a run's checkpoints:
+`bahdanau.jobs.run_folder.run_file_owner`), are refused in one line.
 
 The texts carry no stated terms of use: use them for experiments only, and do not commit the
 sample into a repository or ship it in a package.
@@ -60,6 +62,7 @@ from pathlib import Path
 from bahdanau._files import check_destination
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import existing
+from bahdanau.jobs.run_folder import run_file_owner
 
 SEED = 9215
 SPLITS = (("train", 100_000), ("dev", 2_000), ("test", 2_000))
@@ -234,6 +237,10 @@ def build_sample(release: Path, out: Path, expected: Expected | None = None) -> 
     """
     expected = Expected.published() if expected is None else expected
     out = _checked(check_destination, out, "the sample")   # a link: the folder it names
+    owner = run_file_owner(Path(os.path.realpath(out)))
+    if owner is not None:                 # its writer replaces it whole, the sample with it
+        raise RecipeError(f"--out {out} is inside {owner}, which bahdanau replaces whole "
+                          "(release, prepare or train --overwrite): choose a folder outside it")
     if out.exists():
         raise RecipeError(f"{out} already exists: remove it or choose another --out")
     if not out.parent.is_dir():

@@ -57,6 +57,12 @@ def files(tmp_path_factory) -> Path:
     (root / "wrong-type.json").write_text('{"max_steps": 1, "threads": "two"}')
     (root / "not-a-mapping.yaml").write_text("- max_steps\n- 1\n")
     (root / "broken.yaml").write_text("max_steps: [1\n")
+    # a model folder whose manifest is a JSON bomb (nested too deeply to parse: RecursionError)
+    (root / "bomb").mkdir()
+    (root / "bomb" / "manifest.json").write_text("[" * 200000 + "]" * 200000)
+    for name in ("model.safetensors", "config.json"):
+        (root / "bomb" / name).write_bytes(b"")
+    (root / "bomb.json").write_text("[" * 200000 + "]" * 200000)
     (root / "nan.yaml").write_text("max_steps: 1\nlr: .nan\n")
     return root
 
@@ -248,6 +254,23 @@ CASES = [
     ("train --out {new} --max-steps 1 --patience 2", "--patience"),
     ("train --out {new} --max-steps 1 --schedule plateau", "--eval-every"),
     ("train --out {new} --max-steps 1 --min-lr 0.001", "--min-lr"),
+    # options that act only together with another, given alone (silently ignored)
+    ("translate --checkpoint {run} --input {files}/te.en --alignments-format json",
+     "--alignments-format json sets what --alignments FILE holds: it needs --alignments FILE"),
+    ("translate --checkpoint {run} --input {files}/te.en --alignments-format pharaoh",
+     "--alignments-format pharaoh sets what --alignments FILE holds"),
+    ("train --out {new} --max-steps 1 --optimizer adam --min-lr 0.0001",
+     "--min-lr 0.0001 floors a decaying learning rate: it needs --schedule inverse_sqrt or "
+     "plateau"),
+    ("train --out {new} --max-steps 1 --optimizer adam --schedule constant --min-lr 0.0001",
+     "--min-lr 0.0001 floors a decaying learning rate"),
+    # a manifest or --config nested too deeply to parse (RecursionError tracebacks)
+    ("release --checkpoint {run} --out {files}/bomb", "is a model folder already"),
+    ("translate --checkpoint {run} --input {files}/te.en --alignments {files}/bomb/al.txt",
+     "is a file of the model folder"),
+    ("translate --checkpoint {files}/bomb --input {files}/te.en", "not a readable manifest"),
+    ("train --data {files}/bomb --out {new} --max-steps 1", "manifest.json is damaged"),
+    ("train --config {files}/bomb.json --out {new}", "nested too deeply"),
     ("train --out {new} --max-steps 1 --optimizer adadelta --min-lr 2", "--min-lr"),
     ("train --out {new} --max-steps 1 --label-smoothing 1", "--label-smoothing"),
     ("train --out {new} --max-steps 1 --decay-factor 1", "--decay-factor"),

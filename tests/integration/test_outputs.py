@@ -494,9 +494,9 @@ def test_an_exported_folder_is_no_other_command_s_output(root, kinds, capsys, ki
 
 def test_a_damaged_folder_of_a_writer_s_kind_is_still_its_kind(root, kinds, tmp_path,
                                                               capsys) -> None:
-    """A folder whose manifest.json is damaged is known by the files its writer wrote, so
-    `release --overwrite` still replaces a damaged model folder (and prepare a damaged corpus,
-    tests/unit/test_folders.py)."""
+    """A folder whose manifest.json is damaged (not JSON) is known by the files its writer
+    wrote, when it holds nothing else, so `release --overwrite` still replaces a damaged model
+    folder (and prepare a damaged corpus, tests/unit/test_folders.py)."""
     for name, kind in (("model", Kind.MODEL), ("prep", Kind.PREPARED),
                        ("exported", Kind.EXPORTED)):
         shutil.copytree(kinds[name], tmp_path / name)
@@ -507,6 +507,45 @@ def test_a_damaged_folder_of_a_writer_s_kind_is_still_its_kind(root, kinds, tmp_
     assert json.loads((tmp_path / "model" / "manifest.json").read_text())["format"] == (
         "bahdanau-model")
     capsys.readouterr()
+
+
+def test_a_folder_a_writer_replaces_holds_nothing_but_its_files(root, kinds, tmp_path,
+                                                                capsys) -> None:
+    """`release --out hf --overwrite` deleted another tool's folder whose manifest.json is
+    JSON without our "format" (it was taken for a damaged model folder by its config.json and
+    model.safetensors); `prepare --out npdata --overwrite` deleted labels.csv beside arrays and
+    a text manifest.json; `release --overwrite` onto a real model folder deleted the user's
+    NOTES.txt in it. Each is refused in one line and left byte for byte."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "manifest.json").write_text('{"name":"my-hf-export","files":["config.json"]}')
+    for name in ("config.json", "model.safetensors", "NOTES.md"):
+        (hf / name).write_text(name)
+    npdata = tmp_path / "npdata"
+    npdata.mkdir()
+    (npdata / "manifest.json").write_text("dataset manifest")
+    for name in ("src.ids.npy", "tgt.ids.npy", "labels.csv"):
+        (npdata / name).write_text(name)
+    model = tmp_path / "model"
+    shutil.copytree(kinds["model"], model)
+    (model / "NOTES.txt").write_text("mine")
+    prep = tmp_path / "prep"
+    shutil.copytree(kinds["prep"], prep)
+    (prep / "NOTES.txt").write_text("mine")
+    before = _snapshot(tmp_path)
+    release = ["release", "--checkpoint", str(root / "run"), "--overwrite", "--out"]
+    prepare = ["prepare", "--train-src", str(root / "tr.en"), "--train-tgt", str(root / "tr.fr"),
+               "--out"]
+    _one_error(capsys, main([*release, str(hf)]), f"--out {hf} is a folder of other files "
+               "(4 entries): release writes a model folder whole")
+    for extra in ((), ("--overwrite",)):
+        _one_error(capsys, main([*prepare, str(npdata), *extra]), f"{npdata} is a folder of "
+                   "other files (4 entries): prepare writes a prepared corpus whole")
+        _one_error(capsys, main([*prepare, str(prep), *extra]), f"{prep} holds NOTES.txt, "
+                   "which is not the prepared corpus's: move it out or choose another folder")
+    _one_error(capsys, main([*release, str(model)]), f"--out {model} holds NOTES.txt, which is "
+               "not the model folder's: move it out or choose another folder")
+    assert _snapshot(tmp_path) == before
 
 
 def test_an_ensemble_refuses_one_checkpoint_twice(root, tmp_path, capsys) -> None:

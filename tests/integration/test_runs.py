@@ -100,7 +100,7 @@ def test_optimisation_and_dropout_options_reach_the_run(data, tmp_path, capsys) 
     fewer = [*options[:4], "--accumulation", "1", *options[6:]]
     assert main(_argv(data, out, "--max-steps", "3", *fewer, test=False)) == 2
     assert "use accumulation 2" in capsys.readouterr().err and _files(out) == before
-    resumed = [*options[:6], "--schedule", "constant", *options[8:]]
+    resumed = [*options[:6], "--schedule", "constant", *options[8:10], *options[12:]]  # no --min-lr
     assert main(_argv(data, out, "--max-steps", "3", *resumed, "--threads", "2",
                       test=False)) == 0
     said = capsys.readouterr().err

@@ -16,6 +16,7 @@ import pytest
 from training_fixtures import one_line_error
 
 from bahdanau._folders import (
+    _FILES,
     EXPORTED_FORMAT,
     PREPARED_FORMAT,
     RELEASE_FORMAT,
@@ -23,6 +24,7 @@ from bahdanau._folders import (
     check_folder_to_write,
     enclosing_kind,
     folder_kind,
+    manifest_kind,
 )
 from bahdanau.checkpoint.release import check_new_release
 from bahdanau.data import prepare_corpus
@@ -53,14 +55,76 @@ def _snapshot(folder: Path) -> dict[str, bytes]:
     ({"format": 1}, ("encoder.pt2",), Kind.OTHER),
     ({"format": True}, ("encoder.pt2", "step.pt2"), Kind.OTHER),       # not the integer 1
     ({"format": "someone else's"}, ("model.safetensors", "config.json"), Kind.OTHER),
-    # a damaged manifest: the folder's files say what it was written as
+    # a damaged manifest (not JSON at all): the folder's files, and only they, say what it
+    # was written as
     ('{"format": ', ("model.safetensors", "config.json"), Kind.MODEL),
-    ("[]", ("src.ids.npy", "tgt.ids.npy"), Kind.PREPARED),
+    ("[" * 200000 + "]" * 200000, ("src.ids.npy", "tgt.ids.npy"), Kind.PREPARED),   # too deep
     ("not JSON", ("encoder.pt2", "step.pt2"), Kind.EXPORTED),
     ('{"format": ', ("notes.txt",), Kind.OTHER),
+    ("dataset manifest", ("src.ids.npy", "tgt.ids.npy", "labels.csv"), Kind.OTHER),
+    ('{"format": ', ("model.safetensors", "config.json", "NOTES.txt"), Kind.OTHER),
+    # JSON without our "format": another tool's manifest, whatever files are beside it
+    ({"name": "my-hf-export", "files": ["config.json"]}, ("config.json", "model.safetensors"),
+     Kind.OTHER),
+    ("[]", ("src.ids.npy", "tgt.ids.npy"), Kind.OTHER),
+    ({"format": None}, ("model.safetensors", "config.json"), Kind.OTHER),
 ])
 def test_a_folder_s_kind_is_what_its_manifest_says(tmp_path, manifest, names, kind) -> None:
     assert folder_kind(_folder(tmp_path / "f", manifest, *names)) is kind
+
+
+def test_a_json_bomb_manifest_is_a_damaged_one(tmp_path) -> None:
+    """A manifest nested too deeply to parse raised RecursionError from `manifest_kind`, which
+    never raises; a valid one with a deeply nested field too."""
+    bomb = _folder(tmp_path / "bomb", "[" * 200000 + "]" * 200000, "notes.txt")
+    assert manifest_kind(bomb) is Kind.OTHER
+    nested = _folder(tmp_path / "nested", '{"format": 1, "x": ' + "[" * 100000 + "]" * 100000
+                     + "}", "encoder.pt2", "step.pt2")
+    assert manifest_kind(nested) is Kind.EXPORTED          # damaged, and only its files in it
+
+
+def test_the_kinds_files_are_their_writers_names() -> None:
+    """Every name a writer writes is one of its kind's (`_folders._FILES`): a damaged folder
+    of its own is still known, and none of its files is taken for the user's."""
+    from bahdanau.checkpoint import release
+    from bahdanau.data.manifest import format_files
+    from bahdanau.serving import FILES, SENTENCEPIECE_FILE
+
+    assert {*release.REQUIRED, release.CARD, release.TOKENIZER_MODEL} == _FILES[Kind.MODEL]
+    spm = {"options": {"tokenizer": {"name": "sentencepiece"}}}
+    assert set(format_files(spm)) == _FILES[Kind.PREPARED]
+    assert {*FILES.values(), SENTENCEPIECE_FILE} - {"manifest.json"} == _FILES[Kind.EXPORTED]
+
+
+def test_a_writer_replaces_its_kind_only_holding_nothing_else(tmp_path) -> None:
+    """`release --overwrite` onto a model folder into which the user put NOTES.txt deleted it;
+    so did `prepare --overwrite` a damaged corpus's labels.csv (now a folder of other files).
+    The first entry that is not the kind's is named; nothing is touched."""
+    model = _folder(tmp_path / "model", {"format": RELEASE_FORMAT,
+                                         "files": {"model.safetensors": "0" * 64}},
+                    "model.safetensors", "NOTES.txt")
+    prep = _folder(tmp_path / "prep", '{"format": ', "src.ids.npy", "tgt.ids.npy")
+    (prep / "runs").mkdir()                              # a folder is never a kind's file
+    exported = _folder(tmp_path / "exp", {"format": EXPORTED_FORMAT}, "encoder.pt2",
+                       "step.pt2", "mine.py")
+    before = _snapshot(tmp_path)
+    one_line_error(lambda: check_new_release(model, True), f"--out {model} holds NOTES.txt, "
+                   "which is not the model folder's: move it out or choose another folder")
+    one_line_error(lambda: check_folder_to_write(model, Kind.MODEL, name="--out M"),
+                   "--out M holds NOTES.txt, which is not the model folder's")
+    one_line_error(lambda: check_folder_to_write(prep, Kind.MODEL, name="P"),
+                   "P is a folder of other files (4 entries)")
+    one_line_error(lambda: check_folder_to_write(exported, Kind.EXPORTED, name="E"),
+                   "E holds mine.py, which is not the exported folder's")
+    # a file the kind writes but its manifest does not list is not its either
+    (model / "NOTES.txt").unlink()
+    (model / "config.json").write_text("{}")
+    one_line_error(lambda: check_folder_to_write(model, Kind.MODEL, name="M"),
+                   "M holds config.json, which is not the model folder's")
+    (model / "config.json").unlink()
+    assert check_folder_to_write(model, Kind.MODEL) is True
+    assert _snapshot(tmp_path) == {k: v for k, v in before.items()
+                                   if not k.endswith("NOTES.txt")}
 
 
 def test_absent_empty_and_other_folders(tmp_path) -> None:

@@ -199,3 +199,35 @@ def test_a_dangling_out_is_refused_before_any_work(release, tmp_path) -> None:
     with pytest.raises(recipe.RecipeError, match="is a symbolic link to .* which does not exist"):
         recipe.build_sample(folder, out, recipe.Expected(release=None))
     assert out.is_symlink() and [p.name for p in tmp_path.iterdir()] == ["sample"]
+
+
+@pytest.mark.parametrize("where", ["model", "prepared", "exported", "run"])
+def test_an_out_inside_a_bahdanau_folder_is_refused(release, tmp_path, where) -> None:
+    """The sample written into a model folder, a prepared corpus, an exported folder or a run's
+    checkpoints was deleted by the next release, prepare or train --overwrite there: such an
+    --out is refused before any work, through a symbolic link too, and nothing is written."""
+    import json
+
+    from bahdanau._folders import EXPORTED_FORMAT, PREPARED_FORMAT, RELEASE_FORMAT
+
+    folder, _ = release
+    owner = tmp_path / where
+    formats = {"model": RELEASE_FORMAT, "prepared": PREPARED_FORMAT,
+               "exported": EXPORTED_FORMAT}
+    if where == "run":
+        (owner / "checkpoints").mkdir(parents=True)
+        (owner / "checkpoints" / "step_00000004.pt").write_bytes(b"")
+        out, what = owner / "checkpoints" / "sample", f"the run in {owner}"
+    else:
+        owner.mkdir()
+        (owner / "manifest.json").write_text(json.dumps({"format": formats[where]}))
+        out, what = owner / "sub" / "sample", f" {owner}"
+    (tmp_path / "link").symlink_to(out.parent, target_is_directory=True)
+    before = sorted(tmp_path.rglob("*"))
+    for given in (out, tmp_path / "link" / "sample"):
+        with pytest.raises(recipe.RecipeError, match="is inside") as caught:
+            recipe.build_sample(folder, given, recipe.Expected(release=None))
+        message = str(caught.value)
+        assert message.startswith(f"--out {given} is inside") and what in message, message
+        assert "\n" not in message and "choose a folder outside it" in message
+    assert sorted(tmp_path.rglob("*")) == before

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import resource
+import shutil
 import stat
 import subprocess
 import sys
@@ -134,6 +135,32 @@ def test_a_model_folder_left_aside_by_a_dead_writer_is_read(run, folder, tmp_pat
     assert bahdanau.load(folder).translate(SOURCES[:1])                    # the library too
     assert _snapshot(folder) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "src.txt"]
+
+
+def test_an_old_folder_is_put_back_into_an_empty_folder_made_since(run, folder, tmp_path,
+                                                                   capsys) -> None:
+    """After a crash left the old model folder aside, an empty folder made at its place (by
+    hand, `mkdir`) let `release` write there and delete the old folder, the only copy of the
+    previous model, silently: it is put back into the empty folder, for a writer (which then
+    finds a model folder, replaced only with --overwrite) and for a reader; with two old
+    folders neither is put back, and neither is deleted while the place is still empty."""
+    before, aside = _left_aside(folder)
+    folder.mkdir()
+    code = main(["release", "--checkpoint", str(run), "--out", str(folder)])
+    assert code == 2 and "is a model folder already" in capsys.readouterr().err
+    assert _snapshot(folder) == before and not aside.exists()
+    _left_aside(folder)
+    folder.mkdir()
+    assert bahdanau.load(folder).translate(SOURCES[:1])                    # a reader too
+    assert _snapshot(folder) == before and not aside.exists()
+    # two old folders: which one to put back is the user's choice; neither is lost
+    _, aside = _left_aside(folder)
+    second = shutil.copytree(aside, folder.parent / f".{folder.name}.old-{2**22 + 8}")
+    folder.mkdir()
+    assert main(["release", "--checkpoint", str(run), "--out", str(folder)]) == 0
+    capsys.readouterr()
+    assert {k.replace(str(aside), str(folder)): v for k, v in _snapshot(aside).items()} == before
+    assert {k.replace(str(second), str(folder)): v for k, v in _snapshot(second).items()} == before
 
 
 def test_a_model_folder_that_cannot_be_put_back_says_where_it_is(run, folder, monkeypatch,
