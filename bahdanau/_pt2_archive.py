@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from bahdanau._checks import JSON_ERRORS
 from bahdanau.errors import InputError
 
 __all__ = ["archive_weights", "check_archive", "program_bytes"]
@@ -107,7 +108,7 @@ def _table(raw: bytes, what: str, table: str) -> dict[str, Any]:
     """The entries of a weight or constant table (``{"config": {name: entry}}``)."""
     try:
         entries = json.loads(raw.decode("utf-8"))["config"]
-    except (ValueError, KeyError, TypeError, RecursionError):
+    except (*JSON_ERRORS, KeyError, TypeError):
         entries = None
     if not isinstance(entries, dict):
         raise InputError(f"{what}: {table} is not a table of tensors")

@@ -25,13 +25,8 @@ from bahdanau.data import multi30k_files, pad_sources, read_lines
 from bahdanau.evaluate import translate_corpus
 from bahdanau.models import build_model
 from bahdanau.search import BeamSearch, greedy_search
-from bahdanau.serving import (
-    ExportedDecoder,
-    _readme,
-    export_programs,
-    greedy_decode,
-    load_exported,
-)
+from bahdanau.serving import ExportedDecoder, export_programs, greedy_decode, load_exported
+from bahdanau.serving.folder import _readme
 from bahdanau.translate import load
 
 N_SENTENCES = 300
