@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import torch
 from torch import nn
 
 from bahdanau._about import versions
@@ -196,7 +197,9 @@ def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
 
 def _rebuilt_model(manifest: dict[str, Any], archive: bytes, path: Path) -> RNNSearch:
     """The model of the manifest's config with the weights of the encoder program's archive
-    (which holds them all, as ``model.NAME``), in their dtype."""
+    (which holds them all, as ``model.NAME``), in their dtype; the config's shapes are
+    checked against the weights' on the meta device first, so a config of other sizes is
+    refused before it allocates anything."""
     try:
         config = ModelConfig.from_dict(manifest["model_config"])
     except (InputError, TypeError, ValueError, AttributeError) as err:
@@ -209,12 +212,18 @@ def _rebuilt_model(manifest: dict[str, Any], archive: bytes, path: Path) -> RNNS
     if len(dtypes) != 1:
         raise InputError(f"{path}: its weights are of {len(dtypes)} dtypes, a model's of one: "
                          f"{_AGAIN}")
-    model = build_model(config).to(dtypes.pop()).eval()
-    try:
-        model.load_state_dict(weights, strict=True)
-    except RuntimeError as err:
+    with torch.device("meta"):                # the config's shapes, before any allocation
+        shapes = {name: tuple(t.shape) for name, t in build_model(config).state_dict().items()}
+    differ = next((name for name in sorted(shapes.keys() | weights.keys())
+                   if name not in shapes or name not in weights
+                   or shapes[name] != tuple(weights[name].shape)), None)
+    if differ is not None:
         raise InputError(f"{path}: its weights are not those of the manifest's model "
-                         f"({str(err).splitlines()[0][:200]}): {_AGAIN}") from None
+                         f"(model.{differ}: {shapes.get(differ)} in the config, "
+                         f"{None if differ not in weights else tuple(weights[differ].shape)} "
+                         f"in the archive): {_AGAIN}")
+    model = build_model(config).to(dtypes.pop()).eval()
+    model.load_state_dict(weights, strict=True)
     return model
 
 

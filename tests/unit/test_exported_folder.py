@@ -282,3 +282,12 @@ def test_a_model_without_a_config_is_not_exported(tmp_path) -> None:
                                          DefaultTokenizer(), tmp_path / "out"),
                    "build_model rebuilds from its config", "has no config")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("sizes", [{"hidden_size": 1_000_000}, {"maxout_size": 5}])
+def test_a_config_of_other_sizes_is_refused_before_it_allocates(exported, sizes) -> None:
+    """A million hidden units would take terabytes: refused from the weights' shapes."""
+    manifest = _manifest(exported)
+    _reseal(exported, model_config={**manifest["model_config"], **sizes})
+    one_line_error(lambda: load_exported(exported), "encoder.pt2",
+                   "not those of the manifest's model", "in the config")
