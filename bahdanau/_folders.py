@@ -135,16 +135,17 @@ def manifest_kind(folder: Path) -> Kind | None:
 
 def foreign_entry(folder: Path, kind: Kind) -> str | None:
     """The first entry of `folder` (a folder of `kind`) that is not that kind's: not a file
-    its manifest lists (or, for a damaged manifest or one listing none, a file the kind
-    writes) nor the manifest. None when there is none; the whole folder's "(unreadable)"
-    when it cannot be listed. Never raises."""
+    its manifest lists (or, for a damaged manifest or one whose list names no plain files, a
+    file the kind writes) nor the manifest. None when there is none; "(unreadable)" when the
+    folder cannot be listed. Never raises."""
     names = _names(folder)
     if names is None:
         return "(unreadable)"
     data = _read_manifest(folder)
     listed = data.get("files") if isinstance(data, dict) else None
-    ours = (set(listed) if isinstance(listed, dict) and all(isinstance(k, str) for k in listed)
-            else set(_FILES.get(kind, ())))
+    plain = isinstance(listed, dict) and all(
+        isinstance(k, str) and "/" not in k and k not in ("", ".", "..") for k in listed)
+    ours = set(listed) if plain and isinstance(listed, dict) else set(_FILES.get(kind, ()))
     return next((name for name, file in names
                  if not file or (name != MANIFEST and name not in ours)), None)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import math
 import re
 import zipfile
 from pathlib import Path
@@ -147,8 +148,9 @@ def archive_weights(data: bytes, what: str | Path) -> dict[str, torch.Tensor]:
             last = offset + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True))
             if 0 in sizes:
                 last = -1
-            if last >= flat.numel() or (flat.numel() * flat.element_size() != len(raw)):
-                raise ValueError
+            if (last >= flat.numel() or offset + math.prod(sizes) > flat.numel()
+                    or flat.numel() * flat.element_size() != len(raw)):
+                raise ValueError        # beyond its bytes, or more elements than its bytes hold
             weights[name] = flat.as_strided(sizes, strides, offset).clone()
         except (KeyError, TypeError, ValueError, RuntimeError):
             raise InputError(f"{what}: {table} describes {name!r} as no float tensor within "

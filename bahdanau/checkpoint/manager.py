@@ -151,6 +151,11 @@ class CheckpointManager:
         ``best.json`` (what the commands that write outputs keep their hands off)."""
         return bool(cls._STEP_FILE.match(name)) or name in ("best.pt", "best.json")
 
+    @classmethod
+    def writes_or_writing(cls, name: str) -> bool:
+        """`writes`, or one of those files being written (``atomic_write``'s temporary file)."""
+        return cls.writes(name) or bool(cls._TEMP_FILE.match(name))
+
     def path_for(self, step: int) -> Path:
         """Path of the numbered checkpoint of `step`."""
         return self.directory / f"step_{step:08d}.pt"

@@ -47,7 +47,13 @@ def stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
     """
     check_run_out(out)
     config = out / RUN_CONFIG
-    if not holds_run(out) or o.overwrite:
+    if not holds_run(out):
+        return None
+    foreign = foreign_run_file(out)
+    if foreign is not None:
+        raise InputError(f"--out {out} holds {foreign}, which is not a run's: move it out or "
+                         "choose another --out")
+    if o.overwrite:
         return None
     if not o.resume:
         raise InputError(f"--out {out} holds a run: resume it (without --no-resume), start "
@@ -61,6 +67,24 @@ def stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
     if not isinstance(stored, dict):
         raise InputError(f"{config} is damaged: it holds a {type(stored).__name__}, not options")
     return stored
+
+
+def foreign_run_file(out: Path) -> str | None:
+    """The first of a run's names in `out` that holds what is not the run's: a config.yaml
+    that is no run's record, or a file in ``checkpoints/`` that `CheckpointManager` does not
+    write (--overwrite would delete it with the run, resuming would read it). None when
+    there is none. Never raises."""
+    try:
+        if (out / RUN_CONFIG).is_file() and not is_run_folder(out):
+            return RUN_CONFIG
+        checkpoints = out / "checkpoints"
+        if checkpoints.is_dir():
+            for path in sorted(checkpoints.iterdir()):
+                if not CheckpointManager.writes_or_writing(path.name) or not path.is_file():
+                    return f"checkpoints/{path.name}"
+    except OSError:
+        pass
+    return None
 
 
 def holds_run(out: Path) -> bool:

@@ -457,6 +457,33 @@ def test_train_writes_no_run_into_another_run_s_files(root, capsys, inside, flag
     assert _snapshot(run) == before
 
 
+@pytest.mark.parametrize(("case", "foreign"), [
+    ("user config", "config.yaml"), ("user file in checkpoints", "checkpoints/notes.txt"),
+    ("user file in a run's checkpoints", "checkpoints/mine.txt")])
+def test_train_overwrite_deletes_nothing_that_is_not_the_run_s(root, tmp_path, capsys, case,
+                                                              foreign) -> None:
+    """`train --overwrite` deleted a user's file in checkpoints/ with the run, and replaced a
+    user's own config.yaml that was no run's record."""
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    if case == "user config":
+        (out / "config.yaml").write_text("my: app\n")
+        (out / "notes.txt").write_text("mine\n")
+        (out / "checkpoints").rmdir()
+    elif case == "user file in checkpoints":
+        (out / "checkpoints" / "notes.txt").write_text("mine\n")
+        (out / "checkpoints" / "step_00000001.pt").write_text("mine\n")
+    else:
+        shutil.copytree(root / "run", out, dirs_exist_ok=True)
+        (out / "checkpoints" / "mine.txt").write_text("mine\n")
+    before = _snapshot(out)
+    capsys.readouterr()
+    err = _one_error(capsys, main(_train_argv(root, out, "--overwrite")))
+    assert err == (f"bahdanau: error: --out {out} holds {foreign}, which is not a run's: move "
+                   "it out or choose another --out\n")
+    assert _snapshot(out) == before
+
+
 # (the kind of folder, a command line without its output, the file of the folder it names)
 _EXPORTED_OUTPUTS = [
     ("exported", ["translate", "--checkpoint", "{run}", "--input", "{root}/te.en",

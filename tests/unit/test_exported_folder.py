@@ -291,3 +291,18 @@ def test_a_config_of_other_sizes_is_refused_before_it_allocates(exported, sizes)
     _reseal(exported, model_config={**manifest["model_config"], **sizes})
     one_line_error(lambda: load_exported(exported), "encoder.pt2",
                    "not those of the manifest's model", "in the config")
+
+
+def test_a_weight_of_more_elements_than_its_bytes_is_refused(exported) -> None:
+    """Stride 0 over a few bytes would clone into gigabytes: a weight holds at most the
+    elements its bytes hold."""
+    table = "data/weights/model_weights_config.json"
+    with zipfile.ZipFile(exported / "encoder.pt2") as z:
+        config = json.loads(z.read(next(n for n in z.namelist() if n.endswith(table))))
+    name, entry = next(iter(config["config"].items()))
+    entry["tensor_meta"]["sizes"] = [{"as_int": 50_000}, {"as_int": 10_000}]
+    entry["tensor_meta"]["strides"] = [{"as_int": 0}, {"as_int": 0}]
+    _rewrite(exported / "encoder.pt2", {table: json.dumps(config).encode()})
+    _reseal(exported)
+    one_line_error(lambda: load_exported(exported), "encoder.pt2", repr(name),
+                   "no float tensor within its bytes")
