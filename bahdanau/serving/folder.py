@@ -172,7 +172,7 @@ def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
     restore_replaced(folder)             # left aside by a writer that died replacing it
     manifest = _read_manifest(folder)
     files = check_sealed(folder, manifest, [FILES[key] for key in FILES if key != "manifest"],
-                         _AGAIN, hashed=False)
+                         _AGAIN)
     data = {name: _sealed_bytes(folder / name, sha) for name, sha in files.items()}
     try:
         src_vocab, tgt_vocab = (Vocab.from_dict(_json(data, folder, FILES[side]))
