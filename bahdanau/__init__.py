@@ -1,6 +1,8 @@
 """bahdanau: RNNsearch (Bahdanau, Cho & Bengio, ICLR 2015) as composable PyTorch modules."""
 
-from bahdanau import engine, functional, presets
+# _interrupt first, before the imports that take seconds (torch): in the `bahdanau` command's
+# process, a Ctrl-C while it starts ends it with one line (bahdanau._interrupt)
+from bahdanau import _interrupt, engine, functional, presets  # noqa: F401
 from bahdanau._about import __version__
 from bahdanau.attention import AdditiveAttention, Attention, AttentionStep, LuongAttention
 from bahdanau.checkpoint import (

@@ -1,8 +1,9 @@
 """Input validation shared by the modules: every failure is an `InputError` naming the argument.
 
 Besides the tensor checks the models use, `resolve_device` checks a device string against what
-this machine has, and `default_device` / `default_threads` say what the command line uses when
---device / --threads are not given.
+this machine has, `default_device` / `default_threads` say what the command line uses when
+--device / --threads are not given, `cpu_threads` bounds --threads by the usable cores, and
+`check_memory` refuses work whose memory estimate exceeds what a device has available.
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ import torch
 from torch import Tensor
 
 from bahdanau.errors import InputError
+
+# What `json.loads` of a user's file raises when it is not JSON: JSONDecodeError and
+# UnicodeDecodeError (both ValueErrors), and RecursionError for one nested too deeply to parse
+# ("[" * 200000): catch these, never ValueError alone.
+JSON_ERRORS = (ValueError, RecursionError)
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -146,6 +152,97 @@ def default_threads() -> int:
         InputError: LOCAL_WORLD_SIZE is set but is not a positive integer.
     """
     return max(1, usable_cores() // launcher_value("LOCAL_WORLD_SIZE"))
+
+
+def cpu_threads(given: int | None, name: str = "--threads") -> int:
+    """The torch CPU threads to use: `given`, or `default_threads()` when None.
+
+    More threads than the usable cores are refused rather than allowed as oversubscription:
+    torch's threads run compute-bound kernels and each parallel op waits for its slowest
+    thread, so a thread beyond the cores only waits for one (`bahdanau.training.threads`
+    measures this), and torch does not bound its pool itself (100,000 threads crash the
+    process).
+
+    Raises:
+        InputError: `given` is more than the usable cores (`usable_cores`), naming `name`.
+    """
+    if given is None:
+        return default_threads()
+    cores = usable_cores()
+    if given > cores:
+        raise InputError(f"{name} {given} is more than the {cores} CPU core"
+                         f"{'s' if cores != 1 else ''} this process may run on: give at most "
+                         f"{cores}, or leave {name} out (the cores shared by the processes of "
+                         "this machine)")
+    return given
+
+
+def available_memory(device: torch.device) -> int | None:
+    """The bytes a new allocation on `device` may take now, as far as the machine says.
+
+    On a CUDA device: what the driver has free plus what torch's allocator holds unused. On
+    the CPU: MemAvailable of /proc/meminfo (lowered to what the process's cgroup still allows,
+    where one sets a limit), else the free physical pages (`os.sysconf`). None where nothing
+    says (another accelerator, another platform): then nothing is refused.
+    """
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type != "cpu":
+        return None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+                limit = _cgroup_room()
+                return available if limit is None else min(available, limit)
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _cgroup_room() -> int | None:
+    """What this process's cgroup (v2) still allows it to allocate, None without a limit."""
+    try:
+        entry = Path("/proc/self/cgroup").read_text().splitlines()[0]
+        folder = Path("/sys/fs/cgroup") / entry.split("::", 1)[1].lstrip("/")
+        limit = (folder / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int((folder / "memory.current").read_text()))
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def check_memory(needed: int | None, device: torch.device, what: str, lower: str) -> None:
+    """Refuse work that needs more memory than `device` has available, before it allocates.
+
+    Args:
+        needed: about the bytes `what` needs (None: unknown, nothing checked).
+        device: where it would allocate them (`available_memory`).
+        what: what needs them ("translating sentence 3 (40,000 tokens) with a beam of 5").
+        lower: how to need less ("lower the beam size").
+    Raises:
+        InputError: "{what} needs about N GB, more than the M GB of memory available on
+            {device}: {lower}".
+    """
+    if needed is None:
+        return
+    available = available_memory(device)
+    if available is not None and needed > available:
+        raise InputError(f"{what} needs about {format_bytes(needed)}, more than the "
+                         f"{format_bytes(available)} of memory available on {device}: {lower}")
+
+
+def format_bytes(n: int) -> str:
+    """`n` bytes in decimal units: "512 B", "1.5 MB", "8.7 GB", "1,200.0 TB"."""
+    for unit, size in (("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= size:
+            return f"{n / size:,.1f} {unit}"
+    return f"{n} B"
 
 
 # What torchrun tells each process it starts (its environment variables), and their unset value.

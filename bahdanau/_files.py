@@ -16,8 +16,12 @@ current folder or one holding it, a mount point, a dangling link, a parent that 
 `held` creates the parent, takes the lock beside the folder and removes the temporary folders
 of processes that died (`remove_stale`); `new_folder` gives the temporary folder
 (`partial_folder`) to write into and puts it in place whole (`replace_folder`). A symbolic link
-given as the folder keeps linking: the folder it names is the one replaced. `sha256_file` is
-the digest every manifest lists, `process_umask` the mode mask new files are created with.
+given as the folder keeps linking: the folder it names is the one replaced. A process killed
+between the two renames of `replace_folder` leaves the old folder aside and none at its place:
+every reader of such a folder (a checkpoint's path, a model folder, a prepared corpus, an
+exported model) first puts it back (`restore_replaced`), as a writer does once `held`.
+`sha256_file` is the digest every manifest lists, `process_umask` the mode mask new files are
+created with.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import errno
 import hashlib
 import os
 import re
+import shlex
 import shutil
 import signal
 import stat
@@ -263,6 +268,7 @@ def check_destination(out: Path, what: str) -> Path:
         InputError: `out` is a dangling link, the current folder or one that holds it, a mount
             point, or its parent is a file.
     """
+    restore_replaced(out)
     if out.is_symlink():
         if not out.exists():
             raise InputError(f"{out} is a symbolic link to {os.readlink(out)}, which does not "
@@ -312,35 +318,97 @@ def partial_folder(out: Path, kind: str = "partial", pid: int | None = None) -> 
 def remove_stale(out: Path) -> list[Path]:
     """Remove the temporary folders beside `out` left by processes no longer alive; returns
     them. An old folder moved aside by one that died between `replace_folder`'s two renames
-    (`out` missing, one ``.NAME.old-PID`` holding a ``manifest.json``) is put back at `out`
-    instead."""
+    (`out` missing or an empty folder, one ``.NAME.old-PID`` holding a ``manifest.json``) is
+    put back at `out` instead; while `out` is still missing or empty (several such old
+    folders), none of them is removed: each may be the only copy of what `out` held."""
     _restore_old(out)
+    keep = _old_folders(out) if _vacant(out) else []
     removed = []
     for kind in _LEFTOVERS:
         prefix = f".{out.name}.{kind}-"
         for path in out.parent.iterdir():
             pid = path.name[len(prefix):]
             if (path.name.startswith(prefix) and pid.isdigit() and not _alive(int(pid))
-                    and path.is_dir() and not path.is_symlink()):
+                    and path.is_dir() and not path.is_symlink() and path not in keep):
                 shutil.rmtree(path)
                 removed.append(path)
     return removed
 
 
+def _vacant(out: Path) -> bool:
+    """`out` is missing, or an empty folder (not a symbolic link): where an old folder a dead
+    process moved aside is put back (one made by hand, or by a command, after the crash)."""
+    try:
+        if out.is_symlink() or not out.exists():
+            return not out.is_symlink()
+        return out.is_dir() and not any(out.iterdir())
+    except OSError:
+        return False
+
+
 def _restore_old(out: Path) -> None:
-    """Put back at a missing `out` the one old folder (one with a ``manifest.json``: a prepared
-    corpus, a model folder, an exported model) a dead process left beside it; anything else
-    there stays stale."""
-    if out.exists() or out.is_symlink():
+    """Put back at a missing or empty `out` the one old folder (one with a ``manifest.json``: a
+    prepared corpus, a model folder, an exported model) a dead process left beside it;
+    anything else there stays stale."""
+    if not _vacant(out):
         return
+    olds = _old_folders(out)
+    if len(olds) == 1:
+        _put_back(olds[0], out)
+
+
+def _old_folders(out: Path) -> list[Path]:
+    """The old folders (each with a ``manifest.json``) that processes no longer alive moved
+    aside from `out` (``.NAME.old-PID``) and did not delete."""
     prefix = f".{out.name}.old-"
-    olds = [path for path in out.parent.iterdir()
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:                               # no parent, or one that cannot be listed
+        return []
+    return [path for path in entries
             if path.name.startswith(prefix) and path.name[len(prefix):].isdigit()
             and not _alive(int(path.name[len(prefix):])) and path.is_dir()
             and not path.is_symlink() and (path / "manifest.json").is_file()]
-    if len(olds) == 1:
-        os.replace(olds[0], out)
-        fsync_dir(out.parent)
+
+
+def _put_back(old: Path, out: Path) -> None:
+    """Rename `old` to `out` (missing or an empty folder, which the rename replaces); another
+    process that put a folder there first wins."""
+    try:
+        os.replace(old, out)
+    except OSError:
+        if not _vacant(out):                      # put back (or replaced) by another process
+            return
+        raise
+    fsync_dir(out.parent)
+
+
+def restore_replaced(folder: str | os.PathLike[str]) -> None:
+    """For a reader of a folder that the commands replace whole (a prepared corpus, a model
+    folder, an exported model): when a process died between `replace_folder`'s two renames,
+    `folder` is missing (or an empty folder made since) and the old folder lies beside it
+    (``.NAME.old-PID``); put it back, as `held` does for a writer, so that it reads as it was
+    instead of as missing. Nothing is done when `folder` is a file or a folder with entries
+    (the common case) or no such old folder is there. A
+    symbolic link given as `folder` names the folder that was replaced.
+
+    Raises:
+        InputError: the old folder cannot be put back (no permission to write beside it): one
+            line naming where it is and the command that puts it back.
+    """
+    target = Path(os.path.realpath(folder))
+    if not _vacant(target):
+        return
+    olds = _old_folders(target)
+    if len(olds) != 1:
+        return
+    try:
+        _put_back(olds[0], target)
+    except OSError as err:
+        raise InputError(f"{folder} is missing: a process that died while replacing it left it "
+                         f"as {olds[0]}, which cannot be put back here ({err.strerror}): put it "
+                         f"back with: mv {shlex.quote(str(olds[0]))} "
+                         f"{shlex.quote(str(target))}") from None
 
 
 def _alive(pid: int) -> bool:
@@ -358,9 +426,9 @@ def _alive(pid: int) -> bool:
 def replace_folder(out: Path, partial: Path) -> None:
     """Put the finished folder `partial` at `out`, moving an old folder there aside first
     (deleted only once the new one is in place): `out` is at every moment the old folder,
-    absent, or the new one whole. A SIGINT or SIGTERM between the two renames waits until the
-    new folder is in place and the old one removed (`signals_held`); a process killed there
-    leaves the old folder aside, which `remove_stale` puts back."""
+    absent, or the new one whole. A SIGINT, SIGTERM or SIGHUP between the two renames waits
+    until the new folder is in place and the old one removed (`signals_held`); a process killed
+    there leaves the old folder aside, which `remove_stale` puts back."""
     with signals_held():
         old = None
         if out.exists():
@@ -372,7 +440,10 @@ def replace_folder(out: Path, partial: Path) -> None:
             shutil.rmtree(old)
 
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)     # what stops a command that a user ends
+# What stops a command that a user ends: Ctrl-C, a scheduler's or `kill`'s request, a closed
+# terminal (SIGHUP, where the platform has it).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
 
 
 @contextmanager
@@ -396,7 +467,7 @@ def handling_signals(signals: tuple[int, ...], handler: Callable[[int, Any], Non
 
 @contextmanager
 def signals_held() -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM are only noted; on leaving, the first one noted is
+    """While inside, the `STOP_SIGNALS` are only noted; on leaving, the first one noted is
     raised again for the handler that was in place. For a step that must not be cut in two,
     such as the renames that put a folder in place. A Python handler, not a signal mask: a
     mask holds back only its own thread's signals, and the process's signal may reach another

@@ -1,20 +1,14 @@
-"""`torch.export` programs as data: saved with nothing pickled, loaded only when nothing is.
+"""`torch.export` programs as data: archives with nothing pickled, and the weights they hold.
 
-``torch.export.load`` unpickles some members of a ``.pt2`` archive (the sample inputs, weights
-of tensor subclasses, custom and opaque objects, the legacy formats), falling back to
-``torch.load(weights_only=False)``, which runs whatever code a pickle names. A program that
-someone else wrote must not be able to do that. torch offers no loader that never unpickles,
-so `load_program` reads the archive with torch's own reader (the one ``torch.export.load``
-reads with, so both see the same members) and refuses it unless every member is one of those
-a pickle-free program has: the JSON graph, the JSON weight and constant tables with no entry
-marked as pickled, raw tensor bytes, the archive's version records, and empty sample inputs
-(and Python's zip reader, which torch's fallback for older formats uses, must list the same
-members once each); only then does ``torch.export.load`` read it, from the same bytes.
-`program_bytes` writes such an archive (a program without sample inputs) and checks it by the
-same rule, so a torch whose archives hold pickles fails at export, not at load.
-
-The JSON graph names operators, which the deserializer looks up among those registered; it
-cannot name Python code.
+``torch.export.load`` trusts its file: it unpickles some members of a ``.pt2`` archive (the
+sample inputs, weights of tensor subclasses, custom and opaque objects, legacy formats), and
+its JSON graph is code too (shape expressions go to ``sympy.sympify``, which evaluates them;
+guards are Python source; call targets are looked up by name anywhere under ``torch``).
+No archive someone else wrote is given to it here. `program_bytes` writes a program's archive
+without sample inputs and checks, by `check_archive`, that nothing in it is pickled, so that
+the folder holds no pickle for anyone; `archive_weights` reads back only the raw tensor bytes
+and the JSON table of their names, dtypes and shapes, checked, from which a program is rebuilt
+by tracing the model's own code (`bahdanau.serving.load_exported`).
 """
 
 from __future__ import annotations
@@ -22,6 +16,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import math
 import re
 import zipfile
 from pathlib import Path
@@ -30,9 +25,10 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 
+from bahdanau._checks import JSON_ERRORS
 from bahdanau.errors import InputError
 
-__all__ = ["load_program", "program_bytes"]
+__all__ = ["archive_weights", "check_archive", "program_bytes"]
 
 MODEL = "model"                        # the one program an archive of `torch.export.save` holds
 _RECORDS = {
@@ -51,11 +47,11 @@ _TENSOR = re.compile(r"data/(weights/weight|constants/tensor)_\d+")   # raw byte
 
 def program_bytes(program: ExportedProgram) -> bytes:
     """The ``.pt2`` archive of `program` without its sample inputs (which are pickled), checked
-    by `load_program`'s rule.
+    by `check_archive`.
 
     Raises:
         InputError: this torch stores something of the program pickled (a tensor subclass, a
-            custom object), which `load_program` would refuse.
+            custom object), which `check_archive` refuses.
     """
     program = copy.copy(program)          # a shallow copy: the caller's keeps its inputs
     program.example_inputs = None
@@ -66,13 +62,14 @@ def program_bytes(program: ExportedProgram) -> bytes:
         check_archive(data, "the exported program")
     except InputError as err:
         raise InputError(f"{err} (torch {torch.__version__} stores it so; an exported folder "
-                         "must load without unpickling)") from None
+                         "holds no pickle)") from None
     return data
 
 
 def check_archive(data: bytes, what: str) -> None:
-    """Refuse a ``.pt2`` archive that loading could unpickle anything from (see the module
-    docstring), naming `what` it is.
+    """Refuse a ``.pt2`` archive with a member other than those of a program with nothing
+    pickled (the JSON graph and tensor tables, raw tensor bytes, the version records, empty
+    sample inputs), or whose members read differently to Python's zip reader, naming `what`.
 
     Raises:
         InputError: not an archive torch reads, or a member other than a pickle-free program's.
@@ -92,7 +89,7 @@ def check_archive(data: bytes, what: str) -> None:
     refused = sorted(r for r in records if r not in _RECORDS and not _TENSOR.fullmatch(r))
     if refused:
         raise InputError(f"{what} holds {refused[0]}, which a program saved as data does not: "
-                         "loading it could run code, so it is refused")
+                         "it could run code where the archive is loaded, so it is refused")
     missing = sorted(_RECORDS - records)
     if missing:
         raise InputError(f"{what} has no {missing[0]}: not a whole torch.export archive")
@@ -112,27 +109,61 @@ def _table(raw: bytes, what: str, table: str) -> dict[str, Any]:
     """The entries of a weight or constant table (``{"config": {name: entry}}``)."""
     try:
         entries = json.loads(raw.decode("utf-8"))["config"]
-    except (ValueError, KeyError, TypeError):
+    except (*JSON_ERRORS, KeyError, TypeError):
         entries = None
     if not isinstance(entries, dict):
         raise InputError(f"{what}: {table} is not a table of tensors")
     return entries
 
 
-def load_program(data: bytes, what: str | Path) -> ExportedProgram:
-    """The program of a ``.pt2`` archive's bytes, once `check_archive` finds nothing in it
-    that loading could unpickle.
+# The dtypes weights are stored in (torch.export's ScalarType codes).
+_DTYPES = {6: torch.float16, 7: torch.float32, 8: torch.float64, 13: torch.bfloat16}
+
+
+def archive_weights(data: bytes, what: str | Path) -> dict[str, torch.Tensor]:
+    """The weights of a ``.pt2`` archive's bytes (`check_archive`'s rule first), by their names
+    in the program: each read from its raw bytes by the JSON table's dtype, sizes, strides and
+    offset, every one checked. Nothing else of the archive is read.
 
     Raises:
-        InputError: `check_archive` refuses it, or torch cannot read it (one line, naming
-            `what`).
+        InputError: `check_archive` refuses it, or an entry of the table does not describe a
+            float tensor within its bytes (one line naming `what` and the entry).
     """
-    check_archive(data, str(what))
-    try:
-        return torch.export.load(io.BytesIO(data))
-    except Exception as err:       # torch's deserializer raises many kinds on a damaged graph
-        raise InputError(f"{what} is not a program this torch reads "
-                         f"({type(err).__name__}: {_first_line(err)})") from None
+    what = str(what)
+    check_archive(data, what)
+    reader = torch._C.PyTorchFileReader(io.BytesIO(data))
+    table = _TABLES["data/weights/"]
+    weights = {}
+    for name, entry in _table(reader.get_record(table), what, table).items():
+        meta = entry.get("tensor_meta")
+        try:
+            dtype = _DTYPES[meta["dtype"]]
+            sizes, strides = ([_int(d) for d in meta[key]] for key in ("sizes", "strides"))
+            offset = _int(meta["storage_offset"])
+            raw = reader.get_record("data/weights/" + entry["path_name"])
+            flat = (torch.frombuffer(bytearray(raw), dtype=dtype) if raw
+                    else torch.empty(0, dtype=dtype))
+            if len(sizes) != len(strides) or min([offset, *sizes, *strides], default=0) < 0:
+                raise ValueError
+            last = offset + sum((n - 1) * st for n, st in zip(sizes, strides, strict=True))
+            if 0 in sizes:
+                last = -1
+            if (last >= flat.numel() or offset + math.prod(sizes) > flat.numel()
+                    or flat.numel() * flat.element_size() != len(raw)):
+                raise ValueError        # beyond its bytes, or more elements than its bytes hold
+            weights[name] = flat.as_strided(sizes, strides, offset).clone()
+        except (KeyError, TypeError, ValueError, RuntimeError):
+            raise InputError(f"{what}: {table} describes {name!r} as no float tensor within "
+                             "its bytes") from None
+    return weights
+
+
+def _int(value: object) -> int:
+    """A size, stride or offset of the table (``{"as_int": n}``)."""
+    if not (isinstance(value, dict) and set(value) == {"as_int"}
+            and type(value["as_int"]) is int):
+        raise ValueError
+    return value["as_int"]
 
 
 def _first_line(err: BaseException) -> str:

@@ -2,9 +2,10 @@
 
 `seal` writes ``manifest.json`` with ``files`` (each file's SHA-256) and ``digest`` (the SHA-256
 of every other field as canonical JSON), so a changed file or a changed manifest field (a
-flipped setting, another special id) no longer matches; `check_sealed` checks both before a
-reader takes anything from the folder. A prepared corpus (`bahdanau.data.manifest`) and an
-exported model (`bahdanau.serving`) are sealed so.
+flipped setting, another special id) no longer matches; `check_sealed` checks the manifest
+before a reader takes anything from the folder, and the reader each file's digest on the bytes
+it reads. A prepared corpus (`bahdanau.data.manifest`) and an exported model
+(`bahdanau.serving`) are sealed so.
 
 Large folders hash in parallel threads: hashlib releases the GIL on large blocks, and SHA-256
 (with the CPU's SHA instructions) runs at 0.5 to 1.7 GB/s on one core of the 2-core reference
@@ -21,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from bahdanau._files import atomic_write, sha256_file
+from bahdanau._folders import MANIFEST
 from bahdanau.errors import InputError
 
 __all__ = ["MANIFEST", "check_sealed", "file_digests", "manifest_digest", "seal"]
 
-MANIFEST = "manifest.json"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _PER_THREAD = 1 << 28       # bytes worth a hashing thread of their own (about 0.15 s of hashing)
 
@@ -63,16 +64,15 @@ def seal(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
     return sealed
 
 
-def check_sealed(folder: Path, manifest: dict[str, Any], required: list[str], again: str,
-                 *, hashed: bool = True) -> dict[str, str]:
+def check_sealed(folder: Path, manifest: dict[str, Any], required: list[str], again: str
+                 ) -> dict[str, str]:
     """Check a sealed manifest read from `folder`: its own digest, a digest for every file of
-    `required`, each listed name a file directly in the folder (no path, no symbolic link: a
-    reader never leaves the folder), and, when `hashed`, each file's SHA-256.
+    `required`, and each listed name a file directly in the folder (no path, no symbolic link:
+    a reader never leaves the folder). The files' digests are the caller's to check, on the
+    bytes it reads (so that what is checked is what is used).
 
     Args:
         again: the safe next step, ending each message ("export it again").
-        hashed: False leaves the files' digests to the caller, who hashes the bytes it reads
-            (so that what is checked is what is used).
     Returns:
         The manifest's ``files`` (name -> SHA-256).
     Raises:
@@ -99,9 +99,4 @@ def check_sealed(folder: Path, manifest: dict[str, Any], required: list[str], ag
         if file.is_symlink() or not file.is_file():
             what = "a symbolic link" if file.is_symlink() else "missing"
             raise InputError(f"{file} is {what}: the folder's files are its own; {again}")
-    if hashed:
-        for name, sha in file_digests(folder, sorted(files)).items():
-            if sha != files[name]:
-                raise InputError(f"{folder / name} does not match its digest in {MANIFEST}: "
-                                 f"the file was changed or damaged; {again}")
     return files

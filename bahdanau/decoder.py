@@ -339,8 +339,8 @@ class AttentiveDecoder(nn.Module):
         for prev_tokens in tgt_in.unbind(1):
             out = self.step(prev_tokens, state, memory)
             logits.append(out.logits)
-            if out.weights is not None:                          # None without attention
-                weights.append(out.weights)
+            if return_attention and out.weights is not None:     # (B, S) a step: kept only
+                weights.append(out.weights)                      # when asked for
             state = out.state
         attention = None
         if return_attention and self.attention is not None:

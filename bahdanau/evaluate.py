@@ -22,6 +22,7 @@ import sacrebleu
 import torch
 
 from bahdanau._checks import (
+    check_memory,
     check_strings,
     check_tokenizer,
     check_type,
@@ -31,6 +32,7 @@ from bahdanau._checks import (
     resolve_device,
 )
 from bahdanau._progress import Bar, progress_bar
+from bahdanau.config import ModelConfig
 from bahdanau.constraints import compile_constraints
 from bahdanau.data.batching import Example, collate, pad_sources
 from bahdanau.data.text import normalize_whitespace
@@ -281,6 +283,30 @@ def check_constraints(lengths: Sequence[int], constraints: object, avoid: object
     return positive, avoided
 
 
+def _numbering(lines: Sequence[int] | None, count: int) -> Callable[[int], int]:
+    """The number the messages give sentence `i` of `count`: lines[i], or i + 1."""
+    if lines is None:
+        return lambda i: i + 1
+    if len(lines) != count or not all(is_int(n) for n in lines):
+        raise InputError(f"lines must be {count} ints, one per sentence, got {lines!r:.80}")
+    return lambda i: lines[i]
+
+
+def _check_translation_memory(model: torch.nn.Module, search: BeamSearch,
+                              ids: list[list[int]], batches: list[list[int]],
+                              number: Callable[[int], int], device: torch.device) -> None:
+    """Before any decoding, each batch's search fits in memory (`BeamSearch.check_memory`):
+    its longest sentence alone (named by `number`), then the batch."""
+    for chunk in batches:                        # sorted by length: the longest is the last
+        longest = chunk[-1]
+        tokens = f"{len(ids[longest]):,} tokens"
+        search.check_memory(model, 1, len(ids[longest]), device,
+                            f"translating sentence {number(longest)} ({tokens})")
+        search.check_memory(model, len(chunk), len(ids[longest]), device,
+                            f"translating {len(chunk):,} sentences together (up to sentence "
+                            f"{number(longest)}'s {tokens})")
+
+
 def _bar(progress: str | None, total: int) -> Any:
     """The bar of a corpus of `total` sentences labelled `progress`; None: a bar that draws
     nothing (the caller draws its own)."""
@@ -293,7 +319,8 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
                      device: str | torch.device = "cpu",
                      progress: str | None = "translating",
                      constraints: Sequence[Sequence[str]] | None = None,
-                     avoid: Sequence[Sequence[str]] | None = None) -> list[Translation]:
+                     avoid: Sequence[Sequence[str]] | None = None,
+                     lines: Sequence[int] | None = None) -> list[Translation]:
     """Translate raw sentences; results come back in input order.
 
     Sentences are sorted by length and batched (less padding); each is tokenised, encoded
@@ -317,13 +344,16 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
             must hold, each contiguously ([] for none): lexically constrained decoding
             (`bahdanau.constraints`); each phrase is tokenised with `tokenizer`.
         avoid: optional, one list of phrases per sentence that its translation must not hold.
+        lines: the number the messages give each sentence (its line in the caller's input;
+            default: 1, 2, ...).
     Returns:
         One `Translation` per sentence, in input order.
     Raises:
         InputError: an argument of the wrong type, an empty sentence, `unk_replace` with
             RNNencdec, vocabularies whose sizes or special ids differ from `model.config`
-            (see `ModelConfig.check_vocabs`), or phrases that `check_constraints` refuses;
-            all before any decoding.
+            (see `ModelConfig.check_vocabs`), phrases that `check_constraints` refuses, or a
+            sentence, or a batch, whose search needs more memory than `device` has available
+            (`BeamSearch.check_memory`, naming the sentence); all before any decoding.
     """
     check_type("model", model, torch.nn.Module, "a torch.nn.Module such as RNNSearch")
     check_type("src_vocab", src_vocab, Vocab, "a Vocab")
@@ -341,16 +371,20 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
     if unk_replace and getattr(model, "arch", None) == "rnnencdec":
         raise InputError("unk_replace needs attention weights, which RNNencdec does not have")
     search = search or BeamSearch(beam_size=5)
+    number = _numbering(lines, len(sentences))
     tokenized = [tokenizer.tokenize(s) for s in sentences]
     for i, toks in enumerate(tokenized):
         if not toks:
-            raise InputError(f"sentence {i + 1} is empty")
+            raise InputError(f"sentence {number(i)} is empty")
     ids = [src_vocab.encode(toks) for toks in tokenized]
     positive, avoided = check_constraints([len(x) for x in ids], constraints, avoid, tgt_vocab,
-                                          tokenizer, search)
+                                          tokenizer, search,
+                                          label=lambda i: f"sentence {number(i)}")
+    batches = _length_sorted([len(x) for x in ids], batch_size)
+    _check_translation_memory(model, search, ids, batches, number, device)
     results: list[Translation | None] = [None] * len(ids)
     with _bar(progress, len(ids)) as bar:
-        for chunk in _length_sorted([len(x) for x in ids], batch_size):
+        for chunk in batches:
             src, lengths = pad_sources([ids[i] for i in chunk], src_vocab.pad_id)
             found = search(model, src.to(device), lengths.to(device),
                            constraints=None if positive is None else [positive[i] for i in chunk],
@@ -411,8 +445,10 @@ def score_ids(model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int], Seque
     Returns:
         One `ForcedScore` per pair, in input order.
     Raises:
-        InputError: a bad argument, an empty source, or ids outside the vocabularies (the
-            model's `check_batch`), before any batch is scored.
+        InputError: a bad argument, an empty source, ids outside the vocabularies (the
+            model's `check_batch`), or a sentence, or a batch, that needs more memory than
+            `device` has available (`_scoring_memory`, naming the sentence), before any batch
+            is scored.
     """
     if not isinstance(model, RNNSearch):          # a Module's repr would run over many lines
         raise InputError(f"model must be an RNNSearch or RNNEncDec, got a "
@@ -425,11 +461,12 @@ def score_ids(model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int], Seque
     if not (is_finite_number(alpha) and alpha >= 0):
         raise InputError(f"alpha must be a finite number >= 0, got {alpha!r}")
     examples = [Example(i, list(src), list(tgt)) for i, (src, tgt) in enumerate(pairs)]
-    batches = [collate([examples[i] for i in chunk]) for chunk in _length_sorted(
-        [len(ex.src) + len(ex.tgt) for ex in examples], batch_size)]   # checks every example
-    for batch in batches:                                  # every value, before any work
-        model.check_batch(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out)
+    chunks = _length_sorted([len(ex.src) + len(ex.tgt) for ex in examples], batch_size)
+    batches = [collate([examples[i] for i in chunk]) for chunk in chunks]  # checks every example
     device = resolve_device(device)
+    for chunk, batch in zip(chunks, batches, strict=True):   # every value, before any work
+        model.check_batch(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out)
+        _check_scoring_memory(model, [examples[i] for i in chunk], device)
     log_probs: list[float] = [0.0] * len(examples)
     was_training = model.training
     model.eval()
@@ -450,6 +487,47 @@ def score_ids(model: torch.nn.Module, pairs: Sequence[tuple[Sequence[int], Seque
             for lp, ex in zip(log_probs, examples, strict=True)]
 
 
+
+
+def _scoring_memory(model: torch.nn.Module, sentences: int, src_len: int, tgt_len: int
+                   ) -> int | None:
+    """About the bytes `score_ids` needs at least for a batch of `sentences` pairs of `src_len`
+    source and `tgt_len` target tokens (eos counted): per target position of each row, the V
+    logits and their log-softmax and the decoder's states, inputs and readout; per source
+    position, the embeddings, annotations (2H), keys (A) and a step's energies (A). Linear in
+    both lengths: teacher forcing keeps no (T, S) weights unless asked for them. From
+    `model.config`; None for a model without a `ModelConfig`."""
+    config = getattr(model, "config", None)
+    if not isinstance(config, ModelConfig):
+        return None
+    first = next(iter(model.parameters()), None)
+    size = 8 if first is not None and first.dtype == torch.float64 else 4
+    per_target = (2 * config.tgt_vocab_size + 4 * config.decoder_size
+                  + 3 * config.maxout_size + config.embed_size)
+    per_source = config.embed_size + 4 * config.hidden_size + 2 * config.align_size
+    return sentences * (tgt_len * per_target + src_len * per_source) * size
+
+
+def _check_scoring_memory(model: torch.nn.Module, chunk: list[Example],
+                          device: torch.device) -> None:
+    """Refuse a batch of `chunk` whose scoring needs more memory than `device` has available:
+    naming its sentence that needs the most, or, when each would fit alone, asking for a
+    smaller batch."""
+    def lengths(ex: Example) -> tuple[int, int]:
+        return len(ex.src), len(ex.tgt) + 1                       # eos is scored too
+
+    def alone(ex: Example) -> int:
+        return _scoring_memory(model, 1, *lengths(ex)) or 0
+
+    worst = max(chunk, key=alone)
+    src_len, tgt_len = lengths(worst)
+    check_memory(_scoring_memory(model, 1, src_len, tgt_len), device,
+                 f"scoring sentence {worst.index + 1} ({src_len:,} source and {tgt_len:,} "
+                 "target tokens)", "split or shorten that sentence")
+    longest = (max(len(ex.src) for ex in chunk), max(len(ex.tgt) for ex in chunk) + 1)
+    check_memory(_scoring_memory(model, len(chunk), *longest), device,
+                 f"scoring {len(chunk):,} sentences together (up to {longest[0]:,} source and "
+                 f"{longest[1]:,} target tokens)", "lower the batch size")
 
 
 @torch.inference_mode()

@@ -387,7 +387,12 @@ def glorot_init_(model: nn.Module) -> None:
                 module.weight[module.padding_idx].zero_()
 
 
+def model_class(cfg: ModelConfig) -> type[RNNSearch]:
+    """The class `build_model` builds for `cfg`: `RNNEncDec` or `RNNSearch`, by `cfg.arch`."""
+    return RNNEncDec if cfg.arch == "rnnencdec" else RNNSearch
+
+
 def build_model(cfg: ModelConfig) -> RNNSearch:
     """Build `RNNSearch` or `RNNEncDec` according to `cfg.arch`."""
     check_type("cfg", cfg, ModelConfig, "a ModelConfig (e.g. bahdanau.presets.small(V_src, V_tgt))")
-    return (RNNEncDec if cfg.arch == "rnnencdec" else RNNSearch).from_config(cfg)
+    return model_class(cfg).from_config(cfg)

@@ -44,9 +44,16 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, cast
 import torch
 from torch import Tensor
 
-from bahdanau._checks import check_lengths, check_tensor, check_type, is_finite_number, is_int
+from bahdanau._checks import (
+    check_lengths,
+    check_memory,
+    check_tensor,
+    check_type,
+    is_finite_number,
+    is_int,
+)
 from bahdanau.captured_step import CapturedStep, pad_to_bucket
-from bahdanau.config import BOS_ID, EOS_ID, PAD_ID
+from bahdanau.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
 from bahdanau.constraints import LexicalBeams, compile_constraints
 from bahdanau.errors import InputError
 
@@ -278,6 +285,42 @@ class BeamSearch:
             return BOS_ID, EOS_ID, PAD_ID
         return config.bos_id, config.eos_id, config.pad_id
 
+    def memory_needed(self, model: torch.nn.Module, sentences: int, src_len: int
+                      ) -> int | None:
+        """About the bytes a search of `sentences` sentences of `src_len` source tokens needs
+        at least, were every sentence to run to its length cap (a model that never ends one
+        does): for each of its B x K beam rows, at a step, the logits and log-probabilities of
+        the V target words, their top candidates and the decoder state, and, kept for every
+        step up to the cap, the back-pointers and the S attention weights; for the batch, the
+        annotations (2H) and keys (A) of each source position. From `model.config` (an
+        ensemble's first member's); None for a model without a `ModelConfig`."""
+        config = getattr(model, "config", None)
+        if not isinstance(config, ModelConfig):
+            return None
+        first = next(iter(model.parameters()), None)
+        size = 8 if first is not None and first.dtype == torch.float64 else 4   # the scores'
+        vocab, rows = config.tgt_vocab_size, sentences * self.beam_size
+        steps = int(self.caps(torch.tensor([src_len]))[0]) + 1
+        weights = 0 if config.arch == "rnnencdec" else src_len * size          # (S,) a step
+        per_step = (2 * vocab * size                      # logits, log-probabilities (V,)
+                    + min(2 * self.beam_size, vocab) * (size + 8)   # top candidates, their ids
+                    + 2 * config.decoder_size * size)     # the state s_i, reordered
+        history = steps * (16 + weights)                  # parent and token (int64), a_ij
+        source = sentences * src_len * (2 * config.hidden_size + config.align_size) * size
+        return rows * (per_step + history) + source
+
+    def check_memory(self, model: torch.nn.Module, sentences: int, src_len: int,
+                     device: torch.device, what: str | None = None) -> None:
+        """Refuse, before it allocates anything, a search (`memory_needed`) that needs more
+        memory than `device` has available (`bahdanau._checks.check_memory`): one line saying
+        `what` (default: the batch and its source length), how much and what to lower."""
+        cap = int(self.caps(torch.tensor([src_len]))[0])
+        what = what or f"searching {sentences:,} sentence(s) of {src_len:,} source tokens"
+        check_memory(self.memory_needed(model, sentences, src_len), device,
+                     f"{what} with a beam of {self.beam_size:,} and up to {cap:,} target tokens",
+                     "lower the beam size, the maximum length or the sentences searched "
+                     "together, or shorten the sentence")
+
     def caps(self, src_lengths: Tensor) -> Tensor:
         """(B,) most tokens each sentence may get before eos."""
         caps = torch.full_like(src_lengths, self.max_len)
@@ -313,12 +356,13 @@ class BeamSearch:
             For each sentence, its `n_best` hypotheses, best first.
         Raises:
             InputError: empty batch or bad shapes, `cuda_graphs` for tensors not on CUDA,
-                what `model.encode` refuses (empty sentences, lengths that disagree with the
-                padding, ids out of range), phrases that `compile_constraints` refuses (not
-                one list per sentence, empty, not words of the target vocabulary, more than
-                the sentence's cap allows), all before decoding; or scores that are not finite
-                (NaN logits, or -inf for every way to end a sentence): never an empty or
-                NaN-ranked result.
+                a search needing more memory than the device has available (`check_memory`:
+                before any allocation), what `model.encode` refuses (empty sentences, lengths
+                that disagree with the padding, ids out of range), phrases that
+                `compile_constraints` refuses (not one list per sentence, empty, not words of
+                the target vocabulary, more than the sentence's cap allows), all before
+                decoding; or scores that are not finite (NaN logits, or -inf for every way to
+                end a sentence): never an empty or NaN-ranked result.
         """
         check_type("model", model, torch.nn.Module, "a torch.nn.Module such as RNNSearch")
         check_tensor("src", src, 2, integer=True)
@@ -330,6 +374,7 @@ class BeamSearch:
                              f"needs the model and src on a CUDA device; src is on "
                              f"{src.device.type}")
         lexical = self._lexical(model, src_lengths, src.device, constraints, avoid)
+        self.check_memory(model, src.shape[0], src.shape[1], src.device)
         was_training = model.training
         model.eval()
         try:

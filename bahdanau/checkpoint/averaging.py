@@ -34,7 +34,7 @@ from torch import Tensor
 
 from bahdanau._about import versions
 from bahdanau._checks import check_path, describe
-from bahdanau._files import repeated_file
+from bahdanau._files import repeated_file, restore_replaced
 from bahdanau._progress import tracked
 from bahdanau.checkpoint.files import FORMAT_VERSION, load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import CheckpointManager, checkpoints_folder
@@ -76,6 +76,8 @@ def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | N
     if isinstance(paths, (str, os.PathLike)) or not isinstance(paths, Sequence) or not paths:
         raise InputError(f"paths must be a non-empty list of paths, got {describe(paths)}")
     files = [check_path("checkpoint", p) for p in paths]
+    for path in files:
+        restore_replaced(path)           # a model folder left aside by a dead writer
     if last is not None and best is not None:
         raise InputError("give --last N or --best N, not both")
     count = last if last is not None else best

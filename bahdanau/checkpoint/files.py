@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from bahdanau._checks import check_path, describe
-from bahdanau._files import atomic_write
+from bahdanau._files import atomic_write, restore_replaced
 from bahdanau.errors import InputError
 
 _LOG = logging.getLogger(__name__)
@@ -117,6 +117,7 @@ def load_checkpoint(path: str | os.PathLike[str], *,
             named first).
     """
     path = check_path("path", path)
+    restore_replaced(path)                       # a model folder left aside by a dead writer
     if (path / "manifest.json").is_file():       # a model folder (bahdanau.checkpoint.release)
         from bahdanau.checkpoint.release import read_release  # it imports this module
         return read_release(path)

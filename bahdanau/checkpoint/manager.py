@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Any, Protocol
 
-from bahdanau._checks import check_path, describe, is_finite_number, is_int
-from bahdanau._files import atomic_write, fsync_dir
+from bahdanau._checks import JSON_ERRORS, check_path, describe, is_finite_number, is_int
+from bahdanau._files import atomic_write, fsync_dir, restore_replaced
 from bahdanau.checkpoint.files import load_checkpoint, named, save_checkpoint, upgrade_payload
 from bahdanau.checkpoint.release import is_release
 from bahdanau.config import UNNAMED_METRIC, improves
@@ -93,7 +93,7 @@ class CheckpointManager:
             if not best.is_file():
                 return   # nothing recorded yet
             problem = "missing beside best.pt"
-        except (OSError, ValueError) as err:   # JSON and UTF-8 decoding errors are ValueErrors
+        except (OSError, *JSON_ERRORS) as err:   # JSON_ERRORS: decoding, nested too deeply
             problem = f"unreadable ({type(err).__name__})"
         else:
             if (isinstance(data, dict) and set(data) in ({"metric", "step"},
@@ -150,6 +150,11 @@ class CheckpointManager:
         """Whether a manager writes files of this name: numbered checkpoints, ``best.pt`` and
         ``best.json`` (what the commands that write outputs keep their hands off)."""
         return bool(cls._STEP_FILE.match(name)) or name in ("best.pt", "best.json")
+
+    @classmethod
+    def writes_or_writing(cls, name: str) -> bool:
+        """`writes`, or one of those files being written (``atomic_write``'s temporary file)."""
+        return cls.writes(name) or bool(cls._TEMP_FILE.match(name))
 
     def path_for(self, step: int) -> Path:
         """Path of the numbered checkpoint of `step`."""
@@ -356,6 +361,7 @@ def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> P
         InputError: no such file, a file that cannot be read, or a folder without checkpoints.
     """
     p = check_path(name, path)
+    restore_replaced(p)                  # a model folder left aside by a dead writer
     if is_release(p):
         return p
     if p.is_dir():
@@ -364,7 +370,9 @@ def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> P
         if found is None and (p / "model.safetensors").is_file():
             raise InputError(f"{name} {path}: a model folder without its manifest.json")
         if found is None:
-            raise InputError(f"{name} {path}: no checkpoint in this folder")
+            raise InputError(f"{name} {path}: no checkpoint in this folder (a run keeps its "
+                             "own in checkpoints/, best.pt and step_N.pt, saving one every "
+                             "--save-every updates and when it stops)")
         return found
     if not p.exists():
         raise InputError(f"{name} {path}: no such file")

@@ -5,7 +5,8 @@ files, a model card, and a manifest with the SHA-256 of every file.
     payload = read_release("my-model")           # what model_from_checkpoint reads
 
 docs/release-format.md describes the folder. `write_release` writes it atomically, by the rules
-of every folder the commands write (`bahdanau._files.check_destination`, `bahdanau._files.held`,
+of every folder the commands write (`bahdanau._folders.check_folder_to_write`: it replaces only
+a model folder; `bahdanau._files.check_destination`, `bahdanau._files.held`,
 `bahdanau._files.new_folder`: a temporary folder beside it, renamed into place when whole; a
 symbolic link keeps linking); `read_release` checks the manifest
 and every file's digest before it reads anything, and gives back a checkpoint payload of the
@@ -19,15 +20,32 @@ The safetensors package is an optional extra (``pip install 'bahdanau[share]'``)
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bahdanau._checks import check_path
-from bahdanau._files import check_destination, held, new_folder, process_umask, sha256_file
+from bahdanau._checks import JSON_ERRORS, check_path
+from bahdanau._files import (
+    check_destination,
+    held,
+    new_folder,
+    process_umask,
+    restore_replaced,
+    sha256_file,
+    write_failure,
+)
+from bahdanau._folders import (
+    MANIFEST,
+    RELEASE_FORMAT,
+    Kind,
+    check_folder_to_write,
+    manifest_kind,
+)
 from bahdanau.checkpoint.files import FORMAT_VERSION
 from bahdanau.checkpoint.payload import (
     stored_parts,
@@ -40,8 +58,6 @@ from bahdanau.errors import InputError
 __all__ = ["MANIFEST", "RELEASE_FORMAT", "RELEASE_VERSION", "is_release", "read_release",
            "write_release"]
 
-MANIFEST = "manifest.json"
-RELEASE_FORMAT = "bahdanau-model"     # the manifest's "format"
 RELEASE_VERSION = 1                   # the manifest's "version": what this code reads
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
 SRC_VOCAB, TGT_VOCAB = "src_vocab.json", "tgt_vocab.json"
@@ -88,17 +104,22 @@ def write_release(payload: dict[str, Any], out: str | os.PathLike[str], *, card:
     Args:
         payload: a checkpoint of the current format (`upgrade_payload`), checked whole
             (`bahdanau.checkpoint.model_from_checkpoint` takes it) before anything is written.
-        out: the folder to write; it must not exist or be empty, unless `overwrite`. A
+        out: the folder to write: absent, empty, or a model folder to replace with
+            `overwrite`; a folder of another kind or of other files is never replaced. A
             symbolic link keeps linking: the folder it names is replaced.
         card: the model card, written as README.md.
-        overwrite: replace what `out` holds (only once the new folder is whole).
+        overwrite: replace the model folder `out` holds (only once the new folder is whole).
     Returns:
         The folder.
     Raises:
-        InputError: `out` is a file, a non-empty folder without `overwrite`, a place that
-            cannot be replaced (`check_destination`) or is being written by another process;
+        InputError: `out` is a file, a model folder without `overwrite`, a folder of
+            another kind or of other files or inside a model folder, a prepared corpus or an
+            exported folder (`check_new_release`), a place that cannot be replaced
+            (`check_destination`) or is being written by another process;
             safetensors is not installed; or the payload is one that `model_from_checkpoint`
             refuses.
+        OSError: a file could not be written (a full disk, a file-size limit): one line
+            naming `out`, which is left as it was (the temporary folder is removed).
     """
     out = check_path("--out", out)
     folder = check_new_release(out, overwrite)
@@ -109,29 +130,46 @@ def write_release(payload: dict[str, Any], out: str | os.PathLike[str], *, card:
                       "finish or choose another folder"):
         check_new_release(out, overwrite)       # as it is now that the folder is held
         with new_folder(folder) as temp:
-            # safetensors stores each tensor once: shared storage is cloned apart
-            save_file({k: v.detach().cpu().contiguous().clone() for k, v in weights.items()},
-                      str(temp / WEIGHTS), metadata={"format": RELEASE_FORMAT})
-            os.chmod(temp / WEIGHTS, 0o666 & ~process_umask())   # as open(), not its 0600
-            for name, data in files.items():
-                (temp / name).write_bytes(data)
-            digests = {name: sha256_file(temp / name) for name in sorted([WEIGHTS, *files])}
-            (temp / MANIFEST).write_bytes(_json_bytes(release_manifest(payload, digests)))
+            try:
+                _save_weights(save_file, weights, temp / WEIGHTS)
+                for name, data in files.items():
+                    (temp / name).write_bytes(data)
+                digests = {name: sha256_file(temp / name) for name in sorted([WEIGHTS, *files])}
+                (temp / MANIFEST).write_bytes(_json_bytes(release_manifest(payload, digests)))
+            except BaseException as err:         # new_folder removes the temporary folder
+                raise write_failure(out, err, kept=True) from None
     return out
+
+
+def _save_weights(save_file: Any, weights: dict[str, torch.Tensor], path: Path) -> None:
+    """Write `weights` as safetensors at `path` (with the mode open() gives a new file); a
+    failed write (a full disk, a file-size limit), which safetensors raises as its own
+    SafetensorError ("I/O error: File too large (os error 27)"), is an `OSError` of that
+    number."""
+    try:
+        # safetensors stores each tensor once: shared storage is cloned apart
+        save_file({k: v.detach().cpu().contiguous().clone() for k, v in weights.items()},
+                  str(path), metadata={"format": RELEASE_FORMAT})
+    except Exception as err:
+        code = re.search(r"os error (\d+)", str(err))
+        if code is None:
+            raise OSError(errno.EIO, " ".join(str(err).split())) from err
+        raise OSError(int(code[1]), os.strerror(int(code[1]))) from err
+    os.chmod(path, 0o666 & ~process_umask())                 # as open(), not its 0600
 
 
 def check_new_release(out: Path, overwrite: bool) -> Path:
     """The folder `write_release` writes for `out` (`check_destination`), checked before any
-    work: not a file, and empty unless `overwrite`.
+    work by the rule of every folder writer (`bahdanau._folders.check_folder_to_write`):
+    absent, empty, or a model folder already, replaced only with `overwrite`.
 
     Raises:
         InputError: as `write_release` says.
     """
     folder = check_destination(out, "a model folder")
-    if folder.exists() and not folder.is_dir():
-        raise InputError(f"--out {out} is a file, not a folder")
-    if folder.is_dir() and any(folder.iterdir()) and not overwrite:
-        raise InputError(f"--out {out} is not empty: choose another folder, or --overwrite it")
+    if check_folder_to_write(folder, Kind.MODEL, name=f"--out {out}") and not overwrite:
+        raise InputError(f"--out {out} is a model folder already: replace it with --overwrite "
+                         "or choose another folder")
     return folder
 
 
@@ -151,6 +189,20 @@ def release_manifest(payload: dict[str, Any], digests: dict[str, str]) -> dict[s
             "versions": payload.get("versions"), "files": digests}
 
 
+def _other_folder(folder: Path) -> str | None:
+    """What a folder whose manifest.json is not a model folder's is, and what reads it, in
+    words: a prepared corpus, or an exported model (of any version,
+    `bahdanau._folders.manifest_kind`); None for a folder of neither kind."""
+    kind = manifest_kind(folder)
+    if kind is Kind.PREPARED:
+        return ("this is a prepared corpus (bahdanau prepare), not a model: bahdanau train "
+                "--data reads it")
+    if kind is Kind.EXPORTED:
+        return ("this is an exported model (bahdanau export), not a checkpoint: load it with "
+                "bahdanau.serving.load_exported")
+    return None
+
+
 def _manifest(folder: Path) -> dict[str, Any]:
     """The manifest, checked: its format, version and shape."""
     path = folder / MANIFEST
@@ -158,9 +210,13 @@ def _manifest(folder: Path) -> dict[str, Any]:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: missing: a model folder lists its files there") from None
-    except (OSError, ValueError) as err:
+    except (OSError, *JSON_ERRORS) as err:
         raise InputError(f"{path}: not a readable manifest ({type(err).__name__})") from None
     if not isinstance(data, dict) or data.get("format") != RELEASE_FORMAT:
+        other = _other_folder(folder)
+        if other is not None:
+            raise InputError(f"{folder}: {other}; a checkpoint is read from a checkpoint file, "
+                             "a run folder or a model folder (bahdanau release)")
         raise InputError(f"{path}: not a bahdanau model folder's manifest (its format is not "
                          f"{RELEASE_FORMAT!r})")
     if data.get("version") != RELEASE_VERSION:
@@ -184,7 +240,7 @@ def _manifest(folder: Path) -> dict[str, Any]:
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as err:
+    except (OSError, *JSON_ERRORS) as err:
         raise InputError(f"{path}: not readable JSON ({type(err).__name__})") from None
 
 
@@ -205,6 +261,7 @@ def read_release(folder: str | os.PathLike[str]) -> dict[str, Any]:
             manifest's (changed or damaged), or safetensors is not installed.
     """
     folder = check_path("model folder", folder)
+    restore_replaced(folder)
     manifest = _manifest(folder)
     files = manifest["files"]
     for name, digest in files.items():

@@ -54,7 +54,9 @@ the batches cannot change on resume, the others (learning rate, limits, cadence,
 threads, device) are applied and logged; a --time-budget not given keeps the run's own.
 ``--overwrite`` starts a new run there, deleting the old one first (its train.log and
 tensorboard/ too). SIGINT (Ctrl-C) or SIGTERM saves a checkpoint at the end of the current step
-and exits; a finished run is not trained further.
+and exits; a finished run is not trained further. Ctrl-C at any other moment of any command,
+its start-up (the imports) included, is one ``bahdanau: interrupted`` line and exit status 130
+(`bahdanau._interrupt`).
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
+from bahdanau import _interrupt
 from bahdanau._about import __version__
 from bahdanau._progress import clear_bars, show_progress
 from bahdanau.cli.commands import (
@@ -220,6 +223,9 @@ def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
         data = json.loads(text, object_pairs_hook=_unique)
     except _DuplicateKey as err:
         raise InputError(f"--config {path}: {err}") from None
+    except RecursionError:
+        raise InputError(f"--config {path} is nested too deeply to read; it holds options "
+                         "by name") from None
     except ValueError:                   # not JSON (or not UTF-8): YAML, which needs PyYAML
         try:
             import yaml
@@ -230,6 +236,9 @@ def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
             data = _yaml_load(text)
         except _DuplicateKey as err:
             raise InputError(f"--config {path}: {err}") from None
+        except RecursionError:
+            raise InputError(f"--config {path} is nested too deeply to read; it holds options "
+                             "by name") from None
         except yaml.YAMLError as err:
             detail = " ".join(str(err).split())
             raise InputError(f"--config {path} is not valid YAML: {detail}") from None
@@ -281,13 +290,20 @@ def _console(quiet: bool, verbose: bool, no_progress: bool) -> Iterator[None]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `bahdanau` console script and `python -m bahdanau`."""
-    args = vars(build_parser().parse_args(argv))
-    command = args.pop("command")
-    config = args.pop("config", None)
-    console = [args.pop(name) for name in ("quiet", "verbose", "no_progress")]
-    with _console(*console):
-        return _run(command, config, args, argv)
+    """Entry point of the `bahdanau` console script and `python -m bahdanau`. Ctrl-C at any
+    moment ends it with one line and status 130: while its modules are imported,
+    `bahdanau._interrupt`'s handler; from here on, as a KeyboardInterrupt (training stops at
+    the end of its step first)."""
+    _interrupt.started()
+    try:
+        args = vars(build_parser().parse_args(argv))
+        command = args.pop("command")
+        config = args.pop("config", None)
+        console = [args.pop(name) for name in ("quiet", "verbose", "no_progress")]
+        with _console(*console):
+            return _run(command, config, args, argv)
+    except KeyboardInterrupt:
+        return _interrupt.interrupted()
 
 
 def _run(command: str, config: str | None, args: dict[str, Any],
@@ -307,6 +323,3 @@ def _run(command: str, config: str | None, args: dict[str, Any],
         message = " ".join(str(exc).split("\n"))
         print(f"bahdanau: error: {message}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("bahdanau: interrupted", file=sys.stderr)
-        return 130

@@ -12,6 +12,7 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from bahdanau._folders import Kind
 from bahdanau._progress import Bar, clear_bars, progress_bar
 from bahdanau.checkpoint.averaging import average_checkpoints, select_checkpoints
 from bahdanau.checkpoint.files import save_checkpoint
@@ -20,7 +21,7 @@ from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.text import iter_lines, multi30k_files, read_lines
 from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
 from bahdanau.data.vocab import Vocab
-from bahdanau.data.workers import Stopped
+from bahdanau.data.workers import Stopped, ignore_stop_signals
 from bahdanau.errors import InputError
 from bahdanau.evaluate import Translation, translate_corpus
 from bahdanau.jobs.files import (
@@ -55,15 +56,15 @@ from bahdanau.jobs.resolve import (
     machine,
     phrase_files,
 )
-from bahdanau.jobs.run_folder import is_prepared_folder
 from bahdanau.search import argmax_alignment
 
 _LOG = logging.getLogger(__name__)
 
 
 def prepare(o: PrepareOptions) -> int:
-    """`bahdanau prepare`: a corpus tokenised and encoded once, for train --data. SIGINT or
-    SIGTERM stop it with one line (nothing is left in --out) and exit 128 + the signal."""
+    """`bahdanau prepare`: a corpus tokenised and encoded once, for train --data. SIGINT,
+    SIGTERM or SIGHUP (a closed terminal) stop it with one line (nothing is left in --out, the
+    lock is released) and exit 128 + the signal; signals after the first change nothing."""
     if o.train_src is not None and o.train_tgt is not None:   # check(): both or neither
         src, tgt = existing(o.train_src, "--train-src"), existing(o.train_tgt, "--train-tgt")
         shipped = None
@@ -72,7 +73,7 @@ def prepare(o: PrepareOptions) -> int:
         src, tgt = multi30k_files("train", src_lang), multi30k_files("train", tgt_lang)
         shipped = {"corpus": "multi30k", "src_lang": src_lang, "tgt_lang": tgt_lang}
     check_output_folder("--out", o.out, {"--train-src": src, "--train-tgt": tgt},
-                        own=is_prepared_folder(Path(o.out)))
+                        writes=Kind.PREPARED)
     vocab_size = o.vocab_size
     if o.sentencepiece_model is not None:
         tokenizer: Any = SentencePieceTokenizer.load(
@@ -88,6 +89,7 @@ def prepare(o: PrepareOptions) -> int:
                        max_len=o.max_len, max_ratio=o.max_ratio, strict=o.strict,
                        workers=o.workers, overwrite=o.overwrite, shipped=shipped)
     except Stopped as stop:
+        ignore_stop_signals()                # the process ends with this stop: one line
         print(f"bahdanau: prepare {stop}: nothing was written in {o.out}", file=sys.stderr)
         return 128 + stop.signum
     return 0
@@ -145,12 +147,13 @@ def translate(o: TranslateOptions) -> int:
         done = read = 0
         with _input_bar(path if sized else None, interactive) as bar:
             while window := list(itertools.islice(lines, size)):
+                numbers = [done + i + 1 for i, line in enumerate(window) if line.strip()]
                 sentences = [line for line in window if line.strip()]
                 with precision:
                     translated = iter(translate_corpus(
                         model, sentences, src_vocab, tgt_vocab, tokenizer, search=search,
                         batch_size=o.batch_size, unk_replace=o.unk_replace, device=device,
-                        progress=None, **_window_phrases(phrases, window, done))
+                        progress=None, lines=numbers, **_window_phrases(phrases, window, done))
                         if sentences else [])
                 with clear_bars():
                     for line in window:
@@ -158,7 +161,7 @@ def translate(o: TranslateOptions) -> int:
                         _print_translation(done, t, o.n_best, tokenizer, tgt_vocab)
                         if alignments is not None:
                             alignments.write(_alignment_row(line, t, tokenizer,
-                                                        o.alignments_format).encode())
+                                                        o.alignments_format or "json").encode())
                         done += 1
                     sys.stdout.flush()
                 position = stream.tell() if sized else done   # bytes, or lines

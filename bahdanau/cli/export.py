@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bahdanau._folders import Kind
 from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.jobs.files import check_output_folder
 from bahdanau.jobs.options import ExportOptions
@@ -13,7 +14,8 @@ def export(o: ExportOptions) -> int:
     """`bahdanau export`: the encoder and decoder step as `torch.export` programs, with the
     vocabularies, the tokenizer, a manifest and a README of the decoding loop, in a new folder."""
     checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
-    check_output_folder("--out", o.out, {"--checkpoint": checkpoint})   # before any work
+    check_output_folder("--out", o.out, {"--checkpoint": checkpoint},   # before any work
+                        writes=Kind.EXPORTED)
     check_new_folder(o.out)
     t = load(checkpoint)                                     # traced on the CPU
     folder = export_folder(t.model, t.src_vocab, t.tgt_vocab, t.tokenizer, o.out)

@@ -19,7 +19,8 @@ never leaves something that passes for a prepared corpus. Running again on the s
 with the same options reuses it.
 
 `bahdanau.data.prepared.PreparedCorpus` opens one (re-exported here). Where the folder goes is
-checked and held by `bahdanau._files.check_destination` and `bahdanau._files.held`, the
+checked and held by `bahdanau._folders.check_folder_to_write` (it replaces only a prepared
+corpus), `bahdanau._files.check_destination` and `bahdanau._files.held`, the
 manifest and its digest are `bahdanau.data.manifest`'s, and the tokenising processes
 `bahdanau.data.workers`'.
 """
@@ -33,6 +34,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -54,12 +56,13 @@ from bahdanau._files import (
     held,
     new_folder,
     sha256_file,
+    write_failure,
 )
+from bahdanau._folders import Kind, check_folder_to_write
 from bahdanau._progress import progress_bar
 from bahdanau.data.batching import refuse_specials, special_token
 from bahdanau.data.manifest import (
     FORMAT,
-    MANIFEST,
     SIDES,
     VERSION,
     check_shipped,
@@ -156,7 +159,8 @@ class _Side:
         counts[:len(self.counts)] += self.counts
         self.counts = counts
         self.lengths.append(lengths[keep])
-        self.spool.write(ids.tobytes())
+        with _writing(self.spool_path):
+            self.spool.write(ids.tobytes())
 
     def _refuse_specials(self, chunk_words: list[str], local_ids: np.ndarray,
                          lengths: np.ndarray, first_line: int) -> None:
@@ -172,13 +176,18 @@ class _Side:
         refuse_specials(tokens, self.specials, f"{self.path}: line {first_line + line + 1}",
                         self.side)
 
+    def close(self) -> None:
+        """Close the spool (its last buffered ids written)."""
+        with _writing(self.spool_path):
+            self.spool.close()
+
     def word_counts(self) -> dict[str, int]:
         return dict(zip(self.words, self.counts.tolist(), strict=True))
 
     def write(self, folder: Path, side: str, vocab: Vocab) -> int:
         """Write `{side}.ids.npy` (the spooled ids through `vocab`) and `{side}.offsets.npy`;
         returns the number of tokens."""
-        self.spool.close()
+        self.close()
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -187,15 +196,27 @@ class _Side:
                              count=len(self.words))
         spooled: np.ndarray | list[int] = (
             np.memmap(self.spool_path, dtype=np.uint32, mode="r") if offsets[-1] else [])
-        ids = np.lib.format.open_memmap(folder / f"{side}.ids.npy", mode="w+",
-                                        dtype=_id_dtype(vocab), shape=(int(offsets[-1]),))
-        for start in range(0, len(ids), _COPY_IDS):
-            ids[start:start + _COPY_IDS] = lookup[spooled[start:start + _COPY_IDS]]
-        ids.flush()
-        del ids, spooled
-        fsync_file(folder / f"{side}.ids.npy")
+        with _writing(folder / f"{side}.ids.npy"):
+            ids = np.lib.format.open_memmap(folder / f"{side}.ids.npy", mode="w+",
+                                            dtype=_id_dtype(vocab), shape=(int(offsets[-1]),))
+            for start in range(0, len(ids), _COPY_IDS):
+                ids[start:start + _COPY_IDS] = lookup[spooled[start:start + _COPY_IDS]]
+            ids.flush()
+            del ids, spooled
+            fsync_file(folder / f"{side}.ids.npy")
         self.spool_path.unlink()
         return int(offsets[-1])
+
+
+@contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """A write of `path` outside `atomic_file` (the spooled ids, the memory-mapped id arrays):
+    a system error (a full disk, a file-size limit) is one line naming the file, as every
+    write's is (`bahdanau._files.write_failure`)."""
+    try:
+        yield
+    except OSError as err:
+        raise write_failure(path, err, kept=False) from None
 
 
 def _save(path: Path, array: np.ndarray) -> None:
@@ -230,7 +251,9 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
         src_path, tgt_path: line-aligned UTF-8 text files, plain or gzip.
         out: the folder to write. If it holds a prepared corpus of the same inputs (by SHA-256)
             and options, that one is reused; another prepared corpus is replaced only with
-            `overwrite`; a folder of other files is never touched.
+            `overwrite`; a folder of another kind (a model folder, an exported folder) or of
+            other files is never touched, whatever `overwrite`
+            (`bahdanau._folders.check_folder_to_write`).
         tokenizer: a tokenizer instance (default `DefaultTokenizer()`), e.g. a
             `SentencePieceTokenizer` loaded from one's own model, or `TrainSentencePiece(...)`
             to train one on these files.
@@ -257,8 +280,9 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
             something that may not be replaced, being prepared by another process, or a place
             that cannot be replaced (`bahdanau._files.check_destination`: refused before any
             work); a tokenising worker that died. Nothing is written in `out` then.
-        Stopped: SIGINT or SIGTERM (`bahdanau.data.workers.Stopped`): the workers stopped,
-            the partial folder removed; one during the swap only once it is done.
+        Stopped: SIGINT, SIGTERM or SIGHUP (`bahdanau.data.workers.Stopped`): the workers
+            killed, the partial folder removed, the lock released; one during the swap only
+            once it is done.
     """
     src, tgt, out = (check_path(n, p) for n, p in (("src_path", src_path),
                                                    ("tgt_path", tgt_path), ("out", out)))
@@ -267,12 +291,13 @@ def prepare_corpus(src_path: str | os.PathLike[str], tgt_path: str | os.PathLike
                      strict, overwrite)
     workers, log = _workers(workers), log or logging.getLogger(__name__).info
     folder, start = check_destination(out, "a prepared corpus"), time.perf_counter()
+    check_folder_to_write(folder, Kind.PREPARED, name=str(out))   # again once `held`
     options = {"tokenizer": _describe_tokenizer(tokenizer), "vocab_size": vocab_size,
                "src_vocab": _vocab_sha256(src_vocab), "tgt_vocab": _vocab_sha256(tgt_vocab),
                "max_len": max_len, "max_ratio": max_ratio, "strict": strict}
     busy = (f"{out} is being prepared by another process: wait for it to finish or choose "
             "another folder")
-    with held(folder, busy), stop_on_signals():
+    with stop_on_signals(), held(folder, busy):      # a stop releases the lock too
         inputs = _inputs(src, tgt, shipped)          # hashing a large corpus takes seconds
         if (reused := _reuse(folder, out, inputs, options, overwrite, log)) is not None:
             return reused
@@ -294,10 +319,10 @@ def _reuse(folder: Path, out: Path, inputs: list[dict[str, Any]], options: dict[
     digest checked); None when a new one is to be written there.
 
     Raises:
-        InputError: `folder` holds something else (another corpus, a damaged one) and
-            `overwrite` is False, or files that are not a prepared corpus (never replaced).
+        InputError: `folder` holds another prepared corpus or a damaged one and `overwrite`
+            is False, or a folder of another kind or of other files (never replaced).
     """
-    existing = _existing_corpus(folder)
+    existing = _existing_corpus(folder, out)
     if existing is None:
         return None
     damage = existing if isinstance(existing, str) else ""
@@ -402,21 +427,15 @@ def _vocab_sha256(vocab: Vocab | None) -> str | None:
     return hashlib.sha256(json.dumps(vocab.to_dict(), ensure_ascii=False).encode()).hexdigest()
 
 
-def _existing_corpus(out: Path) -> dict[str, Any] | str | None:
-    """The manifest of the prepared corpus in `out` (or why it cannot be read), None if `out`
-    is missing or empty. Raises when `out` is a file or a folder of other files: never
-    replaced."""
-    if not out.exists():
-        return None
-    if not out.is_dir():
-        raise InputError(f"{out} is a file, not a folder for a prepared corpus")
-    if not (out / MANIFEST).is_file():
-        if any(out.iterdir()):
-            raise InputError(f"{out} holds files but no prepared corpus ({MANIFEST}): choose "
-                             "another folder; nothing there is replaced")
+def _existing_corpus(folder: Path, out: Path) -> dict[str, Any] | str | None:
+    """The manifest of the prepared corpus in `folder` (or why it cannot be read: a damaged
+    one), None if it is missing or empty. Raises when it is a file, a folder of another kind
+    (a model folder, an exported folder, a run) or of other files: never replaced
+    (`bahdanau._folders.check_folder_to_write`, naming it as `out`)."""
+    if not check_folder_to_write(folder, Kind.PREPARED, name=str(out)):
         return None
     try:
-        return read_manifest(out)
+        return read_manifest(folder)
     except InputError as err:
         return str(err)
 
@@ -486,7 +505,7 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
         chunks.close()                   # stops the workers at once when something raised
         bar.close()
         for side in sides:
-            side.spool.close()
+            side.close()
     _save(folder / "lines.npy", np.concatenate(kept_lines))
     src_vocab.save(folder / "src_vocab.json")
     tgt_vocab.save(folder / "tgt_vocab.json")

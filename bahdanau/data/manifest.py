@@ -22,9 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bahdanau._checks import describe, is_finite_number, is_int
-from bahdanau._files import sha256_file
-from bahdanau._sealed import MANIFEST, file_digests, manifest_digest, seal
+from bahdanau._checks import JSON_ERRORS, describe, is_finite_number, is_int
+from bahdanau._files import restore_replaced, sha256_file
+from bahdanau._folders import MANIFEST
+from bahdanau._folders import PREPARED_FORMAT as FORMAT
+from bahdanau._sealed import file_digests, manifest_digest, seal
 from bahdanau.data.text import MULTI30K_LANGS, multi30k_files
 from bahdanau.data.tokenizers import SENTENCEPIECE_FILE, TOKENIZER_FILE
 from bahdanau.data.vocab import SPECIALS
@@ -33,7 +35,6 @@ from bahdanau.errors import InputError
 __all__ = ["FORMAT", "MANIFEST", "SIDES", "VERSION", "check_shipped", "format_files",
            "read_manifest", "seal", "verify_digest"]
 
-FORMAT = "bahdanau prepared corpus"
 VERSION = 2                   # 2: the folder is sealed by a digest (version 1 had none)
 SIDES = ("src", "tgt")
 COUNTS = ("lines", "pairs", "empty", "too_long", "ratio")
@@ -112,6 +113,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
             naming the file and the field.
     """
     path = folder / MANIFEST
+    restore_replaced(folder)             # left aside by a writer that died replacing it
     if not folder.is_dir():
         raise InputError(f"{folder}: " + ("not a folder" if folder.exists() else "no such folder")
                          + "; make a prepared corpus with bahdanau prepare")
@@ -120,7 +122,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
                          "bahdanau prepare")
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except JSON_ERRORS as err:
         raise InputError(f"{path} is damaged ({err})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise InputError(f"{path} is not the manifest of a prepared corpus")

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from bahdanau._checks import (
+    JSON_ERRORS,
     check_path,
     describe,
 )
@@ -289,7 +290,7 @@ def load_tokenizer(folder: str | os.PathLike[str]) -> Tokenizer:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise InputError(f"{path}: no such file (save_tokenizer writes it)") from None
-    except (ValueError, UnicodeDecodeError) as err:   # JSONDecodeError is a ValueError
+    except JSON_ERRORS as err:                      # JSONDecodeError is a ValueError
         raise InputError(f"{path} is damaged: {err}") from None
     except OSError as err:
         raise InputError(f"{path}: cannot be read ({err.strerror or err})") from None

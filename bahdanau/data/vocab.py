@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from bahdanau._checks import (
+    JSON_ERRORS,
     check_optional_positive_int,
     check_path,
     is_int,
@@ -222,7 +223,7 @@ class Vocab:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
             return cls.from_dict(data)
-        except (ValueError, UnicodeDecodeError) as err:
+        except JSON_ERRORS as err:
             raise InputError(f"{path}: not a vocabulary file ({err})") from None
 
 

@@ -171,8 +171,8 @@ class DecoderEngine:
             h_gates, gate_terms, readout_terms, step_weights, attention_state = self._attend(
                 state, memory, grads)
             readouts.append(readout_terms)                        # C_o c_i
-            if step_weights is not None:                          # None without attention
-                weights.append(step_weights)
+            if return_attention and step_weights is not None:     # (B, S) a step: kept only
+                weights.append(step_weights)                      # when asked for
             if i < last:                                          # s_T is never used
                 hidden = dec.update(x_step + gate_terms, h_gates, state.hidden)
                 state = DecoderState(hidden, attention_state)

@@ -1,9 +1,12 @@
 """The files a job reads and writes, checked before any work starts.
 
-`existing` refuses an input that is missing, a folder or unreadable; `check_outputs` an output
+`existing` refuses an input that is missing, a folder or unreadable (and, where a regular file
+is needed, a FIFO or a device); `check_outputs` an output
 that cannot be created, that would overwrite an input or another output, or that is a file of a
-run, a model folder or a prepared corpus (`bahdanau.jobs.run_folder.run_file_owner`);
-`check_output_folder` the same for the folders that release, export and prepare write. An
+run, a model folder, a prepared corpus or an exported folder
+(`bahdanau.jobs.run_folder.run_file_owner`); `check_output_folder` the same for the folders that
+release, export and prepare write, each replacing only a folder of its own kind
+(`bahdanau._folders.check_folder_to_write`). An
 output that names stdout (``/dev/stdout``, ``/dev/fd/1``, ``/proc/self/fd/1``) is ``-``
 (`stdout_as_dash`). `output_file` opens an output (``-``: stdout) and
 `write_text` writes one, never destroying what the path is (`bahdanau._files.atomic_file`);
@@ -25,26 +28,33 @@ from typing import BinaryIO, TypeVar, overload
 
 from bahdanau._checks import describe
 from bahdanau._files import atomic_file, replaced_file, writes_in_place
+from bahdanau._folders import Kind, check_folder_to_write, folder_kind
 from bahdanau.data.text import decode_lines, read_lines
 from bahdanau.errors import InputError
 from bahdanau.jobs.run_folder import is_run_folder, run_file_owner
 
 
 @overload
-def existing(path: str, what: str) -> Path: ...
+def existing(path: str, what: str, *, regular: bool = False) -> Path: ...
 @overload
-def existing(path: None, what: str) -> None: ...
+def existing(path: None, what: str, *, regular: bool = False) -> None: ...
 @overload
-def existing(path: str | None, what: str) -> Path | None: ...
-def existing(path: str | None, what: str) -> Path | None:
-    """`path` as a readable file, checked before any work (None stays None)."""
+def existing(path: str | None, what: str, *, regular: bool = False) -> Path | None: ...
+def existing(path: str | None, what: str, *, regular: bool = False) -> Path | None:
+    """`path` as a readable file, checked before any work (None stays None). Pipes such as
+    /dev/stdin are fine, unless `regular`: a reader that needs a regular file (one it reads
+    twice, or hashes) refuses a FIFO, a device or a socket, on which it would wait forever or
+    read another stream each time."""
     if path is None:
         return None
     p = Path(path)
     if not p.exists():
         raise InputError(f"{what} {path}: no such file")
-    if p.is_dir():                                 # pipes such as /dev/stdin are fine
+    if p.is_dir():
         raise InputError(f"{what} {path} is a folder, not a file")
+    if regular and not p.is_file():
+        raise InputError(f"{what} {path} is not a regular file (a FIFO, a device or a socket): "
+                         "give a file")
     if not os.access(p, os.R_OK):
         raise InputError(f"{what} {path}: not readable")
     return p
@@ -85,7 +95,8 @@ def stdout_as_dash(o: _O, *fields: str) -> _O:
 def check_outputs(outputs: dict[str, str | None], inputs: dict[str, Path | None]) -> None:
     """Refuse, before any work, an output file that cannot be created, that is one of the
     inputs (a checkpoint, a source file) or another output, or that is a file of a run
-    folder (its checkpoints, config.yaml, train.log, ...): nothing the user gave is lost.
+    folder (its checkpoints, config.yaml, train.log, ...), of a model folder, a prepared corpus
+    or an exported folder (`run_file_owner`): nothing the user gave is lost.
     ``-`` (stdout) is always fine."""
     taken = {os.path.realpath(p): what for what, p in inputs.items() if p is not None}
     for what, path in outputs.items():
@@ -118,15 +129,15 @@ def check_outputs(outputs: dict[str, str | None], inputs: dict[str, Path | None]
 
 
 def check_output_folder(what: str, out: str, inputs: dict[str, Path | None], *,
-                        own: bool = False) -> None:
-    """Refuse, before any work, a folder to write (release's, export's, prepare's --out) that
-    holds a run or lies inside one (`bahdanau.jobs.run_folder.is_run_folder`), lies inside a
-    model folder or a prepared corpus (`run_file_owner`), or holds one of the `inputs` (the
-    checkpoint being released): replacing it whole would take them with it. `own`:
-    `out` already is a folder of the kind the command writes (a model folder for release, a
-    prepared corpus for prepare), which the command's own rules (--overwrite) decide on."""
-    if own:
-        return
+                        writes: Kind) -> None:
+    """Refuse, before any work, a folder to write (release's, export's, prepare's --out, of
+    kind `writes`) that holds a run or lies inside one (`bahdanau.jobs.run_folder.is_run_folder`),
+    lies inside a model folder, a prepared corpus or an exported folder (`run_file_owner`), is
+    a folder of another kind or of other files (`bahdanau._folders.check_folder_to_write`,
+    whatever --overwrite says), or holds one of the `inputs` (a file the command reads, inside
+    the folder it replaces): replacing it whole would take them with it. A folder of the kind
+    `writes` already is left to the command's own rules (--overwrite), and may itself be the
+    input (a model folder released again over itself, read whole first)."""
     target = Path(os.path.realpath(out))
     shown = out if str(target) == os.path.abspath(out) else f"{out} ({target})"
     if is_run_folder(target):
@@ -138,9 +149,12 @@ def check_output_folder(what: str, out: str, inputs: dict[str, Path | None], *,
         raise InputError(f"{what} {shown} is inside {owner}: writing it would damage it; "
                          "choose a folder outside it")
     for name, path in inputs.items():
-        if path is not None and Path(os.path.realpath(path)).is_relative_to(target):
+        given = None if path is None else Path(os.path.realpath(path))
+        if given is not None and given.is_relative_to(target) and (
+                given != target or folder_kind(target) is not writes):
             raise InputError(f"{what} {shown} holds {name} {path}: writing it would replace "
                              "it; choose a new folder")
+    check_folder_to_write(target, writes, name=f"{what} {shown}")
 
 
 @contextmanager

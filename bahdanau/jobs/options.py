@@ -18,7 +18,7 @@ with the default job's values, `JOB_TRAINING`). From these declarations
   sorts the options a resumed run changes into those it must refuse (declared
   ``on_resume="fixed"``: the model, the data and its tokenisation, the batches, the seed, the
   optimizer type) and those it applies and records ("applied"); `resumed_options` keeps a run's
-  own --time-budget when none is given.
+  own --time-budget when none is given, and a fine-tuned run's --init-from when it is left out.
 
 Adding a training setting is one declaration in `TrainConfig` (and its use): the flag, the
 config file key, the resume rule and the checks follow from it.
@@ -112,6 +112,10 @@ def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
         old, new = stored.get(s.key, _BEFORE_RECORDED.get(s.key)), value_of(given, s)
         if old == new:
             continue
+        if s.key == "init_from" and old is not None:
+            raise InputError(f"this run began with --init-from {old}, and resuming takes its "
+                             "weights from its own checkpoints: leave --init-from out (or give "
+                             f"{old} again) to resume it, or start a new run with another --out")
         if s.spec.on_resume == "fixed":
             raise InputError(f"{flag(s.key)} was {old!r} when this run began and is {new!r} "
                              "now; a resumed run keeps it (start a new run with another --out, "
@@ -126,15 +130,43 @@ def _shown(value: Any) -> str:
 
 
 def resumed_options(stored: Mapping[str, Any], given: TrainOptions) -> TrainOptions:
-    """`given` as it resumes the run that recorded `stored`: a --time-budget not given is the
-    run's own, so that a run begun under an older default (12 minutes) keeps the length it had.
+    """`given` as it resumes the run that recorded `stored`, with the run's own values of what
+    it leaves out and the run's start alone needed: a --time-budget not given (so that a run
+    begun under an older default, 12 minutes, keeps the length it had), and the --init-from
+    model of a fine-tuned run, with its --init-vocab (its checkpoints hold the weights now:
+    ``bahdanau train --out RUN ...`` resumes it without naming the model again).
 
     Raises:
-        InputError: the stored --time-budget is not a valid value (a damaged config.yaml).
+        InputError: a stored value is not a valid one (a damaged config.yaml).
     """
-    if given.time_budget is not None or stored.get("time_budget") is None:
-        return given
-    return dataclasses.replace(given, time_budget=stored["time_budget"])
+    kept: dict[str, Any] = {}
+    if given.time_budget is None and stored.get("time_budget") is not None:
+        kept["time_budget"] = stored["time_budget"]
+    if given.init_from is None and stored.get("init_from") is not None:
+        kept["init_from"] = stored["init_from"]
+        kept["init_vocab"] = stored.get("init_vocab", True)
+    return dataclasses.replace(given, **kept) if kept else given
+
+
+def _needs(needed: str, rules: list[tuple[bool, str, str]]) -> None:
+    """Refuse, in one line, an option given where it does nothing, without `needed` (the
+    option it acts with): each rule is (it is given, the option as given, what it does)."""
+    for given, shown, does in rules:
+        if given:
+            raise InputError(f"{shown} {does}: it needs {needed}")
+
+
+def _default(options: Any, name: str) -> Any:
+    """The declared default of the option field `name` of `options`' class."""
+    return type(options).__dataclass_fields__[name].default
+
+
+def _check_alpha(options: Any) -> None:
+    """--alpha is the exponent of the gnmt length penalty alone."""
+    if options.length_penalty != "gnmt":
+        _needs("--length-penalty gnmt", [
+            (options.alpha != _default(options, "alpha"), f"--alpha {options.alpha:g}",
+             "is the exponent of the gnmt length penalty")])
 
 
 def _check_shipped_languages(src_lang: str | None, tgt_lang: str | None, own: bool) -> None:
@@ -154,8 +186,8 @@ def _check_shipped_languages(src_lang: str | None, tgt_lang: str | None, own: bo
 LengthPenalty = Literal["none", "average", "gnmt"]
 # --device and --threads of every command (resolved by the command: `bahdanau.jobs.resolve.machine`)
 _DEVICE_HELP = "auto (cuda when available, else cpu), cpu, cuda or cuda:N"
-_THREADS_HELP = ("torch CPU threads (default: the usable cores divided by LOCAL_WORLD_SIZE, the "
-                 "processes on this machine)")
+_THREADS_HELP = ("torch CPU threads, at most the usable cores (default: the usable cores "
+                 "divided by LOCAL_WORLD_SIZE, the processes on this machine)")
 # --amp of every command that decodes or scores (`bahdanau.jobs.resolve.autocast`); train's is
 # `TrainConfig.amp`
 _AMP_HELP = ("mixed precision: run the model under torch.autocast in bf16 or fp16 on --device "
@@ -182,6 +214,7 @@ class SearchOptions(Options):
     def check(self) -> None:
         if self.min_len > self.max_len:
             raise InputError(f"--min-len ({self.min_len}) exceeds --max-len ({self.max_len})")
+        _check_alpha(self)
 
 
 @dataclass(frozen=True)
@@ -209,7 +242,8 @@ class TrainOptions(SearchOptions):
     training: TrainConfig = section(JOB_TRAINING, "optimisation")  # --lr, --max-steps, ...
     init_from: str | None = option(
         None, "fine-tune: start from the weights of a trained model (a checkpoint, a run folder "
-        "or a bahdanau release folder) on this run's data; the optimizer starts afresh",
+        "or a bahdanau release folder) on this run's data; the optimizer starts afresh (a "
+        "resumed run keeps the model it began with: leave it out then)",
         on_resume="fixed", metavar="PATH", group="model")
     init_vocab: bool = option(
         True, "with --init-from: encode the data with the model's vocabularies and tokenizer "
@@ -241,7 +275,7 @@ class TrainOptions(SearchOptions):
                                 "--no-resume refuses an OUT that holds a run",
                           on_resume="not_recorded", group="output")
     overwrite: bool = option(False, "start a new run in OUT, deleting the run it holds "
-                                    "(checkpoints, config.yaml, results)",
+                                    "(checkpoints, config.yaml, results; other files stay)",
                              on_resume="not_recorded", group="output")
 
     def check(self) -> None:
@@ -262,18 +296,38 @@ class TrainOptions(SearchOptions):
                 raise InputError(f"{flag(fixed[0])} is fixed by the prepared corpus (--data): "
                                  "set it when running bahdanau prepare")
         self._check_init()
-        t = self.training
-        if t.eval_every == 0 and self.dev_src is not None:
-            raise InputError("--dev-src/--dev-tgt are read only for --eval-every N: give it, or "
-                             "leave the dev files out")
-        if t.eval_every == 0 and t.patience is not None:
-            raise InputError("--patience counts dev evaluations: it needs --eval-every")
-        if t.eval_every == 0 and t.keep_best > 1:
-            raise InputError(f"--keep-best {t.keep_best} keeps the checkpoints of the best dev "
-                             "evaluations: it needs --eval-every")
-        if t.eval_every == 0 and t.schedule == "plateau":
-            raise InputError("--schedule plateau decays after dev evaluations: it needs "
-                             "--eval-every")
+        self._check_inert()
+
+    def _check_inert(self) -> None:
+        """Options that act only with another one, given without it (which left them silently
+        ignored): the dev evaluations' (--eval-every), the plateau schedule's, a decaying
+        schedule's floor (--min-lr: the constant rate never decays to it), Adadelta's."""
+        t, job = self.training, JOB_TRAINING
+        if not t.eval_every:
+            _needs("--eval-every N", [
+                (self.dev_src is not None, "--dev-src/--dev-tgt", "are read by dev evaluations"),
+                (self.dev_size != _default(self, "dev_size"), f"--dev-size {self.dev_size}",
+                 "sets the sentences of each dev evaluation"),
+                (t.patience is not None, "--patience", "counts dev evaluations"),
+                (t.early_stopping_metric != job.early_stopping_metric,
+                 f"--early-stopping-metric {t.early_stopping_metric}",
+                 "ranks dev evaluations (best.pt, --patience, --keep-best)"),
+                (t.keep_best > 1, f"--keep-best {t.keep_best}",
+                 "keeps the checkpoints of the best dev evaluations"),
+                (t.schedule == "plateau", "--schedule plateau", "decays after dev evaluations")])
+        if t.schedule != "plateau":
+            _needs("--schedule plateau", [
+                (t.decay_factor != job.decay_factor, f"--decay-factor {t.decay_factor:g}",
+                 "sets the plateau schedule's decays"),
+                (t.decay_patience != job.decay_patience, f"--decay-patience {t.decay_patience}",
+                 "sets the plateau schedule's decays")])
+        if t.schedule == "constant":
+            _needs("--schedule inverse_sqrt or plateau", [
+                (t.min_lr != job.min_lr, f"--min-lr {t.min_lr:g}",
+                 "floors a decaying learning rate")])
+        if t.optimizer != "adadelta":
+            _needs("--optimizer adadelta", [
+                (t.rho != job.rho, f"--rho {t.rho:g}", "is Adadelta's decay")])
 
     def _check_init(self) -> None:
         """--init-from's model brings its vocabularies and tokenizer (unless --no-init-vocab)."""
@@ -361,19 +415,21 @@ class TranslateOptions(PhraseOptions):
     alignments: str | None = option(None, "write each sentence's alignment here, one line per "
                                           "input line, as --alignments-format says",
                                     metavar="FILE")
-    alignments_format: Literal["json", "pharaoh"] = option(
-        "json", "what --alignments holds per line: json (tokens and weights) or pharaoh ('i-j' "
-        "pairs, 0-based source token i and target token j, each target token with its most "
-        "attended source token)")
+    alignments_format: Literal["json", "pharaoh"] | None = option(
+        None, "what --alignments holds per line: json (tokens and weights; the default) or "
+        "pharaoh ('i-j' pairs, 0-based source token i and target token j, each target token "
+        "with its most attended source token)")
 
     def check(self) -> None:
         super().check()
         if self.n_best > self.beam_size:
             raise InputError(f"--n-best ({self.n_best}) cannot exceed --beam-size "
                              f"({self.beam_size})")
-        if self.alignments_format != "json" and self.alignments is None:
-            raise InputError("--alignments-format sets what --alignments FILE holds: give "
-                             "--alignments too")
+        if self.alignments is None:
+            _needs("--alignments FILE", [
+                (self.alignments_format is not None,
+                 f"--alignments-format {self.alignments_format}",
+                 "sets what --alignments FILE holds")])
 
 
 @dataclass(frozen=True)
@@ -422,6 +478,9 @@ class ScoreOptions(Options):
     threads: int | None = option(None, _THREADS_HELP, low=1)
     amp: Amp = option("none", _AMP_HELP)
 
+    def check(self) -> None:
+        _check_alpha(self)
+
 
 @dataclass(frozen=True)
 class ExportOptions(Options):
@@ -429,7 +488,7 @@ class ExportOptions(Options):
 
     checkpoint: str = option(None, "a checkpoint file, or a training output folder (its best, "
                                    "else latest checkpoint)", required=True, metavar="PATH")
-    out: str = option(None, "the folder to write (created; must not exist yet)", required=True,
+    out: str = option(None, "the folder to write (created; absent or empty)", required=True,
                       metavar="DIR")
 
 @dataclass(frozen=True)
@@ -464,7 +523,8 @@ class ReleaseOptions(Options):
     checkpoint: str = option(None, "a checkpoint file, or a training output folder (its best, "
                                    "else latest checkpoint)", required=True, metavar="PATH")
     out: str = option(None, "the model folder to write", required=True, metavar="DIR")
-    overwrite: bool = option(False, "replace what OUT holds")
+    overwrite: bool = option(False, "replace the model folder OUT holds (never a folder of "
+                                    "another kind or of other files)")
 
 
 @dataclass(frozen=True)
@@ -517,3 +577,11 @@ class PrepareOptions(Options):
         if subwords and (self.lowercase or self.joiners != "prefix"):
             raise InputError("--lowercase and --joiners set the default tokenizer, not "
                              "SentencePiece")
+        if self.tokenizer == "default":                # no SentencePiece model trained here
+            _needs("--tokenizer bpe or unigram", [
+                (self.subword_vocab != _default(self, "subword_vocab"),
+                 f"--subword-vocab {self.subword_vocab}",
+                 "sizes the SentencePiece model trained here"),
+                (self.sample_sentences != _default(self, "sample_sentences"),
+                 f"--sample-sentences {self.sample_sentences}",
+                 "is what SentencePiece training reads")])

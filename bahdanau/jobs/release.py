@@ -15,13 +15,14 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from bahdanau._checks import JSON_ERRORS
+from bahdanau._folders import Kind
 from bahdanau.checkpoint.files import load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.checkpoint.payload import model_from_checkpoint
 from bahdanau.checkpoint.release import MANIFEST, check_new_release, write_release
 from bahdanau.jobs.files import check_output_folder
 from bahdanau.jobs.options import ReleaseOptions, TrainOptions, flag
-from bahdanau.jobs.run_folder import is_model_folder
 
 
 def train_command(options: Any) -> str | None:
@@ -54,7 +55,7 @@ def run_test_scores(checkpoint: Path, payload: dict[str, Any]) -> dict[str, Any]
         return None
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, *JSON_ERRORS):
         return None
     state = payload.get("train_state")
     step = state.get("step") if isinstance(state, dict) else None
@@ -114,14 +115,15 @@ def release_model(o: ReleaseOptions) -> Path:
     """Write the model folder of `o.checkpoint` into `o.out` (``bahdanau release``).
 
     Raises:
-        InputError: no checkpoint there or a damaged one (named); an --out that is a file, not
-            empty (without --overwrite), a place that cannot be replaced, or that holds a run,
-            is inside one's files or holds the checkpoint (unless it is a model folder
-            already: `check_output_folder`), all before any work; or safetensors is not
-            installed.
+        InputError: no checkpoint there or a damaged one (named); an --out that is a file, a
+            model folder (without --overwrite), a folder of another kind or of other files
+            (whatever --overwrite), a place that cannot be replaced, or that holds a run, is
+            inside one's files, inside a model folder, a prepared corpus or an exported folder,
+            or holds the checkpoint (unless it is a model folder already:
+            `check_output_folder`), all before any work; or safetensors is not installed.
     """
     path = find_checkpoint(o.checkpoint, "--checkpoint")
-    check_output_folder("--out", o.out, {"--checkpoint": path}, own=is_model_folder(Path(o.out)))
+    check_output_folder("--out", o.out, {"--checkpoint": path}, writes=Kind.MODEL)
     check_new_release(Path(o.out), o.overwrite)
     with named(path):
         payload = upgrade_payload(load_checkpoint(path))

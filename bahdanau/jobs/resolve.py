@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from bahdanau._checks import default_device, default_threads, launcher_value, resolve_device
+from bahdanau._checks import cpu_threads, default_device, launcher_value, resolve_device
 from bahdanau._files import repeated_file
 from bahdanau.checkpoint.manager import find_checkpoint
 from bahdanau.errors import InputError
@@ -43,8 +43,9 @@ _LOG = logging.getLogger(__name__)
 
 def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
     """Check --device (auto: cuda when available, else cpu), and --cuda-graphs with it, and set
-    --threads (default: the usable cores divided by LOCAL_WORLD_SIZE); returns the device.
-    Under torchrun, cuda is each process's own GPU, cuda:LOCAL_RANK."""
+    --threads (default: the usable cores divided by LOCAL_WORLD_SIZE; more than the usable
+    cores is refused: `bahdanau._checks.cpu_threads`); returns the device. Under torchrun, cuda
+    is each process's own GPU, cuda:LOCAL_RANK."""
     device = resolve_device(default_device() if o.device == "auto" else o.device, "--device")
     if launcher_value("WORLD_SIZE") > 1 and device.type == "cuda":
         if device.index is not None:
@@ -57,7 +58,7 @@ def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
     elif isinstance(o, DecodeOptions) and o.cuda_graphs and device.type != "cuda":
         raise InputError(f"--cuda-graphs replays decoder steps as CUDA graphs, which needs a "
                          f"CUDA device, not {device}")
-    torch.set_num_threads(o.threads or default_threads())
+    torch.set_num_threads(cpu_threads(o.threads))
     _LOG.debug(f"device {device}, {torch.get_num_threads()} CPU threads")
     return device
 

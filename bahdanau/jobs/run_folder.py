@@ -4,10 +4,12 @@
 resume it), ``checkpoints/`` its checkpoints, and the result files beside them. `locked` holds the
 folder while a run trains in it, and `remove_run` deletes a run for ``--overwrite``, moving its
 files out of the way first so that the folder never mixes two runs. The files of `RUN_FILES`
-and the lock belong to the run, as the files of a model folder (`bahdanau release`) and of a
-prepared corpus (`bahdanau prepare`) belong to it: `run_file_owner` names the owner of such a
-path, which the other commands refuse to write (`bahdanau.jobs.files.check_outputs`,
-`bahdanau.jobs.files.check_output_folder`).
+and the lock belong to the run, as the files of a model folder (`bahdanau release`), of a
+prepared corpus (`bahdanau prepare`) and of an exported folder (`bahdanau export`) belong to
+it: `run_file_owner` names the owner of such a path, which the other commands refuse to write
+(`bahdanau.jobs.files.check_outputs`, `bahdanau.jobs.files.check_output_folder`). A run goes
+beside other files, never into a folder of another kind or inside one (`check_run_out`, by
+`bahdanau._folders.check_folder_to_write`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from bahdanau._checks import JSON_ERRORS
 from bahdanau._files import exclusive_lock
+from bahdanau._folders import Kind, check_folder_to_write, enclosing_kind
 from bahdanau.checkpoint.manager import CheckpointManager
-from bahdanau.checkpoint.release import MANIFEST, RELEASE_FORMAT
-from bahdanau.data.manifest import FORMAT as PREPARED_FORMAT
 from bahdanau.errors import InputError
 from bahdanau.jobs.options import TrainOptions
 
@@ -39,13 +41,19 @@ def stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
     """The options of the run `out` holds, to resume it; None when a new run starts there.
 
     Raises:
-        InputError: `out` is a file, its config.yaml is damaged, or it holds a run and neither
-            resuming (the default) nor --overwrite was asked for.
+        InputError: `out` is a file or a folder of another kind (`check_run_out`), its
+            config.yaml is damaged, or it holds a run and neither resuming (the default) nor
+            --overwrite was asked for.
     """
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file, not a folder")
+    check_run_out(out)
     config = out / RUN_CONFIG
-    if not holds_run(out) or o.overwrite:
+    if not holds_run(out):
+        return None
+    foreign = foreign_run_file(out)
+    if foreign is not None:
+        raise InputError(f"--out {out} holds {foreign}, which is not a run's: move it out or "
+                         "choose another --out")
+    if o.overwrite:
         return None
     if not o.resume:
         raise InputError(f"--out {out} holds a run: resume it (without --no-resume), start "
@@ -54,11 +62,29 @@ def stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
         return None                  # checkpoints of an earlier version: train() checks them
     try:
         stored = json.loads(config.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except JSON_ERRORS as err:
         raise InputError(f"{config} is damaged ({err}); it records the run's options") from None
     if not isinstance(stored, dict):
         raise InputError(f"{config} is damaged: it holds a {type(stored).__name__}, not options")
     return stored
+
+
+def foreign_run_file(out: Path) -> str | None:
+    """The first of a run's names in `out` that holds what is not the run's: a config.yaml
+    that is no run's record, or a file in ``checkpoints/`` that `CheckpointManager` does not
+    write (--overwrite would delete it with the run, resuming would read it). None when
+    there is none. Never raises."""
+    try:
+        if (out / RUN_CONFIG).is_file() and not is_run_folder(out):
+            return RUN_CONFIG
+        checkpoints = out / "checkpoints"
+        if checkpoints.is_dir():
+            for path in sorted(checkpoints.iterdir()):
+                if not CheckpointManager.writes_or_writing(path.name) or not path.is_file():
+                    return f"checkpoints/{path.name}"
+    except OSError:
+        pass
+    return None
 
 
 def holds_run(out: Path) -> bool:
@@ -84,7 +110,7 @@ def is_run_folder(folder: Path) -> bool:
         if not config.is_file() or config.stat().st_size > _RECORD_BYTES:
             return False
         record = json.loads(config.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, *JSON_ERRORS):
         return False
     if not isinstance(record, dict):
         return False
@@ -97,59 +123,48 @@ def _record_keys() -> frozenset[str]:
     return frozenset({*TrainOptions().to_record(), "versions"})
 
 
-def manifest_format(folder: Path) -> str | None:
-    """The "format" its manifest.json gives a folder (`RELEASE_FORMAT`: a model folder,
-    `bahdanau.data.manifest.FORMAT`: a prepared corpus), or None. Never raises."""
-    manifest = folder / MANIFEST
-    try:
-        if not manifest.is_file() or manifest.stat().st_size > _RECORD_BYTES:
-            return None
-        data = json.loads(manifest.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    kind = data.get("format") if isinstance(data, dict) else None
-    return kind if isinstance(kind, str) else None
-
-
-def is_prepared_folder(folder: Path) -> bool:
-    """`folder` holds a prepared corpus (its manifest.json says so). Never raises."""
-    return manifest_format(folder) == PREPARED_FORMAT
-
-
-def is_model_folder(folder: Path) -> bool:
-    """`folder` is a model folder (`bahdanau.checkpoint.release.is_release`, and its
-    manifest.json says so). Never raises."""
-    return manifest_format(folder) == RELEASE_FORMAT
-
-
 def run_file_owner(path: Path) -> str | None:
     """What owns `path` (an absolute path, symlinks resolved), in words for a message ("the
-    run in RUN", "the model folder M", "the prepared corpus P"), or None.
+    run in RUN", "the model folder M", "the prepared corpus P", "the exported folder E"), or
+    None.
 
     A run (`is_run_folder`) owns its `RUN_FILES` (everything under ``checkpoints/``), its
     lock, and in a folder of checkpoints (``CheckpointManager``'s, without a run around it) the
     numbered files, ``best.pt`` and ``best.json``: overwriting one loses the run's best model,
-    makes it unresumable, or makes its records lie. A model folder (`is_model_folder`) and a
-    prepared corpus (`is_prepared_folder`) own every file in them: their manifests list each
-    file's SHA-256, which a changed file no longer matches. Never raises.
+    makes it unresumable, or makes its records lie. A model folder, a prepared corpus and an
+    exported folder (`bahdanau._folders.enclosing_kind`, by their manifests) own everything in
+    them: their manifests list each file's SHA-256, which a changed file no longer matches, and
+    their readers take no file of another's. Never raises.
     """
     for folder in path.parents:
         inside = path.relative_to(folder).parts
         if inside[0] in (*RUN_FILES, RUN_LOCK) and is_run_folder(folder):
             return f"the run in {folder}"
+    enclosing = enclosing_kind(path)
+    if enclosing is not None:
+        kind, folder = enclosing
+        return kind.the(folder)
     folder = path.parent
     try:
-        kind = manifest_format(folder)
-        if kind == RELEASE_FORMAT:
-            return f"the model folder {folder}"
-        if kind == PREPARED_FORMAT:
-            return f"the prepared corpus {folder}"
         if CheckpointManager.writes(path.name) and folder.is_dir() and any(
                 CheckpointManager.writes(p.name) for p in folder.iterdir()):
             return f"the run in {folder}"
     except OSError:
         pass
     return None
+
+
+def check_run_out(out: Path) -> None:
+    """Refuse, before any work, a train --out that is a file, a model folder, a prepared
+    corpus or an exported folder, or lies inside one (`bahdanau._folders.check_folder_to_write`
+    with train's rule: a run's files go beside other files, never into a folder of another
+    kind), nor into the files of another run (``RUN/checkpoints``, ``RUN/dev``: `run_file_owner`),
+    where its --overwrite would remove what it took for its own."""
+    check_folder_to_write(out, Kind.RUN, name=f"--out {out}", beside_other_files=True)
+    owner = run_file_owner(Path(os.path.realpath(out)))
+    if owner is not None:
+        raise InputError(f"--out {out} is inside {owner}: writing a run there would damage it; "
+                         "choose a folder outside it")
 
 
 @contextmanager

@@ -42,7 +42,14 @@ from bahdanau.jobs.report import (
     score_translations,
     typical_sentence,
 )
-from bahdanau.jobs.resolve import autocast, captured, machine, machine_line, thread_tuner
+from bahdanau.jobs.resolve import (
+    autocast,
+    beam_search,
+    captured,
+    machine,
+    machine_line,
+    thread_tuner,
+)
 from bahdanau.jobs.run_folder import RUN_CONFIG, holds_run, locked, remove_run, stored_options
 from bahdanau.models import build_model
 from bahdanau.search import BeamSearch
@@ -196,6 +203,23 @@ def _build_model(o: TrainOptions, data: _Data) -> torch.nn.Module:
     if init is not None:
         init_weights(model, init)
     return model
+
+
+def _check_decoding_memory(o: TrainOptions, data: _Data, model: torch.nn.Module,
+                           device: torch.device) -> None:
+    """Before any training: the searches of the test set (--beam-size) and of the dev set
+    (greedy) fit in the memory of `device` (`BeamSearch.check_memory`, a batch of the longest
+    sentence), so a beam or a length the machine cannot hold is refused now, not once the run
+    has trained."""
+    dev = data.dev[: o.dev_size] if o.training.eval_every else []
+    for name, pairs, search in (("test", data.test, beam_search(o)),
+                                ("dev", dev, BeamSearch(beam_size=1, max_len=o.max_len))):
+        if pairs:
+            longest = max(len(data.tokenizer.tokenize(source)) for source, _ in pairs)
+            together = min(o.batch_size, len(pairs))
+            search.check_memory(model, together, longest, device,
+                                f"decoding the {name} set ({together:,} sentences together, "
+                                f"up to {longest:,} tokens)")
 
 
 def _dev_scores(o: TrainOptions, data: _Data, run: TrainRun, device: torch.device,
@@ -368,6 +392,7 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
     out, cfg = Path(o.out), o.train_config()
     data = _read_data(o)
     model = _build_model(o, data)
+    _check_decoding_memory(o, data, model, device)
     with process_group(device) as main, ExitStack() as stack:
         # rank 0 logs, and writes OUT/train.log once the run starts; the others say nothing
         log = stack.enter_context(TrainLog()) if main else None

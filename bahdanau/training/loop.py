@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bahdanau._files import handling_signals
+from bahdanau._files import STOP_SIGNALS, handling_signals
 from bahdanau.config import TrainConfig
 from bahdanau.data.batching import Example
 from bahdanau.data.tokenizers import Tokenizer
@@ -43,9 +43,6 @@ from bahdanau.training.run import (
 )
 from bahdanau.training.step import StepStats
 
-# Ctrl-C, a scheduler's or `kill`'s request, a closed terminal (where the platform has it).
-_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
-                      if hasattr(signal, name))
 _LIMITS = ("max_steps", "max_time", "max_epochs")   # stops after which a last evaluation runs
 
 
@@ -66,7 +63,7 @@ def _stop_on_signals(run: TrainRun, log: Callable[[str], None]) -> Iterator[None
         if run.is_main:
             log(f"{run.signal.upper()}: stopping after this step, with a checkpoint")
 
-    with handling_signals(_STOP_SIGNALS, request_stop) as previous:
+    with handling_signals(STOP_SIGNALS, request_stop) as previous:
         yield
 
 

@@ -23,6 +23,7 @@ import json
 import logging
 import logging.handlers
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,37 @@ class LogFormatter(logging.Formatter):
         return f"{self.formatTime(record, self.datefmt)} {level}{record.getMessage()}"
 
 
+class _RunLogFile(logging.FileHandler):
+    """``train.log``'s handler: a record that cannot be written (a full disk, a file-size limit)
+    raises, where it was logged, one `OSError` naming the file, instead of `logging`'s
+    "--- Logging error ---" traceback on stderr per record and a run that trains on without
+    its log; once failed, it writes nothing more (the run is stopping)."""
+
+    failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:   # noqa: N802 (logging's name)
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            super().handleError(record)
+            return
+        self.failed = True
+        raise OSError(error.errno, f"writing {self.baseFilename} failed: "
+                                   f"{error.strerror or error}: the run stops here, its "
+                                   "checkpoints kept (free the space and run the same command "
+                                   "to continue)") from None
+
+    def close(self) -> None:
+        """Close the file; what a failed write left in its buffer is dropped."""
+        try:
+            super().close()
+        except OSError:
+            pass
+
+
 class TrainLog:
     """The run's ``train.log``: what the `bahdanau` logger logs while it is open, a line per
     record, each with its time (`LogFormatter`).
@@ -61,13 +93,15 @@ class TrainLog:
     a start that ends before `open` (an error, nothing to do) leaves no trace in the file. Use it
     as a context manager: the logger's handlers are removed, and the file closed, on leaving;
     an exception that leaves it (a divergence, a dead loader worker) is the file's last line.
+    A record that cannot be written (a full disk) raises one `OSError` naming the file where it
+    was logged, which stops the run there with its checkpoints as they were.
     """
 
     def __init__(self) -> None:
         # holds what is logged until open() gives it the file (a flush with no target keeps it)
         self._held: logging.handlers.MemoryHandler | None = logging.handlers.MemoryHandler(
             capacity=1 << 30, flushLevel=logging.CRITICAL + 1)
-        self._file: logging.FileHandler | None = None
+        self._file: _RunLogFile | None = None
         LOGGER.addHandler(self._held)
         self._level = LOGGER.level       # the file takes INFO records whatever the console shows
         if LOGGER.getEffectiveLevel() > logging.INFO:
@@ -77,7 +111,7 @@ class TrainLog:
              versions: Mapping[str, Any] | None = None) -> None:
         """Append from now on to `path` (created if missing): first the header lines (``#
         COMMAND`` and, given `versions`, ``# versions {JSON}``), then the records held so far."""
-        file = self._file = logging.FileHandler(path, mode="a", encoding="utf-8")
+        file = self._file = _RunLogFile(path, mode="a", encoding="utf-8")
         file.setFormatter(LogFormatter())
         header = [f"# {command}"] + ([] if versions is None else
                                      [f"# versions {json.dumps(dict(versions))}"])
@@ -117,12 +151,15 @@ class TrainLog:
         command line shows as its ``bahdanau: error:`` line). The record goes to the file
         alone, not through the logger to the console, where the command line prints the
         error itself, once; a caller of `bahdanau.jobs.run_train_job` gets the exception."""
-        if isinstance(error, Exception) and self._file is not None:
+        if isinstance(error, Exception) and self._file is not None and not self._file.failed:
             message = " ".join(str(error).split("\n"))
             if not isinstance(error, (InputError, OSError)):
                 message = f"{type(error).__name__}: {message}"
-            self._file.handle(LOGGER.makeRecord(LOGGER.name, logging.ERROR, "", 0, message,
-                                                (), None))
+            try:
+                self._file.handle(LOGGER.makeRecord(LOGGER.name, logging.ERROR, "", 0,
+                                                    message, (), None))
+            except OSError:
+                pass                         # the file cannot take it: `error` says enough
         self.close()
 
 

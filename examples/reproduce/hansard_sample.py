@@ -34,6 +34,12 @@ Usage, from the repository root (the folder that --out goes into must exist)::
         English-French-Translator/Translator/data/Hansard-Multi30k/Training \\
         --out data/hansard-fr-en-100k
 
+Inputs and --out follow bahdanau's rules (`bahdanau.jobs.files.existing`,
+`bahdanau._files.check_destination`): a release file that is a folder, a FIFO or a device, and an
+--out that is a dangling link, the current folder, under a file, or inside a folder bahdanau
+replaces whole (a model folder, a prepared corpus, an exported folder, a run's checkpoints:
+`bahdanau.jobs.run_folder.run_file_owner`), are refused in one line.
+
 The texts carry no stated terms of use: use them for experiments only, and do not commit the
 sample into a repository or ship it in a package.
 """
@@ -52,6 +58,11 @@ import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from bahdanau._files import check_destination
+from bahdanau.errors import InputError
+from bahdanau.jobs.files import existing
+from bahdanau.jobs.run_folder import run_file_owner
 
 SEED = 9215
 SPLITS = (("train", 100_000), ("dev", 2_000), ("test", 2_000))
@@ -88,8 +99,17 @@ class Expected:
         return cls(RELEASE_SHA256, SAMPLE_SHA256)
 
 
+def _checked(check, *args, **kwargs):
+    """`check(*args, **kwargs)` (one of bahdanau's checks), its `InputError` a `RecipeError`."""
+    try:
+        return check(*args, **kwargs)
+    except InputError as error:
+        raise RecipeError(str(error)) from None
+
+
 def release_files(release: Path) -> list[tuple[Path, Path]]:
-    """The (en, fr) file pairs of the release, in sorted name order."""
+    """The (en, fr) file pairs of the release, in sorted name order, each a regular file (a
+    folder, a FIFO or a device of such a name is refused: the files are read twice)."""
     if not release.is_dir():
         raise RecipeError(f"{release} is not a folder (expected the release's Training folder)")
     english = sorted(release.glob("hansard.36.*.en"))
@@ -100,9 +120,10 @@ def release_files(release: Path) -> list[tuple[Path, Path]]:
     pairs = []
     for en in english:
         fr = en.with_suffix(".fr")
-        if not fr.is_file():
+        if not (fr.exists() or fr.is_symlink()):
             raise RecipeError(f"{en.name} has no French partner {fr.name} in {release}")
-        pairs.append((en, fr))
+        pairs.append((_checked(existing, str(en), "release file", regular=True),
+                      _checked(existing, str(fr), "release file", regular=True)))
     return pairs
 
 
@@ -215,6 +236,11 @@ def build_sample(release: Path, out: Path, expected: Expected | None = None) -> 
     match; a mismatch raises `RecipeError` and leaves nothing at `out`.
     """
     expected = Expected.published() if expected is None else expected
+    out = _checked(check_destination, out, "the sample")   # a link: the folder it names
+    owner = run_file_owner(Path(os.path.realpath(out)))
+    if owner is not None:                 # its writer replaces it whole, the sample with it
+        raise RecipeError(f"--out {out} is inside {owner}, which bahdanau replaces whole "
+                          "(release, prepare or train --overwrite): choose a folder outside it")
     if out.exists():
         raise RecipeError(f"{out} already exists: remove it or choose another --out")
     if not out.parent.is_dir():

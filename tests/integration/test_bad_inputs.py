@@ -15,11 +15,15 @@ import gzip
 import hashlib
 import importlib.util
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import bahdanau._checks as checks
+from bahdanau._checks import usable_cores
 from bahdanau.cli import main
 from bahdanau.data import multi30k_files, read_lines
 from bahdanau.jobs import EvaluateOptions, PlotOptions, TrainOptions, TranslateOptions
@@ -53,6 +57,12 @@ def files(tmp_path_factory) -> Path:
     (root / "wrong-type.json").write_text('{"max_steps": 1, "threads": "two"}')
     (root / "not-a-mapping.yaml").write_text("- max_steps\n- 1\n")
     (root / "broken.yaml").write_text("max_steps: [1\n")
+    # a model folder whose manifest is a JSON bomb (nested too deeply to parse: RecursionError)
+    (root / "bomb").mkdir()
+    (root / "bomb" / "manifest.json").write_text("[" * 200000 + "]" * 200000)
+    for name in ("model.safetensors", "config.json"):
+        (root / "bomb" / name).write_bytes(b"")
+    (root / "bomb.json").write_text("[" * 200000 + "]" * 200000)
     (root / "nan.yaml").write_text("max_steps: 1\nlr: .nan\n")
     phrases = {                      # JSON Lines of phrases for te.en's 10 lines (--constraints)
         "c-ok.jsonl": ['["un"]'] * 10,
@@ -257,9 +267,42 @@ CASES = [
     ("train --out {new} --max-steps 1 --patience 2", "--patience"),
     ("train --out {new} --max-steps 1 --schedule plateau", "--eval-every"),
     ("train --out {new} --max-steps 1 --min-lr 0.001", "--min-lr"),
+    # options that act only together with another, given alone (silently ignored)
+    ("translate --checkpoint {run} --input {files}/te.en --alignments-format json",
+     "--alignments-format json sets what --alignments FILE holds: it needs --alignments FILE"),
+    ("translate --checkpoint {run} --input {files}/te.en --alignments-format pharaoh",
+     "--alignments-format pharaoh sets what --alignments FILE holds"),
+    ("train --out {new} --max-steps 1 --optimizer adam --min-lr 0.0001",
+     "--min-lr 0.0001 floors a decaying learning rate: it needs --schedule inverse_sqrt or "
+     "plateau"),
+    ("train --out {new} --max-steps 1 --optimizer adam --schedule constant --min-lr 0.0001",
+     "--min-lr 0.0001 floors a decaying learning rate"),
+    # a manifest or --config nested too deeply to parse (RecursionError tracebacks)
+    ("release --checkpoint {run} --out {files}/bomb", "is a model folder already"),
+    ("translate --checkpoint {run} --input {files}/te.en --alignments {files}/bomb/al.txt",
+     "is a file of the model folder"),
+    ("translate --checkpoint {files}/bomb --input {files}/te.en", "not a readable manifest"),
+    ("train --data {files}/bomb --out {new} --max-steps 1", "manifest.json is damaged"),
+    ("train --config {files}/bomb.json --out {new}", "nested too deeply"),
     ("train --out {new} --max-steps 1 --optimizer adadelta --min-lr 2", "--min-lr"),
     ("train --out {new} --max-steps 1 --label-smoothing 1", "--label-smoothing"),
     ("train --out {new} --max-steps 1 --decay-factor 1", "--decay-factor"),
+    # an option that acts only with another one, given without it (silently ignored before)
+    ("train --out {new} --max-steps 1 --early-stopping-metric ppl",
+     "--early-stopping-metric ppl ranks dev evaluations"),
+    ("train --out {new} --max-steps 1 --eval-every 0 --early-stopping-metric chrf",
+     "it needs --eval-every"),
+    ("train --out {new} --max-steps 1 --dev-size 20", "--dev-size 20"),
+    ("train --out {new} --max-steps 1 --decay-patience 4", "it needs --schedule plateau"),
+    ("train --out {new} --max-steps 1 --eval-every 1 --schedule inverse_sqrt --decay-factor 0.3",
+     "--decay-factor 0.3"),
+    ("train --out {new} --max-steps 1 --rho 0.9", "it needs --optimizer adadelta"),
+    ("translate --checkpoint {run} --alpha 1.0", "it needs --length-penalty gnmt"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --length-penalty "
+     "average --alpha 0.9", "--alpha 0.9"),
+    ("score --checkpoint {run} --src {files}/te.en --tgt {files}/te.fr --alpha 0.9",
+     "it needs --length-penalty gnmt"),
+    ("prepare --out {new} --subword-vocab 500", "it needs --tokenizer bpe or unigram"),
     ("train --schedule cosine", "invalid choice"),
     ("train --out {new} --max-steps 1 --arch rnnencdec --unk-replace", "--unk-replace"),
     ("plot --output {new}.png --checkpoint {run}", "--sentence"),
@@ -384,6 +427,18 @@ CASES = [
     ("translate --checkpoint {run} --device cpu:1", "cpu:1"),
     ("translate --checkpoint {run} --max-len 99999999999999999999", "--max-len"),
     ("translate --checkpoint {run} --threads 99999999999", "--threads"),
+    # searches beyond this machine's memory (an allocator's traceback), refused before any
+    # work (threads beyond its cores: test_threads_up_to_the_usable_cores_and_no_more)
+    ("translate --checkpoint {run} --input {files}/te.en --beam-size 1000000000",
+     "with a beam of 1,000,000,000 and up to 100 target tokens needs about"),
+    ("translate --checkpoint {run} --input {files}/te.en --beam-size 1000000000 "
+     "--n-best 1000000000", "with a beam of 1,000,000,000"),
+    ("translate --checkpoint {run} --input {files}/te.en --max-len 2000000000",
+     "with a beam of 5 and up to 2,000,000,000 target tokens needs about"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr "
+     "--beam-size 1000000000", "with a beam of 1,000,000,000"),
+    ("train --out {new} --max-steps 1 --beam-size 1000000000",
+     "decoding the test set (64 sentences together"),
     # checkpoints
     ("translate --checkpoint {files}/nope.pt", "no such file"),
     ("translate --checkpoint {files}/a-folder", "no checkpoint"),
@@ -473,3 +528,67 @@ def _missing_extra(argv: list[str]) -> str | None:
 
 def _split(command: str) -> list[str]:
     return shlex.split(command)
+
+
+# ----------------------------------------------------------------------------- machine limits
+
+
+def test_threads_up_to_the_usable_cores_and_no_more(run, files, tmp_path, capsys) -> None:
+    """--threads 100000 crashed every command (rc 139, no message; run apart here, as a crash
+    would take the tests with it); just above the usable cores is refused the same way, by
+    every command that takes --threads, before any work; the usable cores are taken."""
+    cores = usable_cores()
+    child = subprocess.run([sys.executable, "-m", "bahdanau", "translate", "--checkpoint",
+                            str(run), "--input", str(files / "te.en"), "--threads", "100000"],
+                           capture_output=True, text=True, timeout=300)
+    assert (child.returncode, child.stdout) == (2, "")
+    assert child.stderr == (f"bahdanau: error: --threads 100000 is more than the {cores} CPU "
+                            f"core{'s' if cores != 1 else ''} this process may run on: give at "
+                            f"most {cores}, or leave --threads out (the cores shared by the "
+                            "processes of this machine)\n")
+    before = _snapshot(run, files)
+    new = tmp_path / "new"
+    for command in ("train", "translate", "evaluate", "score"):
+        argv = _fill([command, *_BASE[command], "--threads", str(cores + 1)], run, files, new)
+        _assert_one_error(capsys, _main(argv), f"--threads {cores + 1} is more than the "
+                                               f"{cores} CPU core")
+    assert _snapshot(run, files) == before and not new.exists()
+    threads = torch.get_num_threads()
+    try:
+        argv = _fill(["translate", *_BASE["translate"], "--threads", str(cores)], run, files,
+                     new)
+        assert _main(argv) == 0 and torch.get_num_threads() == cores
+    finally:
+        torch.set_num_threads(threads)
+    assert len(capsys.readouterr().out.splitlines()) == 10          # te.en's 10 lines
+
+
+@pytest.mark.parametrize("command", ["score", "translate"])
+def test_a_line_beyond_the_memory_is_refused_naming_it(command, run, files, tmp_path, capsys,
+                                                       monkeypatch) -> None:
+    """A 40,000-word line: scoring half as long a one took 8.7 GB and ended in a traceback.
+    With 10 MB of memory available, the line is named (line 3, after an empty line 2 that
+    translate skips) and refused before any work; the short lines alone would fit."""
+    monkeypatch.setattr(checks, "available_memory", lambda device: 10**7)
+    src, tgt = tmp_path / "long.en", tmp_path / "long.fr"
+    src.write_text("a dog runs\n\n" + "dog " * 40_000 + "\n", encoding="utf-8")
+    tgt.write_text("un chien\n\n" + "chien " * 40_000 + "\n", encoding="utf-8")
+    if command == "score":
+        lines = src.read_text().splitlines()
+        src.write_text("\n".join(line or "a cat" for line in lines) + "\n")
+        tgt.write_text("\n".join(line or "un chat" for line in
+                                 tgt.read_text().splitlines()) + "\n")
+        argv = ["score", "--checkpoint", str(run), "--src", str(src), "--tgt", str(tgt)]
+        what = "scoring sentence 3 (40,000 source and 40,001 target tokens) needs about"
+        lower = "split or shorten that sentence"
+    else:
+        argv = ["translate", "--checkpoint", str(run), "--input", str(src)]
+        what = "translating sentence 3 (40,000 tokens) with a beam of 5 and up to 100 target"
+        lower = ("lower the beam size, the maximum length or the sentences searched "
+                 "together, or shorten the sentence")
+    err = _assert_one_error(capsys, _main(argv), what)
+    assert err.endswith(f"more than the 10.0 MB of memory available on cpu: {lower}\n"), err
+    short = tmp_path / "short.en"
+    short.write_text("a dog runs\n\na cat\n", encoding="utf-8")
+    assert _main(["translate", "--checkpoint", str(run), "--input", str(short)]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3

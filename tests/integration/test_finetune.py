@@ -10,6 +10,7 @@ not fit the starting weights is refused in one line before anything is written.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -137,6 +138,55 @@ def test_a_resumed_run_does_not_read_its_init_model_again(base, corpora, tmp_pat
     tuned = load_checkpoint(tmp_path / "tuned" / "checkpoints" / "step_00000003.pt")
     first = load_checkpoint(base / "checkpoints" / "step_00000060.pt")
     assert (tuned["src_vocab"], tuned["tgt_vocab"]) == (first["src_vocab"], first["tgt_vocab"])
+
+
+def _snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _fine_tuned(base: Path, corpora: dict[str, str], tmp_path: Path) -> tuple[Path, list[str]]:
+    """A run fine-tuned 2 steps from a copy of `base`'s checkpoint (start.pt), and the flags
+    it was started with but --init-from and --max-steps."""
+    start = tmp_path / "start.pt"
+    shutil.copy(base / "checkpoints" / "step_00000060.pt", start)
+    flags = ["--train-src", corpora["sh.en"], "--train-tgt", corpora["sh.fr"], "--lr", "0.01",
+             "--out", str(tmp_path / "tuned"), "--quiet"]
+    _train("--init-from", str(start), *flags, "--max-steps", "2")
+    return start, flags
+
+
+def test_a_fine_tuned_run_resumes_without_its_init_from(base, corpora, tmp_path,
+                                                        capsys) -> None:
+    """`bahdanau train --out RUN ...` without --init-from resumes a fine-tuned run (its
+    checkpoints hold the weights, and its config.yaml the model it began from): it was
+    refused, with advice to --overwrite (delete) the run."""
+    start, flags = _fine_tuned(base, corpora, tmp_path)
+    capsys.readouterr()
+    _train(*flags, "--max-steps", "3")
+    assert capsys.readouterr().err == ""
+    out = tmp_path / "tuned"
+    assert load_checkpoint(out / "checkpoints" / "step_00000003.pt")["train_state"]["step"] == 3
+    assert f"resumed from {out / 'checkpoints' / 'step_00000002.pt'}" in (
+        out / "train.log").read_text()
+    assert json.loads((out / "config.yaml").read_text())["init_from"] == str(start)
+
+
+def test_another_init_from_on_resume_says_what_the_run_began_with(base, corpora, tmp_path,
+                                                                  capsys) -> None:
+    """A resumed fine-tuned run given another --init-from (the model moved, say) is refused in
+    one line naming the model it began with and how to resume it, not with advice to
+    --overwrite it; the run is left as it was."""
+    start, flags = _fine_tuned(base, corpora, tmp_path)
+    moved = tmp_path / "moved.pt"
+    shutil.copy(start, moved)
+    before = _snapshot(tmp_path / "tuned")
+    capsys.readouterr()
+    assert main(["train", "--preset", "tiny", "--threads", "1", "--batch-size", "32",
+                 "--init-from", str(moved), *flags, "--max-steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"this run began with --init-from {start}" in err, err
+    assert "leave --init-from out" in err and "--overwrite" not in err
+    assert _snapshot(tmp_path / "tuned") == before
 
 
 @pytest.mark.parametrize("given, fragments", [

@@ -7,7 +7,11 @@ command line on two tiny runs.
   link; ``-`` is stdout where a user expects it.
 * A file of a run (its checkpoints, best.*, config.yaml, train.log, the lock), also reached
   through a symlink, is refused as an output of another command, before any work; averaging
-  refuses checkpoints of two runs unless --allow-different-runs.
+  refuses checkpoints of two runs unless --allow-different-runs. So is a file of a model
+  folder, a prepared corpus or an exported folder (of either format).
+* A folder writer (release, prepare, export, train) replaces only a folder of its own kind:
+  a folder of another kind, or of a user's own files, is refused whatever --overwrite says,
+  in one line naming what it is, every file left byte for byte.
 * Ctrl-C or a full disk while `average` writes, or while training saves a checkpoint, is one
   line and leaves the files as they were; a killed --loader-workers process stops training
   with a checkpoint at its step.
@@ -22,7 +26,11 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
+import signal
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -42,6 +50,7 @@ import bahdanau.training.loop as loop
 import bahdanau.training.plan as plan
 import bahdanau.training.run as run_module
 from bahdanau._files import writes_in_place
+from bahdanau._folders import Kind, folder_kind
 from bahdanau.checkpoint import load_checkpoint, save_checkpoint
 from bahdanau.cli import main
 from bahdanau.config import TrainConfig
@@ -320,6 +329,252 @@ def test_export_follows_the_folder_rules_of_prepare(root, tmp_path, monkeypatch,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "link"]
 
 
+@pytest.fixture(scope="module")
+def kinds(root, tmp_path_factory) -> dict[str, Path]:
+    """A folder of each kind the commands write, from the run in `root`: "model" (release),
+    "prep" (prepare), "exported" (export), "old" (an exported folder of the first format: its
+    manifest's "format" the integer 1), and "data", a folder of a user's own 12 files."""
+    pytest.importorskip("safetensors")
+    from bahdanau.data import prepare_corpus
+
+    base = tmp_path_factory.mktemp("kinds")
+    assert main(["release", "--checkpoint", str(root / "run"), "--out", str(base / "model")]) == 0
+    prepare_corpus(root / "tr.en", root / "tr.fr", base / "prep", workers=1)
+    assert main(["export", "--checkpoint", str(root / "run"), "--out", str(base / "exported")]) == 0
+    shutil.copytree(base / "exported", base / "old")
+    manifest = json.loads((base / "old" / "manifest.json").read_text())
+    del manifest["version"]
+    (base / "old" / "manifest.json").write_text(json.dumps({**manifest, "format": 1}))
+    (base / "data").mkdir()
+    for i in range(12):
+        (base / "data" / f"part{i:02d}.txt").write_text(f"the user's line {i}\n")
+    return {name: base / name for name in ("model", "prep", "exported", "old", "data")}
+
+
+_WRITERS = {"release": ["release", "--checkpoint", "{run}", "--overwrite"],
+            "prepare": ["prepare", "--train-src", "{root}/tr.en", "--train-tgt", "{root}/tr.fr",
+                        "--overwrite"],
+            "export": ["export", "--checkpoint", "{run}"]}
+_OTHER_FILES = ("is a folder of other files (12 entries): {writer} writes {writes} whole and never "
+                "replaces other files; choose a new folder")
+
+
+# (the writer, the kind of folder its --out names, what the error says it is)
+_FOREIGN = [
+    ("release", "data", _OTHER_FILES),
+    ("release", "prep", "is a prepared corpus: release writes a model folder; choose another "
+                        "folder"),
+    ("release", "old", "is an exported folder: release writes a model folder; choose another "
+                       "folder"),
+    ("prepare", "data", _OTHER_FILES),
+    ("prepare", "model", "is a model folder: prepare writes a prepared corpus; choose another "
+                         "folder"),
+    ("prepare", "exported", "is an exported folder: prepare writes a prepared corpus; choose "
+                            "another folder"),
+    ("prepare", "old", "is an exported folder: prepare writes a prepared corpus; choose another "
+                       "folder"),
+    ("export", "data", _OTHER_FILES),
+    ("export", "model", "is a model folder: export writes an exported folder; choose another "
+                        "folder"),
+    ("export", "prep", "is a prepared corpus: export writes an exported folder; choose another "
+                       "folder"),
+]
+
+
+@pytest.mark.parametrize(("writer", "kind", "message"), _FOREIGN,
+                         ids=[f"{writer}-{kind}" for writer, kind, _ in _FOREIGN])
+def test_no_folder_writer_replaces_a_folder_of_another_kind(root, kinds, capsys, writer, kind,
+                                                            message) -> None:
+    """`release --out data --overwrite` deleted every file of a folder of the user's own, exit 0;
+    `prepare --overwrite` replaced a model folder or an exported folder, calling it "a damaged
+    prepared corpus". A writer replaces only a folder of its own kind, whatever the flag."""
+    writes = {"release": "a model folder", "prepare": "a prepared corpus",
+              "export": "an exported folder"}[writer]
+    argv = [a.replace("{run}", str(root / "run")).replace("{root}", str(root))
+            for a in _WRITERS[writer]]
+    out = kinds[kind]
+    before, around = _snapshot(out), sorted(p.name for p in out.parent.iterdir())
+    capsys.readouterr()
+    err = _one_error(capsys, main([*argv, "--out", str(out)]))
+    assert err == f"bahdanau: error: --out {out} {message.format(writer=writer, writes=writes)}\n"
+    assert _snapshot(out) == before
+    assert sorted(p.name for p in out.parent.iterdir()) == around       # nothing left beside
+
+
+def test_an_input_inside_the_folder_a_writer_replaces(root, kinds, tmp_path, capsys) -> None:
+    """`prepare --train-src P/x --out P --overwrite` over a prepared corpus P of its own kind
+    read P/x and then deleted it with the old corpus; `release` of a model folder over itself
+    reads it whole first and stays allowed."""
+    prep = tmp_path / "prep"
+    shutil.copytree(kinds["prep"], prep)
+    for side in ("en", "fr"):
+        shutil.copy(root / f"tr.{side}", prep / f"tr.{side}")
+    before = _snapshot(prep)
+    capsys.readouterr()
+    _one_error(capsys, main(["prepare", "--train-src", str(prep / "tr.en"), "--train-tgt",
+                             str(root / "tr.fr"), "--out", str(prep), "--overwrite"]),
+               f"--out {prep} holds --train-src {prep / 'tr.en'}: writing it would replace it")
+    assert _snapshot(prep) == before
+    model = tmp_path / "model"
+    shutil.copytree(kinds["model"], model)
+    assert main(["release", "--checkpoint", str(model), "--out", str(model), "--overwrite"]) == 0
+    assert (model / "model.safetensors").read_bytes() == (
+        kinds["model"] / "model.safetensors").read_bytes()
+
+
+@pytest.mark.parametrize(("kind", "inside", "flags"), [
+    ("model", False, ["--overwrite"]), ("prep", False, ["--overwrite"]),
+    ("exported", False, []), ("old", False, ["--overwrite"]),
+    ("model", True, []), ("exported", True, ["--overwrite"]),
+])
+def test_train_writes_no_run_into_a_folder_of_another_kind(root, kinds, capsys, kind, inside,
+                                                           flags) -> None:
+    """`train --out` wrote a run (checkpoints, config.yaml, train.log) inside a prepared corpus,
+    a model folder or an exported folder; a folder of other files stays a place for a run."""
+    folder = kinds[kind]
+    out = folder / "run" if inside else folder
+    what = {"model": "a model folder", "prep": "a prepared corpus"}.get(kind, "an exported folder")
+    expected = (f"--out {out} is inside the {what.split(' ', 1)[1]} {folder}: writing it would "
+                "damage it; choose a folder outside it" if inside else
+                f"--out {out} is {what}: train writes a run folder; choose another folder")
+    before = _snapshot(folder)
+    capsys.readouterr()
+    err = _one_error(capsys, main(_train_argv(root, out, *flags)))
+    assert err == f"bahdanau: error: {expected}\n"
+    assert _snapshot(folder) == before and not (folder / "run").exists()
+
+
+@pytest.mark.parametrize(("inside", "flags"), [("checkpoints", []), ("dev", ["--overwrite"])])
+def test_train_writes_no_run_into_another_run_s_files(root, capsys, inside, flags) -> None:
+    """`train --out RUN/checkpoints` put a second run among the first one's checkpoints, where
+    its --overwrite would remove what it took for its own."""
+    run = root / "run"
+    before = _snapshot(run)
+    capsys.readouterr()
+    err = _one_error(capsys, main(_train_argv(root, run / inside, *flags)))
+    assert err == (f"bahdanau: error: --out {run / inside} is inside the run in {run}: writing "
+                   "a run there would damage it; choose a folder outside it\n")
+    assert _snapshot(run) == before
+
+
+@pytest.mark.parametrize(("case", "foreign"), [
+    ("user config", "config.yaml"), ("user file in checkpoints", "checkpoints/notes.txt"),
+    ("user file in a run's checkpoints", "checkpoints/mine.txt")])
+def test_train_overwrite_deletes_nothing_that_is_not_the_run_s(root, tmp_path, capsys, case,
+                                                              foreign) -> None:
+    """`train --overwrite` deleted a user's file in checkpoints/ with the run, and replaced a
+    user's own config.yaml that was no run's record."""
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    if case == "user config":
+        (out / "config.yaml").write_text("my: app\n")
+        (out / "notes.txt").write_text("mine\n")
+        (out / "checkpoints").rmdir()
+    elif case == "user file in checkpoints":
+        (out / "checkpoints" / "notes.txt").write_text("mine\n")
+        (out / "checkpoints" / "step_00000001.pt").write_text("mine\n")
+    else:
+        shutil.copytree(root / "run", out, dirs_exist_ok=True)
+        (out / "checkpoints" / "mine.txt").write_text("mine\n")
+    before = _snapshot(out)
+    capsys.readouterr()
+    err = _one_error(capsys, main(_train_argv(root, out, "--overwrite")))
+    assert err == (f"bahdanau: error: --out {out} holds {foreign}, which is not a run's: move "
+                   "it out or choose another --out\n")
+    assert _snapshot(out) == before
+
+
+# (the kind of folder, a command line without its output, the file of the folder it names)
+_EXPORTED_OUTPUTS = [
+    ("exported", ["translate", "--checkpoint", "{run}", "--input", "{root}/te.en",
+                  "--alignments"], "manifest.json"),
+    ("old", ["translate", "--checkpoint", "{run}", "--input", "{root}/te.en", "--alignments"],
+     "manifest.json"),
+    ("exported", ["score", "--checkpoint", "{run}", "--src", "{root}/te.en", "--tgt",
+                  "{root}/te.fr", "--output"], "encoder.pt2"),
+    ("exported", ["average", "--checkpoint", "{run}", "--last", "2", "--output"], "step.pt2"),
+    ("old", ["evaluate", "--checkpoint", "{run}", "--src", "{root}/te.en", "--ref",
+             "{root}/te.fr", "--output"], "README.md"),
+    ("exported", ["export", "--checkpoint", "{run}", "--out"], "again"),
+]
+
+
+@pytest.mark.parametrize(("kind", "argv", "name"), _EXPORTED_OUTPUTS,
+                         ids=[f"{argv[0]}-{kind}" for kind, argv, _ in _EXPORTED_OUTPUTS])
+def test_an_exported_folder_is_no_other_command_s_output(root, kinds, capsys, kind, argv,
+                                                         name) -> None:
+    """`translate --alignments EXP/manifest.json`, `score --output`, `average --output` wrote
+    over an exported folder's files, exit 0, and the folder no longer loaded."""
+    folder = kinds[kind]
+    argv = [a.replace("{run}", str(root / "run")).replace("{root}", str(root)) for a in argv]
+    before = _snapshot(folder)
+    capsys.readouterr()
+    err = _one_error(capsys, main([*argv, str(folder / name)]))
+    flag = argv[-1]
+    expected = (f"{flag} {folder / name} is inside the exported folder {folder}: writing it "
+                "would damage it; choose a folder outside it" if name == "again" else
+                f"{flag} {folder / name} is a file of the exported folder {folder}: writing it "
+                "would damage it; choose a path outside it")
+    assert err == f"bahdanau: error: {expected}\n"
+    assert _snapshot(folder) == before
+
+
+def test_a_damaged_folder_of_a_writer_s_kind_is_still_its_kind(root, kinds, tmp_path,
+                                                              capsys) -> None:
+    """A folder whose manifest.json is damaged (not JSON) is known by the files its writer
+    wrote, when it holds nothing else, so `release --overwrite` still replaces a damaged model
+    folder (and prepare a damaged corpus, tests/unit/test_folders.py)."""
+    for name, kind in (("model", Kind.MODEL), ("prep", Kind.PREPARED),
+                       ("exported", Kind.EXPORTED)):
+        shutil.copytree(kinds[name], tmp_path / name)
+        (tmp_path / name / "manifest.json").write_text('{"format": ')
+        assert folder_kind(tmp_path / name) is kind, name
+    assert main(["release", "--checkpoint", str(root / "run"), "--out", str(tmp_path / "model"),
+                 "--overwrite"]) == 0
+    assert json.loads((tmp_path / "model" / "manifest.json").read_text())["format"] == (
+        "bahdanau-model")
+    capsys.readouterr()
+
+
+def test_a_folder_a_writer_replaces_holds_nothing_but_its_files(root, kinds, tmp_path,
+                                                                capsys) -> None:
+    """`release --out hf --overwrite` deleted another tool's folder whose manifest.json is
+    JSON without our "format" (it was taken for a damaged model folder by its config.json and
+    model.safetensors); `prepare --out npdata --overwrite` deleted labels.csv beside arrays and
+    a text manifest.json; `release --overwrite` onto a real model folder deleted the user's
+    NOTES.txt in it. Each is refused in one line and left byte for byte."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "manifest.json").write_text('{"name":"my-hf-export","files":["config.json"]}')
+    for name in ("config.json", "model.safetensors", "NOTES.md"):
+        (hf / name).write_text(name)
+    npdata = tmp_path / "npdata"
+    npdata.mkdir()
+    (npdata / "manifest.json").write_text("dataset manifest")
+    for name in ("src.ids.npy", "tgt.ids.npy", "labels.csv"):
+        (npdata / name).write_text(name)
+    model = tmp_path / "model"
+    shutil.copytree(kinds["model"], model)
+    (model / "NOTES.txt").write_text("mine")
+    prep = tmp_path / "prep"
+    shutil.copytree(kinds["prep"], prep)
+    (prep / "NOTES.txt").write_text("mine")
+    before = _snapshot(tmp_path)
+    release = ["release", "--checkpoint", str(root / "run"), "--overwrite", "--out"]
+    prepare = ["prepare", "--train-src", str(root / "tr.en"), "--train-tgt", str(root / "tr.fr"),
+               "--out"]
+    _one_error(capsys, main([*release, str(hf)]), f"--out {hf} is a folder of other files "
+               "(4 entries): release writes a model folder whole")
+    for extra in ((), ("--overwrite",)):
+        _one_error(capsys, main([*prepare, str(npdata), *extra]), f"{npdata} is a folder of "
+                   "other files (4 entries): prepare writes a prepared corpus whole")
+        _one_error(capsys, main([*prepare, str(prep), *extra]), f"{prep} holds NOTES.txt, "
+                   "which is not the prepared corpus's: move it out or choose another folder")
+    _one_error(capsys, main([*release, str(model)]), f"--out {model} holds NOTES.txt, which is "
+               "not the model folder's: move it out or choose another folder")
+    assert _snapshot(tmp_path) == before
+
+
 def test_an_ensemble_refuses_one_checkpoint_twice(root, tmp_path, capsys) -> None:
     """A hard link (a run's best.pt is one to its step file) made an ensemble of one model
     with itself."""
@@ -397,6 +652,42 @@ def test_a_fault_while_average_writes_keeps_the_target(root, tmp_path, capsys, m
                                  "left as it was")
     assert out.read_bytes() == b"the user's earlier average"
     assert os.listdir(tmp_path) == ["average.pt"]                 # no temporary file
+
+
+@pytest.mark.parametrize(("name", "error"), [
+    ("encoder.pt2", OSError(errno.ENOSPC, "No space left on device")),
+    ("step.pt2", OSError(errno.EIO, "Input/output error")),
+])
+def test_a_fault_while_export_writes_leaves_nothing(root, tmp_path, capsys, monkeypatch, name,
+                                                    error) -> None:
+    """export onto a full disk aborted Python (rc 134, torch's archive writer failing in a
+    C++ destructor): a program is archived in memory and written as every file is, so a full
+    disk (an I/O error) is one line naming the file, and the partial folder is removed."""
+    out = tmp_path / "served"
+    failing_writes(monkeypatch, error, after=4096, name=name)
+    code = main(["export", "--checkpoint", str(root / "run"), "--out", str(out)])
+    _one_error(capsys, code, f"/.served.partial-{os.getpid()}/{name} failed: {error.strerror}")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGXFSZ"), reason="needs RLIMIT_FSIZE (POSIX)")
+def test_export_past_the_file_size_limit_is_one_line_in_a_process(root, tmp_path) -> None:
+    """The kernel's own refusal (EFBIG past RLIMIT_FSIZE, SIGXFSZ ignored, as a full disk's
+    ENOSPC) met by torch's writer in a real process: exit 2 with one line, not an abort."""
+    import resource
+
+    def limited() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    out = tmp_path / "served"
+    child = subprocess.run([sys.executable, "-m", "bahdanau", "export", "--checkpoint",
+                            str(root / "run"), "--out", str(out)], capture_output=True,
+                           text=True, preexec_fn=limited, timeout=300)
+    assert child.returncode == 2, child.stderr[-2000:]
+    assert child.stderr.startswith("bahdanau: error: ") and child.stderr.count("\n") == 1
+    assert "encoder.pt2 failed: File too large" in child.stderr
+    assert os.listdir(tmp_path) == []
 
 
 def test_a_full_disk_while_training_saves_keeps_the_last_checkpoint(root, tmp_path, capsys,

@@ -116,3 +116,41 @@ def test_sentencepiece_prepare_train_translate(tmp_path, capsys, model_type) -> 
                  str(tmp_path / "tr.fr"), "--out", str(again), "--sentencepiece-model",
                  str(prepared / "sentencepiece.model"), "--workers", "1"]) == 0
     assert np.array_equal(np.load(prepared / "src.ids.npy"), np.load(again / "src.ids.npy"))
+
+
+def test_a_file_size_limit_is_one_line_naming_the_file(files, tmp_path) -> None:
+    """Under a file-size limit (RLIMIT_FSIZE; Python ignores SIGXFSZ, so the write fails with
+    EFBIG) `prepare` said only "[Errno 27] File too large": the spooled ids were written
+    outside `atomic_file`. It is one line naming the file, and nothing is left behind."""
+    import resource
+    import subprocess
+    import sys
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300, 300))
+
+    out = tmp_path / "prep"
+    child = subprocess.run([sys.executable, "-m", "bahdanau", "prepare", "--train-src",
+                            str(files / "tr.en"), "--train-tgt", str(files / "tr.fr"), "--out",
+                            str(out), "--workers", "1"], capture_output=True, text=True,
+                           timeout=300, preexec_fn=limited)
+    assert child.returncode == 2, child.stderr
+    assert child.stderr.count("\n") == 1 and "Traceback" not in child.stderr, child.stderr
+    assert "failed: File too large" in child.stderr and ".src.spool" in child.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_failed_write_of_the_id_arrays_names_the_file(files, tmp_path, monkeypatch) -> None:
+    """The variant: the memory-mapped id array (written outside `atomic_file` too) that cannot
+    be extended to its size is named."""
+    import errno
+
+    from bahdanau.data import prepare_corpus
+
+    def too_large(path, *args, **kwargs):
+        raise OSError(errno.EFBIG, "File too large")
+
+    monkeypatch.setattr(np.lib.format, "open_memmap", too_large)
+    with pytest.raises(OSError, match=r"writing \S+src\.ids\.npy failed: File too large"):
+        prepare_corpus(files / "tr.en", files / "tr.fr", tmp_path / "prep", workers=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

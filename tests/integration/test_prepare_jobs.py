@@ -1,6 +1,7 @@
 """`bahdanau prepare` runs as a real job: signals and a killed worker end it with one line and
-nothing left behind, one process at a time writes a folder, stale temporary folders of dead
-processes are cleaned, and a destination that cannot be replaced is refused before any work.
+nothing left behind (no worker alive, no lock), one process at a time writes a folder, stale
+temporary folders of dead processes are cleaned, and a destination that cannot be replaced is
+refused before any work.
 
 The process tests run `bahdanau prepare` in a child process whose tokenizer sleeps on every
 line (and whose chunks are 10 pairs), so that it is still tokenising, in two workers, when the
@@ -55,10 +56,11 @@ def _prepare_args(files: Path, out: Path) -> list[str]:
             "--out", str(out), "--workers", "2", "--vocab-size", "300"]
 
 
-def _start(files: Path, out: Path, seconds: float) -> subprocess.Popen[str]:
+def _start(files: Path, out: Path, seconds: float, *more: str) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get(
         "PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-c", SLOW, str(seconds), *_prepare_args(files, out)],
+    return subprocess.Popen([sys.executable, "-c", SLOW, str(seconds),
+                             *_prepare_args(files, out), *more],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             start_new_session=True)
 
@@ -103,25 +105,61 @@ def _nothing_left(root: Path, *keep: str) -> None:
     assert sorted(p.name for p in root.iterdir()) == sorted(keep)
 
 
-def test_a_worker_killed_by_sigkill_is_an_error_naming_it(files, tmp_path) -> None:
-    proc = _start(files, tmp_path / "out", 0.05)
-    victim = _busy_workers(proc)[0]
-    os.kill(victim, signal.SIGKILL)                     # what the out-of-memory killer does
+def _running(pids: list[int], wait: float = 5.0) -> list[int]:
+    """Those of `pids` still running after up to `wait` seconds (a zombie has ended: it only
+    waits to be reaped). A worker killed with its parent dies a moment after it, when the
+    kernel's signal reaches it, which a busy machine may delay."""
+    deadline = time.monotonic() + wait
+    while (running := _alive(pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return running
+
+
+def _alive(pids: list[int]) -> list[int]:
+    running = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            running.append(pid)
+    return running
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("victim, sig", [(0, signal.SIGKILL), (1, signal.SIGSEGV)])
+def test_a_worker_killed_is_an_error_naming_it(files, tmp_path, victim, sig) -> None:
+    """A worker killed (the out-of-memory killer's SIGKILL, a crash's SIGSEGV), whichever: one
+    line naming it, the other worker ended too, nothing left, the folder free again."""
+    out = tmp_path / "out"
+    proc = _start(files, out, 0.05)
+    workers = _busy_workers(proc)
+    os.kill(workers[victim], sig)
     code, err = _ended(proc)
     assert code == 2
-    assert err == (f"bahdanau: error: tokenising worker {victim} died (killed by SIGKILL) (the "
-                   "out-of-memory killer sends SIGKILL): nothing was written\n")
+    hint = " (the out-of-memory killer sends SIGKILL)" if sig == signal.SIGKILL else ""
+    assert err == (f"bahdanau: error: tokenising worker {workers[victim]} died (killed by "
+                   f"{signal.Signals(sig).name}){hint}: nothing was written\n")
+    assert _running(workers) == []
     _nothing_left(tmp_path)                             # no out, no partial folder, no lock
+    assert main(_prepare_args(files, out)) == 0 and len(PreparedCorpus(out)) == 200
 
 
 @pytest.mark.parametrize("sig, group", [(signal.SIGTERM, False), (signal.SIGTERM, True),
-                                        (signal.SIGINT, True)])
+                                        (signal.SIGINT, True), (signal.SIGHUP, False),
+                                        (signal.SIGHUP, True)])
 def test_signals_stop_prepare_with_one_line(files, tmp_path, sig, group) -> None:
-    """SIGTERM to the main process (a job scheduler), to the whole group, or Ctrl-C (SIGINT to
-    the group): one line, exit 128 + the signal, no worker traceback, nothing left."""
+    """SIGTERM to the main process (a job scheduler), to the whole group, Ctrl-C (SIGINT to
+    the group), or SIGHUP (a closed terminal: to the main process, or to the group): one line,
+    exit 128 + the signal, no worker traceback, no worker left, nothing left."""
     out = tmp_path / "out"
     proc = _start(files, out, 0.05)
-    _busy_workers(proc)
+    workers = _busy_workers(proc)
     if group:
         os.killpg(proc.pid, sig)
     else:
@@ -130,7 +168,58 @@ def test_signals_stop_prepare_with_one_line(files, tmp_path, sig, group) -> None
     assert code == 128 + sig
     assert err == (f"bahdanau: prepare stopped by {signal.Signals(sig).name}: nothing was "
                    f"written in {out}\n")
+    assert _running(workers) == []
     _nothing_left(tmp_path)
+
+
+def test_sighup_leaves_the_corpus_being_replaced_as_it_was(files, tmp_path) -> None:
+    """A closed terminal during `prepare --overwrite`: the old corpus byte for byte, the lock
+    released (a next prepare runs), no worker left."""
+    out = tmp_path / "out"
+    assert main([*_prepare_args(files, out), "--max-len", "30"]) == 0
+    before = _snapshot(tmp_path)
+    proc = _start(files, out, 0.05, "--overwrite")
+    workers = _busy_workers(proc)
+    os.kill(proc.pid, signal.SIGHUP)
+    code, err = _ended(proc)
+    assert (code, err) == (128 + signal.SIGHUP, f"bahdanau: prepare stopped by SIGHUP: nothing "
+                                                f"was written in {out}\n")
+    assert _running(workers) == [] and _snapshot(tmp_path) == before
+    assert main([*_prepare_args(files, out), "--overwrite"]) == 0
+    assert PreparedCorpus(out).manifest["options"]["max_len"] is None
+
+
+def test_repeated_sigints_never_hang(files, tmp_path) -> None:
+    """Ctrl-C pressed again and again while prepare stops, several runs over: each ends with
+    the one line of the first, no worker left, nothing left."""
+    for run in range(3):
+        out = tmp_path / str(run) / "out"
+        proc = _start(files, out, 0.05)
+        workers = _busy_workers(proc)
+        for pause in (0.0, 0.01, 0.05, 0.2):
+            time.sleep(pause)
+            try:
+                os.killpg(proc.pid, signal.SIGINT)
+            except ProcessLookupError:                  # it has ended already
+                break
+        code, err = _ended(proc)
+        assert (code, err) == (130, f"bahdanau: prepare stopped by SIGINT: nothing was "
+                                    f"written in {out}\n"), run
+        assert _running(workers) == []
+        _nothing_left(out.parent)
+
+
+def test_workers_die_with_a_killed_prepare(files, tmp_path) -> None:
+    """SIGKILL of the main process (which nothing can catch): its workers end with it, so
+    the lock they inherited is free, and the next prepare removes the partial folder."""
+    out = tmp_path / "out"
+    proc = _start(files, out, 0.05)
+    workers = _busy_workers(proc)
+    os.kill(proc.pid, signal.SIGKILL)
+    code, _ = _ended(proc)               # its stderr ends when the workers, holding it, have
+    assert code == -signal.SIGKILL and _running(workers) == []
+    assert main(_prepare_args(files, out)) == 0 and len(PreparedCorpus(out)) == 200
+    _nothing_left(tmp_path, "out")
 
 
 def test_a_second_prepare_into_one_folder_is_refused_while_the_first_runs(files, tmp_path,

@@ -6,9 +6,13 @@ The command line on a tiny model trained on 50 Multi30k pairs, as in test_runs.p
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import math
 import re
+import resource
+import subprocess
 import sys
 from pathlib import Path
 
@@ -117,6 +121,76 @@ def test_train_log_outside_the_command_line(tmp_path, capsys) -> None:
     assert _starts(tmp_path / "train.log") == [(["# my-script", '# versions {"bahdanau": "x"}'],
                                                 ["held", "after"])]
     assert capsys.readouterr().err == "" and LOGGER.level == before
+
+
+class _FullDisk:
+    """train.log's stream once the disk is full: the write of the record holding `at` and every
+    one after it fail with ENOSPC."""
+
+    def __init__(self, stream, at: str) -> None:
+        self.stream, self.at, self.full = stream, at, False
+
+    def write(self, text: str) -> int:
+        self.full = self.full or self.at in text
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self.stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+def test_a_full_disk_stops_the_run_at_its_log_line(data, tmp_path, capsys,
+                                                   monkeypatch) -> None:
+    """train.log on a full disk gave one "--- Logging error ---" traceback per record while
+    the run trained on, and failed only at the end: the first record that cannot be written
+    stops the run there, in one line naming the file; the checkpoints saved before are
+    kept, whole."""
+    opened = logging.FileHandler._open
+
+    def full_from_step_3(handler):
+        stream = opened(handler)
+        return _FullDisk(stream, "step 3 |") if handler.baseFilename.endswith("train.log") \
+            else stream
+
+    monkeypatch.setattr(logging.FileHandler, "_open", full_from_step_3)
+    out = tmp_path / "run"
+    code = main(_argv(data, out, "--max-steps", "8", "--save-every", "2", "--quiet"))
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"writing {out / 'train.log'} failed: No space left on device: the run stops here" \
+        in err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_00000002.pt"]
+    assert load_checkpoint(out / "checkpoints" / "step_00000002.pt")["train_state"]["step"] == 2
+    assert not (out / "metrics.json").exists()
+    assert "step 2 |" in (out / "train.log").read_text()
+
+
+def test_a_file_size_limit_on_train_log_is_one_line(data, tmp_path) -> None:
+    """The same under a real limit (RLIMIT_FSIZE, in a child process; Python ignores SIGXFSZ,
+    so the write fails with EFBIG): train.log, nearly at the limit, fails first (the
+    checkpoints are far smaller); one error line, no traceback, the run stopped before its
+    last step and every checkpoint it wrote loads."""
+    limit = 1 << 20
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "train.log").write_text("# an earlier log\n" * ((limit - 1500) // 17))
+
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    child = subprocess.run(
+        [sys.executable, "-m", "bahdanau", *_argv(data, out, "--max-steps", "40",
+                                                  "--save-every", "2", "--quiet")],
+        capture_output=True, text=True, timeout=300, preexec_fn=limited)
+    assert child.returncode == 2, child.stderr
+    assert child.stderr.count("\n") == 1 and "Traceback" not in child.stderr, child.stderr
+    assert f"writing {out / 'train.log'} failed: File too large" in child.stderr
+    checkpoints = sorted((out / "checkpoints").iterdir())
+    assert checkpoints and "step_00000040.pt" not in {p.name for p in checkpoints}
+    for path in checkpoints:
+        load_checkpoint(path)
+    assert not (out / "metrics.json").exists()
 
 
 def _is_versions(record: dict, device: str = "cpu") -> bool:

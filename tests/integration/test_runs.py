@@ -100,7 +100,7 @@ def test_optimisation_and_dropout_options_reach_the_run(data, tmp_path, capsys) 
     fewer = [*options[:4], "--accumulation", "1", *options[6:]]
     assert main(_argv(data, out, "--max-steps", "3", *fewer, test=False)) == 2
     assert "use accumulation 2" in capsys.readouterr().err and _files(out) == before
-    resumed = [*options[:6], "--schedule", "constant", *options[8:]]
+    resumed = [*options[:6], "--schedule", "constant", *options[8:10], *options[12:]]  # no --min-lr
     assert main(_argv(data, out, "--max-steps", "3", *resumed, "--threads", "2",
                       test=False)) == 0
     said = capsys.readouterr().err
@@ -220,6 +220,54 @@ def test_signal_saves_a_checkpoint_and_the_run_resumes(data, tmp_path, sig) -> N
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {saved} at step {step}" in resumed.stderr
     assert f"trained {step + 2} updates" in resumed.stderr
+
+
+def _interrupted_after(delay: float, argv: list[str]) -> subprocess.CompletedProcess:
+    """`python -m bahdanau ARGV`, sent SIGINT `delay` seconds after it was started (stdin an
+    open pipe, which a translate waits on)."""
+    proc = subprocess.Popen([sys.executable, "-m", "bahdanau", *argv], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+@pytest.mark.parametrize("delay", [0.2, 0.5, 1.0])
+def test_ctrl_c_while_train_starts_is_one_line(data, tmp_path, delay) -> None:
+    """Ctrl-C while `bahdanau train` starts (importing torch, reading, building: before the
+    loop's own handler) gave a KeyboardInterrupt traceback of some thirty lines, or an
+    ImportError from a C extension cut in its initialisation: it is one line and status 130
+    whenever it comes."""
+    out = tmp_path / "run"
+    child = _interrupted_after(delay, _argv(data, out, "--max-steps", "100000", "--quiet"))
+    assert child.returncode == 130, child.stderr
+    assert child.stderr.count("\n") <= 2 and "Traceback" not in child.stderr, child.stderr
+    assert "bahdanau: interrupted" in child.stderr or "stopped by SIGINT" in child.stderr
+
+
+@pytest.mark.parametrize("delay", [0.5, 1.5])
+def test_ctrl_c_while_translate_starts_is_one_line(data, tmp_path, delay) -> None:
+    """The same for another command: translate, interrupted while it imports or loads the
+    model, or as it waits on stdin."""
+    out = tmp_path / "run"
+    assert main(_argv(data, out, "--max-steps", "1", "--quiet", test=False)) == 0
+    child = _interrupted_after(delay, ["translate", "--checkpoint", str(out), "--quiet"])
+    assert child.returncode == 130, child.stderr
+    assert child.stderr == "bahdanau: interrupted\n"
+
+
+def test_importing_the_library_leaves_sigint_alone() -> None:
+    """Only the command's own process gets the start-up handler: a program that imports
+    bahdanau keeps Python's KeyboardInterrupt."""
+    code = ("import signal, bahdanau, bahdanau.cli; "
+            "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=120)
+    assert child.stdout == "True\n", child.stderr
 
 
 def _weights(path: Path) -> dict[str, torch.Tensor]:

@@ -62,7 +62,7 @@ def test_pharaoh_needs_alignments_and_attention(checkpoint, tmp_path, capsys) ->
     src.write_text("A man.\n", encoding="utf-8")
     base = ["translate", "--checkpoint", str(checkpoint), "--input", str(src)]
     assert main([*base, "--alignments-format", "pharaoh"]) == 2
-    assert "give --alignments too" in capsys.readouterr().err
+    assert "it needs --alignments FILE" in capsys.readouterr().err
     encdec = trained_checkpoint(tmp_path / "encdec.pt", pairs=50, steps=1, arch="rnnencdec")
     out = tmp_path / "a.txt"
     assert main(["translate", "--checkpoint", str(encdec), "--input", str(src),

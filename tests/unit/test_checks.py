@@ -1,4 +1,5 @@
-"""Tests for the run settings in bahdanau._checks: resolve_device.
+"""Tests for the run settings in bahdanau._checks: resolve_device, cpu_threads, the memory
+checks.
 
 Which accelerators exist is simulated by monkeypatching torch.cuda / torch.mps, so every branch
 runs on any machine.
@@ -6,10 +7,20 @@ runs on any machine.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from bahdanau._checks import resolve_device
+import bahdanau._checks as checks
+from bahdanau._checks import (
+    available_memory,
+    check_memory,
+    cpu_threads,
+    format_bytes,
+    resolve_device,
+    usable_cores,
+)
 from bahdanau.errors import InputError
 
 
@@ -89,3 +100,39 @@ def test_the_option_is_named(no_gpu) -> None:
         resolve_device("foo", "--device")
     with pytest.raises(InputError, match=r"^--device 'cuda': CUDA"):
         resolve_device("cuda", "--device")
+
+
+def test_threads_are_at_most_the_usable_cores(monkeypatch) -> None:
+    """--threads 100000 crashed every command (torch's pool of as many threads: rc 139)."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(4)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert usable_cores() == 4
+    assert [cpu_threads(n) for n in (None, 1, 4)] == [4, 1, 4]
+    for threads in (5, 100000):
+        with pytest.raises(InputError) as info:
+            cpu_threads(threads)
+        assert str(info.value) == (f"--threads {threads} is more than the 4 CPU cores this "
+                                   "process may run on: give at most 4, or leave --threads out "
+                                   "(the cores shared by the processes of this machine)")
+
+
+def test_work_beyond_the_memory_available_is_one_line(monkeypatch) -> None:
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(checks, "available_memory", lambda device: 2 * 10**9)
+    check_memory(2 * 10**9, cpu, "doing it", "do less")              # exactly what there is
+    check_memory(None, cpu, "doing it", "do less")                   # an unknown need
+    with pytest.raises(InputError) as info:
+        check_memory(8_700_000_000, cpu, "doing it", "do less")
+    assert str(info.value) == ("doing it needs about 8.7 GB, more than the 2.0 GB of memory "
+                               "available on cpu: do less")
+    assert [format_bytes(n) for n in (512, 1500, 10**15 * 16)] == ["512 B", "1.5 kB",
+                                                                  "16,000.0 TB"]
+
+
+@pytest.mark.skipif(not Path("/proc/meminfo").is_file(), reason="reads /proc/meminfo (Linux)")
+def test_the_cpu_s_available_memory_is_meminfo_s() -> None:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            meminfo = int(line.split()[1]) * 1024
+    available = available_memory(torch.device("cpu"))
+    assert available is not None and 0 < available <= meminfo * 1.1   # it changes meanwhile

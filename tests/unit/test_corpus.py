@@ -18,6 +18,7 @@ import torch
 from training_fixtures import tiny_model
 
 import bahdanau._files as files_module
+from bahdanau.cli import main
 from bahdanau.config import TrainConfig
 from bahdanau.data import (
     BucketBatchSampler,
@@ -120,7 +121,8 @@ def test_reuse_overwrite_and_other_files_are_never_replaced(sample, tmp_path) ->
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(InputError, match="holds files but no prepared corpus"):
+    with pytest.raises(InputError, match=r"mine is a folder of other files \(1 entry\): "
+                       "prepare writes a prepared corpus whole and never replaces other files"):
         prepare_corpus(src, tgt, mine, workers=1, overwrite=True)
     assert (mine / "notes.txt").read_text() == "keep me"
 
@@ -293,3 +295,26 @@ def test_an_old_corpus_left_aside_by_a_dead_run_is_put_back(sample, tmp_path) ->
     assert lines == [f"{out} is up to date (same inputs and options, digest checked): reusing it"]
     assert [ex.src for ex in again] == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["prep"]
+
+
+def test_an_old_corpus_left_aside_by_a_dead_run_is_read(sample, tmp_path) -> None:
+    """A reader (train --data: `PreparedCorpus`) of a corpus that a run killed between the
+    renames left aside puts it back and reads it, instead of "no such folder"."""
+    out = tmp_path / "prep"
+    before = [ex.src for ex in prepare_corpus(*sample, out, workers=1)]
+    os.replace(out, tmp_path / f".prep.old-{_dead_pid()}")
+    assert [ex.src for ex in PreparedCorpus(out)] == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prep"]
+
+
+def test_a_prepared_corpus_given_for_a_checkpoint_says_what_it_is(sample, tmp_path,
+                                                                  capsys) -> None:
+    """A prepared corpus given to --checkpoint (or bahdanau.load) was "not a bahdanau model
+    folder's manifest": it is named, with what reads it."""
+    out = tmp_path / "prep"
+    prepare_corpus(*sample, out, workers=1)
+    assert main(["translate", "--checkpoint", str(out), "--input", "/dev/null"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"{out}: this is a prepared corpus (bahdanau prepare), not a model" in err, err
+    assert "bahdanau train --data reads it" in err

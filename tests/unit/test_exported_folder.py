@@ -1,11 +1,13 @@
-"""An exported folder is data, not code: `load_exported` checks it whole and never unpickles.
+"""An exported folder is data, not code: `load_exported` checks it whole and never runs it.
 
-Expectations: an archive member that `torch.export.load` would unpickle runs its code there
-(shown first, with a harmless payload that creates a file), and `load_exported` refuses the
-same folder in one line without running it, even when the folder's seal was written again to
-match (as whoever swapped the member would). A file changed without a new seal, a path that
-leaves the folder, a symbolic link, and vocabularies or special ids that do not fit the
-programs are refused in one line too; an untouched folder loads and decodes.
+Expectations: an archive member that `torch.export.load` would unpickle, and a string of a
+program's graph that it would evaluate, run their code there (shown first, with a harmless
+payload that creates a file); `load_exported` refuses a pickled member in one line, and
+traces the programs again instead of reading their graphs, so neither runs, even when the
+folder's seal was written again to match (as whoever swapped the member would). A file
+changed without a new seal, a path that leaves the folder, a symbolic link, and vocabularies
+or special ids that do not fit the programs are refused in one line too; an untouched folder
+loads and decodes.
 """
 
 from __future__ import annotations
@@ -167,7 +169,44 @@ def test_special_ids_and_vocabularies_that_do_not_fit(exported) -> None:
     _reseal(exported)
     one_line_error(lambda: load_exported(exported), "do not fit", "tgt_vocab_size")
     _reseal(exported, tgt_vocab_size=17)              # and a manifest made to agree with it
-    one_line_error(lambda: load_exported(exported), "16 target words", "says 17")
+    one_line_error(lambda: load_exported(exported), "tgt_vocab_size 16", "says 17")
+
+
+def test_a_manifest_s_dtype_that_is_not_the_model_s(exported) -> None:
+    _reseal(exported, dtype="float64")
+    one_line_error(lambda: load_exported(exported), "dtype 'float32'", "says 'float64'")
+
+
+def _inject(folder: Path, archive: str, old: str, new: str) -> None:
+    """Replace the first `old` in the JSON graph of a program's archive by `new`, sealed."""
+    with zipfile.ZipFile(folder / archive) as z:
+        name = next(n for n in z.namelist() if n.endswith("models/model.json"))
+        graph = z.read(name).decode()
+    assert old in graph
+    _rewrite(folder / archive, {"models/model.json": graph.replace(old, new, 1).encode()})
+    _reseal(folder)
+
+
+@pytest.mark.parametrize("archive", ["encoder.pt2", "step.pt2"])
+def test_code_in_a_program_s_graph_never_runs(exported, tmp_path, archive) -> None:
+    """torch.export's JSON graph is code to torch.export.load: its shape expressions go to
+    sympy's eval. load_exported traces the programs again from the config and the raw
+    weights: the graph is never read."""
+    marker = tmp_path / "ran"
+    touch = f"__import__('pathlib').Path({str(marker)!r}).touch()"
+    with zipfile.ZipFile(exported / archive) as z:
+        graph = json.loads(z.read(next(n for n in z.namelist() if n.endswith("model.json"))))
+    symbol = "Symbol('" + next(iter(graph["range_constraints"])) + "'"
+    _inject(exported, archive, symbol, f"{touch} or {symbol}")
+    with contextlib.suppress(Exception):                      # what loading used to do
+        torch.export.load(exported / archive).module()
+    assert marker.exists()                                    # ... runs it
+    marker.unlink()
+    served = load_exported(exported)
+    assert not marker.exists()
+    out = greedy_decode(served.encoder, served.step, torch.tensor([[5, 6, 7]]),
+                        torch.tensor([3]), bos_id=1, eos_id=2, pad_id=0, max_len=5)
+    assert not marker.exists() and len(out) == 1
 
 
 @pytest.mark.parametrize("model", ["/etc/hostname", "../outside.model", "sub/tokenizer.model"])
@@ -212,3 +251,58 @@ def test_not_an_exported_folder(tmp_path) -> None:
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "manifest.json").write_text('{"format": "bahdanau-model"}')
     one_line_error(lambda: load_exported(tmp_path / "other"), "not the manifest of an exported")
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "tokenizer.json", "src_vocab.json"])
+def test_deeply_nested_json_is_one_line(exported, name) -> None:
+    (exported / name).write_text("[" * 200_000 + "]" * 200_000)
+    if name != "manifest.json":
+        _reseal(exported)
+    one_line_error(lambda: load_exported(exported), name)
+
+
+def test_a_damaged_sentencepiece_model_is_named(exported) -> None:
+    (exported / "tokenizer.model").write_bytes(b"not a model")
+    (exported / "tokenizer.json").write_text(json.dumps({"name": "sentencepiece",
+                                                         "model": "tokenizer.model"}))
+    _reseal(exported)
+    one_line_error(lambda: load_exported(exported), "tokenizer.model", "SentencePiece")
+
+
+def test_a_model_without_a_config_is_not_exported(tmp_path) -> None:
+    from bahdanau import AdditiveAttention, AttentiveDecoder, BiRNNEncoder, RNNSearch
+
+    encoder = BiRNNEncoder(vocab_size=16, embed_size=4, hidden_size=4)
+    decoder = AttentiveDecoder(vocab_size=16, embed_size=4, hidden_size=4, context_size=8,
+                               attention=AdditiveAttention(query_size=4, key_size=8,
+                                                           align_size=4),
+                               maxout_size=4)
+    vocab = Vocab([f"w{i}" for i in range(12)])
+    one_line_error(lambda: export_folder(RNNSearch(encoder, decoder), vocab, vocab,
+                                         DefaultTokenizer(), tmp_path / "out"),
+                   "build_model rebuilds from its config", "has no config")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("sizes", [{"hidden_size": 1_000_000}, {"maxout_size": 5}])
+def test_a_config_of_other_sizes_is_refused_before_it_allocates(exported, sizes) -> None:
+    """A million hidden units would take terabytes: refused from the weights' shapes."""
+    manifest = _manifest(exported)
+    _reseal(exported, model_config={**manifest["model_config"], **sizes})
+    one_line_error(lambda: load_exported(exported), "encoder.pt2",
+                   "not those of the manifest's model", "in the config")
+
+
+def test_a_weight_of_more_elements_than_its_bytes_is_refused(exported) -> None:
+    """Stride 0 over a few bytes would clone into gigabytes: a weight holds at most the
+    elements its bytes hold."""
+    table = "data/weights/model_weights_config.json"
+    with zipfile.ZipFile(exported / "encoder.pt2") as z:
+        config = json.loads(z.read(next(n for n in z.namelist() if n.endswith(table))))
+    name, entry = next(iter(config["config"].items()))
+    entry["tensor_meta"]["sizes"] = [{"as_int": 50_000}, {"as_int": 10_000}]
+    entry["tensor_meta"]["strides"] = [{"as_int": 0}, {"as_int": 0}]
+    _rewrite(exported / "encoder.pt2", {table: json.dumps(config).encode()})
+    _reseal(exported)
+    one_line_error(lambda: load_exported(exported), "encoder.pt2", repr(name),
+                   "no float tensor within its bytes")

@@ -9,6 +9,7 @@ over the usable pairs in file order.
 from __future__ import annotations
 
 import gzip
+import os
 import random
 import subprocess
 import sys
@@ -146,3 +147,87 @@ def test_an_existing_output_is_never_replaced(release, tmp_path) -> None:
     with pytest.raises(recipe.RecipeError, match="already exists"):
         recipe.build_sample(folder, tmp_path / "sample", recipe.Expected(release=None))
     assert (tmp_path / "sample" / "keep").read_text() == "mine"
+
+
+def _run_recipe(release: Path, out: Path) -> subprocess.CompletedProcess:
+    """The recipe's command line; a read that waits forever (a FIFO) times out the test."""
+    return subprocess.run([sys.executable, recipe.__file__, str(release), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def _small_release(folder: Path) -> tuple[Path, Path]:
+    """A release of one file pair (its en and fr paths)."""
+    folder.mkdir()
+    en, fr = (folder / "hansard.36.1.house.debates.001.en",
+              folder / "hansard.36.1.house.debates.001.fr")
+    en.write_text("one\n", encoding="utf-8")
+    fr.write_text("un\n", encoding="utf-8")
+    return en, fr
+
+
+@pytest.mark.parametrize("side", ["en", "fr"])
+def test_a_fifo_named_like_a_release_file_is_refused_in_one_line(tmp_path, side) -> None:
+    """A FIFO named like a release file hung the recipe (reading it waits for a writer): it is
+    refused in one line, before anything is read or written."""
+    pair = dict(zip(("en", "fr"), _small_release(tmp_path / "Training"), strict=True))
+    pair[side].unlink()
+    os.mkfifo(pair[side])
+    result = _run_recipe(tmp_path / "Training", tmp_path / "sample")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"{pair[side]} is not a regular file" in result.stderr
+    assert not (tmp_path / "sample").exists()
+
+
+def test_a_folder_named_like_a_release_file_is_refused_in_one_line(tmp_path) -> None:
+    """A folder of a release file's name gave an IsADirectoryError traceback."""
+    en, _ = _small_release(tmp_path / "Training")
+    en.unlink()
+    en.mkdir()
+    result = _run_recipe(tmp_path / "Training", tmp_path / "sample")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr, result.stderr
+    assert f"{en} is a folder, not a file" in result.stderr
+
+
+def test_a_dangling_out_is_refused_before_any_work(release, tmp_path) -> None:
+    """An --out that is a symbolic link to nothing gave a traceback once the whole sample was
+    written (renaming its folder onto the link): it is refused first, and the link stays."""
+    folder, _ = release
+    out = tmp_path / "sample"
+    out.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(recipe.RecipeError, match="is a symbolic link to .* which does not exist"):
+        recipe.build_sample(folder, out, recipe.Expected(release=None))
+    assert out.is_symlink() and [p.name for p in tmp_path.iterdir()] == ["sample"]
+
+
+@pytest.mark.parametrize("where", ["model", "prepared", "exported", "run"])
+def test_an_out_inside_a_bahdanau_folder_is_refused(release, tmp_path, where) -> None:
+    """The sample written into a model folder, a prepared corpus, an exported folder or a run's
+    checkpoints was deleted by the next release, prepare or train --overwrite there: such an
+    --out is refused before any work, through a symbolic link too, and nothing is written."""
+    import json
+
+    from bahdanau._folders import EXPORTED_FORMAT, PREPARED_FORMAT, RELEASE_FORMAT
+
+    folder, _ = release
+    owner = tmp_path / where
+    formats = {"model": RELEASE_FORMAT, "prepared": PREPARED_FORMAT,
+               "exported": EXPORTED_FORMAT}
+    if where == "run":
+        (owner / "checkpoints").mkdir(parents=True)
+        (owner / "checkpoints" / "step_00000004.pt").write_bytes(b"")
+        out, what = owner / "checkpoints" / "sample", f"the run in {owner}"
+    else:
+        owner.mkdir()
+        (owner / "manifest.json").write_text(json.dumps({"format": formats[where]}))
+        out, what = owner / "sub" / "sample", f" {owner}"
+    (tmp_path / "link").symlink_to(out.parent, target_is_directory=True)
+    before = sorted(tmp_path.rglob("*"))
+    for given in (out, tmp_path / "link" / "sample"):
+        with pytest.raises(recipe.RecipeError, match="is inside") as caught:
+            recipe.build_sample(folder, given, recipe.Expected(release=None))
+        message = str(caught.value)
+        assert message.startswith(f"--out {given} is inside") and what in message, message
+        assert "\n" not in message and "choose a folder outside it" in message
+    assert sorted(tmp_path.rglob("*")) == before

@@ -46,8 +46,8 @@ MAP = ROOT / "docs" / "package-map.md"
 # and the units listed before it on its own floor, never one listed after it; the modules of one
 # unit import each other freely (the import tests catch their circles).
 FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("leaves", ("errors", "_checks", "_files", "_sealed", "_pt2_archive", "_progress", "_about",
-                "settings", "config", "presets")),
+    ("leaves", ("errors", "_checks", "_files", "_folders", "_sealed", "_pt2_archive",
+                "_progress", "_about", "_interrupt", "settings", "config", "presets")),
     ("data", ("data",)),
     # The model reads nothing of data/ (its special ids are config's); data sits below it so
     # that the floors above (scores, checkpoints, training) may read both.

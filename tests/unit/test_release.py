@@ -12,7 +12,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import resource
+import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -106,6 +109,82 @@ def test_the_folder_translates_exactly_as_the_checkpoint(run, folder, tmp_path, 
     assert scores[0] == scores[1]
 
 
+def _left_aside(folder: Path) -> tuple[dict[str, bytes], Path]:
+    """`folder` as a writer killed between `replace_folder`'s renames leaves it: moved aside as
+    ``.NAME.old-PID`` of a process that is gone, nothing at its place. Returns its files'
+    bytes and where it went."""
+    before = _snapshot(folder)
+    aside = folder.parent / f".{folder.name}.old-{2**22 + 7}"   # above pid_max: no such process
+    os.replace(folder, aside)
+    return before, aside
+
+
+def test_a_model_folder_left_aside_by_a_dead_writer_is_read(run, folder, tmp_path,
+                                                            capsys) -> None:
+    """A release killed between its two renames left the old model folder aside: translate
+    --checkpoint said "no such file" until another release ran; now every reader puts it back
+    (translate, bahdanau.load), byte for byte, and nothing is left beside it."""
+    before, aside = _left_aside(folder)
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    assert main(["translate", "--checkpoint", str(folder), "--input", str(src),
+                 "--max-len", "12"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == len(SOURCES)
+    assert _snapshot(folder) == before and not aside.exists()
+    _left_aside(folder)
+    assert bahdanau.load(folder).translate(SOURCES[:1])                    # the library too
+    assert _snapshot(folder) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", "src.txt"]
+
+
+def test_an_old_folder_is_put_back_into_an_empty_folder_made_since(run, folder, tmp_path,
+                                                                   capsys) -> None:
+    """After a crash left the old model folder aside, an empty folder made at its place (by
+    hand, `mkdir`) let `release` write there and delete the old folder, the only copy of the
+    previous model, silently: it is put back into the empty folder, for a writer (which then
+    finds a model folder, replaced only with --overwrite) and for a reader; with two old
+    folders neither is put back, and neither is deleted while the place is still empty."""
+    before, aside = _left_aside(folder)
+    folder.mkdir()
+    code = main(["release", "--checkpoint", str(run), "--out", str(folder)])
+    assert code == 2 and "is a model folder already" in capsys.readouterr().err
+    assert _snapshot(folder) == before and not aside.exists()
+    _left_aside(folder)
+    folder.mkdir()
+    assert bahdanau.load(folder).translate(SOURCES[:1])                    # a reader too
+    assert _snapshot(folder) == before and not aside.exists()
+    # two old folders: which one to put back is the user's choice; neither is lost
+    _, aside = _left_aside(folder)
+    second = shutil.copytree(aside, folder.parent / f".{folder.name}.old-{2**22 + 8}")
+    folder.mkdir()
+    assert main(["release", "--checkpoint", str(run), "--out", str(folder)]) == 0
+    capsys.readouterr()
+    assert {k.replace(str(aside), str(folder)): v for k, v in _snapshot(aside).items()} == before
+    assert {k.replace(str(second), str(folder)): v for k, v in _snapshot(second).items()} == before
+
+
+def test_a_model_folder_that_cannot_be_put_back_says_where_it_is(run, folder, monkeypatch,
+                                                                 capsys) -> None:
+    """Where the reader may not write beside the folder, one line names the old folder and
+    the command that puts it back; the old folder is left as it is."""
+    before, aside = _left_aside(folder)
+    rename = os.replace
+
+    def refused(src, dst, **kwargs):
+        if Path(src) == aside:
+            raise PermissionError(13, "Permission denied")
+        return rename(src, dst, **kwargs)
+
+    monkeypatch.setattr(os, "replace", refused)
+    assert main(["translate", "--checkpoint", str(folder), "--input", "/dev/null"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{folder} is missing" in err, err
+    assert f"put it back with: mv {aside} {folder}" in err
+    monkeypatch.undo()
+    assert _snapshot(aside) == {k.replace(str(folder), str(aside)): v for k, v in before.items()}
+    assert not folder.exists()
+
+
 def test_average_takes_a_folder_as_a_member(run, folder, tmp_path, capsys) -> None:
     """The mean of a checkpoint and its own model folder is its weights, unchanged."""
     best = find_checkpoint(run)
@@ -180,15 +259,15 @@ def test_a_folder_without_its_manifest_is_named(folder) -> None:
 
 def test_out_is_refused_when_not_empty_and_replaced_whole(run, folder, monkeypatch) -> None:
     payload = load_checkpoint(find_checkpoint(run))
-    one_line_error(lambda: write_release(payload, folder, card="x"), "is not empty",
-                   "--overwrite")
+    one_line_error(lambda: write_release(payload, folder, card="x"),
+                   f"--out {folder} is a model folder already: replace it with --overwrite")
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
 
     def dies(*args, **kwargs):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(safetensors_torch, "save_file", dies)
-    with pytest.raises(RuntimeError):
+    with pytest.raises(OSError, match=f"writing {folder} failed: disk full; {folder} is left"):
         write_release(payload, folder, card="x", overwrite=True)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before   # untouched
     assert sorted(p.name for p in folder.parent.iterdir()) == ["model"]   # no temporary left
@@ -197,6 +276,40 @@ def test_out_is_refused_when_not_empty_and_replaced_whole(run, folder, monkeypat
     assert (folder / "README.md").read_text() == "new card"
     assert sorted(p.name for p in folder.parent.iterdir()) == ["model"]
     read_release(folder)
+
+
+def _release_under_a_size_limit(*args: str) -> subprocess.CompletedProcess:
+    """`bahdanau release ARGS` in a child process whose files may not grow past 4 KiB
+    (RLIMIT_FSIZE; Python ignores SIGXFSZ, so a write past it fails with EFBIG): the
+    weights cannot be written, the small files could."""
+    def limited() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    return subprocess.run([sys.executable, "-m", "bahdanau", "release", *args],
+                          capture_output=True, text=True, timeout=300, preexec_fn=limited)
+
+
+def test_a_release_that_cannot_write_its_weights_is_one_line(run, tmp_path) -> None:
+    """Under a file-size limit the safetensors write failed with a SafetensorError traceback:
+    it is one error line naming the folder, and no temporary folder is left."""
+    out = tmp_path / "model"
+    child = _release_under_a_size_limit("--checkpoint", str(run), "--out", str(out))
+    assert child.returncode == 2, child.stderr
+    assert child.stderr.count("\n") == 1 and "Traceback" not in child.stderr, child.stderr
+    assert f"writing {out} failed: File too large" in child.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_overwrite_that_cannot_write_keeps_the_old_folder(run, folder) -> None:
+    """The same with --overwrite of a model folder: the old folder stays, byte for byte."""
+    before = _snapshot(folder)
+    child = _release_under_a_size_limit("--checkpoint", str(run), "--out", str(folder),
+                                        "--overwrite")
+    assert child.returncode == 2, child.stderr
+    assert child.stderr.count("\n") == 1 and "Traceback" not in child.stderr, child.stderr
+    assert f"writing {folder} failed: File too large; {folder} is left as it was" in child.stderr
+    assert _snapshot(folder) == before
+    assert sorted(p.name for p in folder.parent.iterdir()) == ["model"]
 
 
 def test_without_safetensors_the_command_says_what_to_install(run, tmp_path, monkeypatch,

@@ -9,11 +9,14 @@ the scorer takes.
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 from serving_fixtures import shared_checkpoint
 from training_fixtures import TINY_VOCAB, one_line_error, tiny_model
 
+import bahdanau._checks as checks
 from bahdanau.cli import main
 from bahdanau.data import DefaultTokenizer, pad_sources
 from bahdanau.ensemble import Ensemble
@@ -102,6 +105,49 @@ def test_bad_arguments_are_one_line_errors() -> None:
     one_line_error(lambda: score(["w1", "w2"], ["w3"]), "2 sources but 1 targets")
     one_line_error(lambda: score(["w1", "w2"], ["w3", " "]), "target sentence 2 is empty")
     assert score(["w1 w2", "w5"], ["w3 zebra", "w4"])[0].n_tokens == 3   # zebra is <unk>
+
+
+@pytest.mark.parametrize("engine", ["fast", "reference"])
+def test_teacher_forcing_keeps_a_step_s_weights_only_while_it_runs(engine, monkeypatch) -> None:
+    """A 20,000-word line took 8.7 GB to score: every step's (B, S) weights were kept, (T, S)
+    in all, for a return_attention scoring never asks for. Counted: the weights the attention
+    returned that are still alive when it is called again."""
+    model = float64_model(engine=engine)
+    attention, alive, most = model.decoder.attention, [], [0]
+    attend = attention.attend
+
+    def counted(*args, **kwargs):
+        most[0] = max(most[0], sum(ref() is not None for ref in alive))
+        context, weights = attend(*args, **kwargs)
+        alive.append(weakref.ref(weights))
+        return context, weights
+
+    monkeypatch.setattr(attention, "attend", counted)
+    score_ids(model, [([5, 9, 4] * 10, [6, 7] * 20)])
+    assert len(alive) == 41 and most[0] <= 2          # 41 steps; before: 40 alive at the last
+    _, weights = model(*pad_sources([[5, 9, 4]]), torch.tensor([[1, 6, 7]]),
+                       return_attention=True)
+    assert weights.shape == (1, 3, 3)                   # asked for: (B, T, S), kept
+
+
+def test_a_sentence_or_batch_beyond_the_memory_is_refused(monkeypatch) -> None:
+    """Scoring needs memory in proportion to each sentence's lengths: a sentence that alone
+    needs more than there is, is named (by its 1-based place, its line for `bahdanau score`);
+    sentences that fit alone but not together ask for a smaller batch; all before any work."""
+    model = float64_model()
+    monkeypatch.setattr(checks, "available_memory", lambda device: 10**6)
+    short, long = ([5, 9], [6]), ([5] * 2000, [6] * 2000)
+    message = one_line_error(lambda: score_ids(model, [short, long, short]),
+                             "scoring sentence 2 (2,000 source and 2,001 target tokens) needs "
+                             "about ")
+    assert message.endswith(" more than the 1.0 MB of memory available on cpu: split or "
+                            "shorten that sentence")
+    middle = ([5] * 400, [6] * 400)
+    message = one_line_error(lambda: score_ids(model, [middle] * 3),
+                             "scoring 3 sentences together (up to 400 source and 401 target "
+                             "tokens) needs about ")
+    assert message.endswith("memory available on cpu: lower the batch size")
+    assert len(score_ids(model, [middle] * 3, batch_size=1)) == 3
 
 
 @pytest.fixture(scope="module")

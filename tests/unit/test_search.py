@@ -9,7 +9,9 @@ from dataclasses import replace
 import pytest
 import torch
 from search_asserts import assert_same_hypotheses, random_model, reorder_tol
+from training_fixtures import one_line_error
 
+import bahdanau._checks as checks
 from bahdanau import BeamSearch, RNNEncDec, RNNSearch, greedy_search, replace_unk
 from bahdanau.captured_step import pad_to_bucket
 from bahdanau.errors import InputError
@@ -389,3 +391,27 @@ def test_cuda_graphs_are_refused_on_a_cpu() -> None:
                                                    "as CUDA graphs")) as err:
         BeamSearch(cuda_graphs=True)(random_model(), SRC, LENGTHS)
     assert "\n" not in str(err.value) and "src is on cpu" in str(err.value)
+
+
+@pytest.mark.parametrize(("search", "what"), [
+    (BeamSearch(beam_size=10**9, n_best=10**9), "a beam of 1,000,000,000 and up to 100 target"),
+    (BeamSearch(max_len=2**31 - 1), "a beam of 5 and up to 2,147,483,647 target tokens"),
+])
+def test_a_search_beyond_the_memory_is_refused_before_it_allocates(search, what,
+                                                                    monkeypatch) -> None:
+    """--beam-size 1000000000 ended in an allocator's traceback (48 GB for the decoder state
+    alone), and a length cap the memory cannot hold would too: one line, before the model
+    encodes anything; a search that fits runs."""
+    monkeypatch.setattr(checks, "available_memory", lambda device: 10**9)
+    model = random_model()
+
+    def encode(*args):
+        raise AssertionError("the search allocated before its memory was checked")
+
+    monkeypatch.setattr(model, "encode", encode)
+    message = one_line_error(lambda: search(model, SRC, LENGTHS),
+                             f"searching 3 sentence(s) of 5 source tokens with {what}")
+    assert message.endswith(" more than the 1.0 GB of memory available on cpu: lower the beam "
+                            "size, the maximum length or the sentences searched together, or "
+                            "shorten the sentence")
+    assert len(BeamSearch(beam_size=5, max_len=7)(random_model(), SRC, LENGTHS)) == 3

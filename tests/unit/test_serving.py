@@ -10,6 +10,8 @@ wrote, so what is tested is what a user ships.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import replace
 
 import pytest
@@ -23,13 +25,8 @@ from bahdanau.data import multi30k_files, pad_sources, read_lines
 from bahdanau.evaluate import translate_corpus
 from bahdanau.models import build_model
 from bahdanau.search import BeamSearch, greedy_search
-from bahdanau.serving import (
-    ExportedDecoder,
-    _readme,
-    export_programs,
-    greedy_decode,
-    load_exported,
-)
+from bahdanau.serving import ExportedDecoder, export_programs, greedy_decode, load_exported
+from bahdanau.serving.folder import _readme
 from bahdanau.translate import load
 
 N_SENTENCES = 300
@@ -104,6 +101,55 @@ def test_folder_files_and_errors(exported, tmp_path, capsys, tmp_path_factory) -
     (tmp_path / "partial").mkdir()
     one_line_error(lambda: load_exported(tmp_path / "partial"), "not an exported model",
                    "manifest.json")
+
+
+def test_an_exported_folder_left_aside_by_a_dead_writer_is_loaded(exported) -> None:
+    """load_exported of a folder that an export killed between its renames left aside
+    (``.NAME.old-PID``, nothing at its place) puts it back and loads it."""
+    _, served, folder, _ = exported
+    aside = folder.parent / f".{folder.name}.old-{2**22 + 7}"   # above pid_max: no such process
+    os.replace(folder, aside)
+    assert load_exported(folder).manifest == served.manifest
+    assert folder.is_dir() and not aside.exists()
+
+
+@pytest.mark.parametrize("command", [
+    ["translate", "--checkpoint", "{folder}", "--input", "{tmp}/src.txt"],
+    ["score", "--checkpoint", "{folder}", "--src", "{tmp}/src.txt", "--tgt", "{tmp}/src.txt"],
+    ["release", "--checkpoint", "{folder}", "--out", "{tmp}/released"],
+    ["average", "--checkpoint", "{checkpoint}", "{folder}", "--output", "{tmp}/avg.pt"],
+    ["train", "--init-from", "{folder}", "--preset", "tiny", "--max-steps", "1", "--out",
+     "{tmp}/run"],
+])
+def test_an_exported_folder_given_for_a_checkpoint_says_what_it_is(exported, tmp_path, capsys,
+                                                                   tmp_path_factory,
+                                                                   command) -> None:
+    """An exported folder given to --checkpoint (or --init-from) was "not a bahdanau model
+    folder's manifest": it is named for what it is, with what loads it and what the option
+    takes; nothing is written."""
+    folder = exported[2]
+    (tmp_path / "src.txt").write_text("a man .\n", encoding="utf-8")
+    argv = [arg.format(folder=folder, tmp=tmp_path,
+                       checkpoint=shared_checkpoint(tmp_path_factory)) for arg in command]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert f"{folder}: this is an exported model (bahdanau export)" in err, err
+    assert "load it with bahdanau.serving.load_exported" in err
+    assert "a checkpoint file, a run folder or a model folder" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["src.txt"]
+
+
+def test_an_exported_folder_of_version_1_is_named_too(exported, tmp_path) -> None:
+    """The first exported folders' manifest had an integer "format" (1); `bahdanau.load` of one
+    names it as an exported model all the same."""
+    old = tmp_path / "old-export"
+    shutil.copytree(exported[2], old)
+    manifest = json.loads((old / "manifest.json").read_text())
+    (old / "manifest.json").write_text(json.dumps({**manifest, "format": 1, "version": None}))
+    one_line_error(lambda: load(old), f"{old}: this is an exported model (bahdanau export)",
+                   "bahdanau.serving.load_exported")
 
 
 def test_readme_names_the_models_dtype_and_its_sentencepiece_model() -> None:

@@ -22,7 +22,9 @@ from bahdanau.jobs.options import (
 from bahdanau.presets import ModelChoices
 from bahdanau.settings import declared
 
-BASE = dataclasses.replace(JOB_TRAINING, eval_every=100)
+# with what every training setting acts with: dev evaluations, the plateau schedule, Adadelta
+BASE = dataclasses.replace(JOB_TRAINING, eval_every=100, schedule="plateau",
+                           optimizer="adadelta")
 TRAIN_SETTINGS = [(field, spec) for field, _, spec in declared(TrainConfig)]
 
 
@@ -45,7 +47,8 @@ def test_every_training_setting_is_a_train_flag_and_a_record_key() -> None:
 
 def test_a_flag_sets_its_setting_and_names_itself_in_errors() -> None:
     options = TrainOptions.from_mapping({"train_batch_size": "32", "rho": "0.9",
-                                         "arch": "rnnencdec"}, text=True)
+                                         "optimizer": "adadelta", "arch": "rnnencdec"},
+                                        text=True)
     assert options.training.batch_size == 32 and options.training.rho == 0.9
     assert options.model.arch == "rnnencdec"
     assert options.train_config().batch_size == 32
@@ -82,7 +85,7 @@ def test_the_resume_rule_has_one_source() -> None:
 def _changed(name: str) -> TrainConfig:
     """`BASE` with another valid value of the setting `name`."""
     value = getattr(BASE, name)
-    literal = {"optimizer": "adadelta", "schedule": "inverse_sqrt", "amp": "bf16",
+    literal = {"optimizer": "adam", "schedule": "inverse_sqrt", "amp": "bf16",
                "early_stopping_metric": "chrf"}
     candidates = ([literal[name]] if name in literal
                   else [not value] if isinstance(value, bool)
@@ -179,5 +182,6 @@ def test_a_config_yaml_from_before_the_metric_was_recorded_is_bleu_s() -> None:
     del stored["early_stopping_metric"]
     with pytest.raises(InputError, match="^--early-stopping-metric was 'bleu' when this run "
                                          "began and is 'ppl' now"):
-        resume_changes(stored, TrainOptions.from_mapping({"early_stopping_metric": "ppl"}))
+        resume_changes(stored, TrainOptions.from_mapping({"early_stopping_metric": "ppl",
+                                                          "eval_every": 10}))
     assert resume_changes(stored, TrainOptions()) == []

@@ -1,0 +1,64 @@
+"""A trained model as two `torch.export` programs, for decoding without `BeamSearch`.
+
+`export_programs(model)` traces the model's own `encode` and `step` (the decoding path
+`translate` runs, with the model's engine) into two `torch.export.ExportedProgram`s whose inputs
+and outputs are flat tensors, with the batch B and the source length S dynamic:
+
+    encoder(src (B, S) int64, src_lengths (B,) int64)
+        -> hidden (B, D), memory_1 .. memory_M           (every tensor has B rows)
+    step(prev_tokens (N,) int64, hidden (N, D), memory_1 .. memory_M)
+        -> log_probs (N, V), hidden (N, D)[, weights (N, S)]
+
+in the model's dtype (float32, or float64 for a float64 model; the manifest's ``dtype``).
+
+`log_probs` is the log-softmax of the step's logits, exactly what `BeamSearch` ranks;
+`weights` (the alignment a_ij) is there for attention models only. The memory is the
+per-sentence part of what `encode` prepares (annotations, mask, precomputed keys and values);
+what every sentence shares (the fused step weight) is a constant of the step program. The step
+takes as many memory rows as state rows: a beam of K repeats each sentence's rows K times
+(``m.repeat_interleave(K, 0)``), and a sentence that is done is dropped from both.
+
+The programs take S >= 2 (`MIN_SRC_LEN`; traced shapes do not hold at S = 1): `pad_source`
+pads a batch of one-token sentences, which changes nothing.
+
+`greedy_decode` is the whole decoding loop over the two programs in plain torch, written to be
+copied into a serving process: with `pad_source` it reads nothing of `bahdanau` but the two
+programs, the special ids and the check that refuses NaN scores
+(`bahdanau.search.refuse_nan_scores`), and the folder's README holds both. It gives the tokens
+`BeamSearch(beam_size=1)` gives with the default ``length_penalty="none"``
+(`translate --beam-size 1`). `ExportedDecoder` makes the programs a model for `BeamSearch`, so
+beam search over them (`translate_corpus` with any search) gives what the model gives.
+
+`export_folder` writes the programs (``encoder.pt2``, ``step.pt2``, with nothing pickled:
+`bahdanau._pt2_archive`), the vocabularies, the tokenizer, a README with the loop and a
+``manifest.json`` of the interface and the model's config that seals every file
+(`bahdanau._sealed`); `load_exported` reads them back as data: it checks the seal and traces
+the programs again from the config and the weights, never deserializing a program (which
+``torch.export.load`` does by running what the file says), and `bahdanau export` runs
+`export_folder`. The step program is plain torch
+ops; the encoder program calls the library's registered GRU op (``bahdanau::gru_layer``, the
+traced encoder's path, which keeps S dynamic), so loading it needs `import bahdanau` first.
+"""
+
+from bahdanau.serving.folder import (
+    FILES,
+    SENTENCEPIECE_FILE,
+    ExportedModel,
+    check_new_folder,
+    export_folder,
+    load_exported,
+)
+from bahdanau.serving.programs import (
+    EXPORTED_VERSION,
+    MIN_SRC_LEN,
+    ExportedDecoder,
+    ExportedMemory,
+    ServingPrograms,
+    export_programs,
+    greedy_decode,
+    pad_source,
+)
+
+__all__ = ["EXPORTED_VERSION", "FILES", "MIN_SRC_LEN", "SENTENCEPIECE_FILE", "ExportedDecoder",
+           "ExportedMemory", "ExportedModel", "ServingPrograms", "check_new_folder",
+           "export_folder", "export_programs", "greedy_decode", "load_exported", "pad_source"]

@@ -1,0 +1,286 @@
+"""A trained model as two `torch.export` programs, and the loop that decodes with them.
+
+See `bahdanau.serving` for the interface; `bahdanau.serving.folder` writes and reads the
+programs as a folder.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.export import Dim, ExportedProgram
+
+from bahdanau._folders import EXPORTED_FORMAT
+from bahdanau.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, ModelConfig
+from bahdanau.decoder import DecoderState, StepOutput
+from bahdanau.errors import InputError
+from bahdanau.models import RNNSearch
+from bahdanau.search import refuse_nan_scores
+
+__all__ = ["EXPORTED_VERSION", "MIN_SRC_LEN", "ExportedDecoder", "ExportedMemory",
+           "ServingPrograms", "export_programs", "greedy_decode", "one_model", "pad_source"]
+
+
+# ``manifest.json``'s "format" (what the folder is: `EXPORTED_FORMAT`, declared with the other
+# folders' in `bahdanau._folders`) and "version" (raised when the interface of the programs or
+# the folder changes; version 1 had an integer "format" and no digests).
+EXPORTED_VERSION = 2
+# The shortest padded source the programs take: traced shapes hold for S >= 2 (a batch whose
+# longest sentence has one token is padded to two, `pad_source`).
+MIN_SRC_LEN = 2
+
+
+class ServingPrograms(NamedTuple):
+    """The two programs of `export_programs` and the interface they share."""
+
+    encoder: ExportedProgram
+    step: ExportedProgram
+    manifest: dict[str, Any]      # sizes, special ids, the number of memory tensors
+
+
+# ---------------------------------------------------------------------------- flat memory
+def _flatten(tree: Any) -> list[Any]:
+    """The leaves of a nest of (named) tuples, in order: tensors, None and other constants."""
+    if isinstance(tree, tuple):
+        return [leaf for child in tree for leaf in _flatten(child)]
+    return [tree]
+
+
+def _rebuild(template: Any, leaves: list[Any]) -> Any:
+    """`template` with its leaves replaced, in order, by `leaves` (consumed from the front)."""
+    if isinstance(template, tuple):
+        children = [_rebuild(child, leaves) for child in template]
+        return type(template)(*children) if hasattr(template, "_fields") else tuple(children)
+    return leaves.pop(0)
+
+
+def _per_sentence(memory: Any, batch: int) -> list[bool]:
+    """Which leaves of `memory` (built for `batch` >= 2 sentences) hold one row per sentence:
+    those that `memory.select` (what the search calls to drop sentences) cuts to one row."""
+    device = next(leaf for leaf in _flatten(memory) if isinstance(leaf, Tensor)).device
+    one = _flatten(memory.select(torch.zeros(1, dtype=torch.long, device=device)))
+    return [isinstance(full, Tensor) and full.dim() > 0 and full.shape[0] == batch
+            and part.shape[0] == 1 for full, part in zip(_flatten(memory), one, strict=True)]
+
+
+class _EncoderProgram(nn.Module):
+    """`model.encode` with flat outputs: s_0, then the per-sentence memory tensors."""
+
+    def __init__(self, model: RNNSearch, per_sentence: list[bool]) -> None:
+        super().__init__()
+        self.model, self.per_sentence = model, per_sentence
+
+    def forward(self, src: Tensor, src_lengths: Tensor) -> tuple[Tensor, ...]:
+        state, memory = self.model.encode(src, src_lengths)
+        kept = [leaf for leaf, own in zip(_flatten(memory), self.per_sentence, strict=True)
+                if own]
+        return (state.hidden, *kept)
+
+
+class _StepProgram(nn.Module):
+    """`model.step` from flat inputs; the shared memory (built from the weights) is kept."""
+
+    def __init__(self, model: RNNSearch, memory: Any, per_sentence: list[bool]) -> None:
+        super().__init__()
+        # The step reads the decoder's weights alone: registering the decoder (not the model)
+        # keeps the encoder's out of the program.
+        self.decoder, self.model_step = model.decoder, model.step
+        self.template, self.per_sentence = memory, per_sentence
+        self.constants = [None if own else leaf
+                          for leaf, own in zip(_flatten(memory), per_sentence, strict=True)]
+        for i, leaf in enumerate(self.constants):      # constants of the program, not inputs
+            if isinstance(leaf, Tensor):
+                self.register_buffer(f"shared_{i}", leaf.detach().clone())
+
+    def forward(self, prev_tokens: Tensor, hidden: Tensor, *memory: Tensor
+                ) -> tuple[Tensor, ...]:
+        given, leaves = iter(memory), list[Any]()
+        for i, (leaf, own) in enumerate(zip(self.constants, self.per_sentence, strict=True)):
+            if own:                                      # an input of the program
+                leaves.append(next(given))
+            elif isinstance(leaf, Tensor):               # a tensor shared by every sentence
+                leaves.append(getattr(self, f"shared_{i}"))
+            else:                                        # None, a flag
+                leaves.append(leaf)
+        out = self.model_step(prev_tokens, DecoderState(hidden), _rebuild(self.template, leaves))
+        dtype = torch.float64 if out.logits.dtype == torch.float64 else torch.float32
+        log_probs = torch.log_softmax(out.logits.to(dtype), dim=-1)         # as BeamSearch
+        return (log_probs, out.state.hidden, *(() if out.weights is None else (out.weights,)))
+
+
+def _ids(model: RNNSearch) -> dict[str, int]:
+    """The special ids the programs' users need (the model's config, else the defaults)."""
+    cfg = model.config
+    return {"pad_id": cfg.pad_id if cfg else PAD_ID, "bos_id": cfg.bos_id if cfg else BOS_ID,
+            "eos_id": cfg.eos_id if cfg else EOS_ID, "unk_id": cfg.unk_id if cfg else UNK_ID}
+
+
+def _example(model: RNNSearch, lengths: list[int]) -> tuple[Tensor, Tensor]:
+    """A padded source batch with these lengths (every real token the unknown word)."""
+    ids, device = _ids(model), next(model.parameters()).device
+    src = torch.full((len(lengths), max(lengths)), ids["pad_id"], dtype=torch.long,
+                     device=device)
+    for row, n in enumerate(lengths):
+        src[row, :n] = ids["unk_id"]
+    return src, torch.tensor(lengths, device=device)
+
+
+def _source_dims(model: RNNSearch, per_sentence: list[bool]) -> list[set[int]]:
+    """For each per-sentence memory tensor, its dims over source positions: those that follow
+    S when the same batch is encoded at two source lengths."""
+    def shapes(length: int) -> list[torch.Size]:
+        _, memory = model.encode(*_example(model, [length, 2]))
+        return [leaf.shape for leaf, own in zip(_flatten(memory), per_sentence, strict=True)
+                if own]
+    return [{d for d, (a, b) in enumerate(zip(x, y, strict=True)) if a != b}
+            for x, y in zip(shapes(5), shapes(6), strict=True)]
+
+
+def one_model(model: nn.Module) -> RNNSearch:
+    """`model`, checked to be one `RNNSearch` / `RNNEncDec` (an `Ensemble` is several)."""
+    if not isinstance(model, RNNSearch):          # a Module's repr would run over many lines
+        raise InputError(f"export needs an RNNSearch or RNNEncDec, got a "
+                         f"{type(model).__name__}")
+    return model
+
+
+@torch.inference_mode(False)   # even inside a caller's inference mode: a search's memory would
+@torch.no_grad()               # hold weights packed for oneDNN, which a program cannot store
+def export_programs(model: nn.Module) -> ServingPrograms:
+    """Trace `model.encode` and `model.step` into two programs (see the module docstring).
+
+    Args:
+        model: an `RNNSearch` / `RNNEncDec` (any engine, attention and GRU form), on the CPU
+            or a GPU; it is traced in eval mode and left in the mode it was in.
+    Returns:
+        The two programs and their manifest (what `export_folder` writes as JSON).
+    Raises:
+        InputError: not a single model (an `Ensemble` is several), or an attention that keeps
+            a per-row state (the programs carry s_i alone).
+    """
+    model = one_model(model)
+    was_training = model.training
+    model.eval()
+    try:
+        src, src_lengths = _example(model, [5, 3])
+        state, memory = model.encode(src, src_lengths)
+        if state.attention is not None:
+            raise InputError("this model's attention keeps a per-row state, which the exported "
+                             "step does not carry")
+        per_sentence = _per_sentence(memory, batch=2)
+        kept = [leaf for leaf, own in zip(_flatten(memory), per_sentence, strict=True) if own]
+        batch, length = Dim("batch", min=1), Dim("src_len", min=MIN_SRC_LEN)
+        encoder = torch.export.export(_EncoderProgram(model, per_sentence), (src, src_lengths),
+                                      dynamic_shapes=({0: batch, 1: length}, {0: batch}))
+        memory_dims = [{0: batch, **{d: length for d in over}}
+                       for over in _source_dims(model, per_sentence)]
+        tokens = torch.full((2,), _ids(model)["bos_id"], dtype=torch.long, device=src.device)
+        step = torch.export.export(
+            _StepProgram(model, memory, per_sentence), (tokens, state.hidden, *kept),
+            dynamic_shapes=({0: batch}, {0: batch}, tuple(memory_dims)))
+    finally:
+        model.train(was_training)
+    manifest = {"format": EXPORTED_FORMAT, "version": EXPORTED_VERSION, "arch": model.arch,
+                "src_vocab_size": model.encoder.vocab_size,
+                "tgt_vocab_size": model.decoder.vocab_size, **_ids(model),
+                "memory_tensors": len(kept), "min_src_len": MIN_SRC_LEN,
+                "attention": model.decoder.attention is not None,
+                "dtype": str(state.hidden.dtype).removeprefix("torch.")}
+    return ServingPrograms(encoder, step, manifest)
+
+
+def pad_source(src: Tensor, pad_id: int) -> Tensor:
+    """`src` padded to the programs' shortest source, `MIN_SRC_LEN` (padding changes nothing)."""
+    short = MIN_SRC_LEN - src.shape[1]
+    return torch.nn.functional.pad(src, (0, short), value=pad_id) if short > 0 else src
+
+
+def greedy_decode(encoder: Any, step: Any, src: Tensor, src_lengths: Tensor, *, bos_id: int,
+                  eos_id: int, pad_id: int, max_len: int = 100, min_len: int = 1
+                  ) -> list[list[int]]:
+    """Greedy search over the exported programs, in plain torch; see the module docstring.
+
+    Args:
+        encoder, step: the programs as callables (``torch.export.load(path).module()``).
+        src: (B, S) source ids, padded with `pad_id` (to S >= 2: `pad_source`); src_lengths:
+            (B,) real lengths.
+        bos_id, eos_id, pad_id: the special ids (``manifest.json``).
+        max_len: most tokens before eos; min_len: eos is forbidden before this many.
+    Returns:
+        For each sentence its target ids, without bos and eos: the tokens of
+        `BeamSearch(beam_size=1, max_len=max_len, min_len=min_len)`.
+    Raises:
+        InputError: the step's log-probabilities hold NaN (a diverged model), as
+            `BeamSearch` refuses them (`bahdanau.search.refuse_nan_scores`).
+    """
+    hidden, *memory = encoder(pad_source(src, pad_id), src_lengths)
+    rows = torch.arange(src.shape[0], device=src.device)      # the sentences still decoding
+    tokens = torch.full_like(rows, bos_id)
+    out: list[list[int]] = [[] for _ in range(src.shape[0])]
+    for t in range(max_len + 1):
+        log_probs, hidden, *_ = step(tokens, hidden, *memory)   # (N, V), (N, D)[, (N, S)]
+        refuse_nan_scores(log_probs.isnan().any())   # NaN would win the argmax: a diverged model
+        log_probs[:, [pad_id, bos_id]] = float("-inf")          # never generated
+        if t < min_len:
+            log_probs[:, eos_id] = float("-inf")
+        tokens = log_probs.argmax(dim=1) if t < max_len else torch.full_like(tokens, eos_id)
+        going = tokens != eos_id
+        for row, token in zip(rows[going].tolist(), tokens[going].tolist(), strict=True):
+            out[row].append(token)
+        if not bool(going.any()):
+            break
+        rows, tokens, hidden = rows[going], tokens[going], hidden[going]
+        memory = [m[going] for m in memory]
+    return out
+
+
+class ExportedMemory(NamedTuple):
+    """The encoder program's memory tensors, as `BeamSearch` handles a memory."""
+
+    tensors: tuple[Tensor, ...]   # each with one row per sentence
+
+    def select(self, keep: Tensor) -> ExportedMemory:
+        """The memory of sentences `keep` (the search drops finished sentences)."""
+        return ExportedMemory(tuple(t.index_select(0, keep) for t in self.tensors))
+
+
+class ExportedDecoder(nn.Module):
+    """The two programs as a model `BeamSearch` decodes with: beam search (and every option of
+    `bahdanau translate`) over the exported programs, without the model's Python code.
+
+    The search keeps one memory row per sentence and K state rows per sentence; `step` repeats
+    the memory rows K times for the program (a serving loop would repeat them once, up front).
+
+    Args:
+        encoder, step: the programs' modules (`load_exported`, or ``.module()`` of
+            `export_programs`' programs).
+        manifest: their manifest (special ids and vocabulary sizes).
+    """
+
+    def __init__(self, encoder: nn.Module, step: nn.Module, manifest: dict[str, Any]) -> None:
+        super().__init__()
+        self.encoder_program, self.step_program = encoder, step
+        self.config = ModelConfig(src_vocab_size=manifest["src_vocab_size"],
+                                  tgt_vocab_size=manifest["tgt_vocab_size"],
+                                  **{k: manifest[k] for k in SPECIAL_IDS})
+
+    def train(self, mode: bool = True) -> ExportedDecoder:
+        """The programs were traced in eval mode and have no other (`BeamSearch` sets eval)."""
+        self.training = mode
+        return self
+
+    def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[DecoderState, ExportedMemory]:
+        """s_0 and the memory of a padded batch."""
+        hidden, *memory = self.encoder_program(pad_source(src, self.config.pad_id),
+                                               src_lengths)
+        return DecoderState(hidden), ExportedMemory(tuple(memory))
+
+    def step(self, prev_tokens: Tensor, state: DecoderState, memory: ExportedMemory
+             ) -> StepOutput:
+        """One step for N = K x B rows; the logits are the program's log-probabilities."""
+        beams = prev_tokens.shape[0] // memory.tensors[0].shape[0]
+        tensors = [m.repeat_interleave(beams, 0) if beams > 1 else m for m in memory.tensors]
+        log_probs, hidden, *weights = self.step_program(prev_tokens, state.hidden, *tensors)
+        return StepOutput(log_probs, DecoderState(hidden), weights[0] if weights else None)
