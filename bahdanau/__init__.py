@@ -4,6 +4,7 @@
 # process, a Ctrl-C while it starts ends it with one line (bahdanau._interrupt)
 from bahdanau import _interrupt, engine, functional, presets  # noqa: F401
 from bahdanau._about import __version__
+from bahdanau.alignments import argmax_alignment, replace_unk
 from bahdanau.attention import AdditiveAttention, Attention, AttentionStep, LuongAttention
 from bahdanau.checkpoint import (
     CheckpointManager,
@@ -44,7 +45,7 @@ from bahdanau.evaluate import (
     translate_corpus,
 )
 from bahdanau.models import RNNEncDec, RNNSearch, build_model
-from bahdanau.search import BeamSearch, Hypothesis, argmax_alignment, greedy_search, replace_unk
+from bahdanau.search import BeamSearch, Hypothesis, greedy_search
 from bahdanau.training import (
     LossModule,
     StepStats,

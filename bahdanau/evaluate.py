@@ -32,6 +32,7 @@ from bahdanau._checks import (
     resolve_device,
 )
 from bahdanau._progress import Bar, progress_bar
+from bahdanau.alignments import replace_unk
 from bahdanau.config import ModelConfig
 from bahdanau.constraints import compile_constraints
 from bahdanau.data.batching import Example, collate, pad_sources
@@ -47,7 +48,6 @@ from bahdanau.search import (
     LengthPenalty,
     length_normalise,
     refuse_nan_scores,
-    replace_unk,
 )
 
 
@@ -313,6 +313,27 @@ def _bar(progress: str | None, total: int) -> Any:
     return progress_bar(progress, total=total, unit="sentences") if progress else Bar()
 
 
+def _check_corpus_arguments(model: torch.nn.Module, sentences: Sequence[str], src_vocab: Vocab,
+                            tgt_vocab: Vocab, tokenizer: Tokenizer, search: BeamSearch | None,
+                            batch_size: int, unk_replace: bool) -> None:
+    """`translate_corpus`'s arguments, each of its type, and vocabularies that agree with the
+    model's config (a model built without one uses the Vocab ids)."""
+    check_type("model", model, torch.nn.Module, "a torch.nn.Module such as RNNSearch")
+    check_type("src_vocab", src_vocab, Vocab, "a Vocab")
+    check_type("tgt_vocab", tgt_vocab, Vocab, "a Vocab")
+    check_tokenizer("tokenizer", tokenizer)
+    if search is not None:
+        check_type("search", search, BeamSearch, "a BeamSearch or None")
+    config = getattr(model, "config", None)
+    if config is not None:
+        config.check_vocabs(src_vocab, tgt_vocab)
+    check_strings("sentences", sentences)
+    if not (is_int(batch_size) and batch_size >= 1):
+        raise InputError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    if unk_replace and getattr(model, "arch", None) == "rnnencdec":
+        raise InputError("unk_replace needs attention weights, which RNNencdec does not have")
+
+
 def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab: Vocab,
                      tgt_vocab: Vocab, tokenizer: Tokenizer, *, search: BeamSearch | None = None,
                      batch_size: int = 64, unk_replace: bool = False,
@@ -355,21 +376,9 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
             sentence, or a batch, whose search needs more memory than `device` has available
             (`BeamSearch.check_memory`, naming the sentence); all before any decoding.
     """
-    check_type("model", model, torch.nn.Module, "a torch.nn.Module such as RNNSearch")
-    check_type("src_vocab", src_vocab, Vocab, "a Vocab")
-    check_type("tgt_vocab", tgt_vocab, Vocab, "a Vocab")
-    check_tokenizer("tokenizer", tokenizer)
-    if search is not None:
-        check_type("search", search, BeamSearch, "a BeamSearch or None")
-    config = getattr(model, "config", None)
-    if config is not None:  # a model built without a config uses the Vocab ids
-        config.check_vocabs(src_vocab, tgt_vocab)
-    check_strings("sentences", sentences)
-    if not (is_int(batch_size) and batch_size >= 1):
-        raise InputError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    _check_corpus_arguments(model, sentences, src_vocab, tgt_vocab, tokenizer, search,
+                            batch_size, unk_replace)
     device = resolve_device(device)
-    if unk_replace and getattr(model, "arch", None) == "rnnencdec":
-        raise InputError("unk_replace needs attention weights, which RNNencdec does not have")
     search = search or BeamSearch(beam_size=5)
     number = _numbering(lines, len(sentences))
     tokenized = [tokenizer.tokenize(s) for s in sentences]

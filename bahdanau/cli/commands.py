@@ -14,6 +14,7 @@ from typing import Any
 
 from bahdanau._folders import Kind
 from bahdanau._progress import Bar, clear_bars, progress_bar
+from bahdanau.alignments import argmax_alignment
 from bahdanau.checkpoint.averaging import average_checkpoints, select_checkpoints
 from bahdanau.checkpoint.files import save_checkpoint
 from bahdanau.data.corpus import TrainSentencePiece, prepare_corpus
@@ -56,7 +57,6 @@ from bahdanau.jobs.resolve import (
     machine,
     phrase_files,
 )
-from bahdanau.search import argmax_alignment
 
 _LOG = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Hard alignments: `bahdanau.search.argmax_alignment` and `translate --alignments-format
+"""Hard alignments: `bahdanau.alignments.argmax_alignment` and `translate --alignments-format
 pharaoh` (``i-j`` pairs, source i and target j, 0-based, in target order)."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ import torch
 from serving_fixtures import shared_checkpoint, trained_checkpoint
 from training_fixtures import one_line_error
 
+from bahdanau.alignments import argmax_alignment
 from bahdanau.cli import main
-from bahdanau.search import Hypothesis, argmax_alignment
+from bahdanau.search import Hypothesis
 
 
 def test_argmax_alignment_of_a_hand_built_matrix() -> None:

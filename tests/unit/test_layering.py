@@ -52,7 +52,8 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The model reads nothing of data/ (its special ids are config's); data sits below it so
     # that the floors above (scores, checkpoints, training) may read both.
     ("model", ("functional", "kernels", "encoder", "attention", "decoder", "engine",
-               "captured_step", "constraints", "search", "models", "ensemble")),
+               "captured_step", "constraints", "search", "alignments", "models",
+               "ensemble")),
     ("scores", ("evaluate", "plot")),
     ("checkpoints", ("checkpoint",)),
     ("use", ("translate", "training", "serving")),
