@@ -19,7 +19,13 @@ from bahdanau.checkpoint.files import save_checkpoint
 from bahdanau.data.corpus import TrainSentencePiece, prepare_corpus
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.text import iter_lines, multi30k_files, read_lines
-from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
+from bahdanau.data.tokenizers import (
+    CharTokenizer,
+    DefaultTokenizer,
+    Tokenizer,
+    TokenizerPair,
+    WhitespaceTokenizer,
+)
 from bahdanau.data.vocab import Vocab
 from bahdanau.data.workers import Stopped, ignore_stop_signals
 from bahdanau.errors import InputError
@@ -51,6 +57,20 @@ from bahdanau.search import argmax_alignment
 _LOG = logging.getLogger(__name__)
 
 
+def _word_tokenizer(o: PrepareOptions) -> Tokenizer:
+    """prepare's --tokenizer default or char, a `TokenizerPair` with --target-tokenizer."""
+    def named(name: str) -> Tokenizer:
+        if name == "char":
+            return CharTokenizer()
+        if name == "whitespace":
+            return WhitespaceTokenizer()
+        return DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
+
+    if o.target_tokenizer == "same":
+        return named(o.tokenizer)
+    return TokenizerPair(named(o.tokenizer), named(o.target_tokenizer))
+
+
 def prepare(o: PrepareOptions) -> int:
     """`bahdanau prepare`: a corpus tokenised and encoded once, for train --data. SIGINT,
     SIGTERM or SIGHUP (a closed terminal) stop it with one line (nothing is left in --out, the
@@ -68,11 +88,11 @@ def prepare(o: PrepareOptions) -> int:
     if o.sentencepiece_model is not None:
         tokenizer: Any = SentencePieceTokenizer.load(
             existing(o.sentencepiece_model, "--sentencepiece-model"))
-    elif o.tokenizer != "default":
+    elif o.tokenizer in ("bpe", "unigram"):
         tokenizer = TrainSentencePiece(model_type=o.tokenizer, vocab_size=o.subword_vocab,
                                        max_sentences=o.sample_sentences)
     else:
-        tokenizer = DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
+        tokenizer = _word_tokenizer(o)
         vocab_size = PREPARE_WORDS if vocab_size is None else vocab_size
     try:
         prepare_corpus(src, tgt, o.out, tokenizer=tokenizer, vocab_size=vocab_size,

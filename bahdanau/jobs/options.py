@@ -526,9 +526,13 @@ class PrepareOptions(Options):
                                         "(en when no --train-src)")
     tgt_lang: str | None = option(None, "target language of the shipped Multi30k data "
                                         "(fr when no --train-src)")
-    tokenizer: Literal["default", "bpe", "unigram"] = option(
-        "default", "default: words and punctuation; bpe or unigram: a SentencePiece model "
-        "trained on the corpus (needs the sentencepiece extra)")
+    tokenizer: Literal["default", "char", "bpe", "unigram"] = option(
+        "default", "default: words and punctuation; char: characters (a space is the symbol "
+        "U+2581); bpe or unigram: a SentencePiece model trained on the corpus (needs the "
+        "sentencepiece extra)")
+    target_tokenizer: Literal["same", "default", "whitespace", "char"] = option(
+        "same", "the target side's own tokenizer (same: --tokenizer's); e.g. --tokenizer char "
+        "--target-tokenizer whitespace: letters in, space-separated phonemes out")
     sentencepiece_model: str | None = option(
         None, "use this trained SentencePiece model (instead of --tokenizer)", metavar="FILE")
     subword_vocab: int = option(8000, "pieces of a SentencePiece model trained here", low=1)
@@ -558,11 +562,15 @@ class PrepareOptions(Options):
         if self.sentencepiece_model is not None and self.tokenizer != "default":
             raise InputError("--sentencepiece-model uses a trained model; --tokenizer "
                              f"{self.tokenizer} would train another: give one of them")
-        subwords = self.sentencepiece_model is not None or self.tokenizer != "default"
-        if subwords and (self.lowercase or self.joiners != "prefix"):
-            raise InputError("--lowercase and --joiners set the default tokenizer, not "
-                             "SentencePiece")
-        if self.tokenizer == "default":                # no SentencePiece model trained here
+        subwords = self.sentencepiece_model is not None or self.tokenizer in ("bpe", "unigram")
+        if subwords and self.target_tokenizer != "same":
+            raise InputError(f"--target-tokenizer {self.target_tokenizer}: a SentencePiece "
+                             "model tokenizes both sides; leave it out")
+        uses_default = "default" in (self.tokenizer, self.target_tokenizer) and not subwords
+        if not uses_default and (self.lowercase or self.joiners != "prefix"):
+            raise InputError("--lowercase and --joiners set the default tokenizer, which "
+                             "neither side uses")
+        if self.tokenizer in ("default", "char"):      # no SentencePiece model trained here
             _needs("--tokenizer bpe or unigram", [
                 (self.subword_vocab != _default(self, "subword_vocab"),
                  f"--subword-vocab {self.subword_vocab}",
