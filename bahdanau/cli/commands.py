@@ -25,9 +25,11 @@ from bahdanau.data.tokenizers import (
     Tokenizer,
     TokenizerPair,
     WhitespaceTokenizer,
+    sides,
 )
 from bahdanau.data.vocab import Vocab
 from bahdanau.data.workers import Stopped, ignore_stop_signals
+from bahdanau.error_rates import ErrorRates, error_rates, group_references
 from bahdanau.errors import InputError
 from bahdanau.evaluate import Translation, translate_corpus
 from bahdanau.jobs.files import (
@@ -225,13 +227,27 @@ def evaluate(o: EvaluateOptions) -> int:
     with precision:
         report = score_translations(t.model, sources, references, t.src_vocab, t.tgt_vocab,
                                     t.tokenizer, o, device)
-    print(*report.lines(), sep="\n",
-          file=sys.stderr if STDOUT in (o.output, o.json) else sys.stdout)
+    lines, metrics = report.lines(), report.metrics()
+    if o.metric:
+        rates = _error_rates(sources, references, report.translations, t.tokenizer)
+        lines.append(f"{'  '.join(f'{n.upper()} {rates.as_dict()[n]:.2f}' for n in o.metric)}"
+                     f"  ({rates.items} sources, {len(sources)} lines)")
+        metrics.update(rates.as_dict(o.metric), items=rates.items)
+    print(*lines, sep="\n", file=sys.stderr if STDOUT in (o.output, o.json) else sys.stdout)
     if o.output:
         write_text(o.output, "".join(t.text + "\n" for t in report.translations))
     if o.json:
-        write_text(o.json, json.dumps(report.metrics(), indent=2) + "\n")
+        write_text(o.json, json.dumps(metrics, indent=2) + "\n")
     return 0
+
+
+def _error_rates(sources: list[str], references: list[str], translations: list[Translation],
+                 tokenizer: Tokenizer) -> ErrorRates:
+    """evaluate --metric: the lines grouped by source (`group_references`), each item's
+    hypothesis its first line's translation, tokens the model's target tokens."""
+    _, groups, first = group_references(sources, references)
+    return error_rates([translations[i].text for i in first], groups,
+                       tokenize=sides(tokenizer)[1].tokenize)
 
 
 # The longest sentence `plot` draws, in source tokens, refused before the model runs: a plot

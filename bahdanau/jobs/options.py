@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from bahdanau.config import UNNAMED_METRIC, Amp, TrainConfig
 from bahdanau.data.text import MULTI30K_LANGS
+from bahdanau.error_rates import METRICS
 from bahdanau.errors import InputError
 from bahdanau.jobs.flags import (
     GROUPS,
@@ -425,6 +426,17 @@ class EvaluateOptions(DecodeOptions):
     ref: str = option(None, "reference file", required=True, metavar="FILE")
     output: str | None = option(None, "write the translations here", metavar="FILE")
     json: str | None = option(None, "write the scores here", metavar="FILE")
+    metric: tuple[str, ...] | None = option(
+        None, "also score as transduction, beside BLEU/chrF: wer (a line is wrong unless it "
+        "equals a reference), per (edit distance in target tokens to the closest reference) "
+        "or accuracy; lines of the same source are one item with several references "
+        "(bahdanau.error_rates)", metavar="NAME")
+
+    def check(self) -> None:
+        super().check()
+        for name in self.metric or ():
+            if name not in METRICS:
+                raise InputError(f"--metric {name}: choose from {', '.join(METRICS)}")
 
 
 @dataclass(frozen=True)

@@ -110,8 +110,10 @@ def test_characters_in_words_out_prepare_train_translate(tmp_path, capsys) -> No
         "name": "pair", "source": {"name": "char"}, "target": {"name": "whitespace"}}
     src_words = json.loads((prepared / "src_vocab.json").read_text())
     assert sorted(src_words["tokens"]) == sorted("abcde\u2581")
-    assert main(["train", "--data", str(prepared), *TRAIN, "--out", str(tmp_path / "run")]) == 0
-    capsys.readouterr()
+    assert main(["train", "--data", str(prepared), *TRAIN, "--out", str(tmp_path / "run"),
+                 "--dev-src", str(tmp_path / "w"), "--dev-tgt", str(tmp_path / "p"),
+                 "--eval-every", "3", "--early-stopping-metric", "wer"]) == 0
+    assert " wer " in capsys.readouterr().err.split("| best wer")[0]   # ranked by dev WER
     assert main(["translate", "--checkpoint", str(tmp_path / "run"), "--input",
                  str(tmp_path / "w"), "--max-len", "5"]) == 0
     lines = capsys.readouterr().out.splitlines()
