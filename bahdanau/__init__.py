@@ -32,7 +32,6 @@ from bahdanau.data import (
 from bahdanau.decoder import AttentiveDecoder, DecoderMemory, DecoderState, StepOutput
 from bahdanau.encoder import BiRNNEncoder
 from bahdanau.ensemble import Ensemble
-from bahdanau.error_rates import ErrorRates, error_rates, group_references
 from bahdanau.errors import InputError
 from bahdanau.evaluate import (
     CorpusScores,
@@ -125,9 +124,6 @@ __all__ = [
     "average_checkpoints",
     "ForcedScore",
     "score_corpus",
-    "ErrorRates",
-    "error_rates",
-    "group_references",
     "argmax_alignment",
     "__version__",
 ]

@@ -55,14 +55,12 @@ from bahdanau import (
     WhitespaceTokenizer,
     build_model,
     encode_pairs,
-    error_rates,
-    group_references,
     load,
     presets,
     translate_corpus,
 )
 from bahdanau.checkpoint import find_checkpoint
-from bahdanau.error_rates import read_reference_tsv
+from bahdanau.error_rates import error_rates, group_references, read_reference_tsv
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import existing
 from bahdanau.training import train

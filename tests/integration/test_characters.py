@@ -20,11 +20,10 @@ from bahdanau import (
     WhitespaceTokenizer,
     build_model,
     encode_pairs,
-    error_rates,
-    group_references,
     load,
     translate_corpus,
 )
+from bahdanau.error_rates import error_rates, group_references
 from bahdanau.training import train
 
 LETTERS = "abcdef"
