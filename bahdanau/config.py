@@ -39,8 +39,10 @@ GRUForm = Literal["torch", "paper"]
 Init = Literal["paper", "glorot"]
 Amp = Literal["none", "bf16", "fp16"]
 Schedule = Literal["constant", "inverse_sqrt", "plateau"]
-StoppingMetric = Literal["bleu", "chrf", "ppl"]
-LOWER_IS_BETTER = frozenset({"ppl"})    # scores where less is better; the others: more
+StoppingMetric = Literal["bleu", "chrf", "ppl", "wer", "per", "accuracy"]
+# Scores where less is better (perplexity, the error rates of `bahdanau.error_rates`); the
+# others: more.
+LOWER_IS_BETTER = frozenset({"ppl", "wer", "per"})
 # The early-stopping metric of a run recorded before the metric had a name (a best.json without
 # "name", a config.yaml without early_stopping_metric): BLEU, the only one there was then.
 UNNAMED_METRIC: StoppingMetric = "bleu"
@@ -48,7 +50,8 @@ UNNAMED_METRIC: StoppingMetric = "bleu"
 
 def improves(metric: str | None, new: float, best: float | None) -> bool:
     """Whether the score `new` of `metric` beats `best` (None: nothing to beat): a lower
-    perplexity, a higher BLEU or chrF (and a higher value of a metric without a name)."""
+    perplexity or error rate, a higher BLEU, chrF or accuracy (and a higher value of a metric
+    without a name)."""
     if best is None:
         return True
     return new < best if metric in LOWER_IS_BETTER else new > best
@@ -275,7 +278,8 @@ class TrainConfig(DictConfig):
                                    group="limits")
     early_stopping_metric: StoppingMetric = setting(
         "bleu", "the dev score that ranks checkpoints (best.pt, --keep-best) and counts "
-        "--patience: bleu or chrf (higher is better) or ppl, the perplexity (lower is better)",
+        "--patience: bleu, chrf or accuracy (higher is better), or ppl, the perplexity, wer "
+        "or per, the error rates of bahdanau.error_rates (lower is better)",
         on_resume="fixed", group="limits")
     save_every: int = setting(1000, "checkpoint every N updates (and at the end)", low=1,
                               group="output")

@@ -37,7 +37,7 @@ from bahdanau.config import ModelConfig
 from bahdanau.constraints import compile_constraints
 from bahdanau.data.batching import Example, collate, pad_sources
 from bahdanau.data.text import normalize_whitespace
-from bahdanau.data.tokenizers import Tokenizer
+from bahdanau.data.tokenizers import Tokenizer, sides
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.models import RNNSearch
@@ -180,7 +180,8 @@ def score_test_set(hypotheses: Sequence[str], sources: Sequence[str], references
     refs = [normalize_whitespace(r) for r in references]
     scores = corpus_scores(hypotheses, refs, lowercase=lowercase)
     src_tokens = [tokenizer.tokenize(s) for s in sources]
-    flags = [has_unk(s, src_vocab) or has_unk(tokenizer.tokenize(r), tgt_vocab)
+    target_tokenizer = sides(tokenizer)[1]
+    flags = [has_unk(s, src_vocab) or has_unk(target_tokenizer.tokenize(r), tgt_vocab)
              for s, r in zip(src_tokens, refs, strict=True)]
     no_unk, n_no_unk = bleu_without_unk(hypotheses, refs, flags, lowercase=lowercase)
     buckets = bleu_by_length([len(s) for s in src_tokens], hypotheses, refs, edges=edges,
@@ -585,8 +586,9 @@ def score_corpus(model: torch.nn.Module, sources: Sequence[str], targets: Sequen
     if config is not None:  # a model built without a config uses the Vocab ids
         config.check_vocabs(src_vocab, tgt_vocab)
     pairs = []
+    source_side, target_side = sides(tokenizer)
     for line, (src, tgt) in enumerate(zip(sources, targets, strict=True), start=1):
-        src_tokens, tgt_tokens = tokenizer.tokenize(src), tokenizer.tokenize(tgt)
+        src_tokens, tgt_tokens = source_side.tokenize(src), target_side.tokenize(tgt)
         for side, tokens in (("source", src_tokens), ("target", tgt_tokens)):
             if not tokens:
                 raise InputError(f"{side} sentence {line} is empty")

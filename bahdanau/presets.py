@@ -1,7 +1,9 @@
 """Model presets: functions that return frozen `ModelConfig`s.
 
 `rnnsearch_50` is the paper's model; `small` is the mid-size model used by our benchmarks and the
-default training job; `tiny` is for tests. Use `dataclasses.replace(cfg, ...)` for variants, e.g.
+default training job; `g2p` is sized for short character-level sequences (a word's letters to
+its phonemes, transliteration, inflection); `tiny` is for tests. Use
+`dataclasses.replace(cfg, ...)` for variants, e.g.
 `replace(rnnsearch_50(30001, 30001), arch="rnnencdec")` for the paper's RNNencdec-50 baseline.
 `ModelChoices` is a preset with such variants (its sizes overridden, another arch, dropout, ...),
 as the training job chooses its model.
@@ -34,6 +36,19 @@ def small(src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
     )
 
 
+def g2p(src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
+    """A character-level RNNsearch: E=64, H=256, D=256, A=128, L=128.
+
+    Sized for grapheme-to-phoneme conversion on a CPU: vocabularies of a few dozen symbols need
+    small embeddings, and sequences of about ten symbols a narrow alignment; the recurrent
+    layers keep most of the capacity (examples/g2p/cmudict.py trains it on CMUdict).
+    """
+    return ModelConfig(
+        src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size,
+        embed_size=64, hidden_size=256, decoder_size=256, align_size=128, maxout_size=128,
+    )
+
+
 def tiny(src_vocab_size: int = 16, tgt_vocab_size: int = 16) -> ModelConfig:
     """A very small RNNsearch for tests and quick checks: E=8, H=8, D=12, A=10, L=6."""
     return ModelConfig(
@@ -48,8 +63,9 @@ class ModelChoices:
     choices (each declared there, with the job's defaults: `init` is glorot, which Adam trains
     much faster; a size left None is the preset's)."""
 
-    preset: Literal["tiny", "small", "rnnsearch_50"] = setting(
-        "small", "model sizes (small: E=256, H=256, D=512, A=512, maxout 256), each of which "
+    preset: Literal["tiny", "small", "g2p", "rnnsearch_50"] = setting(
+        "small", "model sizes (small: E=256, H=256, D=512, A=512, maxout 256; g2p, for "
+        "characters: E=64, H=256, D=256, A=128, maxout 128), each of which "
         "--embed-size, --hidden-size, --decoder-size, --align-size and --maxout-size override",
         on_resume="fixed")
     embed_size: int | None = like(ModelConfig, "embed_size", default=None)
@@ -83,4 +99,4 @@ class ModelChoices:
 
 
 _SIZES = ("embed_size", "hidden_size", "decoder_size", "align_size", "maxout_size")
-_PRESETS = {"tiny": tiny, "small": small, "rnnsearch_50": rnnsearch_50}
+_PRESETS = {"tiny": tiny, "small": small, "g2p": g2p, "rnnsearch_50": rnnsearch_50}

@@ -20,9 +20,17 @@ from bahdanau.checkpoint.files import save_checkpoint
 from bahdanau.data.corpus import TrainSentencePiece, prepare_corpus
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.text import iter_lines, multi30k_files, read_lines
-from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
+from bahdanau.data.tokenizers import (
+    CharTokenizer,
+    DefaultTokenizer,
+    Tokenizer,
+    TokenizerPair,
+    WhitespaceTokenizer,
+    sides,
+)
 from bahdanau.data.vocab import Vocab
 from bahdanau.data.workers import Stopped, ignore_stop_signals
+from bahdanau.error_rates import ErrorRates, error_rates, group_references
 from bahdanau.errors import InputError
 from bahdanau.evaluate import Translation, translate_corpus
 from bahdanau.jobs.files import (
@@ -61,6 +69,20 @@ from bahdanau.jobs.resolve import (
 _LOG = logging.getLogger(__name__)
 
 
+def _word_tokenizer(o: PrepareOptions) -> Tokenizer:
+    """prepare's --tokenizer default or char, a `TokenizerPair` with --target-tokenizer."""
+    def named(name: str) -> Tokenizer:
+        if name == "char":
+            return CharTokenizer()
+        if name == "whitespace":
+            return WhitespaceTokenizer()
+        return DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
+
+    if o.target_tokenizer == "same":
+        return named(o.tokenizer)
+    return TokenizerPair(named(o.tokenizer), named(o.target_tokenizer))
+
+
 def prepare(o: PrepareOptions) -> int:
     """`bahdanau prepare`: a corpus tokenised and encoded once, for train --data. SIGINT,
     SIGTERM or SIGHUP (a closed terminal) stop it with one line (nothing is left in --out, the
@@ -78,11 +100,11 @@ def prepare(o: PrepareOptions) -> int:
     if o.sentencepiece_model is not None:
         tokenizer: Any = SentencePieceTokenizer.load(
             existing(o.sentencepiece_model, "--sentencepiece-model"))
-    elif o.tokenizer != "default":
+    elif o.tokenizer in ("bpe", "unigram"):
         tokenizer = TrainSentencePiece(model_type=o.tokenizer, vocab_size=o.subword_vocab,
                                        max_sentences=o.sample_sentences)
     else:
-        tokenizer = DefaultTokenizer(lowercase=o.lowercase, joiners=o.joiners)
+        tokenizer = _word_tokenizer(o)
         vocab_size = PREPARE_WORDS if vocab_size is None else vocab_size
     try:
         prepare_corpus(src, tgt, o.out, tokenizer=tokenizer, vocab_size=vocab_size,
@@ -243,13 +265,27 @@ def evaluate(o: EvaluateOptions) -> int:
     with precision:
         report = score_translations(t.model, sources, references, t.src_vocab, t.tgt_vocab,
                                     t.tokenizer, o, device, phrases)
-    print(*report.lines(), sep="\n",
-          file=sys.stderr if STDOUT in (o.output, o.json) else sys.stdout)
+    lines, metrics = report.lines(), report.metrics()
+    if o.metric:
+        rates = _error_rates(sources, references, report.translations, t.tokenizer)
+        lines.append(f"{'  '.join(f'{n.upper()} {rates.as_dict()[n]:.2f}' for n in o.metric)}"
+                     f"  ({rates.items} sources, {len(sources)} lines)")
+        metrics.update(rates.as_dict(o.metric), items=rates.items)
+    print(*lines, sep="\n", file=sys.stderr if STDOUT in (o.output, o.json) else sys.stdout)
     if o.output:
         write_text(o.output, "".join(t.text + "\n" for t in report.translations))
     if o.json:
-        write_text(o.json, json.dumps(report.metrics(), indent=2) + "\n")
+        write_text(o.json, json.dumps(metrics, indent=2) + "\n")
     return 0
+
+
+def _error_rates(sources: list[str], references: list[str], translations: list[Translation],
+                 tokenizer: Tokenizer) -> ErrorRates:
+    """evaluate --metric: the lines grouped by source (`group_references`), each item's
+    hypothesis its first line's translation, tokens the model's target tokens."""
+    _, groups, first = group_references(sources, references)
+    return error_rates([translations[i].text for i in first], groups,
+                       tokenize=sides(tokenizer)[1].tokenize)
 
 
 # The longest sentence `plot` draws, in source tokens, refused before the model runs: a plot

@@ -12,8 +12,9 @@ The pieces compose; none owns a loop::
         batch = collate([examples[i] for i in positions])              # Batch of (B, S), (B, T)
 
 * `vocab`: `Vocab` and its `SPECIALS` (pad 0, bos 1, eos 2, unk 3);
-* `tokenizers`: the `Tokenizer` protocol, `DefaultTokenizer`, `WhitespaceTokenizer`, and how
-  a tokenizer is stored; `sentencepiece`: `SentencePieceTokenizer`;
+* `tokenizers`: the `Tokenizer` protocol, `DefaultTokenizer`, `WhitespaceTokenizer`,
+  `CharTokenizer`, `TokenizerPair` (one tokenizer per side; `sides`), and how a tokenizer is
+  stored; `sentencepiece`: `SentencePieceTokenizer`;
 * `text`: reading line-aligned text (plain or gzip, files and stdin), `read_parallel`, and the
   shipped Multi30k files;
 * `batching`: `Example`, `encode_pairs`, `Batch`, `collate`, `pad_to_multiple`,
@@ -52,11 +53,14 @@ from bahdanau.data.text import (
     read_parallel,
 )
 from bahdanau.data.tokenizers import (
+    CharTokenizer,
     DefaultTokenizer,
     Tokenizer,
+    TokenizerPair,
     WhitespaceTokenizer,
     load_tokenizer,
     save_tokenizer,
+    sides,
     tokenizer_from_payload,
     tokenizer_to_payload,
 )
@@ -68,11 +72,13 @@ __all__ = [
     "SPECIALS",
     "Batch",
     "BucketBatchSampler",
+    "CharTokenizer",
     "DefaultTokenizer",
     "Example",
     "PreparedCorpus",
     "SentencePieceTokenizer",
     "Tokenizer",
+    "TokenizerPair",
     "TrainSentencePiece",
     "Vocab",
     "WhitespaceTokenizer",
@@ -91,6 +97,7 @@ __all__ = [
     "read_lines",
     "read_parallel",
     "save_tokenizer",
+    "sides",
     "tokenizer_from_payload",
     "tokenizer_to_payload",
 ]

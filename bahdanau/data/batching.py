@@ -26,7 +26,7 @@ from bahdanau._checks import (
     describe,
     is_int,
 )
-from bahdanau.data.tokenizers import Tokenizer
+from bahdanau.data.tokenizers import Tokenizer, sides
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 
@@ -78,7 +78,8 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: 
     Args:
         pairs: (source text, target text) pairs, e.g. from `read_parallel`.
         src_vocab, tgt_vocab: vocabularies of the two sides.
-        tokenizer: one tokenizer for both sides, or a (source, target) pair of them.
+        tokenizer: one tokenizer for both sides (a `TokenizerPair`: its own two sides), or a
+            (source, target) pair of them.
         max_len: drop pairs with more than this many tokens on either side (bos/eos not counted);
             the paper's RNNsearch-30/-50 use 30/50 words. None keeps all.
     Returns:
@@ -90,7 +91,7 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: 
     check_optional_positive_int("max_len", max_len)
     check_type("src_vocab", src_vocab, Vocab, "a Vocab")
     check_type("tgt_vocab", tgt_vocab, Vocab, "a Vocab")
-    src_tok, tgt_tok = tokenizer if isinstance(tokenizer, tuple) else (tokenizer, tokenizer)
+    src_tok, tgt_tok = tokenizer if isinstance(tokenizer, tuple) else sides(tokenizer)
     check_tokenizer("tokenizer", src_tok)
     check_tokenizer("tokenizer", tgt_tok)
     examples = []

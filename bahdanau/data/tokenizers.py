@@ -1,13 +1,21 @@
 """Tokenizers: the protocol, the default reversible tokenizer, and where tokenizers are stored.
 
 `Tokenizer` is what the library asks of one (`tokenize`, `detokenize`); `DefaultTokenizer`
-splits words and punctuation reversibly, `WhitespaceTokenizer` splits on spaces, and
+splits words and punctuation reversibly, `WhitespaceTokenizer` splits on spaces,
+`CharTokenizer` splits into characters (a space is the symbol "▁"), and
 `bahdanau.data.sentencepiece.SentencePieceTokenizer` wraps a SentencePiece model.
 
-Storing. `tokenizer_to_payload` turns `DefaultTokenizer`, `WhitespaceTokenizer` or
-`SentencePieceTokenizer` into a checkpoint-safe dict (a SentencePiece model as a uint8 tensor of
-its bytes), `tokenizer_from_payload` reads it back; checkpoints keep it in their `tokenizer`
-section. `save_tokenizer` / `load_tokenizer` do the same in a folder: ``tokenizer.json``, and
+Two sides. A model reads its sources and writes its targets with one tokenizer, unless it is a
+`TokenizerPair`: one tokenizer per side (e.g. letters in, space-separated phonemes out for
+grapheme-to-phoneme conversion). A pair tokenizes as its source side and detokenizes as its
+target side, which is all that translating asks; `sides` gives the (source, target) tokenizers
+of any tokenizer, and every place that tokenizes a target text asks it.
+
+Storing. `tokenizer_to_payload` turns `DefaultTokenizer`, `WhitespaceTokenizer`,
+`CharTokenizer`, `SentencePieceTokenizer` or a `TokenizerPair` of the first three into a
+checkpoint-safe dict (a SentencePiece model as a uint8 tensor of its bytes),
+`tokenizer_from_payload` reads it back; checkpoints keep it in their `tokenizer` section.
+`save_tokenizer` / `load_tokenizer` do the same in a folder: ``tokenizer.json``, and
 ``sentencepiece.model`` beside it for SentencePiece. Tokenizers of other types cannot be stored.
 """
 
@@ -66,6 +74,9 @@ class WhitespaceTokenizer:
     it reads as the unknown word, as in corpora whose rare words were replaced by it, and it
     decodes as "<unk>" again.
     """
+
+    def __repr__(self) -> str:
+        return "WhitespaceTokenizer()"
 
     def tokenize(self, text: str) -> list[str]:
         """The whitespace-separated tokens of `text`, special-looking words escaped."""
@@ -171,21 +182,97 @@ class DefaultTokenizer:
         return "".join(parts)
 
 
+class CharTokenizer:
+    """Characters as tokens, for character-level transduction (grapheme-to-phoneme conversion,
+    transliteration, inflection): ``detokenize(tokenize(s)) == s`` for every text.
+
+    Each character (Unicode code point, as the text holds it: no normalisation) is one token; a
+    space is the visible symbol ``SPACE`` ("▁", U+2581), so that a token is never blank and an
+    alignment plot shows it. A literal "▁" in the text is the token ``ESCAPED_SPACE`` ("\\▁"),
+    so the two never meet; every other whitespace character (a tab) is a token as it is::
+
+        "New York" -> ["N", "e", "w", "▁", "Y", "o", "r", "k"]
+    """
+
+    SPACE = "\u2581"
+    ESCAPED_SPACE = "\\" + SPACE
+
+    def __repr__(self) -> str:
+        return "CharTokenizer()"
+
+    def tokenize(self, text: str) -> list[str]:
+        """The characters of `text`, a space as `SPACE` and a literal "▁" as `ESCAPED_SPACE`."""
+        space, escaped = self.SPACE, self.ESCAPED_SPACE
+        return [space if ch == " " else escaped if ch == space else ch for ch in text]
+
+    def detokenize(self, tokens: list[str]) -> str:
+        """The text of `tokens`: the inverse of `tokenize` (other tokens are joined as they are)."""
+        space, escaped = self.SPACE, self.ESCAPED_SPACE
+        return "".join(" " if t == space else space if t == escaped else t for t in tokens)
+
+
+class TokenizerPair:
+    """One tokenizer per side: `source` reads what the model translates, `target` what it writes.
+
+    As a `Tokenizer` it is what translating needs: `tokenize` is the source's and `detokenize`
+    the target's. Code that tokenizes a target text (building the target vocabulary, encoding
+    training pairs, forced decoding) takes the target side with `sides`.
+
+    Args:
+        source, target: a `DefaultTokenizer`, `WhitespaceTokenizer` or `CharTokenizer` each (the
+            kinds a pair can store; a SentencePiece model serves both sides on its own).
+    Raises:
+        InputError: a side of another kind.
+    """
+
+    def __init__(self, source: Tokenizer, target: Tokenizer) -> None:
+        for side, tokenizer in (("source", source), ("target", target)):
+            if type(tokenizer) not in _PAIRED:
+                raise InputError(f"a TokenizerPair's {side} must be a DefaultTokenizer, "
+                                 f"WhitespaceTokenizer or CharTokenizer, got {describe(tokenizer)}")
+        self.source, self.target = source, target
+
+    def __repr__(self) -> str:
+        return f"TokenizerPair(source={self.source!r}, target={self.target!r})"
+
+    def tokenize(self, text: str) -> list[str]:
+        """The tokens of a source text."""
+        return self.source.tokenize(text)
+
+    def detokenize(self, tokens: list[str]) -> str:
+        """The text of a target's tokens."""
+        return self.target.detokenize(tokens)
+
+
+_PAIRED = (DefaultTokenizer, WhitespaceTokenizer, CharTokenizer)
+
+
+def sides(tokenizer: Tokenizer) -> tuple[Tokenizer, Tokenizer]:
+    """(source, target) tokenizers: a `TokenizerPair`'s two, else `tokenizer` twice."""
+    if isinstance(tokenizer, TokenizerPair):
+        return tokenizer.source, tokenizer.target
+    return tokenizer, tokenizer
+
+
 # ----------------------------------------------------------------------------------------------
 # Storing
 
 
-_KEYS = {"default": ("lowercase", "joiners"), "whitespace": (), "sentencepiece": ("model",)}
+_KEYS = {"default": ("lowercase", "joiners"), "whitespace": (), "char": (),
+         "sentencepiece": ("model",), "pair": ("source", "target")}
 
 
 def tokenizer_to_payload(tokenizer: object) -> dict[str, Any]:
     """A checkpoint-safe dict describing one of bahdanau's tokenizers.
 
     Args:
-        tokenizer: a `DefaultTokenizer`, `WhitespaceTokenizer` or `SentencePieceTokenizer`.
+        tokenizer: a `DefaultTokenizer`, `WhitespaceTokenizer`, `CharTokenizer`,
+            `SentencePieceTokenizer` or `TokenizerPair`.
     Returns:
-        ``{"name": "default", "lowercase": bool, "joiners": str}``, ``{"name": "whitespace"}``
-        or ``{"name": "sentencepiece", "model": (N,) uint8 tensor of the model's bytes}``.
+        ``{"name": "default", "lowercase": bool, "joiners": str}``, ``{"name": "whitespace"}``,
+        ``{"name": "char"}``, ``{"name": "sentencepiece", "model": (N,) uint8 tensor of the
+        model's bytes}`` or ``{"name": "pair", "source": dict, "target": dict}`` (a dict of
+        the first three kinds each).
     Raises:
         InputError: any other tokenizer (subclasses included): only these can be stored.
     """
@@ -194,11 +281,17 @@ def tokenizer_to_payload(tokenizer: object) -> dict[str, Any]:
                 "joiners": tokenizer.joiners}
     if type(tokenizer) is WhitespaceTokenizer:
         return {"name": "whitespace"}
+    if type(tokenizer) is CharTokenizer:
+        return {"name": "char"}
+    if type(tokenizer) is TokenizerPair:
+        return {"name": "pair", "source": tokenizer_to_payload(tokenizer.source),
+                "target": tokenizer_to_payload(tokenizer.target)}
     if type(tokenizer) is SentencePieceTokenizer:
         return {"name": "sentencepiece",
                 "model": torch.frombuffer(bytearray(tokenizer.model_proto), dtype=torch.uint8)}
     raise InputError(f"only bahdanau's tokenizers (DefaultTokenizer, WhitespaceTokenizer, "
-                     f"SentencePieceTokenizer) can be stored, got {type(tokenizer).__name__}; "
+                     f"CharTokenizer, SentencePieceTokenizer, TokenizerPair) can be stored, "
+                     f"got {type(tokenizer).__name__}; "
                      "keep your own tokenizer's files beside the checkpoint")
 
 
@@ -219,15 +312,19 @@ def _model_from_tensor(value: Any) -> SentencePieceTokenizer:
     return SentencePieceTokenizer(value.cpu().numpy().tobytes())
 
 
-def _checked(data: Any) -> str:
+def _checked(data: Any, *, paired: bool = False) -> str:
     """The name of a `tokenizer_to_payload`-shaped dict, once its keys and settings are known
-    to be right (a SentencePiece model is checked when it is read)."""
+    to be right (a SentencePiece model is checked when it is read); `paired`: a side of a
+    pair, which is neither a SentencePiece model nor a pair."""
     if not isinstance(data, dict):
         raise InputError(f"a tokenizer is stored as a dict with a 'name', got {describe(data)}")
     name = data.get("name")
     if name not in _KEYS:
         raise InputError(f"unknown tokenizer {name!r}: bahdanau stores "
                          f"{', '.join(map(repr, _KEYS))}")
+    if paired and name in ("sentencepiece", "pair"):
+        raise InputError(f"a tokenizer pair's side is 'default', 'whitespace' or 'char', "
+                         f"got {name!r}")
     expected = {"name", *_KEYS[name]}
     if set(data) != expected:
         raise InputError(f"the {name} tokenizer is stored with the keys {sorted(expected)}, "
@@ -239,6 +336,12 @@ def _checked(data: Any) -> str:
         if data["joiners"] not in DefaultTokenizer.JOINERS:
             raise InputError(f"the default tokenizer's 'joiners' must be one of "
                              f"{DefaultTokenizer.JOINERS}, got {describe(data['joiners'])}")
+    if name == "pair":
+        for side in ("source", "target"):
+            try:
+                _checked(data[side], paired=True)
+            except InputError as err:
+                raise InputError(f"the pair's {side}: {err}") from None
     return name
 
 
@@ -250,6 +353,10 @@ def _build(data: Any, read_model: Callable[[Any], SentencePieceTokenizer]) -> To
         return DefaultTokenizer(lowercase=data["lowercase"], joiners=data["joiners"])
     if name == "whitespace":
         return WhitespaceTokenizer()
+    if name == "char":
+        return CharTokenizer()
+    if name == "pair":
+        return TokenizerPair(_build(data["source"], read_model), _build(data["target"], read_model))
     return read_model(data["model"])
 
 
@@ -259,7 +366,7 @@ def save_tokenizer(tokenizer: object, folder: str | os.PathLike[str]) -> Path:
     ``sentencepiece.model`` beside it. Each file is written atomically, the model first.
 
     Args:
-        tokenizer: a `DefaultTokenizer`, `WhitespaceTokenizer` or `SentencePieceTokenizer`.
+        tokenizer: one that `tokenizer_to_payload` stores.
         folder: where the files go; created if missing.
     Returns:
         The path of ``tokenizer.json``.

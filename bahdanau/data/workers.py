@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from bahdanau._files import STOP_SIGNALS, handling_signals, signals_held
-from bahdanau.data.tokenizers import Tokenizer
+from bahdanau.data.tokenizers import Tokenizer, sides
 from bahdanau.errors import InputError
 
 __all__ = ["Stopped", "ignore_stop_signals", "stop_on_signals", "tokenised"]
@@ -100,9 +100,9 @@ def encode_chunk(chunk: Chunk) -> Encoded:
     """Tokenise a chunk: per side, the chunk's own word list, its ids in that list (uint32)
     and the sentence lengths. Words become corpus-wide ids in the main process."""
     assert _worker_tokenizer is not None   # set first by _set_tokenizer, in every worker
-    tokenize = _worker_tokenizer.tokenize
-    sides = []
-    for lines in chunk:
+    encoded = []
+    for lines, side in zip(chunk, sides(_worker_tokenizer), strict=True):
+        tokenize = side.tokenize
         words: dict[str, int] = {}
         ids: list[int] = []
         lengths = np.empty(len(lines), dtype=np.int64)
@@ -110,8 +110,8 @@ def encode_chunk(chunk: Chunk) -> Encoded:
             tokens = tokenize(line)
             lengths[i] = len(tokens)
             ids.extend([words.setdefault(t, len(words)) for t in tokens])
-        sides.append((list(words), np.asarray(ids, dtype=np.uint32), lengths))
-    return sides[0], sides[1]
+        encoded.append((list(words), np.asarray(ids, dtype=np.uint32), lengths))
+    return encoded[0], encoded[1]
 
 
 def tokenised(chunks: Iterator[Chunk], tokenizer: Tokenizer,

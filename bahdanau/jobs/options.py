@@ -39,6 +39,7 @@ from typing import Any, Literal
 
 from bahdanau.config import UNNAMED_METRIC, Amp, TrainConfig
 from bahdanau.data.text import MULTI30K_LANGS
+from bahdanau.error_rates import METRICS
 from bahdanau.errors import InputError
 from bahdanau.jobs.flags import (
     GROUPS,
@@ -440,6 +441,17 @@ class EvaluateOptions(PhraseOptions):
     ref: str = option(None, "reference file", required=True, metavar="FILE")
     output: str | None = option(None, "write the translations here", metavar="FILE")
     json: str | None = option(None, "write the scores here", metavar="FILE")
+    metric: tuple[str, ...] | None = option(
+        None, "also score as transduction, beside BLEU/chrF: wer (a line is wrong unless it "
+        "equals a reference), per (edit distance in target tokens to the closest reference) "
+        "or accuracy; lines of the same source are one item with several references "
+        "(bahdanau.error_rates)", metavar="NAME")
+
+    def check(self) -> None:
+        super().check()
+        for name in self.metric or ():
+            if name not in METRICS:
+                raise InputError(f"--metric {name}: choose from {', '.join(METRICS)}")
 
 
 @dataclass(frozen=True)
@@ -541,9 +553,13 @@ class PrepareOptions(Options):
                                         "(en when no --train-src)")
     tgt_lang: str | None = option(None, "target language of the shipped Multi30k data "
                                         "(fr when no --train-src)")
-    tokenizer: Literal["default", "bpe", "unigram"] = option(
-        "default", "default: words and punctuation; bpe or unigram: a SentencePiece model "
-        "trained on the corpus (needs the sentencepiece extra)")
+    tokenizer: Literal["default", "char", "bpe", "unigram"] = option(
+        "default", "default: words and punctuation; char: characters (a space is the symbol "
+        "U+2581); bpe or unigram: a SentencePiece model trained on the corpus (needs the "
+        "sentencepiece extra)")
+    target_tokenizer: Literal["same", "default", "whitespace", "char"] = option(
+        "same", "the target side's own tokenizer (same: --tokenizer's); e.g. --tokenizer char "
+        "--target-tokenizer whitespace: letters in, space-separated phonemes out")
     sentencepiece_model: str | None = option(
         None, "use this trained SentencePiece model (instead of --tokenizer)", metavar="FILE")
     subword_vocab: int = option(8000, "pieces of a SentencePiece model trained here", low=1)
@@ -573,11 +589,15 @@ class PrepareOptions(Options):
         if self.sentencepiece_model is not None and self.tokenizer != "default":
             raise InputError("--sentencepiece-model uses a trained model; --tokenizer "
                              f"{self.tokenizer} would train another: give one of them")
-        subwords = self.sentencepiece_model is not None or self.tokenizer != "default"
-        if subwords and (self.lowercase or self.joiners != "prefix"):
-            raise InputError("--lowercase and --joiners set the default tokenizer, not "
-                             "SentencePiece")
-        if self.tokenizer == "default":                # no SentencePiece model trained here
+        subwords = self.sentencepiece_model is not None or self.tokenizer in ("bpe", "unigram")
+        if subwords and self.target_tokenizer != "same":
+            raise InputError(f"--target-tokenizer {self.target_tokenizer}: a SentencePiece "
+                             "model tokenizes both sides; leave it out")
+        uses_default = "default" in (self.tokenizer, self.target_tokenizer) and not subwords
+        if not uses_default and (self.lowercase or self.joiners != "prefix"):
+            raise InputError("--lowercase and --joiners set the default tokenizer, which "
+                             "neither side uses")
+        if self.tokenizer in ("default", "char"):      # no SentencePiece model trained here
             _needs("--tokenizer bpe or unigram", [
                 (self.subword_vocab != _default(self, "subword_vocab"),
                  f"--subword-vocab {self.subword_vocab}",

@@ -27,8 +27,9 @@ from bahdanau.checkpoint.payload import stored_parts, tokenizer_of
 from bahdanau.data.batching import Example, collate, encode_pairs
 from bahdanau.data.corpus import PreparedCorpus
 from bahdanau.data.text import multi30k_files, read_parallel
-from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
+from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer, sides
 from bahdanau.data.vocab import Vocab
+from bahdanau.error_rates import METRICS, error_rates, group_references
 from bahdanau.errors import InputError
 from bahdanau.evaluate import corpus_scores, translate_corpus
 from bahdanau.jobs.files import existing, write_text
@@ -266,7 +267,12 @@ def _dev_scores(o: TrainOptions, data: _Data, run: TrainRun, device: torch.devic
         _LOG.debug(f"dev evaluation at step {run.state.step}: {len(sources)} sentences decoded "
                    f"in {decoded - start:.1f} s, scored and perplexity in "
                    f"{time.perf_counter() - decoded:.1f} s")
-        return {"bleu": scores.bleu, "chrf": scores.chrf, "ppl": ppl}
+        rates = {}
+        if o.training.early_stopping_metric in METRICS:   # --early-stopping-metric wer ...
+            _, groups, first = group_references(sources, references)
+            rates = error_rates([hyps[i].text for i in first], groups,
+                                tokenize=sides(data.tokenizer)[1].tokenize).as_dict()
+        return {"bleu": scores.bleu, "chrf": scores.chrf, "ppl": ppl, **rates}
 
     return validate
 

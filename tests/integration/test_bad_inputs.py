@@ -303,6 +303,8 @@ CASES = [
     ("score --checkpoint {run} --src {files}/te.en --tgt {files}/te.fr --alpha 0.9",
      "it needs --length-penalty gnmt"),
     ("prepare --out {new} --subword-vocab 500", "it needs --tokenizer bpe or unigram"),
+    ("evaluate --checkpoint {run} --src {files}/te.en --ref {files}/te.fr --metric bleu",
+     "--metric bleu: choose from wer, per, accuracy"),
     ("train --schedule cosine", "invalid choice"),
     ("train --out {new} --max-steps 1 --arch rnnencdec --unk-replace", "--unk-replace"),
     ("plot --output {new}.png --checkpoint {run}", "--sentence"),

@@ -18,6 +18,7 @@ from training_fixtures import write_multi30k_slice
 
 from bahdanau.checkpoint import find_checkpoint, load_checkpoint
 from bahdanau.cli import main
+from bahdanau.data import DefaultTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +86,36 @@ def test_translate_evaluate(trained, files, capsys, tmp_path) -> None:
                  "--ref", str(files / "te.fr"), "--beam-size", "1", "--max-len", "6",
                  "--json", str(scores)]) == 0
     assert json.loads(scores.read_text())["sentences"] == 20
+
+
+def test_evaluate_metric_groups_the_references_of_a_source(trained, files, capsys,
+                                                           tmp_path) -> None:
+    """--metric wer per accuracy: the lines of one source are one item, right when its
+    translation equals any of its references; worked out here from the translations."""
+    sources = (files / "te.en").read_text(encoding="utf-8").splitlines()
+    decode = ["--beam-size", "1", "--max-len", "6"]
+    assert main(["translate", "--checkpoint", str(trained), "--input", str(files / "te.en"),
+                 *decode]) == 0
+    hyps = capsys.readouterr().out.splitlines()
+    a = next(i for i, h in enumerate(hyps) if h.split())
+    b = next(i for i, h in enumerate(hyps) if i != a and hyps[i] != hyps[a])
+    # items: a (references "nope" and its own translation: right), b (reference "zzz": wrong)
+    (tmp_path / "src").write_text(f"{sources[a]}\n{sources[b]}\n{sources[a]}\n")
+    (tmp_path / "ref").write_text(f"nope\nzzz\n{hyps[a]}\n")
+    scores = tmp_path / "s.json"
+    assert main(["evaluate", "--checkpoint", str(trained), "--src", str(tmp_path / "src"),
+                 "--ref", str(tmp_path / "ref"), *decode, "--metric", "wer", "per",
+                 "accuracy", "--json", str(scores)]) == 0
+    report = json.loads(scores.read_text())
+    tokens = DefaultTokenizer().tokenize          # the model's target tokens
+    b_tokens = tokens(hyps[b])
+    # PER: 0 edits against a's own translation (of its length), and b against "zzz": each of
+    # its tokens but one substituted or deleted (all of them if none is "zzz"), of 1 token
+    b_edits = max(len(b_tokens), 1) - ("zzz" in b_tokens)
+    expected_per = round(100 * b_edits / (len(tokens(hyps[a])) + 1), 2)
+    assert report["items"] == 2 and report["sentences"] == 3
+    assert (report["wer"], report["accuracy"], report["per"]) == (50.0, 50.0, expected_per)
+    assert "WER 50.00  PER" in capsys.readouterr().out
 
 
 def test_decoding_commands_take_amp(trained, files, capsys, tmp_path) -> None:

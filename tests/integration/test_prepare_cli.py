@@ -72,6 +72,10 @@ def test_prepared_shipped_multi30k_keeps_its_dev_and_test_sets(tmp_path, capsys)
     (["train", "--data", "{f}", "--max-steps", "1"], "is not a prepared corpus"),
     (["prepare", "--out", "{f}/x", "--tokenizer", "bpe", "--lowercase"],
      "--lowercase and --joiners set the default tokenizer"),
+    (["prepare", "--out", "{f}/x", "--tokenizer", "char", "--joiners", "punctuation"],
+     "--lowercase and --joiners set the default tokenizer, which neither side uses"),
+    (["prepare", "--out", "{f}/x", "--tokenizer", "unigram", "--target-tokenizer", "char"],
+     "--target-tokenizer char: a SentencePiece model tokenizes both sides"),
     (["prepare", "--out", "{f}/x", "--train-src", "{f}/tr.en"],
      "give both --train-src and --train-tgt"),
     (["prepare", "--out", "{f}", "--train-src", "{f}/tr.en", "--train-tgt", "{f}/tr.fr"],
@@ -89,6 +93,33 @@ def test_bad_prepare_and_data_options(files, capsys, argv, message) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_characters_in_words_out_prepare_train_translate(tmp_path, capsys) -> None:
+    """Letters in, space-separated "phonemes" out: each side keeps its own tokenizer, in the
+    prepared corpus, in the trained checkpoint and when translating."""
+    words = ["cab", "bad", "dab", "ace", "bead", "cede", "a b"]
+    (tmp_path / "w").write_text("".join(w + "\n" for w in words), encoding="utf-8")
+    (tmp_path / "p").write_text("".join(" ".join(w.upper()) + "\n" for w in words),
+                                encoding="utf-8")
+    prepared = tmp_path / "prepared"
+    assert main(["prepare", "--train-src", str(tmp_path / "w"), "--train-tgt",
+                 str(tmp_path / "p"), "--out", str(prepared), "--tokenizer", "char",
+                 "--target-tokenizer", "whitespace", "--workers", "1"]) == 0
+    assert json.loads((prepared / "tokenizer.json").read_text()) == {
+        "name": "pair", "source": {"name": "char"}, "target": {"name": "whitespace"}}
+    src_words = json.loads((prepared / "src_vocab.json").read_text())
+    assert sorted(src_words["tokens"]) == sorted("abcde\u2581")
+    assert main(["train", "--data", str(prepared), *TRAIN, "--out", str(tmp_path / "run"),
+                 "--dev-src", str(tmp_path / "w"), "--dev-tgt", str(tmp_path / "p"),
+                 "--eval-every", "3", "--early-stopping-metric", "wer"]) == 0
+    assert " wer " in capsys.readouterr().err.split("| best wer")[0]   # ranked by dev WER
+    assert main(["translate", "--checkpoint", str(tmp_path / "run"), "--input",
+                 str(tmp_path / "w"), "--max-len", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(words)
+    targets = {"A", "B", "C", "D", "E", "<unk>"}
+    assert all(set(line.split()) <= targets for line in lines)   # phonemes, not characters
 
 
 @pytest.mark.parametrize("model_type", ["bpe", "unigram"])

@@ -8,7 +8,7 @@ from itertools import pairwise
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bahdanau.data import BucketBatchSampler, DefaultTokenizer, Vocab
+from bahdanau.data import BucketBatchSampler, CharTokenizer, DefaultTokenizer, Vocab
 
 # Letters, digits, punctuation, symbols, combining marks, odd spaces and the joiner itself.
 _PIECES = st.sampled_from(list("aZé9 .,;:!?'\"()«»-—…\t\n\u00a0\u2009\u0301\u200d\uffed$€/"))
@@ -25,6 +25,18 @@ def test_tokenizer_round_trip(text: str, joiners: str) -> None:
     tokens = tok.tokenize(text)
     assert tok.detokenize(tokens) == " ".join(text.split())
     assert all(token and not any(c.isspace() for c in token) for token in tokens)
+
+
+@given(st.one_of(_TEXT, st.lists(st.sampled_from([" ", CharTokenizer.SPACE, "\\", "a"]),
+                                 max_size=12).map("".join)))
+def test_char_tokenizer_round_trip_is_exact(text: str) -> None:
+    """Every text comes back as it was, spaces and literal "▁" included; a token is one
+    character, or a literal "▁" escaped."""
+    tok = CharTokenizer()
+    tokens = tok.tokenize(text)
+    assert tok.detokenize(tokens) == text
+    assert len(tokens) == len(text)
+    assert all(len(t) == 1 and t != " " or t == CharTokenizer.ESCAPED_SPACE for t in tokens)
 
 
 @given(_TEXT)

@@ -54,7 +54,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("model", ("functional", "kernels", "encoder", "attention", "decoder", "engine",
                "captured_step", "constraints", "search", "alignments", "models",
                "ensemble")),
-    ("scores", ("evaluate", "plot")),
+    ("scores", ("evaluate", "plot", "error_rates")),
     ("checkpoints", ("checkpoint",)),
     ("use", ("translate", "training", "serving")),
     ("jobs", ("jobs",)),

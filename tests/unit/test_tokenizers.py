@@ -1,4 +1,5 @@
-"""Unit tests for bahdanau.data: SentencePiece training and use, and storing tokenizers.
+"""Unit tests for bahdanau.data: SentencePiece training and use, characters as tokens, one
+tokenizer per side, and storing tokenizers.
 
 Expectations come from the text itself (pieces spell the sentence, detokenising gives it back
 with its whitespace normalised), from hand-written payloads and files, and from what a model
@@ -17,14 +18,18 @@ import torch
 from training_fixtures import one_line_error
 
 from bahdanau.data import (
+    CharTokenizer,
     DefaultTokenizer,
     SentencePieceTokenizer,
+    TokenizerPair,
     Vocab,
     WhitespaceTokenizer,
+    encode_pairs,
     load_tokenizer,
     multi30k_files,
     read_lines,
     save_tokenizer,
+    sides,
     tokenizer_from_payload,
     tokenizer_to_payload,
 )
@@ -294,3 +299,70 @@ def test_bad_model_beside_tokenizer_json_is_one_line_naming_it(tmp_path, model) 
     message = one_line_error(lambda: load_tokenizer(tmp_path),
                              "no such file" if model is None else "not a SentencePiece model")
     assert message.startswith(str(tmp_path / SENTENCEPIECE_FILE))
+
+
+# ----------------------------------------------------------------------------------------------
+# Characters, and one tokenizer per side
+
+SPACE = CharTokenizer.SPACE
+
+
+@pytest.mark.parametrize(("text", "tokens"), [
+    ("cat", ["c", "a", "t"]),
+    ("New York", ["N", "e", "w", SPACE, "Y", "o", "r", "k"]),
+    (" a\tb ", [SPACE, "a", "\t", "b", SPACE]),               # every space kept, a tab as it is
+    (f"a{SPACE}b", ["a", "\\" + SPACE, "b"]),                 # a literal "▁" is escaped
+    ("", []),
+])
+def test_char_tokenizer_examples(text: str, tokens: list[str]) -> None:
+    tok = CharTokenizer()
+    assert tok.tokenize(text) == tokens
+    assert tok.detokenize(tokens) == text
+
+
+def test_a_pair_tokenizes_sources_and_detokenizes_targets_with_its_sides() -> None:
+    pair = TokenizerPair(CharTokenizer(), WhitespaceTokenizer())
+    assert pair.tokenize("aunt") == ["a", "u", "n", "t"]
+    assert pair.detokenize(["AE", "N", "T"]) == "AE N T"
+    assert sides(pair) == (pair.source, pair.target)
+    plain = CharTokenizer()
+    assert sides(plain) == (plain, plain)
+    examples = encode_pairs([("ab", "X Y"), ("b", "Y")], Vocab(["a", "b"]), Vocab(["X", "Y"]),
+                            pair)
+    assert [(e.src, e.tgt) for e in examples] == [([4, 5], [4, 5]), ([5], [5])]
+
+
+@pytest.mark.parametrize("side", [object(), TokenizerPair(CharTokenizer(), CharTokenizer())],
+                         ids=["other", "nested"])
+def test_a_pair_of_unstorable_sides_is_one_line(side) -> None:
+    one_line_error(lambda: TokenizerPair(CharTokenizer(), side), "a TokenizerPair's target")
+
+
+@pytest.mark.parametrize("tokenizer", [
+    CharTokenizer(), TokenizerPair(CharTokenizer(), WhitespaceTokenizer()),
+    TokenizerPair(DefaultTokenizer(lowercase=True), CharTokenizer())],
+    ids=["char", "char-whitespace", "default-char"])
+def test_char_and_pair_round_trip_through_a_payload_and_a_folder(tokenizer, tmp_path) -> None:
+    payload = _through_torch(tokenizer_to_payload(tokenizer))
+    if isinstance(tokenizer, CharTokenizer):
+        assert payload == {"name": "char"}
+    else:
+        assert payload == {"name": "pair", "source": tokenizer_to_payload(tokenizer.source),
+                           "target": tokenizer_to_payload(tokenizer.target)}
+    for back in (tokenizer_from_payload(payload),
+                 load_tokenizer(save_tokenizer(tokenizer, tmp_path).parent)):
+        assert repr(back) == repr(tokenizer)
+
+
+@pytest.mark.parametrize(("payload", "fragment"), [
+    ({"name": "char", "lowercase": True}, "stored with the keys"),
+    ({"name": "pair", "source": {"name": "char"}}, "stored with the keys"),
+    ({"name": "pair", "source": {"name": "char"}, "target": {"name": "moses"}},
+     "the pair's target: unknown tokenizer 'moses'"),
+    ({"name": "pair", "source": {"name": "pair", "source": {}, "target": {}},
+      "target": {"name": "char"}}, "the pair's source: a tokenizer pair's side is"),
+    ({"name": "pair", "source": {"name": "sentencepiece", "model": torch.zeros(1)},
+      "target": {"name": "char"}}, "a tokenizer pair's side is"),
+])
+def test_malformed_char_and_pair_payloads_are_one_line(payload, fragment: str) -> None:
+    one_line_error(lambda: tokenizer_from_payload(payload), fragment)

@@ -1,0 +1,193 @@
+"""Grapheme-to-phoneme conversion on CMUdict: a word's letters in, its phonemes out.
+
+The data is a folder of ``train.tsv`` and ``dev.tsv`` (``word<TAB>phones`` per line, phones
+space-separated ARPAbet with stress digits 0/1/2; a word with several pronunciations has several
+lines), e.g. a split of the CMU Pronouncing Dictionary made as its README says. The recipe never
+copies it anywhere: it reads the folder given on its command line.
+
+``train`` trains an RNNsearch of the `bahdanau.presets.g2p` sizes with bahdanau's trainer
+(`bahdanau.training.train`): characters in (`bahdanau.CharTokenizer`), whitespace-separated
+phonemes out (`bahdanau.WhitespaceTokenizer`), the two stored together in every checkpoint as a
+`bahdanau.TokenizerPair`. The stress digits are stripped (39 phonemes) unless --keep-stress.
+Every pronunciation of a training word is a training pair. Every --eval-every updates the dev
+words are decoded greedily and scored (`bahdanau.error_rates`: a word is right when its output
+equals any of its pronunciations); the checkpoint of the lowest dev WER is RUN/checkpoints/
+best.pt. The run stops after --minutes of training (or --max-steps), and the same command
+resumes it where it stopped (`bahdanau.training` restores the weights, the optimizer, the batch
+order and the clock), so a run cut short loses at most the updates since its last checkpoint.
+
+``evaluate`` decodes the words of a TSV file of the same format with beam 5 and writes
+``{"wer": ..., "per": ..., "words": ...}`` (percentages; PER is the summed edit distance to each
+word's closest pronunciation over those pronunciations' summed lengths). Whether stress is kept
+follows the model: a model whose phonemes carry digits is scored against the stressed
+references.
+
+Usage, from the repository root::
+
+    python examples/g2p/cmudict.py train --data ../shared/data/cmudict --out runs/g2p
+    python examples/g2p/cmudict.py evaluate --checkpoint runs/g2p \\
+        --tsv ../shared/data/cmudict/dev.tsv --json runs/g2p/dev.json
+
+A quick check of the whole recipe on a slice: ``train ... --limit 2000 --dev-limit 200
+--max-steps 100 --eval-every 50``. docs/guides/characters.md shows the recipe, its numbers and
+an alignment of a word to its phonemes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from bahdanau import (
+    BeamSearch,
+    CharTokenizer,
+    TokenizerPair,
+    TrainConfig,
+    Vocab,
+    WhitespaceTokenizer,
+    build_model,
+    encode_pairs,
+    load,
+    presets,
+    translate_corpus,
+)
+from bahdanau.checkpoint import find_checkpoint
+from bahdanau.error_rates import error_rates, group_references, read_reference_tsv
+from bahdanau.errors import InputError
+from bahdanau.jobs.files import existing
+from bahdanau.training import train
+
+BEAM_SIZE = 5            # evaluate's beam
+MAX_PHONEMES = 40        # the longest output searched for (CMUdict's longest word has 20-odd)
+DROPOUT = 0.2            # on the embeddings and the maxout output
+
+
+def strip_stress(phones: str) -> str:
+    """ARPAbet without its stress digits: "K AE1 T" -> "K AE T"."""
+    return " ".join(phone.rstrip("012") for phone in phones.split())
+
+
+def read_pairs(path: Path, *, keep_stress: bool, limit: int | None = None
+               ) -> tuple[list[str], list[str]]:
+    """The (words, pronunciations) of a ``word<TAB>phones`` file, one pair a line, stress
+    stripped unless `keep_stress`; with `limit`, the lines of its first `limit` words."""
+    words, phones = read_reference_tsv(path)
+    if not keep_stress:
+        phones = [strip_stress(p) for p in phones]
+    if limit is not None:
+        kept = set(list(dict.fromkeys(words))[:limit])
+        pairs = [(w, p) for w, p in zip(words, phones, strict=True) if w in kept]
+        words, phones = [w for w, _ in pairs], [p for _, p in pairs]
+    return words, phones
+
+
+def _train(args: argparse.Namespace) -> dict[str, object]:
+    data = Path(args.data)
+    train_path = existing(str(data / "train.tsv"), "--data train.tsv", regular=True)
+    dev_path = existing(str(data / "dev.tsv"), "--data dev.tsv", regular=True)
+    words, phones = read_pairs(train_path, keep_stress=args.keep_stress, limit=args.limit)
+    dev_words, dev_refs = read_pairs(dev_path, keep_stress=args.keep_stress,
+                                     limit=args.dev_limit)
+    items, groups, _ = group_references(dev_words, dev_refs)
+
+    tokenizer = TokenizerPair(CharTokenizer(), WhitespaceTokenizer())
+    src_vocab = Vocab.build(tokenizer.source.tokenize(w) for w in words)
+    tgt_vocab = Vocab.build(tokenizer.target.tokenize(p) for p in phones)
+    examples = encode_pairs(list(zip(words, phones, strict=True)), src_vocab, tgt_vocab,
+                            tokenizer)
+    config = replace(presets.g2p(len(src_vocab), len(tgt_vocab)), init="glorot",
+                     dropout=DROPOUT)
+    cfg = TrainConfig(optimizer="adam", batch_size=args.batch_size, eval_every=args.eval_every,
+                      save_every=args.eval_every, early_stopping_metric="wer",
+                      max_time_s=args.minutes * 60 if args.minutes else None,
+                      max_steps=args.max_steps, seed=args.seed)
+    search = BeamSearch(beam_size=1, max_len=MAX_PHONEMES)
+
+    def validate(model: torch.nn.Module) -> dict[str, float]:
+        hyps = translate_corpus(model, items, src_vocab, tgt_vocab, tokenizer, search=search,
+                                batch_size=256, progress=None)
+        return error_rates([h.text for h in hyps], groups).as_dict()
+
+    torch.manual_seed(args.seed)
+    model = build_model(config)
+    result = train(model, examples, cfg, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
+                   checkpoint_dir=Path(args.out) / "checkpoints", validate=validate,
+                   tokenizer=tokenizer, log=logging.getLogger("g2p").info,
+                   extra={"g2p": {"keep_stress": args.keep_stress, "limit": args.limit}})
+    return {"start_step": result.start_step, "step": result.step, "stopped": result.stopped,
+            "best_dev_wer": result.best_metric, "best_step": result.best_step,
+            "train_pairs": len(examples), "dev_words": len(items),
+            "minutes": round(result.elapsed_s / 60, 2)}
+
+
+def _evaluate(args: argparse.Namespace) -> dict[str, object]:
+    tsv = existing(args.tsv, "--tsv", regular=True)
+    translator = load(find_checkpoint(args.checkpoint, "--checkpoint"))
+    keep_stress = any(phone[-1:].isdigit() for phone in translator.tgt_vocab.tokens)
+    words, refs = read_pairs(tsv, keep_stress=keep_stress)
+    items, groups, _ = group_references(words, refs)
+    start = time.perf_counter()
+    hyps = translate_corpus(translator.model, items, translator.src_vocab, translator.tgt_vocab,
+                            translator.tokenizer,
+                            search=BeamSearch(beam_size=BEAM_SIZE, max_len=MAX_PHONEMES),
+                            batch_size=256, progress=None)
+    seconds = time.perf_counter() - start
+    rates = error_rates([h.text for h in hyps], groups)
+    report: dict[str, object] = {"wer": round(rates.wer, 2), "per": round(rates.per, 2),
+                                 "words": rates.items, "beam_size": BEAM_SIZE,
+                                 "decode_seconds": round(seconds, 1),
+                                 "keep_stress": keep_stress}
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+def parser() -> argparse.ArgumentParser:
+    top = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = top.add_subparsers(dest="command", required=True)
+    t = commands.add_parser("train", help="train (or resume) a G2P model")
+    t.add_argument("--data", required=True, help="folder of train.tsv and dev.tsv")
+    t.add_argument("--out", required=True, help="the run folder (its checkpoints/ resume)")
+    t.add_argument("--keep-stress", action="store_true", help="keep the stress digits")
+    t.add_argument("--minutes", type=float, default=55.0,
+                   help="training time, resumed runs included (default 55; 0: no limit)")
+    t.add_argument("--max-steps", type=int, default=None, help="stop after this many updates")
+    t.add_argument("--eval-every", type=int, default=2000,
+                   help="updates between dev evaluations and checkpoints")
+    t.add_argument("--batch-size", type=int, default=64, help="words a batch")
+    t.add_argument("--limit", type=int, default=None, help="train on the first N words only")
+    t.add_argument("--dev-limit", type=int, default=None, help="score the first N dev words")
+    t.add_argument("--seed", type=int, default=1234)
+    t.add_argument("--threads", type=int, default=2, help="torch threads")
+    e = commands.add_parser("evaluate", help="WER and PER of a model, beam 5")
+    e.add_argument("--checkpoint", required=True, help="a checkpoint, or a run folder")
+    e.add_argument("--tsv", required=True, help="word<TAB>phones lines to score")
+    e.add_argument("--json", required=True, help="where the scores go")
+    e.add_argument("--threads", type=int, default=2, help="torch threads")
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    torch.set_num_threads(args.threads)
+    try:
+        report = _train(args) if args.command == "train" else _evaluate(args)
+    except InputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
