@@ -204,7 +204,7 @@ def evaluate(o: EvaluateOptions) -> int:
     t = load_decoder(o, checkpoints, device)
     with precision:
         report = score_translations(t.model, sources, references, t.src_vocab, t.tgt_vocab,
-                                    t.tokenizer, o, device)
+                                    t.tokenizer, o, device, o.bleu)
     print(*report.lines(), sep="\n",
           file=sys.stderr if STDOUT in (o.output, o.json) else sys.stdout)
     if o.output:

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from bahdanau.bleu_text import BleuText
 from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.evaluate import Translation, score_test_set, translate_corpus
@@ -65,7 +66,8 @@ class TestReport:
 
 def score_translations(model: torch.nn.Module, sources: list[str], references: list[str],
                        src_vocab: Vocab, tgt_vocab: Vocab, tokenizer: Tokenizer,
-                       options: SearchOptions, device: torch.device) -> TestReport:
+                       options: SearchOptions, device: torch.device,
+                       bleu: BleuText | None = None) -> TestReport:
     """Translate `sources` with the search of `options` and score them against `references`.
 
     Args:
@@ -74,6 +76,8 @@ def score_translations(model: torch.nn.Module, sources: list[str], references: l
         src_vocab, tgt_vocab, tokenizer: what the model was trained with.
         options: the search settings (beam, lengths, penalty), batch size and --unk-replace.
         device: where to decode.
+        bleu: how BLEU reads the text (default: sacrebleu's 13a, cased unless the tokenizer
+            lowercases).
     """
     start = time.perf_counter()
     out = translate_corpus(model, sources, src_vocab, tgt_vocab, tokenizer,
@@ -81,7 +85,7 @@ def score_translations(model: torch.nn.Module, sources: list[str], references: l
                            unk_replace=options.unk_replace, device=device)
     seconds = time.perf_counter() - start
     scores = score_test_set([t.text for t in out], sources, references, src_vocab, tgt_vocab,
-                            tokenizer)
+                            tokenizer, bleu=bleu)
     return TestReport(scores, options.beam_size, seconds, out)
 
 

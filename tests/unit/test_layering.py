@@ -53,7 +53,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # that the floors above (scores, checkpoints, training) may read both.
     ("model", ("functional", "kernels", "encoder", "attention", "decoder", "engine",
                "captured_step", "search", "models", "ensemble")),
-    ("scores", ("evaluate", "plot")),
+    ("scores", ("bleu_text", "evaluate", "plot")),
     ("checkpoints", ("checkpoint",)),
     ("use", ("translate", "training", "serving")),
     ("jobs", ("jobs",)),
