@@ -98,8 +98,10 @@ def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], *,
 
 
 def _bleu(text: BleuText) -> sacrebleu.metrics.BLEU:
-    """sacrebleu's BLEU for text read as `text` says (it has been `BleuText.prepare`d)."""
-    return sacrebleu.metrics.BLEU(lowercase=text.lowercase, tokenize=text.sacrebleu_tokenize)
+    """sacrebleu's BLEU for text read as `text` says (it has been `BleuText.prepare`d); Moses'
+    tokens are meant, so sacrebleu's warning about tokenised input is not printed (`force`)."""
+    return sacrebleu.metrics.BLEU(lowercase=text.lowercase, tokenize=text.sacrebleu_tokenize,
+                                  force=text.tokenize == "moses")
 
 
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str], *,

@@ -172,3 +172,15 @@ def test_evaluate_refuses_bad_scoring_flags_in_one_line(run, capsys) -> None:
     assert capsys.readouterr().err.startswith("bahdanau: error: --test-moses-lang fr sets "
                                               "Moses tokenisation's language: it needs "
                                               "--test-tokenize moses")
+
+
+def test_moses_tokens_raise_no_warning_about_tokenised_input(caplog) -> None:
+    """sacrebleu warns when many lines end in a tokenised full stop: with --tokenize moses they
+    all do, on purpose, and its warning would only mislead."""
+    lines = [f"un chien numéro {i} court." for i in range(120)]
+    with caplog.at_level("WARNING"):
+        corpus_bleu(lines, lines, tokenize="moses", moses_lang="fr")
+    assert not [r for r in caplog.records if "detokenize" in r.getMessage()]
+    with caplog.at_level("WARNING"):             # what the check would have seen
+        corpus_bleu(moses_tokenize(lines, "fr"), lines, tokenize="none")
+    assert [r for r in caplog.records if "detokenize" in r.getMessage()]
