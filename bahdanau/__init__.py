@@ -13,6 +13,7 @@ from bahdanau.checkpoint import (
     model_from_checkpoint,
     save_checkpoint,
 )
+from bahdanau.conditional_decoder import ConditionalGRUDecoder
 from bahdanau.config import ModelConfig, TrainConfig
 from bahdanau.data import (
     SPECIALS,
@@ -69,6 +70,7 @@ __all__ = [
     "DecoderState",
     "engine",
     "AttentiveDecoder",
+    "ConditionalGRUDecoder",
     "CorpusScores",
     "LengthBucket",
     "Translation",

@@ -27,7 +27,8 @@ __all__ = ["EXTRAS", "__version__", "git_commit", "versions"]
 # against pyproject.toml.
 EXTRAS: dict[str, str] = {"triton": "triton", "matplotlib": "plot", "yaml": "yaml",
                           "sentencepiece": "sentencepiece", "tensorboard": "tensorboard",
-                          "tqdm": "progress", "safetensors": "share"}
+                          "tqdm": "progress", "safetensors": "share",
+                          "sacremoses": "moses"}
 
 
 @cache

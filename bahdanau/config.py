@@ -36,6 +36,7 @@ AttentionKind = Literal["additive", "luong_general", "luong_dot"]
 AttentionImpl = Literal["auto", "reference", "sigmoid", "triton"]
 Engine = Literal["fast", "reference"]
 GRUForm = Literal["torch", "paper"]
+DecoderKind = Literal["paper", "cgru"]
 Init = Literal["paper", "glorot"]
 Amp = Literal["none", "bf16", "fp16"]
 Schedule = Literal["constant", "inverse_sqrt", "plateau"]
@@ -61,6 +62,7 @@ ATTENTIONS: tuple[str, ...] = ("additive", "luong_general", "luong_dot")
 ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference", "sigmoid", "triton")
 ENGINES: tuple[str, ...] = ("fast", "reference")
 GRU_FORMS: tuple[str, ...] = ("torch", "paper")
+DECODERS: tuple[str, ...] = ("paper", "cgru")
 INITS: tuple[str, ...] = ("paper", "glorot")
 AMP_MODES: tuple[str, ...] = ("none", "bf16", "fp16")
 SCHEDULES: tuple[str, ...] = ("constant", "inverse_sqrt", "plateau")
@@ -149,6 +151,13 @@ class ModelConfig(DictConfig):
     engine: Engine = "fast"           # "reference": the paper-shaped decoder alone (see engine)
     gru_form: GRUForm = setting("torch", "GRU form (paper: the reset gate applied before U, as "
                                          "in appendix A)", on_resume="fixed")
+    decoder: DecoderKind = setting(
+        "paper", "decoder: paper (attention from s_{i-1}, one GRU on [E y_{i-1}; c_i]) or cgru "
+        "(Nematus' conditional GRU: a GRU on E y_{i-1}, attention from its state, a second GRU "
+        "on c_i; decodes on the reference path)", on_resume="fixed")
+    layer_norm: bool = setting(
+        False, "layer normalisation of every GRU's input and recurrent projections, encoder and "
+        "decoder (Ba et al. 2016, as Nematus; needs --gru-form torch)", on_resume="fixed")
     dropout: float = setting(0.0, "dropout on the embeddings and the maxout output t_i (the "
                                   "paper: none)", low=0, high=1, below=True, on_resume="fixed")
     dropout_rnn_inputs: float = setting(
@@ -172,7 +181,15 @@ class ModelConfig(DictConfig):
             value = getattr(self, name)
             if not is_int(value) or value < 5:
                 raise InputError(f"{name} must be an int >= 5 (4 specials + 1 word), got {value!r}")
-        check_settings(self)     # the sizes, arch, gru_form, the dropouts and init
+        check_settings(self)     # the sizes, arch, gru_form, decoder, the dropouts and init
+        named = {f.name: field_name(f) for f, _, _ in declared(type(self))}  # flags, in a job
+        if self.layer_norm and self.gru_form != "torch":
+            raise InputError(f"{named['layer_norm']} normalises U h, the torch form's recurrent "
+                             f"projection: it needs {named['gru_form']} torch (the paper form "
+                             "computes U (r * h))")
+        if self.decoder == "cgru" and self.arch != "rnnsearch":
+            raise InputError(f"{named['decoder']} cgru attends from its first GRU's state: it "
+                             f"needs {named['arch']} rnnsearch (rnnencdec has no attention)")
         if self.attention not in ATTENTIONS:
             raise InputError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
         if self.attention == "luong_dot" and self.decoder_size != 2 * self.hidden_size:

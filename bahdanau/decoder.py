@@ -22,7 +22,7 @@ computes the same function with the same parameters and is tested against this o
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,7 @@ from bahdanau.attention import Attention, LinearWeights, bias_free_weight, linea
 from bahdanau.config import GRU_FORMS
 from bahdanau.encoder import init_recurrent_
 from bahdanau.errors import InputError
+from bahdanau.layer_norm import GateNorm
 
 
 class DecoderState(NamedTuple):
@@ -99,6 +100,8 @@ class AttentiveDecoder(nn.Module):
             where they enter the GRU (the deep output reads them undropped); 0 in the paper.
         dropout_deep_output: dropout on the deep output t~_i, before the maxout (0 in the paper).
         gru_form: "torch" (r * (U s + b)) or "paper" (U (r * s)); see `functional.gru_update`.
+        layer_norm: the layer-normalised GRU (`bahdanau.layer_norm`; torch form only): `update`
+            normalises its input pre-activations and its recurrent ones apart (`gate_norms`).
 
     The fusion seam. A fast twin of this decoder (`bahdanau.engine.DecoderEngine`) computes the
     same function with the same parameters. It calls the decoder's layers and its `update`,
@@ -115,6 +118,10 @@ class AttentiveDecoder(nn.Module):
         readout_weights()     U_o's and V_o's: `readout` is `deep_output` of
                               U_o s_{i-1} + b + V_o E y_{i-1} + C_o c_i
 
+    `has_fast_twin` says that the engine may run this decoder: its step is the one above, in
+    these parts. A subclass whose step differs (`bahdanau.conditional_decoder`) sets it False,
+    and models decode and train it on the reference path.
+
     The weights are offered only while their layers are plain `nn.Linear`s
     (`bahdanau.attention.linear_weights`), and None otherwise: a wrapper (LoRA, quantisation) may
     expose its base layer's `weight` without its own change, so a wrapped layer is called, never
@@ -125,13 +132,18 @@ class AttentiveDecoder(nn.Module):
     at its door (`RNNSearch.check_batch`), and the decoder trusts what it is given.
     """
 
+    has_fast_twin: ClassVar[bool] = True
+
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, context_size: int,
                  maxout_size: int, *, attention: Attention | None, pad_id: int = 0,
                  dropout: float = 0.0, dropout_rnn_inputs: float = 0.0,
-                 dropout_deep_output: float = 0.0, gru_form: str = "torch") -> None:
+                 dropout_deep_output: float = 0.0, gru_form: str = "torch",
+                 layer_norm: bool = False) -> None:
         super().__init__()
         if gru_form not in GRU_FORMS:
             raise InputError(f"gru_form must be one of {GRU_FORMS}, got {gru_form!r}")
+        if layer_norm and gru_form != "torch":
+            raise InputError("layer_norm needs gru_form='torch' (bahdanau.layer_norm)")
         if context_size % 2:
             raise InputError(f"context_size must be 2H (even), got {context_size}")
         if attention is not None and (attention.query_size, attention.key_size) != (
@@ -160,6 +172,8 @@ class AttentiveDecoder(nn.Module):
         self.readout_context = nn.Linear(C, 2 * L, bias=False)    # C_o
         self.output = nn.Linear(L, vocab_size)                    # W_o (+ bias)
         self.context_proj = nn.Linear(C, C) if attention is None else None  # RNNencdec's c
+        # LN of the GRU's input and recurrent pre-activations; None: no layer norm
+        self.gate_norms = (nn.ModuleList([GateNorm(D), GateNorm(D)]) if layer_norm else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -180,6 +194,9 @@ class AttentiveDecoder(nn.Module):
             self.embedding.weight[self.pad_id].zero_()
         init_recurrent_(self.weight_hh, self.hidden_size)
         nn.init.zeros_(self.bias_hh)
+        for module in self.modules():
+            if isinstance(module, GateNorm):
+                module.reset_parameters()
         reset = getattr(self.attention, "reset_parameters", None)   # optional on the seam
         if reset is not None:
             reset()
@@ -303,6 +320,9 @@ class AttentiveDecoder(nn.Module):
             h_gates: (..., 3D or 2D) s_{i-1} through `recurrent_weights`.
             hidden: (..., D) s_{i-1}.
         """
+        if self.gate_norms is not None:            # the layer-normalised GRU (torch form)
+            x_norm, h_norm = self.gate_norms
+            return functional.gru_update(x_norm(x_gates), h_norm(h_gates), hidden)
         if self.gru_form == "torch":
             return functional.gru_update(x_gates, h_gates, hidden)
         rows = self.recurrent_rows

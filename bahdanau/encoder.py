@@ -9,6 +9,8 @@ Two paths compute the same annotations:
 
 * eager: `torch.nn.GRU` over a `PackedSequence` (torch form), or one loop over positions that
   keeps each direction's state at padding (paper form);
+* layer-normalised (``layer_norm=True``, `bahdanau.layer_norm`): one loop over positions,
+  both directions at once, on every path (`BiRNNEncoder._norm_gru`);
 * traced (`torch.compile`, `torch.export`): no `PackedSequence`. Each direction is one call of
   the registered op `torch.ops.bahdanau.gru_layer` over the padded batch; the backward direction
   reads each sentence reversed in place by a gather (position j reads len-1-j, padding stays)
@@ -33,6 +35,7 @@ from bahdanau._checks import (
 )
 from bahdanau.config import GRU_FORMS
 from bahdanau.errors import InputError
+from bahdanau.layer_norm import GateNorm
 
 
 def _gru_layer(x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor,
@@ -137,6 +140,10 @@ class BiRNNEncoder(nn.Module):
         gru_form: "torch" uses `torch.nn.GRU` (reset gate applied after U: r * (U h + b)), the
             fast path; "paper" runs the paper's GRU (U (r * h)) in a Python loop over positions,
             both directions at once. See `bahdanau.functional.gru_update`.
+        layer_norm: layer-normalised GRUs (`bahdanau.layer_norm`; torch form only): each
+            direction's input and recurrent projections normalised apart (`_norm_gru`, a loop
+            over positions on every path; the same `nn.GRU` weights, and a `GateNorm` for each
+            projection of each direction in `norms`).
 
     Paths: eager calls take the packed path (torch form) or `_paper_gru` (paper form); under
     `torch.compile` and `torch.export`, and with `sync_free=True`, both forms take
@@ -158,10 +165,12 @@ class BiRNNEncoder(nn.Module):
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, *, pad_id: int = 0,
                  dropout: float = 0.0, dropout_rnn_inputs: float = 0.0,
-                 gru_form: str = "torch") -> None:
+                 gru_form: str = "torch", layer_norm: bool = False) -> None:
         super().__init__()
         if gru_form not in GRU_FORMS:
             raise InputError(f"gru_form must be one of {GRU_FORMS}, got {gru_form!r}")
+        if layer_norm and gru_form != "torch":
+            raise InputError("layer_norm needs gru_form='torch' (bahdanau.layer_norm)")
         self.vocab_size, self.embed_size, self.hidden_size = vocab_size, embed_size, hidden_size
         self.pad_id, self.gru_form = pad_id, gru_form
         self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=pad_id)
@@ -169,6 +178,9 @@ class BiRNNEncoder(nn.Module):
         self.rnn_input_dropout = nn.Dropout(dropout_rnn_inputs)
         # Parameters named as torch.nn.GRU names them, so both forms load the same state dict.
         self.rnn = nn.GRU(embed_size, hidden_size, batch_first=True, bidirectional=True)
+        # LN of [forward W x, forward U h, backward W x, backward U h]; None: no layer norm
+        self.norms = (nn.ModuleList(GateNorm(hidden_size) for _ in range(4)) if layer_norm
+                      else None)
         self.reset_parameters()
 
     @property
@@ -188,6 +200,9 @@ class BiRNNEncoder(nn.Module):
                 nn.init.normal_(param, std=0.01)
             else:
                 nn.init.zeros_(param)
+        for module in self.modules():
+            if isinstance(module, GateNorm):
+                module.reset_parameters()
 
     def forward(self, src: Tensor, src_lengths: Tensor, *, check: bool = True,
                 sync_free: bool = False) -> tuple[Tensor, Tensor]:
@@ -217,6 +232,8 @@ class BiRNNEncoder(nn.Module):
         lengths = src_lengths.to(src.device)
         mask = functional.lengths_to_mask(lengths, src.shape[1])
         embedded = self.rnn_input_dropout(self.dropout(self.embedding(src)))   # (B, S, E)
+        if self.norms is not None:                 # no host reads: every path
+            return self._norm_gru(embedded, mask), mask
         if padded:
             return self._padded_gru(embedded, lengths, mask), mask
         if self.gru_form == "paper":
@@ -313,6 +330,29 @@ class BiRNNEncoder(nn.Module):
                 outputs[d].append(torch.where(real, h_d, torch.zeros_like(h_d)))
                 new.append(h_d)
             h = torch.stack(new)
+        fwd = torch.stack(outputs[0], dim=1)                       # (B, S, H)
+        bwd = torch.stack(outputs[1][::-1], dim=1)                 # (B, S, H)
+        return torch.cat([fwd, bwd], dim=-1)
+
+    def _norm_gru(self, embedded: Tensor, mask: Tensor) -> Tensor:
+        """Both directions of the layer-normalised GRU in one loop (fwd at position t, bwd at
+        S-1-t), each direction's state kept at padding: (B, S, E) -> (B, S, 2H), 0 at padding."""
+        assert self.norms is not None
+        src_len = embedded.shape[1]
+        directions = []
+        for d, (w_ih, w_hh, b_ih, b_hh) in enumerate(self.rnn.all_weights):
+            x_norm, h_norm = self.norms[2 * d], self.norms[2 * d + 1]
+            directions.append((x_norm(F.linear(embedded, w_ih, b_ih)), w_hh, b_hh, h_norm))
+        h = [embedded.new_zeros(embedded.shape[0], self.hidden_size) for _ in range(2)]
+        outputs: list[list[Tensor]] = [[], []]
+        for t in range(src_len):
+            for d, (x_gates, w_hh, b_hh, h_norm) in enumerate(directions):
+                position = t if d == 0 else src_len - 1 - t
+                real = mask[:, position, None]
+                new = functional.gru_update(x_gates[:, position], h_norm(F.linear(h[d], w_hh,
+                                                                                 b_hh)), h[d])
+                h[d] = torch.where(real, new, h[d])                     # padding keeps the state
+                outputs[d].append(torch.where(real, new, torch.zeros_like(new)))
         fwd = torch.stack(outputs[0], dim=1)                       # (B, S, H)
         bwd = torch.stack(outputs[1][::-1], dim=1)                 # (B, S, H)
         return torch.cat([fwd, bwd], dim=-1)

@@ -1,7 +1,9 @@
 """Evaluation with sacrebleu: corpus BLEU and chrF, BLEU without [UNK], BLEU by sentence length.
 
 Scores are computed on detokenised hypotheses against raw references, with sacrebleu's defaults
-(13a tokenisation for BLEU), and come with sacrebleu's signature so they can be reproduced.
+(13a tokenisation for BLEU), and come with sacrebleu's signature so they can be reproduced;
+`bahdanau.bleu_text.BleuText` chooses BLEU's case and tokenisation otherwise (Moses' tokenizer,
+as the WMT shared tasks scored), and the signature says so.
 `translate_corpus` turns raw sentences into detokenised translations with any model built from
 our decoder; the paper's "No UNK" column and its Figure 2 (BLEU by source length) are
 `bleu_without_unk` and `bleu_by_length`. `score_corpus` (and `score_ids` below it) scores given
@@ -13,6 +15,7 @@ checked against their sentences in `check_constraints`, before any decoding.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,6 +36,7 @@ from bahdanau._checks import (
 )
 from bahdanau._progress import Bar, progress_bar
 from bahdanau.alignments import replace_unk
+from bahdanau.bleu_text import BleuText, Tokenize
 from bahdanau.config import ModelConfig
 from bahdanau.constraints import compile_constraints
 from bahdanau.data.batching import Example, collate, pad_sources
@@ -86,26 +90,40 @@ def _check_parallel(hypotheses: Sequence[str], references: Sequence[str]) -> Non
 
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], *,
-                lowercase: bool = False) -> float:
-    """sacrebleu corpus BLEU (13a tokenisation) of detokenised text, one reference each;
-    `lowercase`: case-insensitive (sacrebleu's signature then says ``case:lc``)."""
+                lowercase: bool = False, tokenize: Tokenize = "13a",
+                moses_lang: str | None = None) -> float:
+    """sacrebleu corpus BLEU of detokenised text, one reference each: cased and 13a-tokenised
+    by default; `lowercase`, `tokenize` and `moses_lang` choose otherwise (`BleuText`:
+    ``tokenize="moses"`` scores Moses-tokenised text, as the WMT shared tasks did)."""
     _check_parallel(hypotheses, references)
-    return sacrebleu.metrics.BLEU(lowercase=lowercase).corpus_score(
-        list(hypotheses), [list(references)]).score
+    text = BleuText(lowercase=lowercase, tokenize=tokenize, moses_lang=moses_lang)
+    return _bleu(text).corpus_score(text.prepare(hypotheses),
+                                    [text.prepare(references)]).score
+
+
+def _bleu(text: BleuText) -> sacrebleu.metrics.BLEU:
+    """sacrebleu's BLEU for text read as `text` says (it has been `BleuText.prepare`d); Moses'
+    tokens are meant, so sacrebleu's warning about tokenised input is not printed (`force`)."""
+    return sacrebleu.metrics.BLEU(lowercase=text.lowercase, tokenize=text.sacrebleu_tokenize,
+                                  force=text.tokenize == "moses")
 
 
 def corpus_scores(hypotheses: Sequence[str], references: Sequence[str], *,
-                  lowercase: bool = False) -> CorpusScores:
-    """BLEU and chrF with their signatures; `lowercase`: both case-insensitive (the BLEU
+                  lowercase: bool = False, tokenize: Tokenize = "13a",
+                  moses_lang: str | None = None) -> CorpusScores:
+    """BLEU and chrF with their signatures. `lowercase`: both case-insensitive (the BLEU
     signature then says ``case:lc``; sacrebleu's chrF has no case option and is computed on
-    lowercased text)."""
+    lowercased text); `tokenize`, `moses_lang`: BLEU's tokenisation (`BleuText`; chrF, which
+    reads characters, reads the same text, Moses-normalised for ``moses``)."""
     _check_parallel(hypotheses, references)
+    text = BleuText(lowercase=lowercase, tokenize=tokenize, moses_lang=moses_lang)
+    hyps, refs = text.prepare(hypotheses), text.prepare(references)
     if lowercase:   # sacrebleu's chrF has no lowercase option: lowercase the text itself
-        hypotheses, references = [h.lower() for h in hypotheses], [r.lower() for r in references]
-    bleu, chrf = sacrebleu.metrics.BLEU(lowercase=lowercase), sacrebleu.metrics.CHRF()
-    hyps, refs = list(hypotheses), [list(references)]
-    return CorpusScores(bleu.corpus_score(hyps, refs).score, chrf.corpus_score(hyps, refs).score,
-                        len(hyps), str(bleu.get_signature()), str(chrf.get_signature()))
+        hyps, refs = [h.lower() for h in hyps], [r.lower() for r in refs]
+    bleu, chrf = _bleu(text), sacrebleu.metrics.CHRF()
+    return CorpusScores(bleu.corpus_score(hyps, [refs]).score,
+                        chrf.corpus_score(hyps, [refs]).score, len(hyps),
+                        text.signature(str(bleu.get_signature())), str(chrf.get_signature()))
 
 
 def has_unk(tokens: Sequence[str], vocab: Vocab) -> bool:
@@ -114,7 +132,8 @@ def has_unk(tokens: Sequence[str], vocab: Vocab) -> bool:
 
 
 def bleu_without_unk(hypotheses: Sequence[str], references: Sequence[str],
-                     unk_flags: Sequence[bool], *, lowercase: bool = False
+                     unk_flags: Sequence[bool], *, lowercase: bool = False,
+                     tokenize: Tokenize = "13a", moses_lang: str | None = None
                      ) -> tuple[float | None, int]:
     """BLEU on the sentences whose flag is False (the paper's "No UNK" column).
 
@@ -122,7 +141,7 @@ def bleu_without_unk(hypotheses: Sequence[str], references: Sequence[str],
         hypotheses, references: detokenised text, line-aligned.
         unk_flags: per sentence, True if its source or reference has a word outside the
             vocabularies (see `has_unk`).
-        lowercase: case-insensitive BLEU, as `corpus_bleu`.
+        lowercase, tokenize, moses_lang: how BLEU reads the text, as for `corpus_bleu`.
     Returns:
         (BLEU or None if no sentence is left, number of sentences kept).
     """
@@ -133,14 +152,16 @@ def bleu_without_unk(hypotheses: Sequence[str], references: Sequence[str],
     if not keep:
         return None, 0
     return corpus_bleu([hypotheses[i] for i in keep], [references[i] for i in keep],
-                       lowercase=lowercase), len(keep)
+                       lowercase=lowercase, tokenize=tokenize,
+                       moses_lang=moses_lang), len(keep)
 
 
 def bleu_by_length(source_lengths: Sequence[int], hypotheses: Sequence[str],
                    references: Sequence[str], edges: Sequence[int] = (10, 20, 30, 40, 50, 60),
-                   *, lowercase: bool = False) -> list[LengthBucket]:
+                   *, lowercase: bool = False, tokenize: Tokenize = "13a",
+                   moses_lang: str | None = None) -> list[LengthBucket]:
     """BLEU per source-length bucket: [0, e1), [e1, e2), ..., [e_last, inf) (paper Figure 2);
-    `lowercase` as for `corpus_bleu`."""
+    `lowercase`, `tokenize` and `moses_lang` as for `corpus_bleu`."""
     _check_parallel(hypotheses, references)
     if len(source_lengths) != len(hypotheses):
         raise InputError(f"{len(source_lengths)} source lengths for {len(hypotheses)} sentences")
@@ -153,7 +174,7 @@ def bleu_by_length(source_lengths: Sequence[int], hypotheses: Sequence[str],
         high = bounds[i + 1] if i + 1 < len(bounds) else None
         idx = [j for j, n in enumerate(source_lengths) if n >= low and (high is None or n < high)]
         score = (corpus_bleu([hypotheses[j] for j in idx], [references[j] for j in idx],
-                             lowercase=lowercase)
+                             lowercase=lowercase, tokenize=tokenize, moses_lang=moses_lang)
                  if idx else None)
         buckets.append(LengthBucket(low, high, len(idx), score))
     return buckets
@@ -161,31 +182,38 @@ def bleu_by_length(source_lengths: Sequence[int], hypotheses: Sequence[str],
 
 def score_test_set(hypotheses: Sequence[str], sources: Sequence[str], references: Sequence[str],
                    src_vocab: Vocab, tgt_vocab: Vocab, tokenizer: Tokenizer, *,
-                   edges: Sequence[int] = (10, 20, 30, 40, 50, 60)) -> dict[str, Any]:
+                   edges: Sequence[int] = (10, 20, 30, 40, 50, 60),
+                   bleu: BleuText | None = None) -> dict[str, Any]:
     """Every test-set score the paper reports, as a JSON-friendly dict (scores to 2 decimals).
 
     BLEU and chrF with signatures; BLEU on the pairs whose source and reference have no [UNK]
     (Table 1's second column); BLEU by source length in tokens (Figure 2). The references'
     whitespace is normalised as the tokenizer's round trip normalises the hypotheses'. A
     tokenizer that lowercases (`lowercase=True`) makes every score case-insensitive, and the
-    BLEU signature says so (``case:lc``).
+    BLEU signature says so (``case:lc``); so does `bleu` with ``lowercase=True``, and its
+    ``tokenize`` sets BLEU's tokenisation (``moses``: the WMT shared tasks'), which the
+    signature shows too.
 
     Args:
         hypotheses: detokenised translations, one per source sentence.
         sources, references: the raw source sentences and reference translations.
         src_vocab, tgt_vocab, tokenizer: what the model was trained with.
         edges: bucket edges of `bleu_by_length`.
+        bleu: how BLEU reads the text (`BleuText`; default: sacrebleu's, cased unless the
+            tokenizer lowercases).
     """
-    lowercase = bool(getattr(tokenizer, "lowercase", False))
+    bleu = bleu or BleuText()
+    if getattr(tokenizer, "lowercase", False):
+        bleu = dataclasses.replace(bleu, lowercase=True)
+    how = dataclasses.asdict(bleu)                     # lowercase, tokenize, moses_lang
     refs = [normalize_whitespace(r) for r in references]
-    scores = corpus_scores(hypotheses, refs, lowercase=lowercase)
+    scores = corpus_scores(hypotheses, refs, **how)
     src_tokens = [tokenizer.tokenize(s) for s in sources]
     target_tokenizer = sides(tokenizer)[1]
     flags = [has_unk(s, src_vocab) or has_unk(target_tokenizer.tokenize(r), tgt_vocab)
              for s, r in zip(src_tokens, refs, strict=True)]
-    no_unk, n_no_unk = bleu_without_unk(hypotheses, refs, flags, lowercase=lowercase)
-    buckets = bleu_by_length([len(s) for s in src_tokens], hypotheses, refs, edges=edges,
-                             lowercase=lowercase)
+    no_unk, n_no_unk = bleu_without_unk(hypotheses, refs, flags, **how)
+    buckets = bleu_by_length([len(s) for s in src_tokens], hypotheses, refs, edges=edges, **how)
     return {
         "bleu": round(scores.bleu, 2), "chrf": round(scores.chrf, 2),
         "bleu_no_unk": None if no_unk is None else round(no_unk, 2),
@@ -194,6 +222,7 @@ def score_test_set(hypotheses: Sequence[str], sources: Sequence[str], references
                             "bleu": None if b.bleu is None else round(b.bleu, 2)}
                            for b in buckets],
         "bleu_signature": scores.bleu_signature, "chrf_signature": scores.chrf_signature,
+        "bleu_text": how,
     }
 
 

@@ -25,11 +25,13 @@ from bahdanau._checks import (
     check_type,
 )
 from bahdanau.attention import AdditiveAttention, LuongAttention
+from bahdanau.conditional_decoder import ConditionalGRUDecoder
 from bahdanau.config import ENGINES, EOS_ID, Arch, ModelConfig
 from bahdanau.decoder import AttentiveDecoder, DecoderState, StepOutput
 from bahdanau.encoder import BiRNNEncoder
 from bahdanau.engine import DecoderEngine
 from bahdanau.errors import InputError
+from bahdanau.layer_norm import reset_gate_norms_
 from bahdanau.search import BeamSearch, Hypothesis, LengthPenalty
 
 
@@ -45,7 +47,9 @@ class RNNSearch(nn.Module):
         encoder: produces (B, S, 2H) annotations and the (B, S) mask.
         decoder: an `AttentiveDecoder` whose context size is the encoder's output size.
         engine: "fast" (decoding and training through `bahdanau.engine.DecoderEngine`, the same
-            function computed faster) or "reference" (the paper-shaped decoder alone).
+            function computed faster, for a decoder that has that twin: `has_fast_twin`; the
+            conditional GRU decoder has none and takes the reference path) or "reference"
+            (the paper-shaped decoder alone).
         config: the `ModelConfig` the model was built from (kept for checkpoints), if any.
     """
 
@@ -62,7 +66,10 @@ class RNNSearch(nn.Module):
         if engine not in ENGINES:
             raise InputError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.encoder, self.decoder, self.config = encoder, decoder, config
-        self.engine = DecoderEngine(decoder) if engine == "fast" else None
+        # "fast" where the engine can run the decoder (`AttentiveDecoder.has_fast_twin`): the
+        # conditional GRU decoder has no fast twin and takes the reference path
+        fast = engine == "fast" and getattr(decoder, "has_fast_twin", True)
+        self.engine = DecoderEngine(decoder) if fast else None
         # Resolved once: an encoder of the user's own needs neither `check_inputs` (the model
         # then checks the lengths against the padding itself) nor a `check` argument (which
         # lets the model skip the value checks it has made at its door).
@@ -84,16 +91,18 @@ class RNNSearch(nn.Module):
         cfg = replace(cfg, arch=cls.arch)
         encoder = BiRNNEncoder(cfg.src_vocab_size, cfg.embed_size, cfg.hidden_size,
                                pad_id=cfg.pad_id, dropout=cfg.dropout,
-                               dropout_rnn_inputs=cfg.dropout_rnn_inputs, gru_form=cfg.gru_form)
+                               dropout_rnn_inputs=cfg.dropout_rnn_inputs, gru_form=cfg.gru_form,
+                               layer_norm=cfg.layer_norm)
         attention = None
         if cls.arch == "rnnsearch":
             attention = _attention(cfg)
-        decoder = AttentiveDecoder(cfg.tgt_vocab_size, cfg.embed_size, cfg.decoder_size,
+        decoder_class = ConditionalGRUDecoder if cfg.decoder == "cgru" else AttentiveDecoder
+        decoder = decoder_class(cfg.tgt_vocab_size, cfg.embed_size, cfg.decoder_size,
                                    2 * cfg.hidden_size, cfg.maxout_size, attention=attention,
                                    pad_id=cfg.pad_id, dropout=cfg.dropout,
                                    dropout_rnn_inputs=cfg.dropout_rnn_inputs,
                                    dropout_deep_output=cfg.dropout_deep_output,
-                                   gru_form=cfg.gru_form)
+                                   gru_form=cfg.gru_form, layer_norm=cfg.layer_norm)
         model = cls(encoder, decoder, engine=cfg.engine, config=cfg)
         if cfg.init == "glorot":
             glorot_init_(model)
@@ -374,7 +383,8 @@ def glorot_init_(model: nn.Module) -> None:
 
     The paper's initialisation (the default) draws matrices from $\mathcal{N}(0, 0.01^2)$, the
     alignment matrices from $\mathcal{N}(0, 0.001^2)$ and the recurrent ones orthogonal; this is
-    the common choice of toolkits (OpenNMT-py's `param_init_glorot`) instead.
+    the common choice of toolkits (OpenNMT-py's `param_init_glorot`) instead. Layer norms
+    (`bahdanau.layer_norm`) keep gain 1 and shift 0.
     """
     with torch.no_grad():
         for param in model.parameters():
@@ -385,6 +395,7 @@ def glorot_init_(model: nn.Module) -> None:
         for module in model.modules():
             if isinstance(module, nn.Embedding) and module.padding_idx is not None:
                 module.weight[module.padding_idx].zero_()
+    reset_gate_norms_(model)                # layer norms' gains 1 (a vector drawn as 0 above)
 
 
 def model_class(cfg: ModelConfig) -> type[RNNSearch]:

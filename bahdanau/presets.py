@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from bahdanau.config import Arch, GRUForm, Init, ModelConfig
+from bahdanau.config import Arch, DecoderKind, GRUForm, Init, ModelConfig
 from bahdanau.settings import check_settings, like, setting
 
 
@@ -75,6 +75,8 @@ class ModelChoices:
     maxout_size: int | None = like(ModelConfig, "maxout_size", default=None)
     arch: Arch = like(ModelConfig, "arch")
     gru_form: GRUForm = like(ModelConfig, "gru_form")
+    decoder: DecoderKind = like(ModelConfig, "decoder")
+    layer_norm: bool = like(ModelConfig, "layer_norm")
     dropout: float = like(ModelConfig, "dropout")
     dropout_rnn_inputs: float = like(ModelConfig, "dropout_rnn_inputs")
     dropout_deep_output: float = like(ModelConfig, "dropout_deep_output")
@@ -82,6 +84,7 @@ class ModelChoices:
 
     def __post_init__(self) -> None:
         check_settings(self)
+        self.config(5, 5)          # the choices that only go together, before any work
 
     def config(self, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
         """The `ModelConfig` of these choices for vocabularies of these sizes: the preset's,

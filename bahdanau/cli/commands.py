@@ -264,7 +264,8 @@ def evaluate(o: EvaluateOptions) -> int:
     check_line_phrases(o, phrases, sources, t, beam_search(o))
     with precision:
         report = score_translations(t.model, sources, references, t.src_vocab, t.tgt_vocab,
-                                    t.tokenizer, o, device, phrases)
+                                    t.tokenizer, o, device, phrases=phrases,
+                                    bleu=o.bleu)
     lines, metrics = report.lines(), report.metrics()
     if o.metric:
         rates = _error_rates(sources, references, report.translations, t.tokenizer)

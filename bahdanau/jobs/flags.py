@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import typing
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -53,16 +53,20 @@ GROUPS: dict[str, str] = {
     "optimisation": "the optimizer, its schedule and the batches",
     "limits": "when training stops, and the dev evaluations that may stop it",
     "decoding": "beam search settings",
+    "scoring": "how BLEU reads the text: its case and tokenisation (sacrebleu's, or Moses')",
     "machine": "device, threads, precision and loader processes",
     "output": "the run folder, checkpoints and logs",
 }
 
 
-def section(default: Any, group: str) -> Any:
+def section(default: Any, group: str, prefix: str = "") -> Any:
     """A field holding a section of settings declared elsewhere (a frozen dataclass), whose
     settings are options of their own (flattened: ``--lr``, not ``--training-lr``), shown in
-    --help under `group` unless a setting names its own."""
-    return dataclasses.field(default=default, metadata={"section": True, "group": group})
+    --help under `group` unless a setting names its own; `prefix` goes before each of their
+    names where a command holds the section apart from options of the same name
+    (``--test-lowercase`` beside train's own ``--lowercase``)."""
+    return dataclasses.field(default=default,
+                             metadata={"section": True, "group": group, "prefix": prefix})
 
 
 class FlatSetting(typing.NamedTuple):
@@ -83,7 +87,8 @@ def flat_settings(cls: type) -> Iterator[FlatSetting]:
         if field.metadata.get("section"):
             for inner, annotation, spec in declared(hints[field.name]):
                 if spec.flag != "":                    # "": kept off the command line
-                    yield FlatSetting(_key(inner), inner, annotation, spec, field.name,
+                    yield FlatSetting(field.metadata["prefix"] + _key(inner), inner,
+                                      annotation, spec, field.name,
                                       spec.group or field.metadata["group"])
         else:
             spec = field.metadata["setting"]
@@ -137,10 +142,11 @@ class Options:
             target[s.field.name] = value
         # Options is a mixin of dataclasses, which mypy cannot see from here
         fields = {f.name: f for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-        with naming_fields(_flag_of):                   # a section's errors name the flag too
-            for name, given in sections.items():
+        for name, given in sections.items():             # a section's errors name the flag too
+            with naming_fields(_prefixed(fields[name].metadata["prefix"])):
                 default: Any = fields[name].default           # a section's frozen dataclass
                 own[name] = replace(default, **given)
+        with naming_fields(_flag_of):
             return cls(**own)
 
     def to_record(self) -> dict[str, Any]:
@@ -148,6 +154,11 @@ class Options:
         how to start (declared ``on_resume="not_recorded"``: --out, --resume, --overwrite)."""
         return {s.key: value_of(self, s) for s in flat_settings(type(self))
                 if s.spec.on_resume != "not_recorded"}
+
+
+def _prefixed(prefix: str) -> Callable[[dataclasses.Field], str]:
+    """How messages name a setting of a section whose flags take `prefix`."""
+    return lambda field: flag(prefix + _key(field))
 
 
 def _from_text(name: str, annotation: Any, value: Any) -> Any:

@@ -6,7 +6,9 @@ Each command's options are a frozen dataclass (`TrainOptions`, `TranslateOptions
 declared with `bahdanau.settings.setting` (type, default, help, bounds, resume rule), or a
 section of settings declared elsewhere and flattened into the same flags: `TrainOptions.model`
 (`bahdanau.presets.ModelChoices`) and `TrainOptions.training` (`bahdanau.config.TrainConfig`,
-with the default job's values, `JOB_TRAINING`). From these declarations
+with the default job's values, `JOB_TRAINING`), and how BLEU reads the text
+(`bahdanau.bleu_text.BleuText`: `EvaluateOptions.bleu`, and `TrainOptions.test_bleu`, whose
+flags take the prefix ``--test-``, beside train's own --lowercase). From these declarations
 (`bahdanau.jobs.flags`, how an options class becomes flags):
 
 - `add_arguments` builds the argparse options (``train_batch_size`` is ``--train-batch-size``;
@@ -37,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from bahdanau.bleu_text import BleuText
 from bahdanau.config import UNNAMED_METRIC, Amp, TrainConfig
 from bahdanau.data.text import MULTI30K_LANGS
 from bahdanau.error_rates import METRICS
@@ -241,6 +244,8 @@ class TrainOptions(SearchOptions):
     test_tgt: str | None = option(None, "test target file", metavar="FILE", group="data")
     model: ModelChoices = section(ModelChoices(), "model")  # --preset, --arch, --dropout, ...
     training: TrainConfig = section(JOB_TRAINING, "optimisation")  # --lr, --max-steps, ...
+    # how the test report's BLEU reads the text: --test-lowercase, --test-tokenize, ...
+    test_bleu: BleuText = section(BleuText(), "scoring", prefix="test_")
     init_from: str | None = option(
         None, "fine-tune: start from the weights of a trained model (a checkpoint, a run folder "
         "or a bahdanau release folder) on this run's data; the optimizer starts afresh (a "
@@ -441,6 +446,7 @@ class EvaluateOptions(PhraseOptions):
     ref: str = option(None, "reference file", required=True, metavar="FILE")
     output: str | None = option(None, "write the translations here", metavar="FILE")
     json: str | None = option(None, "write the scores here", metavar="FILE")
+    bleu: BleuText = section(BleuText(), "scoring")     # --lowercase, --tokenize, --moses-lang
     metric: tuple[str, ...] | None = option(
         None, "also score as transduction, beside BLEU/chrF: wer (a line is wrong unless it "
         "equals a reference), per (edit distance in target tokens to the closest reference) "

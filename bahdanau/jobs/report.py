@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from bahdanau.bleu_text import BleuText
 from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.evaluate import Translation, score_test_set, translate_corpus
@@ -66,7 +67,8 @@ class TestReport:
 def score_translations(model: torch.nn.Module, sources: list[str], references: list[str],
                        src_vocab: Vocab, tgt_vocab: Vocab, tokenizer: Tokenizer,
                        options: SearchOptions, device: torch.device,
-                       phrases: tuple[Any, Any] = (None, None)) -> TestReport:
+                       phrases: tuple[Any, Any] = (None, None),
+                       bleu: BleuText | None = None) -> TestReport:
     """Translate `sources` with the search of `options` and score them against `references`.
 
     Args:
@@ -77,6 +79,8 @@ def score_translations(model: torch.nn.Module, sources: list[str], references: l
         device: where to decode.
         phrases: each sentence's required and avoided phrases (text), or None
             (`translate_corpus`'s `constraints` and `avoid`).
+        bleu: how BLEU reads the text (default: sacrebleu's 13a, cased unless the tokenizer
+            lowercases).
     """
     start = time.perf_counter()
     out = translate_corpus(model, sources, src_vocab, tgt_vocab, tokenizer,
@@ -85,7 +89,7 @@ def score_translations(model: torch.nn.Module, sources: list[str], references: l
                            constraints=phrases[0], avoid=phrases[1])
     seconds = time.perf_counter() - start
     scores = score_test_set([t.text for t in out], sources, references, src_vocab, tgt_vocab,
-                            tokenizer)
+                            tokenizer, bleu=bleu)
     return TestReport(scores, options.beam_size, seconds, out)
 
 

@@ -289,7 +289,7 @@ def _test_report(o: TrainOptions, data: _Data, run: TrainRun, device: torch.devi
     sources, references = [s for s, _ in data.test], [t for _, t in data.test]
     with autocast(o.training.amp, device):                # the run's --amp, as its updates
         report = score_translations(run.model, sources, references, data.src_vocab,
-                                    data.tgt_vocab, data.tokenizer, o, device)
+                                    data.tgt_vocab, data.tokenizer, o, device, bleu=o.test_bleu)
     write_text(out / "test.hyp.txt", "".join(t.text + "\n" for t in report.translations))
     pick = typical_sentence(sources, data.tokenizer)
     note = plot_alignment_file(out / "alignment.png", report.translations[pick],
