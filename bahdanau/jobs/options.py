@@ -131,20 +131,29 @@ def _shown(value: Any) -> str:
 
 def resumed_options(stored: Mapping[str, Any], given: TrainOptions) -> TrainOptions:
     """`given` as it resumes the run that recorded `stored`, with the run's own values of what
-    it leaves out and the run's start alone needed: a --time-budget not given (so that a run
-    begun under an older default, 12 minutes, keeps the length it had), and the --init-from
-    model of a fine-tuned run, with its --init-vocab (its checkpoints hold the weights now:
-    ``bahdanau train --out RUN ...`` resumes it without naming the model again).
+    it leaves out and the run's start alone needed: its limits when `given` names none
+    (--max-steps, --max-epochs, a non-zero --time-budget: ``bahdanau train --out RUN``
+    continues an interrupted ``--max-steps 200`` run to step 200, not for the default job's
+    length), a --time-budget not given (so that a run begun under an older default, 12
+    minutes, keeps the length it had), and the --init-from model of a fine-tuned run, with its
+    --init-vocab (its checkpoints hold the weights now: ``bahdanau train --out RUN ...``
+    resumes it without naming the model again).
 
     Raises:
         InputError: a stored value is not a valid one (a damaged config.yaml).
     """
     kept: dict[str, Any] = {}
+    training: dict[str, Any] = {}
+    if not any(given.limits_given.values()):
+        training = {name: stored[name] for name in ("max_steps", "max_epochs")
+                    if stored.get(name) is not None}
     if given.time_budget is None and stored.get("time_budget") is not None:
         kept["time_budget"] = stored["time_budget"]
     if given.init_from is None and stored.get("init_from") is not None:
         kept["init_from"] = stored["init_from"]
         kept["init_vocab"] = stored.get("init_vocab", True)
+    if training:
+        kept["training"] = dataclasses.replace(given.training, **training)
     return dataclasses.replace(given, **kept) if kept else given
 
 
@@ -356,14 +365,20 @@ class TrainOptions(SearchOptions):
         Raises:
             InputError: no limit is given and the corpus is the user's own.
         """
-        given = Limits(max_steps=self.training.max_steps, max_epochs=self.training.max_epochs,
-                       max_time_s=self.time_budget * 60 if self.time_budget else None)
+        given = self.limits_given
         if any(value is not None for value in given.values()):
             return given
         if self.own_data or self.data is not None:
             raise InputError("set --max-steps, --max-epochs or a non-zero --time-budget: your "
                              "own corpus has no default training length")
         return Limits(max_steps=None, max_epochs=DEFAULT_EPOCHS, max_time_s=None)
+
+    @property
+    def limits_given(self) -> Limits:
+        """The limits these options name (--max-steps, --max-epochs, a non-zero
+        --time-budget), None for each one they leave out."""
+        return Limits(max_steps=self.training.max_steps, max_epochs=self.training.max_epochs,
+                      max_time_s=self.time_budget * 60 if self.time_budget else None)
 
     def train_config(self) -> TrainConfig:
         """The `TrainConfig` of these options: `training` with the `limits`."""

@@ -61,6 +61,68 @@ def test_rerunning_a_finished_run_does_nothing(data, tmp_path, capsys) -> None:
     assert _files(out) == before
 
 
+def test_a_finished_run_is_left_alone_unless_asked_for_more(data, tmp_path, capsys) -> None:
+    """A run that reached its --max-steps: the same command, or one without its limit, leaves
+    it as it is (one line, status 0; the default job's length is no longer taken); a changed
+    option that trains no further is one error line; a larger limit continues it."""
+    out = tmp_path / "run"
+    assert main(_argv(data, out, "--max-steps", "2", "--save-every", "1")) == 0
+    before = _files(out)
+    capsys.readouterr()
+    for argv in (_argv(data, out, "--max-steps", "2", "--save-every", "1"),
+                 _argv(data, out, "--save-every", "1")):             # its limit left out
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        assert logged(err) == [f"nothing to do: the run in {out} finished at step 2 "
+                               "(--max-steps 2); raise its limit to train on, or score it "
+                               "with bahdanau evaluate"], err
+        assert _files(out) == before
+    for changed, said in ((["--max-steps", "1"], "--max-steps 2 -> 1"),
+                          (["--max-steps", "2", "--lr", "0.5"], "--lr default -> 0.5")):
+        assert main(_argv(data, out, "--save-every", "1", *changed)) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("bahdanau: error: the run in "), err
+        assert said in err and "give a larger --max-steps" in err and "--overwrite" in err
+        assert _files(out) == before
+    assert main(_argv(data, out, "--max-steps", "3", "--save-every", "1")) == 0
+    err = capsys.readouterr().err
+    assert "changed on resume: --max-steps 2 -> 3" in err and "trained 3 updates" in err
+    assert _stored_step(out / "checkpoints" / "step_00000003.pt") == 3
+
+
+def _interrupt_after(monkeypatch, steps: int) -> None:
+    """Training in this process gets SIGINT once `steps` more updates have run (as Ctrl-C
+    would: the loop notes it, finishes the update and saves)."""
+    import bahdanau.training.loop as loop
+
+    done = []
+
+    def step(run):
+        stats = run_step(run)
+        done.append(run.state.step)
+        if len(done) == steps:
+            run.signal = "sigint"
+        return stats
+
+    run_step = loop.run_step
+    monkeypatch.setattr(loop, "run_step", step)
+
+
+def test_an_interrupted_run_resumes_to_its_own_limit(data, tmp_path, capsys,
+                                                     monkeypatch) -> None:
+    """`bahdanau train --out RUN` with no limit resumes an interrupted --max-steps run to its
+    own limit: not for another length, and with no limit asked of the user's own corpus."""
+    out = tmp_path / "run"
+    with monkeypatch.context() as patched:
+        _interrupt_after(patched, 1)
+        assert main(_argv(data, out, "--max-steps", "3")) == 128 + signal.SIGINT
+    assert "stopped by SIGINT at step 1" in capsys.readouterr().err
+    assert main(_argv(data, out)) == 0
+    err = capsys.readouterr().err
+    assert "trained 3 updates" in err and "changed on resume" not in err
+    assert json.loads((out / "config.yaml").read_text())["max_steps"] == 3
+
+
 def test_resume_applies_and_records_changed_options(data, tmp_path, capsys) -> None:
     """A new learning rate and step limit take effect on resume, are logged, and are what the
     next checkpoint and config.yaml record; the optimizer really uses the new rate."""
