@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_fixtures import logged, write_multi30k_slice
+from training_fixtures import interrupt_after, logged, write_multi30k_slice
 
 from bahdanau import InputError, TrainConfig, Vocab, build_model, presets
 from bahdanau.cli import main
@@ -90,31 +90,13 @@ def test_a_finished_run_is_left_alone_unless_asked_for_more(data, tmp_path, caps
     assert _stored_step(out / "checkpoints" / "step_00000003.pt") == 3
 
 
-def _interrupt_after(monkeypatch, steps: int) -> None:
-    """Training in this process gets SIGINT once `steps` more updates have run (as Ctrl-C
-    would: the loop notes it, finishes the update and saves)."""
-    import bahdanau.training.loop as loop
-
-    done = []
-
-    def step(run):
-        stats = run_step(run)
-        done.append(run.state.step)
-        if len(done) == steps:
-            run.signal = "sigint"
-        return stats
-
-    run_step = loop.run_step
-    monkeypatch.setattr(loop, "run_step", step)
-
-
 def test_an_interrupted_run_resumes_to_its_own_limit(data, tmp_path, capsys,
                                                      monkeypatch) -> None:
     """`bahdanau train --out RUN` with no limit resumes an interrupted --max-steps run to its
     own limit: not for another length, and with no limit asked of the user's own corpus."""
     out = tmp_path / "run"
     with monkeypatch.context() as patched:
-        _interrupt_after(patched, 1)
+        interrupt_after(patched, 1)
         assert main(_argv(data, out, "--max-steps", "3")) == 128 + signal.SIGINT
     assert "stopped by SIGINT at step 1" in capsys.readouterr().err
     assert main(_argv(data, out)) == 0
