@@ -42,7 +42,7 @@ Schedule = Literal["constant", "inverse_sqrt", "plateau"]
 StoppingMetric = Literal["bleu", "chrf", "ppl"]
 LOWER_IS_BETTER = frozenset({"ppl"})    # scores where less is better; the others: more
 # The early-stopping metric of a run recorded before the metric had a name (a best.json without
-# "name", a config.yaml without early_stopping_metric): BLEU, the only one there was then.
+# "name", an options.json without early_stopping_metric): BLEU, the only one there was then.
 UNNAMED_METRIC: StoppingMetric = "bleu"
 
 

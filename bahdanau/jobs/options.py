@@ -14,7 +14,7 @@ with the default job's values, `JOB_TRAINING`). From these declarations
 - `from_mapping` turns what argparse parsed (strings) or what a file holds (JSON / YAML values)
   into the dataclass, and construction validates every field, once, in the dataclasses, with
   one `InputError` naming the flag;
-- a run folder stores `TrainOptions.to_record()` as its ``config.yaml``, and `resume_changes`
+- a run folder stores `TrainOptions.to_record()` as its ``options.json``, and `resume_changes`
   sorts the options a resumed run changes into those it must refuse (declared
   ``on_resume="fixed"``: the model, the data and its tokenisation, the batches, the seed, the
   optimizer type) and those it applies and records ("applied"); `resumed_options` keeps a run's
@@ -88,7 +88,7 @@ class Limits(typing.TypedDict):
     max_time_s: float | None
 
 
-# Options that config.yaml records only since a later version, and the value that the runs
+# Options that options.json records only since a later version, and the value that the runs
 # written before then had: a missing one is compared as that (any other missing option is not).
 _BEFORE_RECORDED = {"early_stopping_metric": UNNAMED_METRIC}
 
@@ -97,7 +97,7 @@ def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
     """What a resumed run changes, as "--flag old -> new" lines; refuses fixed options.
 
     Args:
-        stored: the options the run was last started with (its ``config.yaml``).
+        stored: the options the run was last started with (its ``options.json``).
         given: the options of this start.
     Returns:
         One line per changed "applied" option, to log ("--threads 2 -> default" when it is
@@ -140,7 +140,7 @@ def resumed_options(stored: Mapping[str, Any], given: TrainOptions) -> TrainOpti
     resumes it without naming the model again).
 
     Raises:
-        InputError: a stored value is not a valid one (a damaged config.yaml).
+        InputError: a stored value is not a valid one (a damaged options.json).
     """
     kept: dict[str, Any] = {}
     training: dict[str, Any] = {}
@@ -284,7 +284,7 @@ class TrainOptions(SearchOptions):
                                 "--no-resume refuses an OUT that holds a run",
                           on_resume="not_recorded", group="output")
     overwrite: bool = option(False, "start a new run in OUT, deleting the run it holds "
-                                    "(checkpoints, config.yaml, results; other files stay)",
+                                    "(checkpoints, options.json, results; other files stay)",
                              on_resume="not_recorded", group="output")
 
     def check(self) -> None:

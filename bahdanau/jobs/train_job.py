@@ -51,7 +51,14 @@ from bahdanau.jobs.resolve import (
     machine_line,
     thread_tuner,
 )
-from bahdanau.jobs.run_folder import RUN_CONFIG, holds_run, locked, remove_run, stored_options
+from bahdanau.jobs.run_folder import (
+    OLD_RUN_CONFIG,
+    RUN_CONFIG,
+    holds_run,
+    locked,
+    remove_run,
+    stored_options,
+)
 from bahdanau.models import build_model
 from bahdanau.search import BeamSearch
 from bahdanau.training.distributed import (
@@ -339,7 +346,8 @@ def _open_records(o: TrainOptions, run: TrainRun, log: TrainLog | None, command:
                   device: torch.device, stack: ExitStack) -> TensorBoardLog | None:
     """On rank 0 (`log` given), once the run is set up: start its train.log (header: `command`
     and the versions), its TensorBoard events with --tensorboard (returned), and write its
-    options, with the versions, as config.yaml."""
+    options, with the versions, as options.json (in place of an earlier version's config.yaml,
+    read by `stored_options`)."""
     if log is None:
         return None
     out, record = Path(o.out), versions(device)
@@ -350,6 +358,7 @@ def _open_records(o: TrainOptions, run: TrainRun, log: TrainLog | None, command:
             out / "tensorboard", purge_step=run.state.step if run.resumed_from else None))
     write_text(out / RUN_CONFIG, json.dumps({**o.to_record(), "versions": record}, indent=2)
                + "\n")
+    (out / OLD_RUN_CONFIG).unlink(missing_ok=True)     # an earlier version's name of it
     return board
 
 

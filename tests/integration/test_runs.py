@@ -102,12 +102,12 @@ def test_an_interrupted_run_resumes_to_its_own_limit(data, tmp_path, capsys,
     assert main(_argv(data, out)) == 0
     err = capsys.readouterr().err
     assert "trained 3 updates" in err and "changed on resume" not in err
-    assert json.loads((out / "config.yaml").read_text())["max_steps"] == 3
+    assert json.loads((out / "options.json").read_text())["max_steps"] == 3
 
 
 def test_resume_applies_and_records_changed_options(data, tmp_path, capsys) -> None:
     """A new learning rate and step limit take effect on resume, are logged, and are what the
-    next checkpoint and config.yaml record; the optimizer really uses the new rate."""
+    next checkpoint and options.json record; the optimizer really uses the new rate."""
     out = tmp_path / "run"
     assert main(_argv(data, out, "--max-steps", "2", "--lr", "0.001")) == 0
     capsys.readouterr()
@@ -118,7 +118,7 @@ def test_resume_applies_and_records_changed_options(data, tmp_path, capsys) -> N
     payload = torch.load(out / "checkpoints" / "step_00000004.pt", weights_only=True)
     assert payload["train_config"]["lr"] == 0.0005
     assert {g["lr"] for g in payload["optimizer"]["param_groups"]} == {0.0005}
-    assert json.loads((out / "config.yaml").read_text())["lr"] == 0.0005
+    assert json.loads((out / "options.json").read_text())["lr"] == 0.0005
 
 
 def test_optimisation_and_dropout_options_reach_the_run(data, tmp_path, capsys) -> None:
@@ -169,7 +169,7 @@ def test_no_resume_refuses_and_overwrite_replaces_the_run(data, tmp_path, capsys
     assert main(_argv(data, out, "--max-steps", "1", "--overwrite", "--seed", "5")) == 0
     names = sorted(p.name for p in (out / "checkpoints").glob("step_*.pt"))
     assert names == ["step_00000001.pt"]                    # nothing of the old run is left
-    assert json.loads((out / "config.yaml").read_text())["seed"] == 5
+    assert json.loads((out / "options.json").read_text())["seed"] == 5
     assert (out / "my-notes.txt").read_text() == "kept"
     assert not (out / ".overwritten").exists()
 
@@ -226,7 +226,7 @@ def test_a_second_train_into_the_same_folder_is_refused(data, tmp_path, capsys) 
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert main(_argv(data, out, "--max-steps", "1")) == 2
     assert "in use by another bahdanau train" in capsys.readouterr().err
-    assert not (out / "checkpoints").exists() and not (out / "config.yaml").exists()
+    assert not (out / "checkpoints").exists() and not (out / "options.json").exists()
 
 
 def test_overwrite_keeps_a_folder_without_a_run(data, tmp_path) -> None:
@@ -319,20 +319,20 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_a_run_config_reproduces_the_run(data, tmp_path, capsys) -> None:
-    """`--config RUN/config.yaml --out NEW` trains the same weights; flags override the file."""
+    """`--config RUN/options.json --out NEW` trains the same weights; flags override the file."""
     first = tmp_path / "first"
     assert main(_argv(data, first, "--max-steps", "2", "--lr", "0.003", test=False)) == 0
     again = tmp_path / "again"
-    assert main(["train", "--config", str(first / "config.yaml"), "--out", str(again)]) == 0
+    assert main(["train", "--config", str(first / "options.json"), "--out", str(again)]) == 0
     [a], [b] = (sorted((d / "checkpoints").glob("step_*.pt")) for d in (first, again))
     assert a.name == b.name == "step_00000002.pt"
     assert all(torch.equal(x, y) for x, y in zip(_weights(a).values(), _weights(b).values(),
                                                   strict=True))
-    assert (again / "config.yaml").read_text() == (first / "config.yaml").read_text()
+    assert (again / "options.json").read_text() == (first / "options.json").read_text()
     longer = tmp_path / "longer"
-    assert main(["train", "--config", str(first / "config.yaml"), "--out", str(longer),
+    assert main(["train", "--config", str(first / "options.json"), "--out", str(longer),
                  "--max-steps", "3"]) == 0
-    assert json.loads((longer / "config.yaml").read_text())["max_steps"] == 3
+    assert json.loads((longer / "options.json").read_text())["max_steps"] == 3
 
 
 def _yaml_config(data, tmp_path) -> Path:
@@ -346,7 +346,7 @@ def test_yaml_config(data, tmp_path) -> None:
     pytest.importorskip("yaml", reason="reading YAML needs PyYAML (the yaml extra)")
     config = _yaml_config(data, tmp_path)
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
-    stored = json.loads((tmp_path / "run" / "config.yaml").read_text())
+    stored = json.loads((tmp_path / "run" / "options.json").read_text())
     assert stored["lr"] == 0.001 and stored["preset"] == "tiny"
 
 
