@@ -1,6 +1,6 @@
 """What this copy of bahdanau is: its version, and the `versions` record of what a run ran on.
 
-A run records `versions(device)` in its log header, ``config.yaml``, ``metrics.json`` and every
+A run records `versions(device)` in its log header, ``options.json``, ``metrics.json`` and every
 checkpoint, so that a result can be traced to the code, the libraries and the machine that made
 it: the package, torch and Python versions, the git commit when the package runs from a checkout
 (absent otherwise), the host and the device.

@@ -45,7 +45,7 @@ StoppingMetric = Literal["bleu", "chrf", "ppl", "wer", "per", "accuracy"]
 # others: more.
 LOWER_IS_BETTER = frozenset({"ppl", "wer", "per"})
 # The early-stopping metric of a run recorded before the metric had a name (a best.json without
-# "name", a config.yaml without early_stopping_metric): BLEU, the only one there was then.
+# "name", an options.json without early_stopping_metric): BLEU, the only one there was then.
 UNNAMED_METRIC: StoppingMetric = "bleu"
 
 

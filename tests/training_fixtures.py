@@ -116,3 +116,21 @@ def logged(text: str) -> list[str]:
     times; lines without a time (a library's own warning on stderr) are left out."""
     return [line[match.end():] for line in text.splitlines()
             if (match := TIMESTAMP.match(line))]
+
+
+def interrupt_after(monkeypatch, steps: int) -> None:
+    """Training in this process gets SIGINT once `steps` more updates have run (as Ctrl-C
+    would: the loop notes it, finishes the update and saves)."""
+    import bahdanau.training.loop as loop
+
+    done = []
+
+    def step(run):
+        stats = run_step(run)
+        done.append(run.state.step)
+        if len(done) == steps:
+            run.signal = "sigint"
+        return stats
+
+    run_step = loop.run_step
+    monkeypatch.setattr(loop, "run_step", step)

@@ -24,6 +24,7 @@ extra["averaged_from"] lists the members' files, steps and run ids.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -37,7 +38,7 @@ from bahdanau._checks import check_path, describe
 from bahdanau._files import repeated_file, restore_replaced
 from bahdanau._progress import tracked
 from bahdanau.checkpoint.files import FORMAT_VERSION, load_checkpoint, named, upgrade_payload
-from bahdanau.checkpoint.manager import CheckpointManager, checkpoints_folder
+from bahdanau.checkpoint.manager import STOPPED, CheckpointManager, checkpoints_folder
 from bahdanau.checkpoint.payload import (
     check_weights,
     model_skeleton,
@@ -52,6 +53,7 @@ from bahdanau.errors import InputError
 __all__ = ["average_checkpoints", "check_members", "read_members", "select_checkpoints"]
 
 _BULKY = ("model", "ema", "optimizer", "scaler", "rng")   # not kept of the first member
+_LOG = logging.getLogger(__name__)
 
 
 def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | None = None,
@@ -64,7 +66,10 @@ def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | N
             `best`, one training output folder instead
             (``bahdanau train --out``, whose ``checkpoints`` subfolder is used, or a folder of
             checkpoints).
-        last: the folder's last `last` numbered checkpoints (highest steps).
+        last: the folder's last `last` numbered checkpoints (highest steps) that the run
+            saved on its schedule or at its end; those saved because it was interrupted (a
+            signal, a dead loader worker: `CheckpointManager.save`'s `stopped`) are left
+            out, and a log line names them.
         best: the checkpoints of the folder's `best` best dev evaluations
             (`CheckpointManager.best_checkpoints`; a run keeps them with `keep_best` >= `best`).
     Returns:
@@ -99,11 +104,34 @@ def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | N
     manager = CheckpointManager(folder)
     if best is not None:
         return manager.best_checkpoints(best)
-    numbered = manager.checkpoints()  # count is `last` here
-    if len(numbered) < count:
-        raise InputError(f"{folder} holds {len(numbered)} numbered checkpoints, not the {count} "
-                         f"of --last {count} (a run keeps its last --keep-last)")
-    return numbered[-count:]
+    return _last_scheduled(manager.checkpoints(), count, folder)
+
+
+def _last_scheduled(numbered: list[Path], count: int, folder: Path) -> list[Path]:
+    """The last `count` of the `numbered` checkpoints (oldest first) that their run saved on
+    its schedule or at its end, oldest first: those saved because the run was interrupted (a
+    `STOPPED` section: Ctrl-C a few updates after a scheduled save) would weigh the average
+    towards one moment of the run. What it leaves out is logged."""
+    taken: list[Path] = []
+    left_out: list[str] = []
+    for path in reversed(numbered):
+        if len(taken) == count:
+            break
+        with named(path):
+            stopped = load_checkpoint(path).get(STOPPED)     # a top-level section, any format
+        if stopped is None:
+            taken.append(path)
+        else:
+            left_out.append(f"{path.name} ({stopped})")
+    if len(taken) < count:
+        also = (f" saved on the run's schedule and {len(left_out)} saved when the run was "
+                "interrupted, which --last leaves out" if left_out else "")
+        raise InputError(f"{folder} holds {len(taken)} numbered checkpoints{also}, not the "
+                         f"{count} of --last {count} (a run keeps its last --keep-last)")
+    if left_out:
+        _LOG.info(f"--last {count} leaves out {', '.join(reversed(left_out))}: saved when the "
+                  "run was interrupted, off its schedule (name them to average them)")
+    return taken[::-1]
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike[str]], *,

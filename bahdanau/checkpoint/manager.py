@@ -22,6 +22,10 @@ from bahdanau.checkpoint.release import is_release
 from bahdanau.config import UNNAMED_METRIC, improves
 from bahdanau.errors import InputError
 
+# The optional section of a checkpoint saved off the schedule because its run was interrupted:
+# why ("sigint", "sigterm", "sighup", "loader"); absent from every other checkpoint.
+STOPPED = "stopped"
+
 
 class SavedState(Protocol):
     """What `CheckpointManager.complete_save` reads of a run's state (`TrainState` has it)."""
@@ -228,7 +232,8 @@ class CheckpointManager:
         return (len(ranking) < self.keep_best
                 or improves(self.metric_name, metric, ranking[self.keep_best - 1][1]))
 
-    def save(self, step: int, payload: dict[str, Any], *, metric: float | None = None) -> Path:
+    def save(self, step: int, payload: dict[str, Any], *, metric: float | None = None,
+             stopped: str | None = None) -> Path:
         """Write the checkpoint of `step`; also as ``best.pt`` if `metric` beats the best so far.
 
         Then the numbered checkpoints older than the last `keep_last` are deleted (never the
@@ -241,6 +246,10 @@ class CheckpointManager:
                 file also holds the ranking of the best evaluations, this one's included, as
                 its `best_n` section (which replaces any of `payload`'s).
             metric: this step's validation metric (of the manager's `metric_name`), or None.
+            stopped: why a run that was interrupted (a signal, a dead loader worker) saves
+                this step off its schedule ("sigint", "sigterm", "sighup", "loader"), or
+                None: written as the file's `STOPPED` section, by which averaging the last
+                checkpoints (`bahdanau.checkpoint.select_checkpoints`) leaves it out.
         Returns:
             The path of the numbered checkpoint.
         Raises:
@@ -260,6 +269,8 @@ class CheckpointManager:
             ranking = self._ranked(ranking)[:self.keep_best]
             payload = {**payload, "best_n": [{"step": s, "metric": m} for s, m in ranking]}
             kept = {s for s, _ in ranking}
+        if stopped is not None:
+            payload = {**payload, STOPPED: stopped}
         path = self.path_for(step)
         save_checkpoint(path, payload)
         if self.keep_best > 1:

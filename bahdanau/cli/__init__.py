@@ -46,9 +46,9 @@ Outputs (``--output``, ``--json``, ``--alignments``) never destroy what their pa
 replaced whole (a symlink keeps linking to it), a device, a FIFO or ``/dev/stdout`` is written
 into, and ``evaluate --json -`` / ``--output -`` print to stdout (the report then goes to
 stderr). A failed write (a full disk) is one error line; a file of a run folder (its
-checkpoints, ``config.yaml``, ``train.log``, ...) is refused as the output of another command.
+checkpoints, ``options.json``, ``train.log``, ...) is refused as the output of another command.
 
-A run folder (``--out``) holds one run: its options (``config.yaml``), its checkpoints and its
+A run folder (``--out``) holds one run: its options (``options.json``), its checkpoints and its
 results. Running the same command again resumes it; options that define the model, the data or
 the batches cannot change on resume, the others (learning rate, limits, cadence, decoding,
 threads, device) are applied and logged; a --time-budget not given keeps the run's own.
@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
             command.add_argument("--config", metavar="FILE",
                                  help="options from a YAML or JSON file (keys: the option names, "
                                       "e.g. max_steps); flags given here override it; a run's "
-                                      "OUT/config.yaml reproduces it")
+                                      "OUT/options.json reproduces it")
         add_arguments(command, options)
         _add_console_flags(command)
     return parser
@@ -252,7 +252,7 @@ def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
         values = _unique([(str(key).replace("-", "_"), value) for key, value in data.items()])
     except _DuplicateKey as err:
         raise InputError(f"--config {path}: {err}") from None
-    values.pop("versions", None)         # what a run's config.yaml records it ran with
+    values.pop("versions", None)         # what a run's options.json records it ran with
     unknown = sorted(set(values) - known)
     if unknown:
         raise InputError(f"--config {path}: unknown option {unknown[0]!r}")

@@ -95,7 +95,7 @@ def stdout_as_dash(o: _O, *fields: str) -> _O:
 def check_outputs(outputs: dict[str, str | None], inputs: dict[str, Path | None]) -> None:
     """Refuse, before any work, an output file that cannot be created, that is one of the
     inputs (a checkpoint, a source file) or another output, or that is a file of a run
-    folder (its checkpoints, config.yaml, train.log, ...), of a model folder, a prepared corpus
+    folder (its checkpoints, options.json, train.log, ...), of a model folder, a prepared corpus
     or an exported folder (`run_file_owner`): nothing the user gave is lost.
     ``-`` (stdout) is always fine."""
     taken = {os.path.realpath(p): what for what, p in inputs.items() if p is not None}

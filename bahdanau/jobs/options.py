@@ -16,7 +16,7 @@ flags take the prefix ``--test-``, beside train's own --lowercase). From these d
 - `from_mapping` turns what argparse parsed (strings) or what a file holds (JSON / YAML values)
   into the dataclass, and construction validates every field, once, in the dataclasses, with
   one `InputError` naming the flag;
-- a run folder stores `TrainOptions.to_record()` as its ``config.yaml``, and `resume_changes`
+- a run folder stores `TrainOptions.to_record()` as its ``options.json``, and `resume_changes`
   sorts the options a resumed run changes into those it must refuse (declared
   ``on_resume="fixed"``: the model, the data and its tokenisation, the batches, the seed, the
   optimizer type) and those it applies and records ("applied"); `resumed_options` keeps a run's
@@ -92,7 +92,7 @@ class Limits(typing.TypedDict):
     max_time_s: float | None
 
 
-# Options that config.yaml records only since a later version, and the value that the runs
+# Options that options.json records only since a later version, and the value that the runs
 # written before then had: a missing one is compared as that (any other missing option is not).
 _BEFORE_RECORDED = {"early_stopping_metric": UNNAMED_METRIC}
 
@@ -101,7 +101,7 @@ def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
     """What a resumed run changes, as "--flag old -> new" lines; refuses fixed options.
 
     Args:
-        stored: the options the run was last started with (its ``config.yaml``).
+        stored: the options the run was last started with (its ``options.json``).
         given: the options of this start.
     Returns:
         One line per changed "applied" option, to log ("--threads 2 -> default" when it is
@@ -135,20 +135,29 @@ def _shown(value: Any) -> str:
 
 def resumed_options(stored: Mapping[str, Any], given: TrainOptions) -> TrainOptions:
     """`given` as it resumes the run that recorded `stored`, with the run's own values of what
-    it leaves out and the run's start alone needed: a --time-budget not given (so that a run
-    begun under an older default, 12 minutes, keeps the length it had), and the --init-from
-    model of a fine-tuned run, with its --init-vocab (its checkpoints hold the weights now:
-    ``bahdanau train --out RUN ...`` resumes it without naming the model again).
+    it leaves out and the run's start alone needed: its limits when `given` names none
+    (--max-steps, --max-epochs, a non-zero --time-budget: ``bahdanau train --out RUN``
+    continues an interrupted ``--max-steps 200`` run to step 200, not for the default job's
+    length), a --time-budget not given (so that a run begun under an older default, 12
+    minutes, keeps the length it had), and the --init-from model of a fine-tuned run, with its
+    --init-vocab (its checkpoints hold the weights now: ``bahdanau train --out RUN ...``
+    resumes it without naming the model again).
 
     Raises:
-        InputError: a stored value is not a valid one (a damaged config.yaml).
+        InputError: a stored value is not a valid one (a damaged options.json).
     """
     kept: dict[str, Any] = {}
+    training: dict[str, Any] = {}
+    if not any(given.limits_given.values()):
+        training = {name: stored[name] for name in ("max_steps", "max_epochs")
+                    if stored.get(name) is not None}
     if given.time_budget is None and stored.get("time_budget") is not None:
         kept["time_budget"] = stored["time_budget"]
     if given.init_from is None and stored.get("init_from") is not None:
         kept["init_from"] = stored["init_from"]
         kept["init_vocab"] = stored.get("init_vocab", True)
+    if training:
+        kept["training"] = dataclasses.replace(given.training, **training)
     return dataclasses.replace(given, **kept) if kept else given
 
 
@@ -281,7 +290,7 @@ class TrainOptions(SearchOptions):
                                 "--no-resume refuses an OUT that holds a run",
                           on_resume="not_recorded", group="output")
     overwrite: bool = option(False, "start a new run in OUT, deleting the run it holds "
-                                    "(checkpoints, config.yaml, results; other files stay)",
+                                    "(checkpoints, options.json, results; other files stay)",
                              on_resume="not_recorded", group="output")
 
     def check(self) -> None:
@@ -362,14 +371,20 @@ class TrainOptions(SearchOptions):
         Raises:
             InputError: no limit is given and the corpus is the user's own.
         """
-        given = Limits(max_steps=self.training.max_steps, max_epochs=self.training.max_epochs,
-                       max_time_s=self.time_budget * 60 if self.time_budget else None)
+        given = self.limits_given
         if any(value is not None for value in given.values()):
             return given
         if self.own_data or self.data is not None:
             raise InputError("set --max-steps, --max-epochs or a non-zero --time-budget: your "
                              "own corpus has no default training length")
         return Limits(max_steps=None, max_epochs=DEFAULT_EPOCHS, max_time_s=None)
+
+    @property
+    def limits_given(self) -> Limits:
+        """The limits these options name (--max-steps, --max-epochs, a non-zero
+        --time-budget), None for each one they leave out."""
+        return Limits(max_steps=self.training.max_steps, max_epochs=self.training.max_epochs,
+                      max_time_s=self.time_budget * 60 if self.time_budget else None)
 
     def train_config(self) -> TrainConfig:
         """The `TrainConfig` of these options: `training` with the `limits`."""

@@ -1,7 +1,13 @@
 """A run folder (``--out``): one run's options, checkpoints and results, and who may write them.
 
-``config.yaml`` records the options the run was started with (`stored_options` reads them back to
-resume it), ``checkpoints/`` its checkpoints, and the result files beside them. `locked` holds the
+``options.json`` records the options the run was started with (`stored_options` reads them
+back to resume it; ``bahdanau train --config RUN/options.json`` trains the same run again),
+``checkpoints/`` its checkpoints, and the result files beside them. Earlier versions wrote the
+same JSON record as ``config.yaml`` (`OLD_RUN_CONFIG`): it is read where ``options.json`` is
+missing, and a resumed run replaces it with ``options.json``. JSON, not YAML: the core reads and
+writes it with the standard library, and ``--config`` reads it without the yaml extra (PyYAML),
+which a ``config.yaml`` would need; not ``config.json``, the model config of a model folder
+(`bahdanau.checkpoint.release`), a file of other contents. `locked` holds the
 folder while a run trains in it, and `remove_run` deletes a run for ``--overwrite``, moving its
 files out of the way first so that the folder never mixes two runs. The files of `RUN_FILES`
 and the lock belong to the run, as the files of a model folder (`bahdanau release`), of a
@@ -30,11 +36,12 @@ from bahdanau.checkpoint.manager import CheckpointManager
 from bahdanau.errors import InputError
 from bahdanau.jobs.options import TrainOptions
 
-RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML readers also read)
-RUN_FILES = ("checkpoints", RUN_CONFIG, "metrics.json", "test.hyp.txt", "alignment.png",
-             "train.log", "tensorboard", "dev")
+RUN_CONFIG = "options.json"     # a run folder's options
+OLD_RUN_CONFIG = "config.yaml"  # the same JSON record, as earlier versions named it
+RUN_FILES = ("checkpoints", RUN_CONFIG, OLD_RUN_CONFIG, "metrics.json", "test.hyp.txt",
+             "alignment.png", "train.log", "tensorboard", "dev")
 RUN_LOCK = ".lock"              # held by `locked` while a run trains in the folder
-_RECORD_BYTES = 1 << 20         # a config.yaml larger than this is no run's record
+_RECORD_BYTES = 1 << 20         # an options.json larger than this is no run's record
 
 
 def stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
@@ -42,11 +49,11 @@ def stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
 
     Raises:
         InputError: `out` is a file or a folder of another kind (`check_run_out`), its
-            config.yaml is damaged, or it holds a run and neither resuming (the default) nor
+            options.json is damaged, or it holds a run and neither resuming (the default) nor
             --overwrite was asked for.
     """
     check_run_out(out)
-    config = out / RUN_CONFIG
+    config = run_config(out)
     if not holds_run(out):
         return None
     foreign = foreign_run_file(out)
@@ -69,14 +76,26 @@ def stored_options(out: Path, o: TrainOptions) -> dict[str, Any] | None:
     return stored
 
 
-def foreign_run_file(out: Path) -> str | None:
-    """The first of a run's names in `out` that holds what is not the run's: a config.yaml
-    that is no run's record, or a file in ``checkpoints/`` that `CheckpointManager` does not
-    write (--overwrite would delete it with the run, resuming would read it). None when
-    there is none. Never raises."""
+def run_config(out: Path) -> Path:
+    """The file of `out` that records its run's options: ``options.json``, or where it is
+    missing, the ``config.yaml`` of an earlier version. Never raises."""
+    config = out / RUN_CONFIG
     try:
-        if (out / RUN_CONFIG).is_file() and not is_run_folder(out):
-            return RUN_CONFIG
+        return out / OLD_RUN_CONFIG if not config.is_file() and (
+            out / OLD_RUN_CONFIG).is_file() else config
+    except OSError:
+        return config
+
+
+def foreign_run_file(out: Path) -> str | None:
+    """The first of a run's names in `out` that holds what is not the run's: an options.json
+    or config.yaml that is no run's record (a project's own config.yaml), or a file in
+    ``checkpoints/`` that `CheckpointManager` does not write (--overwrite would delete it with
+    the run, resuming would read it). None when there is none. Never raises."""
+    try:
+        for name in (RUN_CONFIG, OLD_RUN_CONFIG):
+            if (out / name).is_file() and not _is_record(out / name):
+                return name
         checkpoints = out / "checkpoints"
         if checkpoints.is_dir():
             for path in sorted(checkpoints.iterdir()):
@@ -88,25 +107,33 @@ def foreign_run_file(out: Path) -> str | None:
 
 
 def holds_run(out: Path) -> bool:
-    """`out` holds a run to resume or overwrite (`train --out`): its config.yaml (a damaged
-    one too: `stored_options` says so) or checkpoints."""
+    """`out` holds a run to resume or overwrite (`train --out`): its options.json or
+    config.yaml (a damaged one too: `stored_options` says so) or checkpoints."""
     manager = CheckpointManager(out / "checkpoints")
-    return (out / RUN_CONFIG).is_file() or bool(manager.latest() or manager.best())
+    return run_config(out).is_file() or bool(manager.latest() or manager.best())
 
 
 def is_run_folder(folder: Path) -> bool:
     """`folder` is a bahdanau run folder, as far as its names and small files show: it has
-    numbered checkpoints in ``checkpoints/``, or a config.yaml that is a run's record (a JSON
-    object most of whose keys are `TrainOptions`'; `run_train_job` writes it before the first
-    update); a project's own config.yaml is not one, nor is a bare ``.lock`` (other tools,
-    pytest's temporary folders among them, leave files of that name). Never raises (an
+    numbered checkpoints in ``checkpoints/``, or an options.json (an earlier version's
+    config.yaml) that is a run's record (`_is_record`; `run_train_job` writes it before the
+    first update); a project's own config.yaml is not one, nor is a bare ``.lock`` (other
+    tools, pytest's temporary folders among them, leave files of that name). Never raises (an
     unreadable folder is no run)."""
     try:
         checkpoints = folder / "checkpoints"
         if checkpoints.is_dir() and any(CheckpointManager.writes(p.name) and p.suffix == ".pt"
                                         for p in checkpoints.iterdir()):
             return True
-        config = folder / RUN_CONFIG
+    except OSError:
+        return False
+    return _is_record(run_config(folder))
+
+
+def _is_record(config: Path) -> bool:
+    """`config` is a run's record of its options: a small JSON object most of whose keys are
+    `TrainOptions`'. Never raises."""
+    try:
         if not config.is_file() or config.stat().st_size > _RECORD_BYTES:
             return False
         record = json.loads(config.read_text(encoding="utf-8"))
@@ -119,7 +146,7 @@ def is_run_folder(folder: Path) -> bool:
 
 @cache
 def _record_keys() -> frozenset[str]:
-    """The keys of a run's config.yaml: the recorded options and ``versions``."""
+    """The keys of a run's options.json: the recorded options and ``versions``."""
     return frozenset({*TrainOptions().to_record(), "versions"})
 
 

@@ -24,6 +24,7 @@ from bahdanau._about import versions
 from bahdanau.checkpoint.files import load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import CheckpointManager
 from bahdanau.checkpoint.payload import stored_parts, tokenizer_of
+from bahdanau.config import TrainConfig
 from bahdanau.data.batching import Example, collate, encode_pairs
 from bahdanau.data.corpus import PreparedCorpus
 from bahdanau.data.text import multi30k_files, read_parallel
@@ -51,7 +52,14 @@ from bahdanau.jobs.resolve import (
     machine_line,
     thread_tuner,
 )
-from bahdanau.jobs.run_folder import RUN_CONFIG, holds_run, locked, remove_run, stored_options
+from bahdanau.jobs.run_folder import (
+    OLD_RUN_CONFIG,
+    RUN_CONFIG,
+    holds_run,
+    locked,
+    remove_run,
+    stored_options,
+)
 from bahdanau.models import build_model
 from bahdanau.search import BeamSearch
 from bahdanau.training.distributed import (
@@ -344,7 +352,8 @@ def _open_records(o: TrainOptions, run: TrainRun, log: TrainLog | None, command:
                   device: torch.device, stack: ExitStack) -> TensorBoardLog | None:
     """On rank 0 (`log` given), once the run is set up: start its train.log (header: `command`
     and the versions), its TensorBoard events with --tensorboard (returned), and write its
-    options, with the versions, as config.yaml."""
+    options, with the versions, as options.json (in place of an earlier version's config.yaml,
+    read by `stored_options`)."""
     if log is None:
         return None
     out, record = Path(o.out), versions(device)
@@ -355,6 +364,7 @@ def _open_records(o: TrainOptions, run: TrainRun, log: TrainLog | None, command:
             out / "tensorboard", purge_step=run.state.step if run.resumed_from else None))
     write_text(out / RUN_CONFIG, json.dumps({**o.to_record(), "versions": record}, indent=2)
                + "\n")
+    (out / OLD_RUN_CONFIG).unlink(missing_ok=True)     # an earlier version's name of it
     return board
 
 
@@ -373,6 +383,37 @@ def _start_lines(o: TrainOptions, data: _Data, run: TrainRun) -> list[str]:
         lines.append("no test set: the model is trained and saved but not scored (give "
                      "--test-src and --test-tgt to score it)")
     return lines
+
+
+def _limit_reached(o: TrainOptions, cfg: TrainConfig, finished: str) -> str:
+    """The option whose limit a finished run reached, as given ("--max-steps 200"), or the
+    reason itself for a stop that no option names."""
+    shown = {"max_steps": f"--max-steps {cfg.max_steps}",
+             "max_epochs": f"--max-epochs {cfg.max_epochs}",
+             "max_time": f"--time-budget {o.time_budget:g}" if o.time_budget else "max_time",
+             "patience": f"--patience {cfg.patience}"}
+    return shown.get(finished, finished)
+
+
+def _left_as_it_is(o: TrainOptions, run: TrainRun, finished: str,
+                   changes: list[str] | None) -> str:
+    """What a start says that finds its run finished and asks for no more training; the run
+    is left as it is. With the run's own options, one line saying so and what to do next.
+
+    Raises:
+        InputError: the command changes other options (`changes`, in the command line's
+            terms), none of which lengthens the run: one line saying how to train it on,
+            leave it, or start over.
+    """
+    where = (f"the run in {o.out} finished at step {run.state.step} "
+             f"({_limit_reached(o, run.cfg, finished)})")
+    if changes:
+        raise InputError(f"{where}, and this command changes {'; '.join(changes)} without "
+                         "training it further: give a larger --max-steps, --max-epochs or "
+                         "--time-budget to train on, its own options to leave it as it is, "
+                         "--overwrite to start over, or another --out")
+    return (f"nothing to do: {where}; raise its limit to train on, or score it with "
+            "bahdanau evaluate")
 
 
 def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobResult:
@@ -416,8 +457,7 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
                         extra={"options": o.to_record()}, tokenizer=data.tokenizer)
         finished = stop_reason(run)       # then the folder, train.log too, is left as it is
         if finished and (not data.test or (out / "metrics.json").is_file()):
-            say(f"nothing to do: the run in {out} finished at step {run.state.step} "
-                f"({finished}); raise its limit to train on, or score it with bahdanau evaluate")
+            say(_left_as_it_is(o, run, finished, changes))
             return TrainJobResult(out, run.state.step, finished, None, None, trained=False)
         if changes is not None:
             run.resume_changes = changes                 # in the command line's terms

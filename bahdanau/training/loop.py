@@ -44,6 +44,7 @@ from bahdanau.training.run import (
 from bahdanau.training.step import StepStats
 
 _LIMITS = ("max_steps", "max_time", "max_epochs")   # stops after which a last evaluation runs
+_ENDS = (*_LIMITS, "patience")     # the run's end; other stops (signals) interrupt it
 
 
 # What a log line's numbers are called in `train_run`'s `scalars` (history key -> tag).
@@ -275,7 +276,7 @@ def _loop(run: TrainRun, validate: Validate | None,
     if validate is not None and last_eval != state.step and stopped in _LIMITS:
         final_metric, _ = _evaluate(run, validate, result, log, scalars)
     if last_saved != state.step or _kept(run, final_metric):
-        save_run(run, metric=final_metric)
+        save_run(run, metric=final_metric, stopped=None if stopped in _ENDS else stopped)
     return stopped
 
 
@@ -292,7 +293,7 @@ def _saved_on_failure(run: TrainRun, err: LoaderWorkerError, last_saved: int
                  "cannot save alone): " + (f"run the same command to continue from {latest}"
                                            if latest is not None else "no checkpoint was written"))
     else:
-        path = save_run(run) if last_saved != step else (
+        path = save_run(run, stopped="loader") if last_saved != step else (
             run.manager.path_for(step) if run.manager is not None else None)
         where = (f"the run stopped at step {step} with its checkpoint {path}: run the same "
                  "command to continue" if path is not None else f"the run stopped at step {step}")

@@ -518,13 +518,17 @@ def _scores(returned: Any, name: str) -> dict[str, float]:
     return {str(key): float(value) for key, value in returned.items()}
 
 
-def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:
+def save_run(run: TrainRun, *, metric: float | None = None, stopped: str | None = None
+             ) -> Path | None:
     """Checkpoint the run at its current step (rank 0 only) through its `CheckpointManager`.
 
     Args:
         run: the run.
         metric: this step's validation metric, if it was evaluated: the manager ranks it for
             ``best.pt`` and its kept best checkpoints (`TrainConfig.keep_best`).
+        stopped: why an interrupted run saves this step off its schedule (a signal's name,
+            "loader"), which the checkpoint records (`CheckpointManager.save`); None on the
+            schedule and at the run's end.
     Returns:
         The numbered checkpoint's path; None without a checkpoint directory or off rank 0.
     Raises:
@@ -543,7 +547,7 @@ def save_run(run: TrainRun, *, metric: float | None = None) -> Path | None:
                                  optimizer=run.optimizer, scaler=run.scaler, train_config=run.cfg,
                                  train_state=run.state, extra=run.extra,
                                  tokenizer=run.tokenizer, ema=run.ema, rng_by_rank=rng_by_rank)
-    path = run.manager.save(run.state.step, payload, metric=metric)
+    path = run.manager.save(run.state.step, payload, metric=metric, stopped=stopped)
     _LOG.debug(f"saved {path}")
     return path
 

@@ -18,7 +18,7 @@ or at --max-epochs (the -paper models always train to --max-epochs). The script 
 the test set with that best checkpoint (beam search) and, once a model and its baseline are
 both scored, writes the comparison. Under OUT:
 
-    <model>/             the run folder (config.yaml, train.log, checkpoints/), test.hyp.txt
+    <model>/             the run folder (options.json, train.log, checkpoints/), test.hyp.txt
                          (detokenised test translations of best.pt) and scores.json (training
                          record with the dev curve, test BLEU all / without [UNK] / by length,
                          chrF, and how the attention's argmax treats reordered word pairs)

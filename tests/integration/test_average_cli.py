@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from training_fixtures import write_multi30k_slice
+from training_fixtures import interrupt_after, logged, write_multi30k_slice
 
 from bahdanau.checkpoint import load_checkpoint
 from bahdanau.cli import main
@@ -91,3 +91,37 @@ def test_average_refuses_what_it_cannot_do(run, capsys) -> None:
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
     assert latest.read_bytes() == before and not (run / "x.pt").exists()
+
+
+def test_average_last_leaves_out_the_checkpoints_of_an_interruption(tmp_path, capsys,
+                                                                     monkeypatch) -> None:
+    """Ctrl-C at step 3 of a run saving every 2 steps writes step 3, marked as such; resumed to
+    step 6, `--last 3` averages steps 2, 4 and 6 (not 3, 4 and 6) and says what it left out."""
+    write_multi30k_slice(tmp_path, 30, 5)
+    argv = ["train", "--train-src", str(tmp_path / "tr.en"), "--train-tgt",
+            str(tmp_path / "tr.fr"), "--preset", "tiny", "--max-steps", "6", "--time-budget",
+            "0", "--save-every", "2", "--keep-last", "10", "--train-batch-size", "8",
+            "--threads", "1", "--out", str(tmp_path / "run")]
+    with monkeypatch.context() as patched:
+        interrupt_after(patched, 3)
+        assert main(argv) == 130
+    assert main(argv) == 0
+    folder = tmp_path / "run" / "checkpoints"
+    saved = {int(p.stem[5:]): load_checkpoint(p) for p in folder.glob("step_*.pt")}
+    assert {step: payload.get("stopped") for step, payload in saved.items()} == {
+        2: None, 3: "sigint", 4: None, 6: None}
+    capsys.readouterr()
+    out = tmp_path / "last3.pt"
+    assert main(["average", "--checkpoint", str(tmp_path / "run"), "--last", "3",
+                 "--output", str(out)]) == 0
+    assert [m["step"] for m in load_checkpoint(out)["extra"]["averaged_from"]] == [2, 4, 6]
+    said = capsys.readouterr()
+    assert logged(said.err) == ["--last 3 leaves out step_00000003.pt (sigint): saved when the "
+                                "run was interrupted, off its schedule (name them to average "
+                                "them)"]
+    assert "step_00000003" not in said.out
+    assert main(["average", "--checkpoint", str(tmp_path / "run"), "--last", "4",
+                 "--output", str(tmp_path / "last4.pt")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("holds 3 numbered checkpoints saved on the run's "
+                                     "schedule and 1 saved when the run was interrupted") in err

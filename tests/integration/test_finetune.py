@@ -158,7 +158,7 @@ def _fine_tuned(base: Path, corpora: dict[str, str], tmp_path: Path) -> tuple[Pa
 def test_a_fine_tuned_run_resumes_without_its_init_from(base, corpora, tmp_path,
                                                         capsys) -> None:
     """`bahdanau train --out RUN ...` without --init-from resumes a fine-tuned run (its
-    checkpoints hold the weights, and its config.yaml the model it began from): it was
+    checkpoints hold the weights, and its options.json the model it began from): it was
     refused, with advice to --overwrite (delete) the run."""
     start, flags = _fine_tuned(base, corpora, tmp_path)
     capsys.readouterr()
@@ -168,7 +168,7 @@ def test_a_fine_tuned_run_resumes_without_its_init_from(base, corpora, tmp_path,
     assert load_checkpoint(out / "checkpoints" / "step_00000003.pt")["train_state"]["step"] == 3
     assert f"resumed from {out / 'checkpoints' / 'step_00000002.pt'}" in (
         out / "train.log").read_text()
-    assert json.loads((out / "config.yaml").read_text())["init_from"] == str(start)
+    assert json.loads((out / "options.json").read_text())["init_from"] == str(start)
 
 
 def test_another_init_from_on_resume_says_what_the_run_began_with(base, corpora, tmp_path,

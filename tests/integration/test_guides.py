@@ -80,7 +80,7 @@ def _commands(text: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("page", [*(f"guides/{g}" for g in GUIDES), "README.md",
-                                  "../README.md"])
+                                  "../README.md", "default-job.md"])
 def test_bahdanau_commands_parse(page: str) -> None:
     """Every option a page shows exists, with a valid value (argparse exits 2 otherwise)."""
     commands = _commands((DOCS / page).read_text(encoding="utf-8"))
@@ -133,7 +133,7 @@ def test_yaml_configs_are_train_options(tmp_path) -> None:
     """Every YAML block of the README and guides is a `bahdanau train --config` file: known
     options of the declared types and ranges (read as `main` reads a --config file)."""
     pytest.importorskip("yaml")
-    pages = [*(DOCS / "guides" / g for g in GUIDES), ROOT / "README.md"]
+    pages = [*(DOCS / "guides" / g for g in GUIDES), ROOT / "README.md", DOCS / "default-job.md"]
     configs = [body for page in pages for body in blocks(page, "yaml")]
     assert configs, "no page shows a config file"
     for i, body in enumerate(configs):

@@ -5,7 +5,7 @@ command line on two tiny runs.
   what its path is: a device is written into (a full one is one error line), a FIFO's reader
   gets the data, a link to /proc/self/fd/1 (what /dev/stdout is) prints, a symlink keeps its
   link; ``-`` is stdout where a user expects it.
-* A file of a run (its checkpoints, best.*, config.yaml, train.log, the lock), also reached
+* A file of a run (its checkpoints, best.*, options.json, train.log, the lock), also reached
   through a symlink, is refused as an output of another command, before any work; averaging
   refuses checkpoints of two runs unless --allow-different-runs. So is a file of a model
   folder, a prepared corpus or an exported folder (of either format).
@@ -217,11 +217,12 @@ def test_dash_where_stdout_makes_no_sense_is_refused(root, capsys, argv, message
 # ----------------------------------------------------------------------------- 2. run files
 
 
-@pytest.mark.parametrize("name", ["checkpoints/best.pt", "config.yaml",
+@pytest.mark.parametrize("name", ["checkpoints/best.pt", "options.json", "config.yaml",
                                   "checkpoints/step_00000099.pt", "train.log", ".lock"])
 def test_average_refuses_to_write_a_file_of_the_run(root, capsys, name) -> None:
     """`average --checkpoint RUN --last 2 --output RUN/checkpoints/best.pt` exited 0 and the
-    best model was gone; `--output RUN/config.yaml` made the run unresumable."""
+    best model was gone; `--output RUN/config.yaml` made the run unresumable (options.json
+    now; an earlier version's name is the run's too)."""
     run = root / "run"
     before = _snapshot(run)
     code = main(["average", "--checkpoint", str(run), "--last", "2",
@@ -234,9 +235,9 @@ def test_other_commands_refuse_run_files_through_symlinks_too(root, tmp_path, ca
     run = root / "run"
     before = _snapshot(run)
     link = tmp_path / "innocent.json"
-    link.symlink_to(run / "config.yaml")
+    link.symlink_to(run / "options.json")
     _one_error(capsys, main(_evaluate(root, "--json", str(link))),
-               f"is a file of the run in {run}", str(run / "config.yaml"))
+               f"is a file of the run in {run}", str(run / "options.json"))
     _one_error(capsys, main(_evaluate(root, "--output", str(run / "checkpoints" / "best.json"))),
                "is a file of the run")
     # a folder of checkpoints without a run around it is kept as well
@@ -266,8 +267,9 @@ def test_a_project_config_yaml_or_damaged_best_json_is_no_run(root, tmp_path, ca
     (project / "config.yaml").write_text(json.dumps({"other": "tool", "keys": 1}))
     assert main(_evaluate(root, "--output", str(project / "dev" / "hyp2.txt"))) == 0
     capsys.readouterr()
-    # a run record is a run, checkpoints or not (planted: the check does fail)
-    (project / "config.yaml").write_text((root / "run" / "config.yaml").read_text())
+    # a run record is a run, checkpoints or not, under an earlier version's name too
+    # (planted: the check does fail)
+    (project / "config.yaml").write_text((root / "run" / "options.json").read_text())
     _one_error(capsys, main(_evaluate(root, "--output", str(project / "dev" / "hyp3.txt"))),
                f"is a file of the run in {project}")
 

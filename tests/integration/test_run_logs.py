@@ -214,10 +214,10 @@ def test_versions_are_recorded_everywhere(data, tmp_path, capsys) -> None:
     assert header[1].startswith("# versions ")
     record = json.loads(header[1].removeprefix("# versions "))
     assert _is_versions(record)
-    assert json.loads((out / "config.yaml").read_text())["versions"] == record
+    assert json.loads((out / "options.json").read_text())["versions"] == record
     assert json.loads((out / "metrics.json").read_text())["versions"] == record
     assert load_checkpoint(out / "checkpoints" / "step_00000001.pt")["versions"] == record
-    config = ["--config", str(out / "config.yaml")]       # a run's config.yaml reproduces it
+    config = ["--config", str(out / "options.json")]       # a run's options.json reproduces it
     assert main(["train", *config, "--out", str(tmp_path / "again")]) == 0
 
 
@@ -529,24 +529,27 @@ def test_a_resumed_run_keeps_its_time_budget() -> None:
 
 
 def test_a_run_folder_of_the_old_defaults_resumes(data, tmp_path, capsys) -> None:
-    """A config.yaml written when --time-budget defaulted to 12 minutes, --threads to 2 and
-    --device to cpu (and without --tensorboard): the same kind of command resumes it, the run
-    keeps its 12 minutes, and the new device and thread defaults are applied and logged."""
+    """A config.yaml (as earlier versions named the record) written when --time-budget
+    defaulted to 12 minutes, --threads to 2 and --device to cpu (and without --tensorboard):
+    the same kind of command resumes it, the run keeps its 12 minutes, the new device and
+    thread defaults are applied and logged, and options.json replaces the old file."""
     out = tmp_path / "run"
     argv = ["train", "--train-src", str(data / "tr.en"), "--train-tgt", str(data / "tr.fr"),
             "--preset", "tiny", "--log-every", "1", "--out", str(out)]
     assert main([*argv, "--max-steps", "1", "--time-budget", "12", "--threads", "2",
                  "--device", "cpu"]) == 0
-    config = json.loads((out / "config.yaml").read_text())
+    config = json.loads((out / "options.json").read_text())
     assert {k: config[k] for k in OLD_DEFAULTS} == OLD_DEFAULTS
     config.pop("tensorboard")
+    (out / "options.json").unlink()
     (out / "config.yaml").write_text(json.dumps(config, indent=2) + "\n")
     capsys.readouterr()
     assert main([*argv, "--max-steps", "2"]) == 0
     said = capsys.readouterr().err
     assert "resumed from" in said and "trained 2 updates" in said
     assert "--time-budget" not in said and "changed on resume: --device 'cpu' -> 'auto'" in said
-    stored = json.loads((out / "config.yaml").read_text())
+    stored = json.loads((out / "options.json").read_text())
     assert stored["time_budget"] == 12.0 and stored["max_steps"] == 2
+    assert not (out / "config.yaml").exists()
     payload = torch.load(out / "checkpoints" / "step_00000002.pt", weights_only=True)
     assert payload["train_config"]["max_time_s"] == 720.0

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from training_fixtures import logged, write_multi30k_slice
+from training_fixtures import interrupt_after, logged, write_multi30k_slice
 
 from bahdanau import InputError, TrainConfig, Vocab, build_model, presets
 from bahdanau.cli import main
@@ -61,9 +61,53 @@ def test_rerunning_a_finished_run_does_nothing(data, tmp_path, capsys) -> None:
     assert _files(out) == before
 
 
+def test_a_finished_run_is_left_alone_unless_asked_for_more(data, tmp_path, capsys) -> None:
+    """A run that reached its --max-steps: the same command, or one without its limit, leaves
+    it as it is (one line, status 0; the default job's length is no longer taken); a changed
+    option that trains no further is one error line; a larger limit continues it."""
+    out = tmp_path / "run"
+    assert main(_argv(data, out, "--max-steps", "2", "--save-every", "1")) == 0
+    before = _files(out)
+    capsys.readouterr()
+    for argv in (_argv(data, out, "--max-steps", "2", "--save-every", "1"),
+                 _argv(data, out, "--save-every", "1")):             # its limit left out
+        assert main(argv) == 0
+        err = capsys.readouterr().err
+        assert logged(err) == [f"nothing to do: the run in {out} finished at step 2 "
+                               "(--max-steps 2); raise its limit to train on, or score it "
+                               "with bahdanau evaluate"], err
+        assert _files(out) == before
+    for changed, said in ((["--max-steps", "1"], "--max-steps 2 -> 1"),
+                          (["--max-steps", "2", "--lr", "0.5"], "--lr default -> 0.5")):
+        assert main(_argv(data, out, "--save-every", "1", *changed)) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("bahdanau: error: the run in "), err
+        assert said in err and "give a larger --max-steps" in err and "--overwrite" in err
+        assert _files(out) == before
+    assert main(_argv(data, out, "--max-steps", "3", "--save-every", "1")) == 0
+    err = capsys.readouterr().err
+    assert "changed on resume: --max-steps 2 -> 3" in err and "trained 3 updates" in err
+    assert _stored_step(out / "checkpoints" / "step_00000003.pt") == 3
+
+
+def test_an_interrupted_run_resumes_to_its_own_limit(data, tmp_path, capsys,
+                                                     monkeypatch) -> None:
+    """`bahdanau train --out RUN` with no limit resumes an interrupted --max-steps run to its
+    own limit: not for another length, and with no limit asked of the user's own corpus."""
+    out = tmp_path / "run"
+    with monkeypatch.context() as patched:
+        interrupt_after(patched, 1)
+        assert main(_argv(data, out, "--max-steps", "3")) == 128 + signal.SIGINT
+    assert "stopped by SIGINT at step 1" in capsys.readouterr().err
+    assert main(_argv(data, out)) == 0
+    err = capsys.readouterr().err
+    assert "trained 3 updates" in err and "changed on resume" not in err
+    assert json.loads((out / "options.json").read_text())["max_steps"] == 3
+
+
 def test_resume_applies_and_records_changed_options(data, tmp_path, capsys) -> None:
     """A new learning rate and step limit take effect on resume, are logged, and are what the
-    next checkpoint and config.yaml record; the optimizer really uses the new rate."""
+    next checkpoint and options.json record; the optimizer really uses the new rate."""
     out = tmp_path / "run"
     assert main(_argv(data, out, "--max-steps", "2", "--lr", "0.001")) == 0
     capsys.readouterr()
@@ -74,7 +118,7 @@ def test_resume_applies_and_records_changed_options(data, tmp_path, capsys) -> N
     payload = torch.load(out / "checkpoints" / "step_00000004.pt", weights_only=True)
     assert payload["train_config"]["lr"] == 0.0005
     assert {g["lr"] for g in payload["optimizer"]["param_groups"]} == {0.0005}
-    assert json.loads((out / "config.yaml").read_text())["lr"] == 0.0005
+    assert json.loads((out / "options.json").read_text())["lr"] == 0.0005
 
 
 def test_optimisation_and_dropout_options_reach_the_run(data, tmp_path, capsys) -> None:
@@ -125,7 +169,7 @@ def test_no_resume_refuses_and_overwrite_replaces_the_run(data, tmp_path, capsys
     assert main(_argv(data, out, "--max-steps", "1", "--overwrite", "--seed", "5")) == 0
     names = sorted(p.name for p in (out / "checkpoints").glob("step_*.pt"))
     assert names == ["step_00000001.pt"]                    # nothing of the old run is left
-    assert json.loads((out / "config.yaml").read_text())["seed"] == 5
+    assert json.loads((out / "options.json").read_text())["seed"] == 5
     assert (out / "my-notes.txt").read_text() == "kept"
     assert not (out / ".overwritten").exists()
 
@@ -182,7 +226,7 @@ def test_a_second_train_into_the_same_folder_is_refused(data, tmp_path, capsys) 
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         assert main(_argv(data, out, "--max-steps", "1")) == 2
     assert "in use by another bahdanau train" in capsys.readouterr().err
-    assert not (out / "checkpoints").exists() and not (out / "config.yaml").exists()
+    assert not (out / "checkpoints").exists() and not (out / "options.json").exists()
 
 
 def test_overwrite_keeps_a_folder_without_a_run(data, tmp_path) -> None:
@@ -275,20 +319,20 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_a_run_config_reproduces_the_run(data, tmp_path, capsys) -> None:
-    """`--config RUN/config.yaml --out NEW` trains the same weights; flags override the file."""
+    """`--config RUN/options.json --out NEW` trains the same weights; flags override the file."""
     first = tmp_path / "first"
     assert main(_argv(data, first, "--max-steps", "2", "--lr", "0.003", test=False)) == 0
     again = tmp_path / "again"
-    assert main(["train", "--config", str(first / "config.yaml"), "--out", str(again)]) == 0
+    assert main(["train", "--config", str(first / "options.json"), "--out", str(again)]) == 0
     [a], [b] = (sorted((d / "checkpoints").glob("step_*.pt")) for d in (first, again))
     assert a.name == b.name == "step_00000002.pt"
     assert all(torch.equal(x, y) for x, y in zip(_weights(a).values(), _weights(b).values(),
                                                   strict=True))
-    assert (again / "config.yaml").read_text() == (first / "config.yaml").read_text()
+    assert (again / "options.json").read_text() == (first / "options.json").read_text()
     longer = tmp_path / "longer"
-    assert main(["train", "--config", str(first / "config.yaml"), "--out", str(longer),
+    assert main(["train", "--config", str(first / "options.json"), "--out", str(longer),
                  "--max-steps", "3"]) == 0
-    assert json.loads((longer / "config.yaml").read_text())["max_steps"] == 3
+    assert json.loads((longer / "options.json").read_text())["max_steps"] == 3
 
 
 def _yaml_config(data, tmp_path) -> Path:
@@ -302,7 +346,7 @@ def test_yaml_config(data, tmp_path) -> None:
     pytest.importorskip("yaml", reason="reading YAML needs PyYAML (the yaml extra)")
     config = _yaml_config(data, tmp_path)
     assert main(["train", "--config", str(config), "--out", str(tmp_path / "run")]) == 0
-    stored = json.loads((tmp_path / "run" / "config.yaml").read_text())
+    stored = json.loads((tmp_path / "run" / "options.json").read_text())
     assert stored["lr"] == 0.001 and stored["preset"] == "tiny"
 
 

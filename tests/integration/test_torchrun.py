@@ -62,7 +62,7 @@ def test_torchrun_trains_one_run_and_resumes_in_one_process(tmp_path, capsys) ->
     log = logged((out / "train.log").read_text())
     assert sum(line.startswith("# bahdanau train") for line in log) == 1
     assert "trained 2 updates" in "\n".join(log)
-    assert (out / "metrics.json").is_file() and (out / "config.yaml").is_file()
+    assert (out / "metrics.json").is_file() and (out / "options.json").is_file()
 
     # SIGTERM to torchrun reaches both processes; they agree on one step and rank 0 saves it.
     proc = subprocess.Popen([*TORCHRUN, *_argv(data, out, "--max-steps", "100000")],

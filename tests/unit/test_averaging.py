@@ -165,6 +165,22 @@ def test_select_last_and_best(tmp_path) -> None:
     assert select_checkpoints([files[4], files[6]]) == [files[4], files[6]]
 
 
+def test_select_last_leaves_out_the_saves_of_an_interruption(tmp_path) -> None:
+    """A save marked `stopped` (Ctrl-C at step 3) is written with that section and is not one
+    of the last N; the others have no such section."""
+    manager = CheckpointManager(tmp_path, keep_last=10)
+    for step, stopped in {2: None, 3: "sigint", 4: None, 5: "sigterm"}.items():
+        manager.save(step, {"format": 2, "step": step}, stopped=stopped)
+    files = {s: tmp_path / f"step_{s:08d}.pt" for s in (2, 3, 4, 5)}
+    assert {s: load_checkpoint(f).get("stopped") for s, f in files.items()} == {
+        2: None, 3: "sigint", 4: None, 5: "sigterm"}
+    assert select_checkpoints([tmp_path], last=2) == [files[2], files[4]]
+    assert select_checkpoints([tmp_path], last=1) == [files[4]]
+    one_line_error(lambda: select_checkpoints([tmp_path], last=3),
+                   "holds 2 numbered checkpoints saved on the run's schedule and 2 saved when "
+                   "the run was interrupted", "--last 3")
+
+
 def test_training_keeps_the_checkpoints_of_the_best_evaluations(tmp_path) -> None:
     metrics = iter([1.0, 3.0, 2.0, 0.5])            # evaluations at steps 2, 4, 6, 8
     cfg = TrainConfig(batch_size=8, max_steps=8, eval_every=2, save_every=100, keep_last=1,
