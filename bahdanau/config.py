@@ -141,9 +141,19 @@ class ModelConfig(DictConfig):
                                low=1, on_resume="fixed", metavar="L")
     arch: Arch = setting("rnnsearch", "model: rnnsearch, or the paper's rnnencdec baseline",
                          on_resume="fixed")
-    attention: AttentionKind = "additive"   # the paper's; "luong_*": Luong et al. (2015)
-    attention_impl: AttentionImpl = "auto"  # additive only; see AdditiveAttention's `impl`
-    engine: Engine = "fast"           # "reference": the paper-shaped decoder alone (see engine)
+    attention: AttentionKind = setting(
+        "additive", "alignment model of rnnsearch: additive (the paper's), or Luong et al. "
+        "(2015)'s luong_general or luong_dot (which needs --decoder-size = 2 x --hidden-size)",
+        on_resume="fixed")
+    attention_impl: AttentionImpl = setting(
+        "auto", "how the additive attention is computed, the same function each way: reference "
+        "(the paper's tanh form), sigmoid (through sigmoid, faster on a CPU), triton (the fused "
+        "kernel, CUDA); auto: triton on CUDA with Triton installed, sigmoid on a CPU, else "
+        "reference",
+        on_resume="fixed")
+    engine: Engine = setting(
+        "fast", "fast (the decoder's fast twin, bahdanau.engine) or reference (the "
+        "paper-shaped decoder alone): the same function", on_resume="fixed")
     gru_form: GRUForm = setting("torch", "GRU form (paper: the reset gate applied before U, as "
                                          "in appendix A)", on_resume="fixed")
     dropout: float = setting(0.0, "dropout on the embeddings and the maxout output t_i (the "
@@ -169,18 +179,13 @@ class ModelConfig(DictConfig):
             value = getattr(self, name)
             if not is_int(value) or value < 5:
                 raise InputError(f"{name} must be an int >= 5 (4 specials + 1 word), got {value!r}")
-        check_settings(self)     # the sizes, arch, gru_form, the dropouts and init
-        if self.attention not in ATTENTIONS:
-            raise InputError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
+        check_settings(self)     # every declared setting: sizes, arch, attention, engine, ...
         if self.attention == "luong_dot" and self.decoder_size != 2 * self.hidden_size:
-            raise InputError(f"attention='luong_dot' needs decoder_size == 2 * hidden_size, got "
-                             f"{self.decoder_size} and {2 * self.hidden_size}")
-        if self.engine not in ENGINES:
-            raise InputError(f"engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.attention_impl not in ATTENTION_IMPLS:
+            fields = _MODEL_FIELDS
             raise InputError(
-                f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"
-            )
+                f"{field_name(fields['attention'])} luong_dot needs "
+                f"{field_name(fields['decoder_size'])} = 2 x {field_name(fields['hidden_size'])} "
+                f"(s_{{i-1}} . h_j), got {self.decoder_size} and {self.hidden_size}")
         specials = {name: getattr(self, name) for name in SPECIAL_IDS}
         if len(set(specials.values())) != len(specials):
             raise InputError(f"special token ids must be distinct, got {specials}")
@@ -212,6 +217,9 @@ class ModelConfig(DictConfig):
                     raise InputError(f"model config {name}={ours} but {side}_vocab.{name}="
                                      f"{theirs}: the special ids are the vocabularies' (leave "
                                      "the ModelConfig id fields at their defaults)")
+
+
+_MODEL_FIELDS = {f.name: f for f in dataclasses.fields(ModelConfig)}
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,10 @@
 `rnnsearch_50` is the paper's model; `small` is the mid-size model used by our benchmarks and the
 default training job; `tiny` is for tests. Use `dataclasses.replace(cfg, ...)` for variants, e.g.
 `replace(rnnsearch_50(30001, 30001), arch="rnnencdec")` for the paper's RNNencdec-50 baseline.
-`ModelChoices` is a preset with such variants (its sizes overridden, another arch, dropout, ...),
-as the training job chooses its model.
+`ModelChoices` is a preset with such variants (its sizes overridden, another arch or attention,
+dropout, ...), as the training job chooses its model: each choice is declared once, in
+`ModelConfig`, and is a flag of `bahdanau train` (``--attention luong_general``) and a key of its
+config file; the checkpoint's `ModelConfig` records it, so every command rebuilds the same model.
 """
 
 from __future__ import annotations
@@ -12,7 +14,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from bahdanau.config import Arch, GRUForm, Init, ModelConfig
+from bahdanau.config import (
+    Arch,
+    AttentionImpl,
+    AttentionKind,
+    Engine,
+    GRUForm,
+    Init,
+    ModelConfig,
+)
 from bahdanau.settings import check_settings, like, setting
 
 
@@ -58,6 +68,9 @@ class ModelChoices:
     align_size: int | None = like(ModelConfig, "align_size", default=None)
     maxout_size: int | None = like(ModelConfig, "maxout_size", default=None)
     arch: Arch = like(ModelConfig, "arch")
+    attention: AttentionKind = like(ModelConfig, "attention")
+    attention_impl: AttentionImpl = like(ModelConfig, "attention_impl")
+    engine: Engine = like(ModelConfig, "engine")
     gru_form: GRUForm = like(ModelConfig, "gru_form")
     dropout: float = like(ModelConfig, "dropout")
     dropout_rnn_inputs: float = like(ModelConfig, "dropout_rnn_inputs")
@@ -66,6 +79,7 @@ class ModelChoices:
 
     def __post_init__(self) -> None:
         check_settings(self)
+        self.config(5, 5)        # the choices together (luong_dot's sizes), before any work
 
     def config(self, src_vocab_size: int, tgt_vocab_size: int) -> ModelConfig:
         """The `ModelConfig` of these choices for vocabularies of these sizes: the preset's,
@@ -76,9 +90,12 @@ class ModelChoices:
 
     @property
     def name(self) -> str:
-        """The preset, and the sizes that override it: "small" or "small, embed_size=128"."""
+        """The preset, the sizes that override it, and an attention other than the paper's:
+        "small", "small, embed_size=128" or "tiny, attention=luong_general"."""
         sizes = [f"{name}={getattr(self, name)}" for name in _SIZES
                  if getattr(self, name) is not None]
+        if self.arch == "rnnsearch" and self.attention != "additive":
+            sizes.append(f"attention={self.attention}")
         return ", ".join([self.preset, *sizes])
 
 
