@@ -1,5 +1,17 @@
 """The decoder-attention seam (`Attention`) and two attentions that implement it.
 
+A new attention implements only its scores. Its `__init__` calls
+`super().__init__(query_size=Q, key_size=K)` and it defines
+
+    score(query, keys) -> energies                 (N, Q), (N, S, K) -> (N, S) e_ij
+
+with `query` the decoder states s_{i-1} and `keys` the annotations h_j, or what an optional
+`prepare_keys(annotations)` returns once per batch (`U h_j`, say). The base does the rest: the
+softmax over real positions, the context, the beam rows and the per-batch memory. A module that
+does not follow the seam (not an `Attention`, no `score`, no sizes given to the base) is refused
+with one `InputError` saying what to implement, when it is built or given to a decoder; a `score`
+that returns energies of another shape, at its first call (`Attention.weights`).
+
 `AttentiveDecoder` and the fast engine (`bahdanau.engine`) meet an attention only through the
 methods of `Attention`, at two moments:
 
@@ -10,6 +22,12 @@ methods of `Attention`, at two moments:
     weights = attention.weights(query, memory, state)    a_ij, (N, S)
     context, weights = attention.attend(query, memory, values, state)   sum_j a_ij values_j
     state   = attention.next_state(state, weights)
+
+By default `prepare` keeps `AttentionMemory(prepare_keys(annotations), mask)`, `project_query`
+is the identity and `weights` is `masked_softmax(score(query, keys))` with the keys laid out per
+query row; an attention may override any of these for a faster path, which is then "overriding
+more": `AdditiveAttention` and `LuongAttention` keep their fast `weights` beside their `score`,
+and tests/unit/test_attention_seam.py holds the two equal in float64.
 
 An attention here is a distribution a_ij over source positions: its context is always a weighted
 sum of per-position values. The caller chooses the values: the annotations h_j give the paper's
@@ -31,10 +49,15 @@ Two optional hooks let an attention offer more than calls:
 * `mixes_values(memory)`: True when `attend` mixes the values inside a fused kernel. Callers that
   sum the value gradients over a whole sequence themselves then leave mixing to `attend`.
 
-Per-step calls are not validated: `prepare` checks its inputs' shapes once per batch, and the
-values and states a decoder passes are built from them. That every mask row holds a real token is
-a value check (it reads the mask), made once per batch at the model's door: `RNNSearch.check_batch`
-checks the lengths the encoder builds the mask from, so no implementation of the seam need.
+An attention is rebuilt from its class and its constructor's arguments: every size and choice is
+a constructor argument, every learned number a parameter or buffer (in the `state_dict`), and
+nothing else is kept on the module but what the constructor derives from them.
+
+Per-step calls are not validated beyond the energies' shape: `prepare` checks its inputs' shapes
+once per batch, and the values and states a decoder passes are built from them. That every mask
+row holds a real token is a value check (it reads the mask), made once per batch at the model's
+door: `RNNSearch.check_batch` checks the lengths the encoder builds the mask from, so no
+implementation of the seam need.
 
 `AdditiveAttention` is the paper's alignment model; `LuongAttention` (Luong et al. 2015, the
 "general" and "dot" scores) is the second implementation of the seam.
@@ -42,14 +65,13 @@ checks the lengths the encoder builds the mask from, so no implementation of the
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from bahdanau import functional
-from bahdanau._checks import check_dims, check_sizes, check_tensor
+from bahdanau._checks import check_dims, check_sizes, check_tensor, describe, shape_str
 from bahdanau.errors import InputError
 from bahdanau.kernels import IMPLS, resolve_impl, sigmoid_attention_weights
 
@@ -80,42 +102,139 @@ class AttentionStep(NamedTuple):
     state: Tensor | None          # the next per-row attention state, or None
 
 
-class Attention(nn.Module, ABC):
-    """Base class of the decoder-attention seam; see the module docstring for the protocol.
+class AttentionMemory(NamedTuple):
+    """What `Attention.prepare` keeps for B sentences (unless an attention overrides it)."""
 
-    Subclasses set `query_size` (D, the decoder state) and `key_size` (2H, an annotation) and
-    implement the abstract `prepare`, `project_query` and `weights` (a subclass that misses one
-    cannot be instantiated); the other methods have defaults.
+    keys: Tensor                  # (B, S, K) `prepare_keys(h_j)`: the annotations by default
+    mask: Tensor                  # (B, S) bool, True at real tokens
+
+
+# What every refusal of a module that does not follow the seam says to do.
+_SEAM = ("an attention subclasses bahdanau.Attention, calls super().__init__(query_size=Q, "
+         "key_size=K) first in its __init__ and defines score(self, query, keys) returning "
+         "(N, S) energies (docs/guides/own-attention.md)")
+
+
+def _refused(name: str, problem: str) -> InputError:
+    return InputError(f"{name} {problem}: {_SEAM}")
+
+
+class Attention(nn.Module):
+    """Base class of the decoder-attention seam: a new attention defines only `score`.
+
+    A subclass calls `super().__init__(query_size=Q, key_size=K)` first in its `__init__` and
+    defines `score(query, keys)`; it may define `prepare_keys(annotations)` for keys computed
+    once per batch. The masking, the softmax over real positions, the context, the beam rows
+    and the per-batch memory come from here. An attention that needs more (a fast path, a
+    per-row state) overrides more of the seam (see the module docstring); one that overrides
+    `weights` need not define `score`.
+
+    Args:
+        query_size: Q = D, size of the decoder state s_{i-1}.
+        key_size: K = 2H, size of an annotation h_j.
+    Raises:
+        InputError: the class defines neither `score` nor `weights`, a size is missing or not
+            a positive int, or a layer is set before this `__init__` ran.
     """
 
     query_size: int
     key_size: int
 
-    @abstractmethod
+    def __init__(self, *, query_size: int | None = None, key_size: int | None = None) -> None:
+        name = type(self).__name__
+        if type(self).score is Attention.score and type(self).weights is Attention.weights:
+            raise _refused(name, "defines no score(query, keys)")
+        if query_size is None or key_size is None:
+            raise _refused(name, "gave super().__init__ no query_size and key_size")
+        check_sizes(name, query_size=query_size, key_size=key_size)
+        super().__init__()
+        self.query_size, self.key_size = query_size, key_size
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if "_modules" not in self.__dict__:                 # nn.Module.__init__ has not run
+            raise _refused(type(self).__name__, f"sets {name!r} before super().__init__ ran")
+        super().__setattr__(name, value)
+
+    # ------------------------------------------------------------------ what a new one defines
+    def score(self, query: Tensor, keys: Tensor) -> Tensor:
+        """The energies e_ij: what a new attention defines.
+
+        Args:
+            query: (N, Q) decoder states s_{i-1} (`project_query` of them, where an attention
+                overrides it), N = B, or B*K with K beams per sentence.
+            keys: (N, S, K) the keys of each row's sentence: its annotations h_j, or what
+                `prepare_keys` made of them.
+        Returns:
+            (N, S) energies; the base masks the padding and takes the softmax.
+        """
+        raise _refused(type(self).__name__, "defines no score(query, keys)")
+
+    def prepare_keys(self, annotations: Tensor) -> Tensor:
+        """The keys `score` reads, once per batch: (B, S, 2H) annotations -> (B, S, K). The
+        annotations themselves unless overridden (a projection U h_j, say)."""
+        return annotations
+
+    # ------------------------------------------------------------------ the rest of the seam
     def prepare(self, annotations: Tensor, mask: Tensor) -> Any:
-        """Per-batch memory: a NamedTuple whose tensors all have B rows along dim 0.
+        """Per-batch memory: a NamedTuple whose tensors all have B rows along dim 0; by default
+        `AttentionMemory(prepare_keys(annotations), mask)`.
 
         Args:
             annotations: (B, S, 2H) encoder annotations h_j.
             mask: (B, S) bool, True at real tokens; every row needs one True (the caller's
                 promise: `RNNSearch.check_batch` checks the lengths it comes from).
+        Raises:
+            InputError: wrong ranks, dtypes or sizes, or keys that are not (B, S, K).
         """
+        self._check_prepare(annotations, mask)
+        keys = self.prepare_keys(annotations)
+        if not isinstance(keys, Tensor) or keys.dim() != 3 or keys.shape[:2] != mask.shape:
+            got = f"shape {shape_str(keys)}" if isinstance(keys, Tensor) else describe(keys)
+            raise InputError(f"{type(self).__name__}.prepare_keys returned {got}; it must "
+                             f"return (B, S, K) keys, B, S = {tuple(mask.shape)}")
+        return AttentionMemory(keys, mask)
 
     def initial_state(self, memory: Any) -> Tensor | None:
         """The per-row attention state before the first step, (B, ...), or None (stateless)."""
         return None
 
-    @abstractmethod
     def project_query(self, query: Tensor) -> Tensor:
-        """The query as `weights` takes it: (N, D) decoder states -> (N, P)."""
+        """The query as `weights` takes it: (N, D) decoder states -> (N, P); the states
+        themselves unless overridden (a fast path that projects them first)."""
+        return query
 
     def query_weight(self) -> Tensor | None:
         """The (P, D) matrix W with `project_query(s) == s @ W.T`, or None if there is none."""
         return None
 
-    @abstractmethod
-    def weights(self, query: Tensor, memory: Any, state: Tensor | None) -> Tensor:
-        """The alignment weights a_ij: (N, P) projected queries -> (N, S), 0 at padding."""
+    def weights(self, query: Tensor, memory: Any, state: Tensor | None = None) -> Tensor:
+        """The alignment weights a_ij = softmax_j(e_ij) over real positions, e = `score`.
+
+        Args:
+            query: (N, P) `project_query` of the decoder states, N = B*K (sentence-major).
+            memory: the `AttentionMemory` of `prepare` for the B sentences.
+            state: the per-row attention state (unused here).
+        Returns:
+            (N, S) weights, exactly 0 at padding, rows summing to 1.
+        Raises:
+            InputError: `score` returned anything but (N, S) floating-point energies.
+        """
+        keys, mask = memory.keys, memory.mask
+        batch, src_len = mask.shape
+        rows = query.shape[0]
+        beams = rows // batch
+        per_row = keys[:, None].expand(batch, beams, *keys.shape[1:])  # (B, K, S, K'): a view
+        energies = self.score(query, per_row.reshape(rows, *keys.shape[1:]))   # (N, S) e_ij
+        if (not isinstance(energies, Tensor) or energies.shape != (rows, src_len)
+                or not energies.dtype.is_floating_point):
+            got = (f"shape {shape_str(energies)}, dtype {energies.dtype}"
+                   if isinstance(energies, Tensor) else describe(energies))
+            raise InputError(f"{type(self).__name__}.score returned {got}; it must return "
+                             f"floating-point energies of shape (N, S) = {(rows, src_len)}, "
+                             "one per query row and source position")
+        weights = functional.masked_softmax(energies.reshape(batch, beams, src_len),
+                                            mask[:, None, :])     # (B, K, S) a_ij
+        return weights.reshape(rows, src_len)
 
     def attend(self, query: Tensor, memory: Any, values: Tensor, state: Tensor | None
                ) -> tuple[Tensor, Tensor]:
@@ -168,19 +287,31 @@ class Attention(nn.Module, ABC):
             raise InputError(f"annotations {tuple(annotations.shape)}: empty batch or source")
 
 
-class AdditiveMemory(NamedTuple):
-    """`AdditiveAttention.prepare` output for B sentences."""
+def check_attention(attention: object) -> Attention:
+    """`attention` as a decoder takes it: an `Attention` whose `__init__` ran.
 
-    keys: Tensor                  # (B, S, A) U_a h_j
-    mask: Tensor                  # (B, S) bool, True at real tokens
+    Raises:
+        InputError: one line saying what to implement (a plain `nn.Module`, a subclass that
+            never called `super().__init__(query_size=Q, key_size=K)`).
+    """
+    if not isinstance(attention, Attention):
+        raise InputError(f"attention must be a bahdanau.Attention or None, got "
+                         f"{type(attention).__name__}: {_SEAM}")
+    if "query_size" not in vars(attention) or "key_size" not in vars(attention):
+        raise _refused(type(attention).__name__,
+                       "never called super().__init__(query_size=Q, key_size=K)")
+    return attention
 
 
 class AdditiveAttention(Attention):
     r"""The paper's alignment model (section 3.1, A.1.2):
     $e_{ij} = v_a^\top \tanh(W_a s_{i-1} + U_a h_j)$.
 
-    $U_a h_j$ does not depend on $i$: `prepare` computes it once per source batch, and the caller
-    keeps it (nothing is cached on the module). The paper has no bias here and neither do we.
+    $U_a h_j$ does not depend on $i$: `prepare_keys` computes it once per source batch, and the
+    caller keeps it (nothing is cached on the module). The paper has no bias here and neither do
+    we. `score` is the formula as the seam states it; the steps take the faster path beside it:
+    `project_query` (W_a s_{i-1}, which the engine fuses into its step matmul through
+    `query_weight`) and `weights` in the implementation `impl` chooses.
 
     Args:
         query_size: D, size of the decoder state s_{i-1}.
@@ -201,13 +332,11 @@ class AdditiveAttention(Attention):
 
     def __init__(self, query_size: int, key_size: int, align_size: int, *,
                  impl: str = "auto") -> None:
-        super().__init__()
         if impl not in IMPLS:
             raise InputError(f"impl must be one of {IMPLS}, got {impl!r}")
-        check_sizes("AdditiveAttention", query_size=query_size, key_size=key_size,
-                    align_size=align_size)
-        self.query_size, self.key_size, self.align_size = query_size, key_size, align_size
-        self.impl = impl
+        super().__init__(query_size=query_size, key_size=key_size)
+        check_sizes("AdditiveAttention", align_size=align_size)
+        self.align_size, self.impl = align_size, impl
         self.W_a = nn.Linear(query_size, align_size, bias=False)
         self.U_a = nn.Linear(key_size, align_size, bias=False)
         self.v_a = nn.Parameter(torch.empty(align_size))
@@ -231,16 +360,24 @@ class AdditiveAttention(Attention):
             impl = self._resolved[key] = resolve_impl(self.impl, tensor)
         return impl
 
-    def prepare(self, annotations: Tensor, mask: Tensor) -> AdditiveMemory:
-        """U_a h_j for every source position, once per batch: (B, S, 2H) -> (B, S, A) keys.
+    def prepare_keys(self, annotations: Tensor) -> Tensor:
+        """U_a h_j for every source position, once per batch: (B, S, 2H) -> (B, S, A) keys."""
+        return self.U_a(annotations)
+
+    def prepare(self, annotations: Tensor, mask: Tensor) -> AttentionMemory:
+        """The keys U_a h_j and the mask, and the implementation resolved for them.
 
         Raises:
             InputError: wrong ranks, dtypes or sizes.
         """
-        self._check_prepare(annotations, mask)
-        keys = self.U_a(annotations)
-        self.implementation(keys)                                 # resolve before any step
-        return AdditiveMemory(keys, mask)
+        memory = super().prepare(annotations, mask)
+        self.implementation(memory.keys)                          # resolve before any step
+        return memory
+
+    def score(self, query: Tensor, keys: Tensor) -> Tensor:
+        r"""$e_{ij} = v_a^\top \tanh(W_a s_{i-1} + U_a h_j)$: (N, D) states s_{i-1} and
+        (N, S, A) keys U_a h_j -> (N, S), the seam's form of `weights`'s energies."""
+        return torch.tanh(self.W_a(query)[:, None, :] + keys) @ self.v_a
 
     def project_query(self, query: Tensor) -> Tensor:
         """W_a s_{i-1}: (N, D) -> (N, A)."""
@@ -250,7 +387,7 @@ class AdditiveAttention(Attention):
         """W_a's (A, D) weight while W_a is a plain bias-free `nn.Linear` (`bias_free_weight`)."""
         return bias_free_weight(self.W_a)
 
-    def weights(self, query: Tensor, memory: AdditiveMemory, state: Tensor | None = None
+    def weights(self, query: Tensor, memory: AttentionMemory, state: Tensor | None = None
                 ) -> Tensor:
         """a_ij from (N, A) projected queries. The fused kernel computes weights and context
         together, so with impl "triton" the weights alone come from the reference formula."""
@@ -258,7 +395,7 @@ class AdditiveAttention(Attention):
             return sigmoid_attention_weights(query, memory.keys, memory.mask, self.v_a)
         return functional.attention_weights(query, memory.keys, memory.mask, self.v_a)
 
-    def attend(self, query: Tensor, memory: AdditiveMemory, values: Tensor,
+    def attend(self, query: Tensor, memory: AttentionMemory, values: Tensor,
                state: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(N, M) mixed values and (N, S) weights; one fused kernel with impl "triton"."""
         if self.mixes_values(memory):
@@ -267,16 +404,9 @@ class AdditiveAttention(Attention):
             return fused(query, memory.keys, values, memory.mask, self.v_a)
         return super().attend(query, memory, values, state)
 
-    def mixes_values(self, memory: AdditiveMemory) -> bool:
+    def mixes_values(self, memory: AttentionMemory) -> bool:
         """True when the fused Triton kernel runs for these keys."""
         return self.implementation(memory.keys) == "triton"
-
-
-class LuongMemory(NamedTuple):
-    """`LuongAttention.prepare` output for B sentences."""
-
-    keys: Tensor                  # (B, S, 2H) the annotations h_j
-    mask: Tensor                  # (B, S) bool, True at real tokens
 
 
 class LuongAttention(Attention):
@@ -286,30 +416,32 @@ class LuongAttention(Attention):
     - "dot": $e_{ij} = s_{i-1}^\top h_j$, which needs D = 2H.
 
     As in the rest of this decoder (and unlike Luong's, which attends from s_i) the query is the
-    previous state s_{i-1}, so it plugs into `AttentiveDecoder` unchanged. "general" offers W_a
-    through `query_weight`, so the engine fuses it into the step matmul like `AdditiveAttention`'s.
+    previous state s_{i-1}, so it plugs into `AttentiveDecoder` unchanged. The keys are the
+    annotations (no `prepare_keys`). `score` is the formula as the seam states it; the steps
+    take the faster path beside it: `project_query` (W_a s_{i-1}, which the engine fuses into
+    its step matmul through `query_weight`, like `AdditiveAttention`'s) and `weights`, one
+    batched matmul against each sentence's annotations, never copied per beam.
 
     Args:
         query_size: D.
         key_size: 2H.
-        score: "general" or "dot".
+        form: "general" or "dot", Luong's names for these scores.
     Raises:
-        InputError: a size that is not a positive int, an unknown `score`, or "dot" with
+        InputError: a size that is not a positive int, an unknown `form`, or "dot" with
             query_size != key_size.
     """
 
-    SCORES = ("general", "dot")
+    FORMS = ("general", "dot")
 
-    def __init__(self, query_size: int, key_size: int, *, score: str = "general") -> None:
-        super().__init__()
-        if score not in self.SCORES:
-            raise InputError(f"score must be one of {self.SCORES}, got {score!r}")
-        check_sizes("LuongAttention", query_size=query_size, key_size=key_size)
-        if score == "dot" and query_size != key_size:
-            raise InputError(f"score='dot' needs query_size == key_size, got {query_size} and "
+    def __init__(self, query_size: int, key_size: int, *, form: str = "general") -> None:
+        if form not in self.FORMS:
+            raise InputError(f"form must be one of {self.FORMS}, got {form!r}")
+        super().__init__(query_size=query_size, key_size=key_size)
+        if form == "dot" and query_size != key_size:
+            raise InputError(f"form='dot' needs query_size == key_size, got {query_size} and "
                              f"{key_size}")
-        self.query_size, self.key_size, self.score = query_size, key_size, score
-        self.W_a = nn.Linear(query_size, key_size, bias=False) if score == "general" else None
+        self.form = form
+        self.W_a = nn.Linear(query_size, key_size, bias=False) if form == "general" else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -317,14 +449,10 @@ class LuongAttention(Attention):
         if self.W_a is not None:
             nn.init.normal_(self.W_a.weight, std=0.01)
 
-    def prepare(self, annotations: Tensor, mask: Tensor) -> LuongMemory:
-        """The annotations are the keys: nothing to precompute.
-
-        Raises:
-            InputError: wrong ranks, dtypes or sizes.
-        """
-        self._check_prepare(annotations, mask)
-        return LuongMemory(annotations, mask)
+    def score(self, query: Tensor, keys: Tensor) -> Tensor:
+        r"""$e_{ij} = (W_a s_{i-1})^\top h_j$ (or $s_{i-1}^\top h_j$): (N, D) states and
+        (N, S, 2H) annotations -> (N, S), the seam's form of `weights`'s energies."""
+        return torch.bmm(keys, self.project_query(query)[:, :, None]).squeeze(-1)
 
     def project_query(self, query: Tensor) -> Tensor:
         """W_a s_{i-1} ("general") or s_{i-1} ("dot"): (N, D) -> (N, 2H)."""
@@ -335,9 +463,10 @@ class LuongAttention(Attention):
         (`bias_free_weight`); None for "dot" (no projection to fuse) and a wrapped W_a."""
         return None if self.W_a is None else bias_free_weight(self.W_a)
 
-    def weights(self, query: Tensor, memory: LuongMemory, state: Tensor | None = None
+    def weights(self, query: Tensor, memory: AttentionMemory, state: Tensor | None = None
                 ) -> Tensor:
-        """a_ij = softmax_j(q_n . h_bj) over real positions: (N, 2H) -> (N, S)."""
+        """a_ij = softmax_j(q_n . h_bj) over real positions: (N, 2H) projected queries ->
+        (N, S), the K rows of a sentence against its (S, 2H) annotations in one matmul."""
         batch, src_len, width = memory.keys.shape
         scores = torch.bmm(query.view(batch, -1, width), memory.keys.transpose(1, 2))  # (B,K,S)
         weights = functional.masked_softmax(scores, memory.mask[:, None, :])

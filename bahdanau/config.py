@@ -57,12 +57,9 @@ def improves(metric: str | None, new: float, best: float | None) -> bool:
         return True
     return new < best if metric in LOWER_IS_BETTER else new > best
 
-ARCHS: tuple[str, ...] = ("rnnsearch", "rnnencdec")
-ATTENTIONS: tuple[str, ...] = ("additive", "luong_general", "luong_dot")
 ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference", "sigmoid", "triton")
 ENGINES: tuple[str, ...] = ("fast", "reference")
 GRU_FORMS: tuple[str, ...] = ("torch", "paper")
-DECODERS: tuple[str, ...] = ("paper", "cgru")
 INITS: tuple[str, ...] = ("paper", "glorot")
 AMP_MODES: tuple[str, ...] = ("none", "bf16", "fp16")
 SCHEDULES: tuple[str, ...] = ("constant", "inverse_sqrt", "plateau")
@@ -146,9 +143,19 @@ class ModelConfig(DictConfig):
                                low=1, on_resume="fixed", metavar="L")
     arch: Arch = setting("rnnsearch", "model: rnnsearch, or the paper's rnnencdec baseline",
                          on_resume="fixed")
-    attention: AttentionKind = "additive"   # the paper's; "luong_*": Luong et al. (2015)
-    attention_impl: AttentionImpl = "auto"  # additive only; see AdditiveAttention's `impl`
-    engine: Engine = "fast"           # "reference": the paper-shaped decoder alone (see engine)
+    attention: AttentionKind = setting(
+        "additive", "alignment model of rnnsearch: additive (the paper's), or Luong et al. "
+        "(2015)'s luong_general or luong_dot (which needs --decoder-size = 2 x --hidden-size)",
+        on_resume="fixed")
+    attention_impl: AttentionImpl = setting(
+        "auto", "how the additive attention is computed, the same function each way: reference "
+        "(the paper's tanh form), sigmoid (through sigmoid, faster on a CPU), triton (the fused "
+        "kernel, CUDA); auto: triton on CUDA with Triton installed, sigmoid on a CPU, else "
+        "reference",
+        on_resume="fixed")
+    engine: Engine = setting(
+        "fast", "fast (the decoder's fast twin, bahdanau.engine) or reference (the "
+        "paper-shaped decoder alone): the same function", on_resume="fixed")
     gru_form: GRUForm = setting("torch", "GRU form (paper: the reset gate applied before U, as "
                                          "in appendix A)", on_resume="fixed")
     decoder: DecoderKind = setting(
@@ -181,7 +188,7 @@ class ModelConfig(DictConfig):
             value = getattr(self, name)
             if not is_int(value) or value < 5:
                 raise InputError(f"{name} must be an int >= 5 (4 specials + 1 word), got {value!r}")
-        check_settings(self)     # the sizes, arch, gru_form, decoder, the dropouts and init
+        check_settings(self)     # every declared setting: sizes, arch, attention, decoder, ...
         named = {f.name: field_name(f) for f, _, _ in declared(type(self))}  # flags, in a job
         if self.layer_norm and self.gru_form != "torch":
             raise InputError(f"{named['layer_norm']} normalises U h, the torch form's recurrent "
@@ -190,17 +197,11 @@ class ModelConfig(DictConfig):
         if self.decoder == "cgru" and self.arch != "rnnsearch":
             raise InputError(f"{named['decoder']} cgru attends from its first GRU's state: it "
                              f"needs {named['arch']} rnnsearch (rnnencdec has no attention)")
-        if self.attention not in ATTENTIONS:
-            raise InputError(f"attention must be one of {ATTENTIONS}, got {self.attention!r}")
         if self.attention == "luong_dot" and self.decoder_size != 2 * self.hidden_size:
-            raise InputError(f"attention='luong_dot' needs decoder_size == 2 * hidden_size, got "
-                             f"{self.decoder_size} and {2 * self.hidden_size}")
-        if self.engine not in ENGINES:
-            raise InputError(f"engine must be one of {ENGINES}, got {self.engine!r}")
-        if self.attention_impl not in ATTENTION_IMPLS:
             raise InputError(
-                f"attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}"
-            )
+                f"{named['attention']} luong_dot needs {named['decoder_size']} = 2 x "
+                f"{named['hidden_size']} (s_{{i-1}} . h_j), got {self.decoder_size} and "
+                f"{self.hidden_size}")
         specials = {name: getattr(self, name) for name in SPECIAL_IDS}
         if len(set(specials.values())) != len(specials):
             raise InputError(f"special token ids must be distinct, got {specials}")
@@ -232,6 +233,8 @@ class ModelConfig(DictConfig):
                     raise InputError(f"model config {name}={ours} but {side}_vocab.{name}="
                                      f"{theirs}: the special ids are the vocabularies' (leave "
                                      "the ModelConfig id fields at their defaults)")
+
+
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,13 @@ from torch import Tensor, nn
 
 from bahdanau import functional
 from bahdanau._checks import check_dims, check_tensor
-from bahdanau.attention import Attention, LinearWeights, bias_free_weight, linear_weights
+from bahdanau.attention import (
+    Attention,
+    LinearWeights,
+    bias_free_weight,
+    check_attention,
+    linear_weights,
+)
 from bahdanau.config import GRU_FORMS
 from bahdanau.encoder import init_recurrent_
 from bahdanau.errors import InputError
@@ -90,7 +96,8 @@ class AttentiveDecoder(nn.Module):
         hidden_size: D, size of s_i.
         context_size: 2H, size of an annotation (and of c_i).
         maxout_size: L, units after maxout (the deep output has 2L units before it).
-        attention: any `bahdanau.attention.Attention` (`AdditiveAttention` in the paper); None
+        attention: any `bahdanau.attention.Attention` (`AdditiveAttention` in the paper; a module
+            that is not one is refused, `bahdanau.attention.check_attention`); None
             gives RNNencdec's fixed context
             $c = \tanh(W_c [\overrightarrow{h}_{T_x}; \overleftarrow{h}_1])$ from the encoder
             (Cho et al. 2014a, with the bidirectional encoder's two final states).
@@ -146,6 +153,8 @@ class AttentiveDecoder(nn.Module):
             raise InputError("layer_norm needs gru_form='torch' (bahdanau.layer_norm)")
         if context_size % 2:
             raise InputError(f"context_size must be 2H (even), got {context_size}")
+        if attention is not None:
+            attention = check_attention(attention)
         if attention is not None and (attention.query_size, attention.key_size) != (
                 hidden_size, context_size):
             raise InputError(

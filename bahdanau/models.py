@@ -372,7 +372,7 @@ def _attention(cfg: ModelConfig) -> AdditiveAttention | LuongAttention:
         return AdditiveAttention(query_size=cfg.decoder_size, key_size=2 * cfg.hidden_size,
                                  align_size=cfg.align_size, impl=cfg.attention_impl)
     return LuongAttention(cfg.decoder_size, 2 * cfg.hidden_size,
-                          score=cfg.attention.removeprefix("luong_"))
+                          form=cfg.attention.removeprefix("luong_"))
 
 
 def glorot_init_(model: nn.Module) -> None:

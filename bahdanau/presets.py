@@ -5,8 +5,10 @@ default training job; `g2p` is sized for short character-level sequences (a word
 its phonemes, transliteration, inflection); `tiny` is for tests. Use
 `dataclasses.replace(cfg, ...)` for variants, e.g.
 `replace(rnnsearch_50(30001, 30001), arch="rnnencdec")` for the paper's RNNencdec-50 baseline.
-`ModelChoices` is a preset with such variants (its sizes overridden, another arch, dropout, ...),
-as the training job chooses its model.
+`ModelChoices` is a preset with such variants (its sizes overridden, another arch or attention,
+dropout, ...), as the training job chooses its model: each choice is declared once, in
+`ModelConfig`, and is a flag of `bahdanau train` (``--attention luong_general``) and a key of its
+config file; the checkpoint's `ModelConfig` records it, so every command rebuilds the same model.
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from bahdanau.config import Arch, DecoderKind, GRUForm, Init, ModelConfig
+from bahdanau.config import (
+    Arch,
+    AttentionImpl,
+    AttentionKind,
+    DecoderKind,
+    Engine,
+    GRUForm,
+    Init,
+    ModelConfig,
+)
 from bahdanau.settings import check_settings, like, setting
 
 
@@ -74,6 +85,9 @@ class ModelChoices:
     align_size: int | None = like(ModelConfig, "align_size", default=None)
     maxout_size: int | None = like(ModelConfig, "maxout_size", default=None)
     arch: Arch = like(ModelConfig, "arch")
+    attention: AttentionKind = like(ModelConfig, "attention")
+    attention_impl: AttentionImpl = like(ModelConfig, "attention_impl")
+    engine: Engine = like(ModelConfig, "engine")
     gru_form: GRUForm = like(ModelConfig, "gru_form")
     decoder: DecoderKind = like(ModelConfig, "decoder")
     layer_norm: bool = like(ModelConfig, "layer_norm")
@@ -95,9 +109,12 @@ class ModelChoices:
 
     @property
     def name(self) -> str:
-        """The preset, and the sizes that override it: "small" or "small, embed_size=128"."""
+        """The preset, the sizes that override it, and an attention other than the paper's:
+        "small", "small, embed_size=128" or "tiny, attention=luong_general"."""
         sizes = [f"{name}={getattr(self, name)}" for name in _SIZES
                  if getattr(self, name) is not None]
+        if self.arch == "rnnsearch" and self.attention != "additive":
+            sizes.append(f"attention={self.attention}")
         return ", ".join([self.preset, *sizes])
 
 

@@ -94,7 +94,10 @@ class Limits(typing.TypedDict):
 
 # Options that options.json records only since a later version, and the value that the runs
 # written before then had: a missing one is compared as that (any other missing option is not).
-_BEFORE_RECORDED = {"early_stopping_metric": UNNAMED_METRIC}
+# The model's attention and how it is computed became options later too: before, every run
+# trained ModelConfig's defaults.
+_BEFORE_RECORDED = {"early_stopping_metric": UNNAMED_METRIC, "attention": "additive",
+                    "attention_impl": "auto", "engine": "fast"}
 
 
 def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:

@@ -16,6 +16,7 @@ import threading
 import pytest
 from training_fixtures import write_multi30k_slice
 
+import bahdanau
 from bahdanau.checkpoint import find_checkpoint, load_checkpoint
 from bahdanau.cli import main
 from bahdanau.data import DefaultTokenizer
@@ -67,6 +68,28 @@ def test_resume_continues_from_checkpoint(trained, files, capsys) -> None:
     assert main(argv) == 0
     err = capsys.readouterr().err
     assert "resumed from" in err and "trained 8 updates" in err
+
+
+def test_train_with_luong_attention_and_translate_with_it(files, tmp_path, capsys) -> None:
+    """--attention chooses the model's attention: the run trains it, its checkpoint records it,
+    and `bahdanau.load` and `translate` rebuild the same model (the same translations)."""
+    out = tmp_path / "luong"
+    assert main(["train", "--train-src", str(files / "tr.en"), "--train-tgt",
+                 str(files / "tr.fr"), "--preset", "tiny", "--attention", "luong_general",
+                 "--attention-impl", "reference", "--max-steps", "3", "--time-budget", "0",
+                 "--out", str(out), "--beam-size", "2", "--max-len", "6",
+                 "--threads", "1"]) == 0
+    assert "model rnnsearch (tiny, attention=luong_general)" in capsys.readouterr().err
+    translator = bahdanau.load(out)
+    attention = translator.model.decoder.attention
+    assert type(attention) is bahdanau.LuongAttention and attention.form == "general"
+    assert translator.model.config.attention == "luong_general"
+    sentences = (files / "te.en").read_text(encoding="utf-8").splitlines()
+    expected = translator.translate(sentences, search=bahdanau.BeamSearch(beam_size=2,
+                                                                          max_len=6))
+    assert main(["translate", "--checkpoint", str(out), "--input", str(files / "te.en"),
+                 "--beam-size", "2", "--max-len", "6", "--threads", "1"]) == 0
+    assert capsys.readouterr().out.splitlines() == expected
 
 
 def test_translate_evaluate(trained, files, capsys, tmp_path) -> None:

@@ -18,7 +18,7 @@ from bahdanau.jobs import TrainOptions
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 GUIDES = ["own-corpus.md", "decoding.md", "alignments.md", "multi-gpu.md", "fused-kernel.md",
-          "characters.md", "scoring.md"]
+          "characters.md", "scoring.md", "own-attention.md"]
 FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```", re.S | re.M)
 
 if not DOCS.is_dir():

@@ -48,8 +48,7 @@ class CoverageAttention(Attention):
     """
 
     def __init__(self, query_size: int, key_size: int, align_size: int) -> None:
-        super().__init__()
-        self.query_size, self.key_size = query_size, key_size
+        super().__init__(query_size=query_size, key_size=key_size)
         self.W = nn.Linear(query_size, align_size, bias=False)
         self.U = nn.Linear(key_size, align_size, bias=False)
         self.w_c = nn.Parameter(torch.full((align_size,), 0.5))

@@ -159,17 +159,20 @@ def test_attention_step_errors(change, match) -> None:
         attn(query, memory, values)
 
 
-def test_attention_without_weights_cannot_be_built() -> None:
-    """A subclass that misses part of the seam fails when built, not at the first decoder step."""
+def test_attention_without_scores_cannot_be_built() -> None:
+    """A subclass that defines neither `score` nor `weights` fails when built, not at the first
+    decoder step, in one line naming what to implement."""
     class NoWeights(Attention):
-        def prepare(self, annotations, mask):
-            return mask
+        def __init__(self):
+            super().__init__(query_size=4, key_size=6)
 
         def project_query(self, query):
             return query
 
-    with pytest.raises(TypeError, match="abstract method '?weights"):
+    with pytest.raises(InputError, match=r"^NoWeights defines no score\(query, keys\): an "
+                                         r"attention subclasses bahdanau.Attention") as err:
         NoWeights()
+    assert "\n" not in str(err.value)
 
 
 def test_decoder_errors() -> None:
@@ -186,8 +189,7 @@ class UncheckedAttention(Attention):
     """A seam implementation that checks nothing itself, like a user's own attention."""
 
     def __init__(self, query_size: int, key_size: int) -> None:
-        super().__init__()
-        self.query_size, self.key_size = query_size, key_size
+        super().__init__(query_size=query_size, key_size=key_size)
 
     def prepare(self, annotations, mask):
         return (annotations, mask)

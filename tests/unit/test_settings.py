@@ -19,7 +19,7 @@ from bahdanau.jobs.options import (
     flat_settings,
     resume_changes,
 )
-from bahdanau.presets import ModelChoices
+from bahdanau.presets import ModelChoices, tiny
 from bahdanau.settings import declared
 
 # with what every training setting acts with: dev evaluations, the plateau schedule, Adadelta
@@ -141,6 +141,41 @@ def test_model_size_flags_are_checked_and_fixed_on_resume() -> None:
     with pytest.raises(InputError, match="--decoder-size was 256 when this run began"):
         resume_changes(TrainOptions.from_mapping({"decoder_size": 256}).to_record(),
                        TrainOptions.from_mapping({"decoder_size": 512}))
+
+
+def test_model_attention_flags_choose_the_model_s_attention() -> None:
+    """--attention, --attention-impl and --engine are ModelConfig's settings: checked as flags,
+    in the job's model config, and fixed on resume, also for a run recorded before they were
+    options (which trained the defaults)."""
+    options = TrainOptions.from_mapping({"attention": "luong_general", "attention_impl":
+                                         "reference", "engine": "reference"}, text=True)
+    assert options.model.config(10, 12) == dataclasses.replace(
+        ModelChoices().config(10, 12), attention="luong_general", attention_impl="reference",
+        engine="reference")
+    assert ModelChoices(preset="tiny", attention="luong_general").name == (
+        "tiny, attention=luong_general")
+    assert ModelChoices(attention="luong_dot").config(10, 12).attention == "luong_dot"  # 2H = D
+    with pytest.raises(InputError, match="^--attention must be one of additive, luong_general, "
+                                         "luong_dot, got 'dot'$"):
+        TrainOptions.from_mapping({"attention": "dot"})
+    with pytest.raises(InputError, match=r"^--attention luong_dot needs --decoder-size = 2 x "
+                                         r"--hidden-size \(s_\{i-1\} . h_j\), got 12 and 8$"):
+        TrainOptions.from_mapping({"preset": "tiny", "attention": "luong_dot"})
+    with pytest.raises(InputError, match=r"^attention luong_dot needs decoder_size = 2 x "
+                                         r"hidden_size"):
+        ModelChoices(preset="tiny", attention="luong_dot")
+    luong = TrainOptions.from_mapping({"attention": "luong_general"})
+    with pytest.raises(InputError, match="--attention was 'additive' when this run began"):
+        resume_changes(TrainOptions().to_record(), luong)
+    recorded_before = {k: v for k, v in TrainOptions().to_record().items()
+                       if k not in ("attention", "attention_impl", "engine")}
+    with pytest.raises(InputError, match="--attention was 'additive' when this run began"):
+        resume_changes(recorded_before, luong)
+    assert resume_changes(recorded_before, TrainOptions()) == []
+    # a checkpoint's model config from before: the defaults, the model every run then had
+    stored = {k: v for k, v in tiny(10, 12).to_dict().items()
+              if k not in ("attention", "attention_impl", "engine")}
+    assert ModelConfig.from_dict(stored) == tiny(10, 12)
 
 
 def _help_sections(command: str) -> dict[str, list[str]]:
