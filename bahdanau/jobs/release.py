@@ -1,6 +1,7 @@
 """``bahdanau release``: a trained model as a folder to share, with its model card.
 
-`release_model` finds the checkpoint (a file, or a run folder's best), writes its model folder
+`release_model` reads the checkpoint through the door (`bahdanau.checkpoint.read_checkpoint`:
+a file, a run folder's best, a model folder), writes its model folder
 (`bahdanau.checkpoint.release.write_release`) and a model card saying what the model is and how
 it was trained: the architecture, sizes and parameter count, the training command (rebuilt from
 the options the run recorded), the training data's digest, the best dev score (named by its
@@ -17,9 +18,8 @@ from typing import Any
 
 from bahdanau._checks import JSON_ERRORS
 from bahdanau._folders import Kind
-from bahdanau.checkpoint.files import load_checkpoint, named, upgrade_payload
-from bahdanau.checkpoint.manager import find_checkpoint
-from bahdanau.checkpoint.payload import model_from_checkpoint
+from bahdanau.checkpoint.payload import model_skeleton
+from bahdanau.checkpoint.reader import RUN_REPORT, find_checkpoint, read_checkpoint
 from bahdanau.checkpoint.release import MANIFEST, check_new_release, write_release
 from bahdanau.jobs.files import check_output_folder
 from bahdanau.jobs.options import ReleaseOptions, TrainOptions, flag
@@ -50,7 +50,7 @@ def run_test_scores(checkpoint: Path, payload: dict[str, Any]) -> dict[str, Any]
     ``metrics.json``), when they score this checkpoint's weights: the run scores its final
     weights, so only a checkpoint whose step is the run's last update (metrics "updates") has
     them. None for another checkpoint, one elsewhere, or a run that scored none."""
-    path = checkpoint.parent.parent / "metrics.json"
+    path = checkpoint.parent.parent / RUN_REPORT
     if not checkpoint.is_file() or checkpoint.parent.name != "checkpoints" or not path.is_file():
         return None
     try:
@@ -125,9 +125,9 @@ def release_model(o: ReleaseOptions) -> Path:
     path = find_checkpoint(o.checkpoint, "--checkpoint")
     check_output_folder("--out", o.out, {"--checkpoint": path}, writes=Kind.MODEL)
     check_new_release(Path(o.out), o.overwrite)
-    with named(path):
-        payload = upgrade_payload(load_checkpoint(path))
-        model, _, _ = model_from_checkpoint(payload)    # checks it whole first
-    parameters = sum(p.numel() for p in model.parameters())
+    checkpoint = read_checkpoint(path)
+    checkpoint.translation_weights()                # checks the weights whole first
+    parameters = sum(p.numel() for p in model_skeleton(checkpoint.config).parameters())
+    payload = checkpoint.payload
     card = model_card(payload, parameters, run_test_scores(path, payload))
     return write_release(payload, o.out, card=card, overwrite=o.overwrite)

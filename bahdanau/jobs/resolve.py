@@ -20,7 +20,7 @@ import torch
 
 from bahdanau._checks import cpu_threads, default_device, launcher_value, resolve_device
 from bahdanau._files import repeated_file
-from bahdanau.checkpoint.manager import find_checkpoint
+from bahdanau.checkpoint.reader import find_checkpoint
 from bahdanau.errors import InputError
 from bahdanau.jobs.options import DecodeOptions, ScoreOptions, SearchOptions, TrainOptions
 from bahdanau.search import CAPTURED_CHECK_EVERY, BeamSearch

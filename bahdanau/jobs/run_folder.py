@@ -27,11 +27,12 @@ from bahdanau._checks import JSON_ERRORS
 from bahdanau._files import exclusive_lock
 from bahdanau._folders import Kind, check_folder_to_write, enclosing_kind
 from bahdanau.checkpoint.manager import CheckpointManager
+from bahdanau.checkpoint.reader import RUN_REPORT
 from bahdanau.errors import InputError
 from bahdanau.jobs.options import TrainOptions
 
 RUN_CONFIG = "config.yaml"      # a run folder's options (JSON, which YAML readers also read)
-RUN_FILES = ("checkpoints", RUN_CONFIG, "metrics.json", "test.hyp.txt", "alignment.png",
+RUN_FILES = ("checkpoints", RUN_CONFIG, RUN_REPORT, "test.hyp.txt", "alignment.png",
              "train.log", "tensorboard", "dev")
 RUN_LOCK = ".lock"              # held by `locked` while a run trains in the folder
 _RECORD_BYTES = 1 << 20         # a config.yaml larger than this is no run's record
