@@ -248,7 +248,8 @@ class Checkpoint:
     @property
     def step(self) -> int | None:
         """The training update it was saved at, or None where it records none."""
-        step = (self.train_state or {}).get("step") if isinstance(self.train_state, dict) else None
+        state = self.train_state
+        step = state.get("step") if isinstance(state, dict) else None
         return step if isinstance(step, int) and not isinstance(step, bool) else None
 
     @property
