@@ -3,10 +3,10 @@
     translator = bahdanau.load("runs/default")         # a run folder or a checkpoint file
     translator.translate(["A man is riding a bicycle."])  # e.g. ['Un homme fait du vélo.']
 
-The checkpoint gives the model, its vocabularies and the tokenizer it was trained with
-(`bahdanau.checkpoint.tokenizer_of`: a SentencePiece model is restored from the checkpoint
-itself). `translate` is `bahdanau.evaluate.translate_corpus` returning text; call that for the
-hypotheses, n-best lists and attention weights.
+The checkpoint, read through the door `bahdanau.checkpoint.read_checkpoint`, gives the model,
+its vocabularies and the tokenizer it was trained with (a SentencePiece model is restored from
+the checkpoint itself). `translate` is `bahdanau.evaluate.translate_corpus` returning text;
+call that for the hypotheses, n-best lists and attention weights.
 
 Several checkpoints make an ensemble (`bahdanau.ensemble.Ensemble`), which decodes with the
 mean of its members' probabilities:
@@ -29,9 +29,7 @@ import torch
 
 from bahdanau._checks import describe
 from bahdanau.checkpoint.averaging import read_members
-from bahdanau.checkpoint.files import named
-from bahdanau.checkpoint.manager import find_checkpoint
-from bahdanau.checkpoint.payload import model_from_checkpoint, tokenizer_of
+from bahdanau.checkpoint.reader import find_checkpoint
 from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.ensemble import Ensemble
@@ -92,12 +90,13 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
     Returns:
         The model (eval mode), its tokenizer and vocabularies, and each checkpoint's training
         step (`Translator.steps`). A checkpoint with EMA weights
-        translates with them (`model_from_checkpoint`).
+        translates with them (`bahdanau.checkpoint.Checkpoint.model`).
     Raises:
-        InputError: no checkpoint there, or one that `model_from_checkpoint` or `tokenizer_of`
-            refuses (the file is named first), or ensemble members whose vocabularies or
-            tokenizers differ (`bahdanau.checkpoint.read_members`); a SentencePiece tokenizer
-            needs the sentencepiece package.
+        InputError: no checkpoint there, or one that `bahdanau.checkpoint.read_checkpoint`
+            refuses or whose weights do not fit (the file is named first), or ensemble
+            members whose vocabularies or tokenizers differ
+            (`bahdanau.checkpoint.read_members`); a SentencePiece tokenizer needs the
+            sentencepiece package.
     """
     if isinstance(checkpoint, (str, os.PathLike)):
         checkpoint = [checkpoint]
@@ -107,14 +106,11 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
     paths = [find_checkpoint(given) for given in checkpoint]
     models: list[torch.nn.Module] = []
     steps: list[int | None] = []
-    for path, payload in read_members(paths, same_config=False):
-        with named(path):
-            if not models:
-                tokenizer = tokenizer_of(payload)
-            model, src_vocab, tgt_vocab = model_from_checkpoint(payload, device=device)
-        models.append(model)
-        step = (payload.get("train_state") or {}).get("step")
-        steps.append(step if isinstance(step, int) else None)
+    for member in read_members(paths, same_config=False):        # each read once
+        if not models:
+            tokenizer, src_vocab, tgt_vocab = member.tokenizer, member.src_vocab, member.tgt_vocab
+        models.append(member.model(device=device))
+        steps.append(member.step)
     model = models[0] if len(models) == 1 else Ensemble(models).eval()
     return Translator(model=model, tokenizer=tokenizer, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
                       steps=tuple(steps))

@@ -19,7 +19,10 @@ of two runs are refused unless `allow_different_runs`; a member saved before run
 The result is a checkpoint like any other for `bahdanau.load`, `model_from_checkpoint` and the
 command line (translate, evaluate, plot): the averaged weights as `model`, the members' model
 config, vocabularies and tokenizer, and no training state (it does not resume); its
-extra["averaged_from"] lists the members' files, steps and run ids.
+extra["averaged_from"] lists the members' files, steps and run ids, and its `RUN` section keeps
+what the members say of their run (`bahdanau.checkpoint.reader.RunRecord`: its id, folder,
+options, data digest and test report, where they agree), which the model card of a release
+of the average shows.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -37,22 +41,28 @@ from bahdanau._about import versions
 from bahdanau._checks import check_path, describe
 from bahdanau._files import repeated_file, restore_replaced
 from bahdanau._progress import tracked
-from bahdanau.checkpoint.files import FORMAT_VERSION, load_checkpoint, named, upgrade_payload
-from bahdanau.checkpoint.manager import STOPPED, CheckpointManager, checkpoints_folder
-from bahdanau.checkpoint.payload import (
-    check_weights,
-    model_skeleton,
-    stored_parts,
-    tokenizer_data,
-    translation_weights,
+from bahdanau.checkpoint.files import FORMAT_VERSION, load_checkpoint_file, named
+from bahdanau.checkpoint.manager import CheckpointManager, checkpoints_folder
+from bahdanau.checkpoint.payload import tokenizer_data
+from bahdanau.checkpoint.reader import Checkpoint, RunRecord, folder_kind, read_checkpoint
+from bahdanau.checkpoint.sections import (
+    EXTRA,
+    FORMAT,
+    MODEL,
+    MODEL_CONFIG,
+    RUN,
+    SRC_VOCAB,
+    STOPPED,
+    TGT_VOCAB,
+    TOKENIZER,
+    TRAINING,
+    VERSIONS,
 )
-from bahdanau.checkpoint.release import is_release
 from bahdanau.data.tokenizers import DefaultTokenizer, tokenizer_to_payload
 from bahdanau.errors import InputError
 
 __all__ = ["average_checkpoints", "check_members", "read_members", "select_checkpoints"]
 
-_BULKY = ("model", "ema", "optimizer", "scaler", "rng")   # not kept of the first member
 _LOG = logging.getLogger(__name__)
 
 
@@ -88,10 +98,10 @@ def select_checkpoints(paths: Sequence[str | os.PathLike[str]], *, last: int | N
     count = last if last is not None else best
     if count is None:
         for path in files:
-            if path.is_dir() and not is_release(path):      # a model folder is one
+            if path.is_dir() and folder_kind(path) is None:      # a model folder is one
                 raise InputError(f"--checkpoint {path} is a folder: give --last N or --best N "
                                  "to pick its checkpoints, or name checkpoint files")
-            if not (path.is_file() or is_release(path)):
+            if not (path.is_file() or folder_kind(path) is not None):
                 raise InputError(f"--checkpoint {path}: no such file")
         return files
     flag = "--last" if last is not None else "--best"
@@ -118,7 +128,7 @@ def _last_scheduled(numbered: list[Path], count: int, folder: Path) -> list[Path
         if len(taken) == count:
             break
         with named(path):
-            stopped = load_checkpoint(path).get(STOPPED)     # a top-level section, any format
+            stopped = load_checkpoint_file(path).get(STOPPED)     # a top-level section, any format
         if stopped is None:
             taken.append(path)
         else:
@@ -143,16 +153,16 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]], *,
     cast back to the first member's dtypes; other tensors are the first member's.
 
     Args:
-        paths: the members' checkpoint files (formats 1 and 2), each once.
+        paths: the members' checkpoint files (formats 1 and 2) or model folders, each once.
         allow_different_runs: average members of different runs (their `TrainState.run_id`
             differs) too.
     Returns:
         A payload for `save_checkpoint` (docs/checkpoint-format.md).
     Raises:
-        FileNotFoundError: a member does not exist.
-        InputError: no paths, a file listed twice, a damaged or malformed member, weights that
-            do not fit the model config or are not finite, a member whose model config,
-            vocabularies or tokenizer differ from the first's, or (without
+        InputError: no paths, a member that does not exist, a file listed twice, a damaged
+            or malformed member, weights that do not fit the model config or are not finite,
+            a member whose model config, vocabularies or tokenizer differ from the first's, or
+            (without
             `allow_different_runs`) a member of another run than an earlier member (one line
             naming both files).
     """
@@ -164,23 +174,20 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]], *,
     if twice is not None:
         raise InputError(f"{twice[0]} is listed twice (also as {twice[1]}): average each "
                          "checkpoint once")
-    first: dict[str, Any] = {}        # the sections the result takes from the first member
-    tokenizer, model = None, None
+    first: Checkpoint | None = None   # the result takes its config, vocabularies, tokenizer
     dtypes: dict[str, torch.dtype] = {}
     total: dict[str, Tensor] = {}
     members: list[dict[str, Any]] = []
-    for path, payload in tracked(read_members(files, same_config=True), "averaging",
-                                 total=len(files), unit="checkpoints"):
-        run_id = _run_id(path, payload)
+    runs: list[RunRecord] = []
+    for checkpoint in tracked(read_members(files, same_config=True), "averaging",
+                              total=len(files), unit="checkpoints"):
+        path = checkpoint.path
+        run_id = _run_id(checkpoint)
         if not allow_different_runs:
             _check_same_run(path, run_id, members)
-        with named(path):
-            section, weights = translation_weights(payload)
-            if model is None:
-                first = {k: payload[k] for k in ("model_config", "src_vocab", "tgt_vocab")}
-                tokenizer = tokenizer_data(payload)[1]
-                model = model_skeleton(stored_parts(payload)[0])   # allocates nothing
-            check_weights(weights, model, section)
+        section, weights = checkpoint.translation_weights()
+        if first is None:
+            first = checkpoint
         for key, value in weights.items():
             dtypes.setdefault(key, value.dtype)
             if not value.is_floating_point():
@@ -189,40 +196,51 @@ def average_checkpoints(paths: Sequence[str | os.PathLike[str]], *,
                 total[key] += value.double()
             else:
                 total[key] = value.to(torch.float64, copy=True)
-        state = payload["train_state"]
-        members.append({"file": str(path), "weights": section,
-                        "step": state.get("step") if isinstance(state, dict) else None,
+        members.append({"file": str(path), "weights": section, "step": checkpoint.step,
                         "run_id": run_id})
-        del payload, weights
+        runs.append(checkpoint.run)
+        del checkpoint, weights
+    assert first is not None                 # files is not empty
     averaged = {key: (value / len(files)).to(dtypes[key]) if value.is_floating_point() else value
                 for key, value in total.items()}
+    tokenizer = tokenizer_data(first.payload)[1]
     return {
-        "format": FORMAT_VERSION,
-        "model": averaged,
-        **first,
-        "train_config": None, "train_state": None, "optimizer": None, "optimizer_class": None,
-        "scaler": None, "rng": None,
-        "extra": {"averaged_from": members},
-        "versions": versions(),
-        **({} if tokenizer is None else {"tokenizer": tokenizer}),
+        FORMAT: FORMAT_VERSION,
+        MODEL: averaged,
+        **{k: first.payload[k] for k in (MODEL_CONFIG, SRC_VOCAB, TGT_VOCAB)},
+        **dict.fromkeys(TRAINING),
+        EXTRA: {"averaged_from": members},
+        VERSIONS: versions(),
+        RUN: _shared_run(runs).to_dict(),
+        **({} if tokenizer is None else {TOKENIZER: tokenizer}),
     }
 
 
-def _run_id(path: Path, payload: dict[str, Any]) -> str | None:
+def _shared_run(runs: list[RunRecord]) -> RunRecord:
+    """What the members' records say alike of their run (None where they differ or are
+    silent): for members of one run, its id, folder, options, data digest and test report."""
+    shared = {}
+    for key in RunRecord.__dataclass_fields__:
+        values = [getattr(run, key) for run in runs]
+        shared[key] = values[0] if all(v == values[0] for v in values) else None
+    return RunRecord(**shared)
+
+
+def _run_id(checkpoint: Checkpoint) -> str | None:
     """The run id a member's train state records, or a model folder's manifest (which
     `read_release` gives as extra["run_id"]); None for none (an earlier version's, or an
     average's)."""
-    state, extra = payload["train_state"], payload.get("extra")
+    state, extra = checkpoint.train_state, checkpoint.payload[EXTRA]
     run_id = state.get("run_id") if isinstance(state, dict) else None
     if run_id is None and isinstance(extra, dict) and "release" in extra:
         run_id = extra.get("run_id")
     if run_id is not None and not isinstance(run_id, str):
-        raise InputError(f"{path}: checkpoint train_state run_id is a "
+        raise InputError(f"{checkpoint.path}: checkpoint train_state run_id is a "
                          f"{type(run_id).__name__}, not a str")
     return run_id
 
 
-def _check_same_run(path: Path, run_id: str | None, members: list[dict[str, Any]]) -> None:
+def _check_same_run(path: Path | None, run_id: str | None, members: list[dict[str, Any]]) -> None:
     """Refuse a member of another run than an earlier member (members without a run id are
     taken unchecked)."""
     other = next((m for m in members if m["run_id"] not in (None, run_id)), None)
@@ -249,7 +267,7 @@ def _tokenizer_summary(payload: dict[str, Any]) -> tuple[Any, str]:
     return data, f"{data.get('name')}{f' ({settings})' if settings else ''}"
 
 
-def check_members(members: list[tuple[Path, dict[str, Any]]], *, same_config: bool) -> None:
+def check_members(members: list[Checkpoint], *, same_config: bool) -> None:
     """Refuse checkpoints that cannot be averaged or ensembled together.
 
     Every member must have the first one's vocabularies and tokenizer (an ensemble's models
@@ -257,57 +275,53 @@ def check_members(members: list[tuple[Path, dict[str, Any]]], *, same_config: bo
     have its model config (the same weights, element for element).
 
     Args:
-        members: (file, payload of the current format) pairs, at least one.
+        members: checkpoints read through the door (`read_checkpoint`), at least one.
         same_config: also require the first member's model config (averaging).
     Raises:
-        InputError: a payload that is inconsistent in itself, or a member that differs from the
-            first: one line naming its file, what differs and the first file.
+        InputError: a member that differs from the first: one line naming its file, what
+            differs and the first file.
     """
-    first_path, first = members[0]
-    with named(first_path):
-        config, src_vocab, tgt_vocab = stored_parts(first)
-    tokenizer, described = _tokenizer_summary(first)
-    for path, payload in members[1:]:
-        with named(path):
-            other_config, other_src, other_tgt = stored_parts(payload)
-        if same_config and other_config != config:
-            diff = [f"{k}={v!r} vs {config.to_dict()[k]!r}"
-                    for k, v in other_config.to_dict().items() if v != config.to_dict()[k]]
+    first = members[0]
+    tokenizer, described = _tokenizer_summary(first.payload)
+    for member in members[1:]:
+        path, first_path = member.path, first.path
+        if same_config and member.config != first.config:
+            ours, theirs = first.config.to_dict(), member.config.to_dict()
+            diff = [f"{k}={v!r} vs {ours[k]!r}" for k, v in theirs.items() if v != ours[k]]
             raise InputError(f"{path}: its model config differs from {first_path}'s "
                              f"({'; '.join(diff)}): only checkpoints of one model can be "
                              "averaged")
-        for side, ours, theirs in (("source", src_vocab, other_src),
-                                   ("target", tgt_vocab, other_tgt)):
-            if ours != theirs:
-                raise InputError(f"{path}: its {side} vocabulary ({len(theirs)} entries) "
-                                 f"differs from {first_path}'s ({len(ours)} entries): the "
+        for side, ours_vocab, theirs_vocab in (("source", first.src_vocab, member.src_vocab),
+                                               ("target", first.tgt_vocab, member.tgt_vocab)):
+            if ours_vocab != theirs_vocab:
+                raise InputError(f"{path}: its {side} vocabulary ({len(theirs_vocab)} entries) "
+                                 f"differs from {first_path}'s ({len(ours_vocab)} entries): the "
                                  "checkpoints must share their vocabularies")
-        other, other_described = _tokenizer_summary(payload)
+        other, other_described = _tokenizer_summary(member.payload)
         if other != tokenizer:
             raise InputError(f"{path}: its tokenizer ({other_described}) differs from "
                              f"{first_path}'s ({described}): the checkpoints must share their "
                              "tokenizer")
 
 
-def read_members(paths: Sequence[Path], *, same_config: bool
-                 ) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """The checkpoints to average or ensemble, each with its payload (current format), read one
+def read_members(paths: Sequence[Path], *, same_config: bool) -> Iterator[Checkpoint]:
+    """The checkpoints to average or ensemble, read through the door (`read_checkpoint`) one
     at a time; each after the first is checked against it (`check_members`) before it comes.
 
     Args:
-        paths: the members' files.
+        paths: the members' files or folders.
         same_config: as for `check_members` (averaging).
     Raises:
         InputError: a damaged or malformed file (named first), or a member that `check_members`
             refuses.
     """
-    first: dict[str, Any] | None = None      # the first member without its weights and states
+    first: Checkpoint | None = None     # the first member without its weights and states
     for path in paths:
-        with named(path):
-            payload = upgrade_payload(load_checkpoint(path))
+        checkpoint = read_checkpoint(path)
         if first is None:
-            first = {k: v for k, v in payload.items() if k not in _BULKY}
+            first = replace(checkpoint, payload={k: v for k, v in checkpoint.payload.items()
+                                                 if k in (TOKENIZER, EXTRA)})
         else:
-            check_members([(paths[0], first), (path, payload)], same_config=same_config)
-        yield path, payload
-        del payload                          # before the next member is read
+            check_members([first, checkpoint], same_config=same_config)
+        yield checkpoint
+        del checkpoint                       # before the next member is read

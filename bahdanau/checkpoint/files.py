@@ -1,13 +1,16 @@
 """The checkpoint file: its format, its digest, atomic save and checked load, and old formats.
 
 A checkpoint is a plain dict saved with `torch.save` and read back with
-`torch.load(weights_only=True)`; docs/checkpoint-format.md describes every section, the digest
-walk and the room to grow. `save_checkpoint` writes one atomically with its digest,
-`load_checkpoint` checks the digest of what it read, and `upgrade_payload` brings a payload of an
-older format to the current one. Every fix-up of an old format lives here: `upgrade_payload`
-(format 1's top-level training position becomes the `train_state` section, and its
-train_config loses `max_len`) and `complete_old_state` (what a format-1 state lacks that only
-the run can tell); tests/unit/test_checkpoint_formats.py holds one test per fix-up.
+`torch.load(weights_only=True)`; docs/checkpoint-format.md describes every section (named once,
+in `bahdanau.checkpoint.sections`), the digest walk and the room to grow. `save_checkpoint`
+writes one atomically with its digest, `load_checkpoint_file` checks the digest of what it read,
+and `upgrade_payload` brings a payload of an older format to the current one; `read_payload`
+does both, naming the file in every error, once per read. Everything else reads checkpoints
+through the door, `bahdanau.checkpoint.reader`, which reads model folders and run folders too.
+Every fix-up of an old format lives here: `upgrade_payload` (format 1's top-level training
+position becomes the `train_state` section, and its train_config loses `max_len`) and
+`complete_old_state` (what a format-1 state lacks that only the run can tell);
+tests/unit/test_checkpoint_formats.py holds one test per fix-up.
 """
 
 from __future__ import annotations
@@ -24,14 +27,27 @@ import torch
 from torch import Tensor
 
 from bahdanau._checks import check_path, describe
-from bahdanau._files import atomic_write, restore_replaced
+from bahdanau._files import atomic_write
+from bahdanau.checkpoint.sections import (
+    DIGEST,
+    EXTRA,
+    FORMAT,
+    MODEL,
+    MODEL_CONFIG,
+    OPTIMIZER,
+    REQUIRED,
+    RNG,
+    SCALER,
+    SRC_VOCAB,
+    TGT_VOCAB,
+    TRAIN_CONFIG,
+    TRAIN_STATE,
+)
 from bahdanau.errors import InputError
 
 _LOG = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
-_SECTIONS = ("model", "model_config", "src_vocab", "tgt_vocab", "train_config", "train_state",
-             "optimizer", "scaler", "rng", "extra")   # the keys of format 2, besides "format"
 _PRIMITIVES = (bool, int, float, str, type(None))
 
 
@@ -77,7 +93,7 @@ def _feed(hasher: Any, obj: Any) -> None:
 def payload_digest(payload: dict[str, Any]) -> dict[str, str]:
     """The `digest` section of `payload`: SHA-256 over every other section."""
     hasher = hashlib.sha256()
-    _feed(hasher, {key: value for key, value in payload.items() if key != "digest"})
+    _feed(hasher, {key: value for key, value in payload.items() if key != DIGEST})
     return {"algorithm": "sha256", "value": hasher.hexdigest()}
 
 
@@ -95,21 +111,22 @@ def save_checkpoint(path: str | os.PathLike[str], payload: dict[str, Any]) -> No
     if not isinstance(payload, dict):
         raise InputError(f"payload must be a dict, got {describe(payload)}")
     _check_payload(payload, "payload")
-    stored = {**payload, "digest": payload_digest(payload)}
+    stored = {**payload, DIGEST: payload_digest(payload)}
     atomic_write(path, lambda f: torch.save(stored, f))
 
 
-def load_checkpoint(path: str | os.PathLike[str], *,
-                    map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with `torch.load(weights_only=True)` and check its digest.
+def load_checkpoint_file(path: str | os.PathLike[str], *,
+                         map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint file with `torch.load(weights_only=True)` and check its digest.
+
+    `bahdanau.checkpoint.load_checkpoint` reads a model folder too; this reads a file only.
 
     Args:
-        path: the file, or a model folder (``bahdanau release``), which
-            `bahdanau.checkpoint.release.read_release` reads and checks.
-        map_location: where the tensors go (a model folder's stay on the CPU).
+        path: the file.
+        map_location: where the tensors go.
     Returns:
-        The payload, without its `digest` entry. A file without one (written by an earlier
-        version) loads unchecked.
+        The payload, as stored (not upgraded), without its `digest` entry. A file without one
+        (written by an earlier version) loads unchecked.
     Raises:
         FileNotFoundError: no such file.
         InputError: `path` is not a path, or the file is truncated, corrupt, not a checkpoint
@@ -117,10 +134,6 @@ def load_checkpoint(path: str | os.PathLike[str], *,
             named first).
     """
     path = check_path("path", path)
-    restore_replaced(path)                       # a model folder left aside by a dead writer
-    if (path / "manifest.json").is_file():       # a model folder (bahdanau.checkpoint.release)
-        from bahdanau.checkpoint.release import read_release  # it imports this module
-        return read_release(path)
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint file {path}")
     _LOG.debug(f"reading the checkpoint {path} ({path.stat().st_size / 1e6:.1f} MB)")
@@ -132,8 +145,8 @@ def load_checkpoint(path: str | os.PathLike[str], *,
                          f"({type(err).__name__}: {detail})") from None
     if not isinstance(payload, dict):
         raise InputError(f"{path}: checkpoint holds a {type(payload).__name__}, not a dict")
-    if "digest" in payload:
-        stored = payload.pop("digest")
+    if DIGEST in payload:
+        stored = payload.pop(DIGEST)
         if not (isinstance(stored, dict) and set(stored) == {"algorithm", "value"}
                 and stored["algorithm"] == "sha256"):
             raise InputError(f"{path}: damaged checkpoint: its digest entry is not "
@@ -144,12 +157,25 @@ def load_checkpoint(path: str | os.PathLike[str], *,
     return payload
 
 
+def read_payload(path: str | os.PathLike[str], *,
+                 map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The payload of a checkpoint file in the current format: `load_checkpoint_file`, then
+    `upgrade_payload` (once), every InputError starting with the file.
+
+    Raises:
+        FileNotFoundError, InputError: as those two say.
+    """
+    with named(path):
+        return upgrade_payload(load_checkpoint_file(path, map_location=map_location))
+
+
 def upgrade_payload(payload: Any) -> dict[str, Any]:
     """`payload` in the layout of the current format; a format-1 payload is converted.
 
     Keys that the current format does not define (optional sections of a later version) are
-    kept as they are. `restore` and `model_from_checkpoint` call this; a loop that reads a
-    payload itself should too.
+    kept as they are. Every read of a file calls this once (`read_payload`, through the door
+    `bahdanau.checkpoint.reader`); `restore` and `model_from_checkpoint` call it for a payload
+    given as a dict.
 
     Args:
         payload: a checkpoint dict, e.g. from `load_checkpoint`.
@@ -161,7 +187,7 @@ def upgrade_payload(payload: Any) -> dict[str, Any]:
     """
     if not isinstance(payload, dict):
         raise InputError(f"a checkpoint is a dict, got {type(payload).__name__}")
-    version = payload.get("format")
+    version = payload.get(FORMAT)
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise InputError(f"not a bahdanau checkpoint: its 'format' is {version!r}, not a "
                          "format number")
@@ -170,7 +196,7 @@ def upgrade_payload(payload: Any) -> dict[str, Any]:
                          f"(formats 1 to {FORMAT_VERSION}); upgrade bahdanau to load it")
     if version == 1:
         payload = _from_format_1(payload)
-    missing = [key for key in _SECTIONS if key not in payload]
+    missing = [key for key in REQUIRED if key not in payload]
     if missing:
         raise InputError(f"checkpoint of format {version} lacks {missing}")
     return payload
@@ -178,7 +204,7 @@ def upgrade_payload(payload: Any) -> dict[str, Any]:
 
 def _from_format_1(old: dict[str, Any]) -> dict[str, Any]:
     """The format-2 payload holding what a format-1 payload holds."""
-    missing = [k for k in ("model", "model_config", "src_vocab", "tgt_vocab", "step", "epoch")
+    missing = [k for k in (MODEL, MODEL_CONFIG, SRC_VOCAB, TGT_VOCAB, "step", "epoch")
                if k not in old]
     if missing:
         raise InputError(f"checkpoint of format 1 lacks {missing}")
@@ -191,14 +217,14 @@ def _from_format_1(old: dict[str, Any]) -> dict[str, Any]:
     except (TypeError, ValueError, KeyError) as err:
         raise InputError(f"checkpoint of format 1 has a malformed training position: "
                          f"{type(err).__name__}: {err}") from None
-    moved = {"format", "step", "epoch", "sampler", "best_metric", "bad_evals", "elapsed_s"}
+    moved = {FORMAT, "step", "epoch", "sampler", "best_metric", "bad_evals", "elapsed_s"}
     return {
         **{k: v for k, v in old.items() if k not in moved},
-        "format": FORMAT_VERSION,
-        "train_config": _without_max_len(old.get("train_config")),
-        "train_state": state,   # the training side parses it (TrainState.from_dict)
-        **{k: old.get(k) for k in ("optimizer", "scaler", "rng")},
-        "extra": old.get("extra") or {},
+        FORMAT: FORMAT_VERSION,
+        TRAIN_CONFIG: _without_max_len(old.get(TRAIN_CONFIG)),
+        TRAIN_STATE: state,   # the training side parses it (TrainState.from_dict)
+        **{k: old.get(k) for k in (OPTIMIZER, SCALER, RNG)},
+        EXTRA: old.get(EXTRA) or {},
     }
 
 

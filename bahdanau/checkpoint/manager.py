@@ -1,8 +1,8 @@
 """A run's checkpoint folder: numbered checkpoints, the last N and the best kept, and lookup.
 
 `CheckpointManager` writes ``step_00001000.pt`` files and ``best.pt`` (with ``best.json``) into
-one folder; `find_checkpoint` turns a file or a training output folder into the checkpoint it
-stands for (its best, else its latest).
+one folder; `bahdanau.checkpoint.reader.find_checkpoint` turns a training output folder into
+the checkpoint it stands for (its best, else its latest).
 """
 
 from __future__ import annotations
@@ -16,15 +16,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from bahdanau._checks import JSON_ERRORS, check_path, describe, is_finite_number, is_int
-from bahdanau._files import atomic_write, fsync_dir, restore_replaced
-from bahdanau.checkpoint.files import load_checkpoint, named, save_checkpoint, upgrade_payload
-from bahdanau.checkpoint.release import is_release
+from bahdanau._files import atomic_write, fsync_dir
+from bahdanau.checkpoint.files import load_checkpoint_file, named, read_payload, save_checkpoint
+from bahdanau.checkpoint.sections import BEST_N, STOPPED, TRAIN_STATE
 from bahdanau.config import UNNAMED_METRIC, improves
 from bahdanau.errors import InputError
-
-# The optional section of a checkpoint saved off the schedule because its run was interrupted:
-# why ("sigint", "sigterm", "sighup", "loader"); absent from every other checkpoint.
-STOPPED = "stopped"
 
 
 class SavedState(Protocol):
@@ -110,7 +106,7 @@ class CheckpointManager:
                 return
             problem = 'not {"metric": number, "step": int}'
         try:
-            state = upgrade_payload(load_checkpoint(best))["train_state"]
+            state = read_payload(best)[TRAIN_STATE]
         except (FileNotFoundError, InputError) as err:
             raise InputError(f"{info}: {problem}, and best.pt cannot rebuild it: {err}") from None
         recorded: dict[str, Any] = state if isinstance(state, dict) else {}
@@ -192,7 +188,7 @@ class CheckpointManager:
             latest, section = self.latest(), None
             if latest is not None:
                 with named(latest):
-                    section = _parse_best_n(load_checkpoint(latest).get("best_n"))
+                    section = _parse_best_n(load_checkpoint_file(latest).get(BEST_N))
             if section is None:
                 section = ([] if self.best_step is None or self.best_metric is None
                            else [(self.best_step, self.best_metric)])
@@ -267,7 +263,7 @@ class CheckpointManager:
             if metric is not None:
                 ranking.append((step, float(metric)))
             ranking = self._ranked(ranking)[:self.keep_best]
-            payload = {**payload, "best_n": [{"step": s, "metric": m} for s, m in ranking]}
+            payload = {**payload, BEST_N: [{"step": s, "metric": m} for s, m in ranking]}
             kept = {s for s, _ in ranking}
         if stopped is not None:
             payload = {**payload, STOPPED: stopped}
@@ -356,37 +352,3 @@ def checkpoints_folder(folder: Path) -> Path:
     """Where a training output folder keeps its checkpoints: its ``checkpoints`` subfolder, or
     the folder itself if it has none (a folder of checkpoints)."""
     return folder / "checkpoints" if (folder / "checkpoints").is_dir() else folder
-
-
-def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> Path:
-    """The checkpoint file that `path` stands for.
-
-    Args:
-        path: a checkpoint file, a model folder (``bahdanau release``; itself), or a training
-            output folder: its ``checkpoints`` subfolder (or the folder itself, if it has
-            none) gives ``best.pt``, else the latest numbered checkpoint.
-        name: what to call `path` in the message (e.g. "--checkpoint").
-    Returns:
-        The file.
-    Raises:
-        InputError: no such file, a file that cannot be read, or a folder without checkpoints.
-    """
-    p = check_path(name, path)
-    restore_replaced(p)                  # a model folder left aside by a dead writer
-    if is_release(p):
-        return p
-    if p.is_dir():
-        manager = CheckpointManager(checkpoints_folder(p))
-        found = manager.best() or manager.latest()
-        if found is None and (p / "model.safetensors").is_file():
-            raise InputError(f"{name} {path}: a model folder without its manifest.json")
-        if found is None:
-            raise InputError(f"{name} {path}: no checkpoint in this folder (a run keeps its "
-                             "own in checkpoints/, best.pt and step_N.pt, saving one every "
-                             "--save-every updates and when it stops)")
-        return found
-    if not p.exists():
-        raise InputError(f"{name} {path}: no such file")
-    if not os.access(p, os.R_OK):
-        raise InputError(f"{name} {path}: not readable")
-    return p

@@ -1,25 +1,31 @@
 """What a checkpoint holds besides its training state: the model, its weights and its tokenizer.
 
-`model_from_checkpoint` rebuilds the model (eval mode) and its vocabularies for translation,
-`translation_weights` picks the weights a checkpoint translates with (the moving average when it
-has one) and `tokenizer_of` the tokenizer it was trained with. `stored_parts` and
-`check_weights` are the checks every reader of a payload runs before it changes anything, the
-weights against `model_skeleton`, which allocates nothing; `checked_parts` runs them for
-whatever builds a model from a payload's config and weights (`model_from_checkpoint`, a run's
-``--init-from`` model).
+The parsers and checks of a payload's parts, which the door (`bahdanau.checkpoint.reader`) runs
+on what it reads: `stored_parts` (the model config and vocabularies, checked against each
+other), `translation_weights` (the weights a checkpoint translates with: the moving average
+when it has one), `check_weights` (against `model_skeleton`, which allocates nothing),
+`checked_parts` (all of these) and `parse_tokenizer` (the tokenizer it was trained with). They
+take a payload of the current format; `tokenizer_of` takes one of any format.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from bahdanau._checks import describe, resolve_device
-from bahdanau.checkpoint.files import load_checkpoint, named, parse_section, upgrade_payload
+from bahdanau.checkpoint.files import parse_section, upgrade_payload
+from bahdanau.checkpoint.sections import (
+    EMA,
+    EXTRA,
+    MODEL,
+    MODEL_CONFIG,
+    SRC_VOCAB,
+    TGT_VOCAB,
+    TOKENIZER,
+)
 from bahdanau.config import ModelConfig
 from bahdanau.data.sentencepiece import SentencePieceTokenizer, check_vocabs
 from bahdanau.data.tokenizers import (
@@ -34,9 +40,9 @@ from bahdanau.models import build_model
 
 def stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig, Vocab, Vocab]:
     """The payload's model config and vocabularies, checked against each other."""
-    config = parse_section(payload, "model_config", ModelConfig.from_dict)
-    src_vocab = parse_section(payload, "src_vocab", Vocab.from_dict)
-    tgt_vocab = parse_section(payload, "tgt_vocab", Vocab.from_dict)
+    config = parse_section(payload, MODEL_CONFIG, ModelConfig.from_dict)
+    src_vocab = parse_section(payload, SRC_VOCAB, Vocab.from_dict)
+    tgt_vocab = parse_section(payload, TGT_VOCAB, Vocab.from_dict)
     try:
         config.check_vocabs(src_vocab, tgt_vocab)
     except ValueError as err:
@@ -44,8 +50,8 @@ def stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig, Vocab, Vocab]:
     return config, src_vocab, tgt_vocab
 
 
-def check_weights(stored: Any, model: nn.Module, section: str = "model") -> None:
-    """Refuse stored weights (the payload's `section`: "model" or "ema") that
+def check_weights(stored: Any, model: nn.Module, section: str = MODEL) -> None:
+    """Refuse stored weights (the payload's `section`: `MODEL` or `EMA`) that
     `model.load_state_dict` would refuse or that are not finite.
 
     Checked before loading because `load_state_dict` copies the weights that fit before it
@@ -53,7 +59,7 @@ def check_weights(stored: Any, model: nn.Module, section: str = "model") -> None
     """
     if not isinstance(stored, dict):
         raise InputError(f"checkpoint {section} is a {type(stored).__name__}, not a state_dict")
-    what = "checkpoint" if section == "model" else f"checkpoint {section}"
+    what = "checkpoint" if section == MODEL else f"checkpoint {section}"
     expected = model.state_dict()
     for key, ours in expected.items():
         if key not in stored:
@@ -96,41 +102,6 @@ def model_skeleton(config: ModelConfig) -> nn.Module:
         return build_model(config)
 
 
-def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any], *,
-                          device: str | torch.device = "cpu", ema: bool = True
-                          ) -> tuple[nn.Module, Vocab, Vocab]:
-    """Rebuild the model (eval mode) and its vocabularies from a checkpoint file or payload.
-
-    Reads formats 1 and 2 (docs/checkpoint-format.md). The weights are those the checkpoint
-    translates with (`translation_weights`): its `ema` section when it has one, else `model`.
-
-    Args:
-        checkpoint: a checkpoint file, or a payload from `load_checkpoint`.
-        device: where the model goes.
-        ema: False takes the trained weights (`model`) even where there are EMA weights.
-    Returns:
-        (model, src_vocab, tgt_vocab).
-    Raises:
-        FileNotFoundError: no such file.
-        InputError: not a checkpoint this code reads, a damaged file, a malformed section, its
-            model config and vocabularies disagree (sizes or special ids; both values are
-            named), or its weights do not fit its config (checked before the model is built)
-            or are not finite. The message starts
-            with the file when `checkpoint` is a path.
-    """
-    device = resolve_device(device)
-    if not isinstance(checkpoint, (dict, str, os.PathLike)):
-        raise InputError(f"checkpoint must be a file path or a payload dict, "
-                         f"got {describe(checkpoint)}")
-    path = None if isinstance(checkpoint, dict) else checkpoint
-    with named(path):
-        payload = upgrade_payload(checkpoint if path is None else load_checkpoint(path))
-        config, src_vocab, tgt_vocab, weights = checked_parts(payload, ema=ema)
-    model = build_model(config)
-    model.load_state_dict(weights)
-    return model.to(device).eval(), src_vocab, tgt_vocab
-
-
 def checked_parts(payload: dict[str, Any], *, ema: bool = True
                   ) -> tuple[ModelConfig, Vocab, Vocab, dict[str, Tensor]]:
     """A payload's model config, vocabularies and the weights it translates with
@@ -160,9 +131,9 @@ def translation_weights(payload: dict[str, Any], *, ema: bool = True
     Returns:
         (the section's name, its state_dict), unchecked.
     """
-    if ema and payload.get("ema") is not None:
-        return "ema", payload["ema"]
-    return "model", payload["model"]
+    if ema and payload.get(EMA) is not None:
+        return EMA, payload[EMA]
+    return MODEL, payload[MODEL]
 
 
 def tokenizer_of(payload: dict[str, Any]) -> Tokenizer:
@@ -184,7 +155,11 @@ def tokenizer_of(payload: dict[str, Any]) -> Tokenizer:
             not installed), or a stored vocabulary holds a word that is not a piece of that
             model; one line each.
     """
-    payload = upgrade_payload(payload)
+    return parse_tokenizer(upgrade_payload(payload))
+
+
+def parse_tokenizer(payload: dict[str, Any]) -> Tokenizer:
+    """`tokenizer_of` for a payload of the current format (`upgrade_payload`)."""
     section, data = tokenizer_data(payload)
     if data is None:
         return DefaultTokenizer()
@@ -193,8 +168,8 @@ def tokenizer_of(payload: dict[str, Any]) -> Tokenizer:
     except InputError as err:
         raise InputError(f"checkpoint {section}: {err}") from None
     if isinstance(tokenizer, SentencePieceTokenizer):
-        src_vocab = parse_section(payload, "src_vocab", Vocab.from_dict)
-        tgt_vocab = parse_section(payload, "tgt_vocab", Vocab.from_dict)
+        src_vocab = parse_section(payload, SRC_VOCAB, Vocab.from_dict)
+        tgt_vocab = parse_section(payload, TGT_VOCAB, Vocab.from_dict)
         try:
             check_vocabs(tokenizer, src_vocab, tgt_vocab)
         except InputError as err:
@@ -207,10 +182,10 @@ def tokenizer_data(payload: dict[str, Any]) -> tuple[str, Any]:
     """(where, what) a payload stores of its tokenizer, as `tokenizer_of` reads it: the
     `tokenizer` section, else extra["tokenizer"] with the missing default settings filled in;
     None for neither (`DefaultTokenizer()`)."""
-    data = payload.get("tokenizer")
+    data = payload.get(TOKENIZER)
     if data is not None:
-        return "tokenizer", data
-    extra = payload["extra"] if isinstance(payload["extra"], dict) else {}
+        return TOKENIZER, data
+    extra = payload[EXTRA] if isinstance(payload[EXTRA], dict) else {}
     data = extra.get("tokenizer")
     if isinstance(data, dict) and data.get("name", "default") == "default":
         data = {"lowercase": False, "joiners": "prefix", **data, "name": "default"}

@@ -11,7 +11,8 @@ a model folder; `bahdanau._files.check_destination`, `bahdanau._files.held`,
 symbolic link keeps linking); `read_release` checks the manifest
 and every file's digest before it reads anything, and gives back a checkpoint payload of the
 current format without a training state, so every reader of checkpoints reads a release folder
-too (`load_checkpoint` hands a folder with a ``manifest.json`` to it). Only the weights a
+too: the door (`bahdanau.checkpoint.reader`) hands a folder with a ``manifest.json`` to it, as
+one of its `bahdanau.checkpoint.reader.FOLDER_KINDS`. Only the weights a
 checkpoint translates with are kept (`translation_weights`: the moving average when it has
 one), so a release is the size of the weights, and bit for bit those weights.
 
@@ -48,9 +49,21 @@ from bahdanau._folders import (
 )
 from bahdanau.checkpoint.files import FORMAT_VERSION
 from bahdanau.checkpoint.payload import (
+    parse_tokenizer,
     stored_parts,
-    tokenizer_of,
     translation_weights,
+)
+from bahdanau.checkpoint.sections import (
+    EXTRA,
+    FORMAT,
+    MODEL,
+    MODEL_CONFIG,
+    SRC_VOCAB,
+    TGT_VOCAB,
+    TOKENIZER,
+    TRAIN_STATE,
+    TRAINING,
+    VERSIONS,
 )
 from bahdanau.data.tokenizers import tokenizer_to_payload
 from bahdanau.errors import InputError
@@ -60,9 +73,9 @@ __all__ = ["MANIFEST", "RELEASE_FORMAT", "RELEASE_VERSION", "is_release", "read_
 
 RELEASE_VERSION = 1                   # the manifest's "version": what this code reads
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
-SRC_VOCAB, TGT_VOCAB = "src_vocab.json", "tgt_vocab.json"
-TOKENIZER, TOKENIZER_MODEL = "tokenizer.json", "tokenizer.model"
-REQUIRED = (WEIGHTS, CONFIG, SRC_VOCAB, TGT_VOCAB, TOKENIZER)
+SRC_VOCAB_FILE, TGT_VOCAB_FILE = "src_vocab.json", "tgt_vocab.json"
+TOKENIZER_FILE, TOKENIZER_MODEL = "tokenizer.json", "tokenizer.model"
+REQUIRED = (WEIGHTS, CONFIG, SRC_VOCAB_FILE, TGT_VOCAB_FILE, TOKENIZER_FILE)
 
 
 def _safetensors() -> Any:
@@ -87,13 +100,14 @@ def _json_bytes(data: Any) -> bytes:
 def release_files(payload: dict[str, Any], card: str) -> dict[str, bytes]:
     """Every file of the model folder of `payload` but the weights and the manifest, by name."""
     config, src_vocab, tgt_vocab = stored_parts(payload)
-    tokenizer = tokenizer_to_payload(tokenizer_of(payload))
-    files = {CONFIG: _json_bytes(config.to_dict()), SRC_VOCAB: _json_bytes(src_vocab.to_dict()),
-             TGT_VOCAB: _json_bytes(tgt_vocab.to_dict()), CARD: card.encode("utf-8")}
+    tokenizer = tokenizer_to_payload(parse_tokenizer(payload))
+    files = {CONFIG: _json_bytes(config.to_dict()),
+             SRC_VOCAB_FILE: _json_bytes(src_vocab.to_dict()),
+             TGT_VOCAB_FILE: _json_bytes(tgt_vocab.to_dict()), CARD: card.encode("utf-8")}
     if tokenizer["name"] == "sentencepiece":
         files[TOKENIZER_MODEL] = tokenizer["model"].numpy().tobytes()
         tokenizer = {**tokenizer, "model": TOKENIZER_MODEL}
-    files[TOKENIZER] = _json_bytes(tokenizer)
+    files[TOKENIZER_FILE] = _json_bytes(tokenizer)
     return files
 
 
@@ -177,7 +191,7 @@ def release_manifest(payload: dict[str, Any], digests: dict[str, str]) -> dict[s
     """The manifest of a model folder: its format, the run id and versions of the checkpoint
     (when it records them; an average's run id is its members' when they share one) and the
     SHA-256 of every file."""
-    state, extra = payload.get("train_state"), payload.get("extra")
+    state, extra = payload.get(TRAIN_STATE), payload.get(EXTRA)
     run_id = state.get("run_id") if isinstance(state, dict) else None
     members = extra.get("averaged_from") if isinstance(extra, dict) else None
     if run_id is None and isinstance(members, list):
@@ -186,7 +200,7 @@ def release_manifest(payload: dict[str, Any], digests: dict[str, str]) -> dict[s
     if not isinstance(run_id, str):
         run_id = None
     return {"format": RELEASE_FORMAT, "version": RELEASE_VERSION, "run_id": run_id,
-            "versions": payload.get("versions"), "files": digests}
+            "versions": payload.get(VERSIONS), "files": digests}
 
 
 def _other_folder(folder: Path) -> str | None:
@@ -271,10 +285,10 @@ def read_release(folder: str | os.PathLike[str]) -> dict[str, Any]:
         if sha256_file(path) != digest:
             raise InputError(f"{path}: its SHA-256 differs from the one in {MANIFEST}: the file "
                              "was changed or damaged")
-    tokenizer = _read_json(folder / TOKENIZER)
+    tokenizer = _read_json(folder / TOKENIZER_FILE)
     if isinstance(tokenizer, dict) and tokenizer.get("name") == "sentencepiece":
         if tokenizer.get("model") not in files:
-            raise InputError(f"{folder / TOKENIZER}: names the SentencePiece model "
+            raise InputError(f"{folder / TOKENIZER_FILE}: names the SentencePiece model "
                              f"{tokenizer.get('model')!r}, which the manifest does not list")
         proto = (folder / str(tokenizer["model"])).read_bytes()
         tokenizer = {**tokenizer, "model": torch.frombuffer(bytearray(proto), dtype=torch.uint8)}
@@ -286,11 +300,11 @@ def read_release(folder: str | os.PathLike[str]) -> dict[str, Any]:
         raise InputError(f"{folder / WEIGHTS}: not readable safetensors "
                          f"({type(err).__name__})") from None
     return {
-        "format": FORMAT_VERSION, "model": weights,
-        "model_config": _read_json(folder / CONFIG),
-        "src_vocab": _read_json(folder / SRC_VOCAB), "tgt_vocab": _read_json(folder / TGT_VOCAB),
-        "train_config": None, "train_state": None, "optimizer": None, "optimizer_class": None,
-        "scaler": None, "rng": None, "tokenizer": tokenizer,
-        "extra": {"release": str(folder), "run_id": manifest.get("run_id")},
-        **({"versions": manifest["versions"]} if manifest.get("versions") is not None else {}),
+        FORMAT: FORMAT_VERSION, MODEL: weights,
+        MODEL_CONFIG: _read_json(folder / CONFIG),
+        SRC_VOCAB: _read_json(folder / SRC_VOCAB_FILE),
+        TGT_VOCAB: _read_json(folder / TGT_VOCAB_FILE),
+        **dict.fromkeys(TRAINING), TOKENIZER: tokenizer,
+        EXTRA: {"release": str(folder), "run_id": manifest.get("run_id")},
+        **({VERSIONS: manifest["versions"]} if manifest.get("versions") is not None else {}),
     }

@@ -17,6 +17,7 @@ from bahdanau._progress import Bar, clear_bars, progress_bar
 from bahdanau.alignments import argmax_alignment
 from bahdanau.checkpoint.averaging import average_checkpoints, select_checkpoints
 from bahdanau.checkpoint.files import save_checkpoint
+from bahdanau.checkpoint.sections import EXTRA
 from bahdanau.data.corpus import TrainSentencePiece, prepare_corpus
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.text import iter_lines, multi30k_files, read_lines
@@ -355,7 +356,7 @@ def average(o: AverageOptions) -> int:
     paths = select_checkpoints(o.checkpoint, last=o.last, best=o.best)
     check_outputs({"--output": o.output}, {f"--checkpoint {p}": p for p in paths})
     averaged = average_checkpoints(paths, allow_different_runs=o.allow_different_runs)
-    unknown = [m["file"] for m in averaged["extra"]["averaged_from"] if m["run_id"] is None]
+    unknown = [m["file"] for m in averaged[EXTRA]["averaged_from"] if m["run_id"] is None]
     if unknown and len(paths) > 1 and o.last is None and o.best is None:
         more = f" and {len(unknown) - 1} more" if len(unknown) > 1 else ""
         _LOG.warning(f"{unknown[0]}{more} record no run id (saved by an earlier version): "

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bahdanau._folders import Kind
-from bahdanau.checkpoint.manager import find_checkpoint
+from bahdanau.checkpoint.reader import find_checkpoint
 from bahdanau.jobs.files import check_output_folder
 from bahdanau.jobs.options import ExportOptions
 from bahdanau.serving import check_new_folder, export_folder

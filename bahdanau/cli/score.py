@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from bahdanau.checkpoint.manager import find_checkpoint
+from bahdanau.checkpoint.reader import find_checkpoint
 from bahdanau.evaluate import ForcedScore, score_corpus
 from bahdanau.jobs.files import check_outputs, existing, read_aligned, stdout_as_dash, write_text
 from bahdanau.jobs.options import ScoreOptions

@@ -17,9 +17,8 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
-from bahdanau.checkpoint.files import load_checkpoint, named, upgrade_payload
-from bahdanau.checkpoint.manager import find_checkpoint
-from bahdanau.checkpoint.payload import check_weights, checked_parts, tokenizer_of
+from bahdanau.checkpoint.payload import check_weights
+from bahdanau.checkpoint.reader import read_checkpoint
 from bahdanau.config import ModelConfig
 from bahdanau.data.tokenizers import Tokenizer, tokenizer_to_payload
 from bahdanau.data.vocab import Vocab
@@ -51,12 +50,11 @@ def read_init_model(given: str) -> InitModel:
         InputError: nothing there, or a damaged checkpoint or model folder, or weights that do
             not fit their own config (the file is named).
     """
-    path = find_checkpoint(given, "--init-from")
-    with named(path):
-        payload = upgrade_payload(load_checkpoint(path))
-        config, src_vocab, tgt_vocab, weights = checked_parts(payload)
-        tokenizer = tokenizer_of(payload)
-    return InitModel(path, config, src_vocab, tgt_vocab, tokenizer, weights)
+    checkpoint = read_checkpoint(given, name="--init-from")
+    _, weights = checkpoint.translation_weights()
+    assert checkpoint.path is not None                    # read from a path
+    return InitModel(checkpoint.path, checkpoint.config, checkpoint.src_vocab,
+                     checkpoint.tgt_vocab, checkpoint.tokenizer, weights)
 
 
 def _comparable(tokenizer: Tokenizer) -> dict[str, object]:

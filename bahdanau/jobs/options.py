@@ -34,6 +34,7 @@ device in `bahdanau.jobs.resolve.autocast`.
 from __future__ import annotations
 
 import dataclasses
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -548,6 +549,11 @@ class AverageOptions(Options):
             raise InputError("give --last N or --best N, not both")
 
 
+# An SPDX licence id, or an expression of them ("apache-2.0", "MIT OR Apache-2.0",
+# "GPL-2.0-only WITH Classpath-exception-2.0", "LicenseRef-mine"): what --license takes.
+_SPDX_WORD = r"[A-Za-z0-9][A-Za-z0-9.+:-]*"
+SPDX_ID = re.compile(rf"{_SPDX_WORD}(?: (?:AND|OR|WITH) {_SPDX_WORD})*")
+
 # Words a side that `bahdanau prepare` keeps by default (a SentencePiece model keeps its pieces).
 PREPARE_WORDS = 10000
 
@@ -561,6 +567,15 @@ class ReleaseOptions(Options):
     out: str = option(None, "the model folder to write", required=True, metavar="DIR")
     overwrite: bool = option(False, "replace the model folder OUT holds (never a folder of "
                                     "another kind or of other files)")
+    license: str | None = option(None, "the licence the model is shared under, as an SPDX id "
+                                       "(apache-2.0, cc-by-4.0, mit, ...; other), written into "
+                                       "the model card (default: not stated)",
+                                 metavar="SPDX-ID")
+
+    def check(self) -> None:
+        if self.license is not None and not SPDX_ID.fullmatch(self.license):
+            raise InputError(f"--license {self.license!r} is not an SPDX licence id: give one "
+                             "like apache-2.0, cc-by-4.0 or mit (or other)")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import torch
 
 from bahdanau._checks import cpu_threads, default_device, launcher_value, resolve_device
 from bahdanau._files import repeated_file
-from bahdanau.checkpoint.manager import find_checkpoint
+from bahdanau.checkpoint.reader import find_checkpoint
 from bahdanau.errors import InputError
 from bahdanau.evaluate import check_constraints
 from bahdanau.jobs.files import existing, read_phrases

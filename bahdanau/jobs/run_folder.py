@@ -33,12 +33,13 @@ from bahdanau._checks import JSON_ERRORS
 from bahdanau._files import exclusive_lock
 from bahdanau._folders import Kind, check_folder_to_write, enclosing_kind
 from bahdanau.checkpoint.manager import CheckpointManager
+from bahdanau.checkpoint.reader import RUN_REPORT
 from bahdanau.errors import InputError
 from bahdanau.jobs.options import TrainOptions
 
 RUN_CONFIG = "options.json"     # a run folder's options
 OLD_RUN_CONFIG = "config.yaml"  # the same JSON record, as earlier versions named it
-RUN_FILES = ("checkpoints", RUN_CONFIG, OLD_RUN_CONFIG, "metrics.json", "test.hyp.txt",
+RUN_FILES = ("checkpoints", RUN_CONFIG, OLD_RUN_CONFIG, RUN_REPORT, "test.hyp.txt",
              "alignment.png", "train.log", "tensorboard", "dev")
 RUN_LOCK = ".lock"              # held by `locked` while a run trains in the folder
 _RECORD_BYTES = 1 << 20         # an options.json larger than this is no run's record

@@ -21,9 +21,8 @@ from typing import Any
 import torch
 
 from bahdanau._about import versions
-from bahdanau.checkpoint.files import load_checkpoint, named, upgrade_payload
 from bahdanau.checkpoint.manager import CheckpointManager
-from bahdanau.checkpoint.payload import stored_parts, tokenizer_of
+from bahdanau.checkpoint.reader import RUN_REPORT, read_checkpoint
 from bahdanau.config import TrainConfig
 from bahdanau.data.batching import Example, collate, encode_pairs
 from bahdanau.data.corpus import PreparedCorpus
@@ -156,10 +155,8 @@ def _resumed_checkpoint(o: TrainOptions) -> Path | None:
 
 def _stored_vocabularies(path: Path) -> tuple[Vocab, Vocab, Tokenizer]:
     """The vocabularies and tokenizer that a run's checkpoint holds."""
-    with named(path):
-        payload = upgrade_payload(load_checkpoint(path))
-        _, src_vocab, tgt_vocab = stored_parts(payload)
-        return src_vocab, tgt_vocab, tokenizer_of(payload)
+    checkpoint = read_checkpoint(path)
+    return checkpoint.src_vocab, checkpoint.tgt_vocab, checkpoint.tokenizer
 
 
 def _read_data(o: TrainOptions) -> _Data:
@@ -335,7 +332,7 @@ def _score(o: TrainOptions, data: _Data, run: TrainRun, device: torch.device,
                "train_minutes": round(result.elapsed_s / 60, 2),
                "wall_minutes": round((time.perf_counter() - start) / 60, 2),
                "arch": o.model.arch, "preset": o.model.preset, "versions": versions(device)}
-    write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+    write_text(out / RUN_REPORT, json.dumps(metrics, indent=2) + "\n")
     if board is not None:
         board.scalars(result.step, {f"test/{name}": metrics[name]
                                     for name in ("bleu", "chrf", "bleu_no_unk")
@@ -343,7 +340,7 @@ def _score(o: TrainOptions, data: _Data, run: TrainRun, device: torch.device,
     for line in report.lines():
         _LOG.info(line)
     _LOG.info(f"translations: {out / 'test.hyp.txt'}; {plot_note}; metrics: "
-              f"{out / 'metrics.json'}")
+              f"{out / RUN_REPORT}")
     _LOG.info(f"total wall time {metrics['wall_minutes']:.1f} min")
     return report, metrics
 
@@ -456,7 +453,7 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
                         resume=o.resume and not o.overwrite, device=device,
                         extra={"options": o.to_record()}, tokenizer=data.tokenizer)
         finished = stop_reason(run)       # then the folder, train.log too, is left as it is
-        if finished and (not data.test or (out / "metrics.json").is_file()):
+        if finished and (not data.test or (out / RUN_REPORT).is_file()):
             say(_left_as_it_is(o, run, finished, changes))
             return TrainJobResult(out, run.state.step, finished, None, None, trained=False)
         if changes is not None:

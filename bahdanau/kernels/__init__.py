@@ -13,21 +13,19 @@
   `packed_linear.PackedLinear`), twin of `torch.nn.functional.linear`
   (tests/unit/test_packed_linear.py).
 
-Triton is imported lazily: `import bahdanau` never loads it. `resolve_impl` maps a requested
+Triton is imported lazily: `import bahdanau` never loads it (`availability` says whether it
+can run, without importing it). `resolve_impl` maps a requested
 additive-attention implementation to the one that runs for given tensors; `AdditiveAttention`
 calls it once per device type and dtype (`AdditiveAttention.implementation`).
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
-import torch
 from torch import Tensor
 
 from bahdanau.config import ATTENTION_IMPLS as IMPLS
 from bahdanau.errors import InputError
+from bahdanau.kernels.availability import FUSED_DTYPES, has_triton, interpreting
 from bahdanau.kernels.linear_cross_entropy import linear_cross_entropy
 from bahdanau.kernels.sigmoid_attention import sigmoid_attention_weights
 
@@ -41,19 +39,6 @@ __all__ = [
     "sigmoid_attention_weights",
     "triton_unavailable_reason",
 ]
-
-FUSED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)   # what the Triton kernel takes
-
-
-def has_triton() -> bool:
-    """True if the `triton` package can be imported (without importing it)."""
-    return importlib.util.find_spec("triton") is not None
-
-
-def interpreting() -> bool:
-    """True under TRITON_INTERPRET=1: Triton kernels run on CPU tensors, in its interpreter."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
-
 
 def triton_unavailable_reason(tensor: Tensor) -> str | None:
     """Why the Triton path cannot run on `tensor`, or None if it can."""

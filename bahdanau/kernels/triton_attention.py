@@ -83,7 +83,7 @@ from triton.testing import do_bench
 
 from bahdanau._checks import check_tensor
 from bahdanau.errors import InputError
-from bahdanau.kernels import FUSED_DTYPES, interpreting
+from bahdanau.kernels.availability import FUSED_DTYPES, interpreting
 
 # tanh forms, chosen per launch (constexpr)
 _TANH_EXP, _TANH_APPROX = 0, 1

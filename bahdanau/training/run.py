@@ -36,14 +36,10 @@ import torch
 from torch import nn
 
 from bahdanau._checks import check_type, is_finite_number, resolve_device
-from bahdanau.checkpoint.files import (
-    complete_old_state,
-    load_checkpoint,
-    named,
-    parse_section,
-    upgrade_payload,
-)
+from bahdanau.checkpoint.files import complete_old_state, named, parse_section
 from bahdanau.checkpoint.manager import CheckpointManager
+from bahdanau.checkpoint.reader import Checkpoint, read_checkpoint
+from bahdanau.checkpoint.sections import TRAIN_CONFIG, TRAIN_STATE
 from bahdanau.config import TrainConfig, improves
 from bahdanau.data.batching import (
     Batch,
@@ -184,17 +180,17 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     distributed = is_distributed()
     processes = torch.distributed.get_world_size() if distributed else 1
     rank = torch.distributed.get_rank() if distributed else 0
-    payload, changes = (_resumable(latest, cfg, digest, processes) if latest is not None
-                        else (None, []))
+    stored, changes = (_resumable(latest, cfg, digest, processes) if latest is not None
+                       else (None, []))
     model.to(device)
     optimizer = make_optimizer(model, cfg)
     ema = WeightEMA(model, cfg.ema_decay) if cfg.ema_decay is not None else None
     scaler = torch.amp.GradScaler(device.type) if cfg.amp == "fp16" else None
     plan = _batch_plan(lengths, cfg, processes, rank)
-    if payload is not None:
+    if stored is not None:
         assert manager is not None and latest is not None
         with named(latest):
-            restored = restore(payload, model, optimizer, scaler=scaler, src_vocab=src_vocab,
+            restored = restore(stored, model, optimizer, scaler=scaler, src_vocab=src_vocab,
                                tgt_vocab=tgt_vocab, ema=ema, rank=rank)
         assert restored is not None   # _resumable refused a checkpoint without a train_state
         state = restored
@@ -210,7 +206,7 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
                     tgt_vocab=tgt_vocab, state=state, device=device, manager=manager,
                     extra=dict(extra or {}), tokenizer=tokenizer, distributed=distributed,
                     is_main=rank == 0, resumed_from=latest, resume_changes=changes,
-                    resume_notes=rng_streams_notes(payload, processes),
+                    resume_notes=rng_streams_notes(stored.payload if stored else None, processes),
                     loader=BatchLoader(examples, plan, cfg.loader_workers,
                                        pin_memory=device.type == "cuda")
                     if cfg.loader_workers else None, ema=ema,
@@ -325,23 +321,25 @@ def _checkpoint_manager(checkpoint_dir: str | Path, cfg: TrainConfig, resume: bo
 
 
 def _resumable(latest: Path, cfg: TrainConfig, digest: str, processes: int
-               ) -> tuple[dict[str, Any], list[str]]:
-    """The payload of the checkpoint to resume from, checked against this run's settings, data
-    and processes, and the changes of `cfg` it applies (`TrainConfig.resume_changes`)."""
+               ) -> tuple[Checkpoint, list[str]]:
+    """The checkpoint to resume from, read through the door (once), checked against this run's
+    settings, data and processes, and the changes of `cfg` it applies
+    (`TrainConfig.resume_changes`)."""
     changes = []
+    checkpoint = read_checkpoint(latest)
+    payload = checkpoint.payload
     with named(latest):
-        payload = upgrade_payload(load_checkpoint(latest))
-        if payload["train_state"] is None:
-            raise InputError("checkpoint has no train_state to resume from")
-        if payload["train_config"] is not None:
-            changes = cfg.resume_changes(TrainConfig.from_dict(payload["train_config"]))
-        stored_digest = payload["train_state"].get("examples_digest")
+        if payload[TRAIN_STATE] is None:
+            raise InputError(f"checkpoint has no {TRAIN_STATE} to resume from")
+        if payload[TRAIN_CONFIG] is not None:
+            changes = cfg.resume_changes(TrainConfig.from_dict(payload[TRAIN_CONFIG]))
+        stored_digest = payload[TRAIN_STATE].get("examples_digest")
         if stored_digest not in (None, digest):
             raise InputError("the training examples differ from those this run was "
                              "trained on (other files or contents, another length limit "
                              "or tokenisation): a resumed run keeps its data")
         _check_update_size(payload, processes, cfg.accumulation)
-    return payload, changes
+    return checkpoint, changes
 
 
 def _step_model(model: nn.Module, device: torch.device, distributed: bool) -> nn.Module:
@@ -357,10 +355,10 @@ def _step_model(model: nn.Module, device: torch.device, distributed: bool) -> nn
 def _check_update_size(payload: dict[str, Any], processes: int, accumulation: int) -> None:
     """Refuse to resume a run whose updates were another number of batches (processes x
     accumulation): the batches of each update would change from the run's place on."""
-    if payload["train_config"] is None:         # the run's accumulation is not known
+    if payload[TRAIN_CONFIG] is None:         # the run's accumulation is not known
         return
-    before = parse_section(payload, "train_state", TrainState.from_dict).processes
-    size = before * parse_section(payload, "train_config", TrainConfig.from_dict).accumulation
+    before = parse_section(payload, TRAIN_STATE, TrainState.from_dict).processes
+    size = before * parse_section(payload, TRAIN_CONFIG, TrainConfig.from_dict).accumulation
     if processes * accumulation == size:
         return
     fix = (f"use accumulation {size // processes}" if size % processes == 0 else

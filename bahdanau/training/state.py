@@ -19,8 +19,27 @@ from torch import nn
 
 from bahdanau._about import versions
 from bahdanau._checks import describe, is_finite_number, is_int
-from bahdanau.checkpoint.files import FORMAT_VERSION, parse_section, upgrade_payload
-from bahdanau.checkpoint.payload import check_weights, stored_parts
+from bahdanau.checkpoint.files import FORMAT_VERSION, parse_section
+from bahdanau.checkpoint.payload import check_weights
+from bahdanau.checkpoint.reader import Checkpoint, checkpoint_of
+from bahdanau.checkpoint.sections import (
+    EMA,
+    EXTRA,
+    FORMAT,
+    MODEL,
+    MODEL_CONFIG,
+    OPTIMIZER,
+    OPTIMIZER_CLASS,
+    RNG,
+    RNG_BY_RANK,
+    SCALER,
+    SRC_VOCAB,
+    TGT_VOCAB,
+    TOKENIZER,
+    TRAIN_CONFIG,
+    TRAIN_STATE,
+    VERSIONS,
+)
 from bahdanau.config import DictConfig, ModelConfig, TrainConfig
 from bahdanau.data.tokenizers import (
     Tokenizer,
@@ -155,22 +174,22 @@ def process_rng(payload: dict[str, Any], rank: int) -> tuple[dict[str, Any] | No
     """The RNG states that the process of `rank` resumes with, and the section they come from:
     those it saved (the payload's `rng_by_rank`, written by a run of several processes, as
     "rng_by_rank[RANK]"), else rank 0's ("rng")."""
-    by_rank = payload.get("rng_by_rank")
+    by_rank = payload.get(RNG_BY_RANK)
     if by_rank is not None and not isinstance(by_rank, list):
         raise InputError(f"checkpoint rng_by_rank must be a list, one entry per process, got "
                          f"{describe(by_rank)}")
     if by_rank is not None and rank < len(by_rank):
         return by_rank[rank], f"rng_by_rank[{rank}]"
-    return payload["rng"], "rng"
+    return payload[RNG], RNG
 
 
 def rng_streams_notes(payload: dict[str, Any] | None, processes: int) -> list[str]:
     """What a resume from `payload` (None: a new run) with `processes` processes says when the
     checkpoint does not hold the random states of exactly that many: the ranks without their
     own take rank 0's, so random draws (dropout) differ from an uninterrupted run's."""
-    if payload is None or payload["rng"] is None:
+    if payload is None or payload[RNG] is None:
         return []
-    by_rank = payload.get("rng_by_rank")
+    by_rank = payload.get(RNG_BY_RANK)
     stored = len(by_rank) if isinstance(by_rank, list) else 1
     if stored == processes:
         return []
@@ -266,25 +285,25 @@ def checkpoint_payload(model: nn.Module, *, src_vocab: Vocab, tgt_vocab: Vocab,
     config = model_config_of(model)
     config.check_vocabs(src_vocab, tgt_vocab)
     sections: dict[str, Any] = ({} if tokenizer is None
-                                else {"tokenizer": tokenizer_to_payload(tokenizer)})
+                                else {TOKENIZER: tokenizer_to_payload(tokenizer)})
     if ema is not None:
-        sections["ema"] = ema.state_dict()
+        sections[EMA] = ema.state_dict()
     if rng_by_rank is not None:
-        sections["rng_by_rank"] = rng_by_rank
+        sections[RNG_BY_RANK] = rng_by_rank
     return {
-        "format": FORMAT_VERSION,
-        "model": model.state_dict(),
-        "model_config": config.to_dict(),
-        "src_vocab": src_vocab.to_dict(),
-        "tgt_vocab": tgt_vocab.to_dict(),
-        "train_config": train_config.to_dict() if train_config is not None else None,
-        "train_state": train_state.to_dict() if train_state is not None else None,
-        "optimizer": optimizer.state_dict() if optimizer is not None else None,
-        "optimizer_class": type(optimizer).__name__ if optimizer is not None else None,
-        "scaler": scaler.state_dict() if scaler is not None else None,
-        "rng": rng_by_rank[0] if rng_by_rank is not None else rng_state(),
-        "extra": dict(extra or {}),
-        "versions": versions(next(model.parameters()).device),
+        FORMAT: FORMAT_VERSION,
+        MODEL: model.state_dict(),
+        MODEL_CONFIG: config.to_dict(),
+        SRC_VOCAB: src_vocab.to_dict(),
+        TGT_VOCAB: tgt_vocab.to_dict(),
+        TRAIN_CONFIG: train_config.to_dict() if train_config is not None else None,
+        TRAIN_STATE: train_state.to_dict() if train_state is not None else None,
+        OPTIMIZER: optimizer.state_dict() if optimizer is not None else None,
+        OPTIMIZER_CLASS: type(optimizer).__name__ if optimizer is not None else None,
+        SCALER: scaler.state_dict() if scaler is not None else None,
+        RNG: rng_by_rank[0] if rng_by_rank is not None else rng_state(),
+        EXTRA: dict(extra or {}),
+        VERSIONS: versions(next(model.parameters()).device),
         **sections,
     }
 
@@ -318,12 +337,12 @@ def _config_difference(stored: dict[str, Any], given: dict[str, Any]) -> str:
 
 def _stored_state(payload: dict[str, Any]) -> TrainState | None:
     """The payload's `TrainState`, or None if it has none."""
-    if payload["train_state"] is None:
+    if payload[TRAIN_STATE] is None:
         return None
-    return parse_section(payload, "train_state", TrainState.from_dict)
+    return parse_section(payload, TRAIN_STATE, TrainState.from_dict)
 
 
-def restore(payload: dict[str, Any], model: nn.Module,
+def restore(payload: dict[str, Any] | Checkpoint, model: nn.Module,
             optimizer: torch.optim.Optimizer | None = None, *,
             scaler: torch.amp.GradScaler | None = None, src_vocab: Vocab | None = None,
             tgt_vocab: Vocab | None = None, restore_rng: bool = True,
@@ -339,7 +358,8 @@ def restore(payload: dict[str, Any], model: nn.Module,
     RNG states (`check_rng_state`).
 
     Args:
-        payload: the checkpoint dict, e.g. from `load_checkpoint`.
+        payload: the checkpoint dict (e.g. from `load_checkpoint`), upgraded here, or a
+            `bahdanau.checkpoint.Checkpoint` read through the door (upgraded when it was read).
         model: receives the weights (wrappers are removed); needs `.config`.
         optimizer, scaler: receive their states when given (and stored).
         src_vocab, tgt_vocab: expected vocabularies; None skips the check.
@@ -357,10 +377,12 @@ def restore(payload: dict[str, Any], model: nn.Module,
             its parameters or is not finite, the GradScaler or RNG states are malformed, or the
             payload is not a checkpoint this code reads.
     """
-    payload = upgrade_payload(payload)
+    checkpoint = payload if isinstance(payload, Checkpoint) else checkpoint_of(payload)
+    payload = checkpoint.payload
     model = unwrap_model(model)
     config = model_config_of(model)
-    stored_config, stored_src, stored_tgt = stored_parts(payload)
+    stored_config, stored_src, stored_tgt = (checkpoint.config, checkpoint.src_vocab,
+                                             checkpoint.tgt_vocab)
     if stored_config != config:
         raise InputError("checkpoint model config differs: "
                          + _config_difference(stored_config.to_dict(), config.to_dict()))
@@ -370,24 +392,24 @@ def restore(payload: dict[str, Any], model: nn.Module,
             raise InputError("checkpoint vocabulary differs: "
                              + _vocab_difference(name, stored, given))
     state = _stored_state(payload)
-    check_weights(payload["model"], model)
-    stored_ema = payload.get("ema") if ema is not None else None
+    check_weights(payload[MODEL], model)
+    stored_ema = payload.get(EMA) if ema is not None else None
     if stored_ema is not None:
-        check_weights(stored_ema, model, "ema")
-    if optimizer is not None and payload["optimizer"] is not None:
+        check_weights(stored_ema, model, EMA)
+    if optimizer is not None and payload[OPTIMIZER] is not None:
         check_optimizer_state(payload, optimizer)
-    if scaler is not None and payload["scaler"] is not None:
-        check_scaler_state(payload["scaler"])
+    if scaler is not None and payload[SCALER] is not None:
+        check_scaler_state(payload[SCALER])
     rng, rng_section = process_rng(payload, rank) if restore_rng else (None, "")
     if rng is not None:
         check_rng_state(rng, rng_section)
-    model.load_state_dict(payload["model"])
+    model.load_state_dict(payload[MODEL])
     if ema is not None:
         ema.load_state_dict(stored_ema if stored_ema is not None else model.state_dict())
-    if optimizer is not None and payload["optimizer"] is not None:
-        optimizer.load_state_dict(payload["optimizer"])
-    if scaler is not None and payload["scaler"] is not None:
-        scaler.load_state_dict(payload["scaler"])
+    if optimizer is not None and payload[OPTIMIZER] is not None:
+        optimizer.load_state_dict(payload[OPTIMIZER])
+    if scaler is not None and payload[SCALER] is not None:
+        scaler.load_state_dict(payload[SCALER])
     if rng is not None:       # a process's own states (rng_by_rank): its own GPU's alone
-        set_rng_state(rng, own_device_only=rng_section != "rng")
+        set_rng_state(rng, own_device_only=rng_section != RNG)
     return state

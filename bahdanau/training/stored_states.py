@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from bahdanau._checks import describe, is_finite_number, is_int
+from bahdanau.checkpoint.sections import OPTIMIZER, OPTIMIZER_CLASS
 from bahdanau.errors import InputError
 
 # The state entries of each parameter, for the optimizers `make_optimizer` builds: every one
@@ -40,11 +41,11 @@ def check_optimizer_state(payload: dict[str, Any], optimizer: torch.optim.Optimi
         InputError: one line naming the entry.
     """
     given = type(optimizer).__name__
-    stored_class = payload.get("optimizer_class")   # None in checkpoints of earlier versions
+    stored_class = payload.get(OPTIMIZER_CLASS)   # None in checkpoints of earlier versions
     if stored_class is not None and stored_class != given:
         raise InputError(f"checkpoint optimizer state is of {stored_class}, the given optimizer "
                          f"is {given}")
-    stored = payload["optimizer"]
+    stored = payload[OPTIMIZER]
     groups = stored.get("param_groups") if isinstance(stored, dict) else None
     if not (isinstance(groups, list) and isinstance(stored.get("state"), dict) and all(
             isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)):

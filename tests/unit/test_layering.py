@@ -1,7 +1,10 @@
 """The package's structure, held: floors import downward, and every module imports first.
 
 * every module under bahdanau/ imports first in a fresh process, as users import it (the package,
-  then the module) and on its own (bahdanau/__init__.py not run first): no import circle;
+  then the module) and on its own (bahdanau/__init__.py not run first);
+* no import circle among the package's modules, counting every import statement, at module
+  level or inside a function: a function-level import that closes a circle imports fine and
+  hides the circle from the import tests, so the graph of statements is checked itself;
 * every import statement, at module level or inside a function, reaches only a unit on a lower
   floor of `FLOORS`, or one listed before it on its own floor (docs/package-map.md draws them);
 * no private name (`_name`) is taken from another module; private modules (`bahdanau._checks`)
@@ -280,6 +283,76 @@ def test_every_module_imports_on_its_own() -> None:
     failed = failures("alone")
     assert not failed, ("a module fails to import first without bahdanau/__init__.py run "
                         "before it, an import circle?\n  " + "\n  ".join(failed))
+
+
+def import_graph() -> dict[str, dict[str, Import]]:
+    """importer -> {imported module: the first statement that imports it}, for every import
+    statement of the package (functions and ``if TYPE_CHECKING:`` blocks included)."""
+    graph: dict[str, dict[str, Import]] = {module: {} for module in modules()}
+    for i in all_imports():
+        if i.target in modules() and i.target != i.importer:
+            graph[i.importer].setdefault(i.target, i)
+    return graph
+
+
+def import_circles(graph: dict[str, dict[str, Import]]) -> list[list[Import]]:
+    """One circle of statements through each group of modules that reach each other
+    (Tarjan's strongly connected components, then a shortest way back within the group)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(module: str) -> None:              # the package's graph is a few hundred deep
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in graph[module]:
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return [_circle_through(group[0], set(group), graph) for group in groups]
+
+
+def _circle_through(start: str, group: set[str], graph: dict[str, dict[str, Import]]
+                    ) -> list[Import]:
+    """The shortest chain of import statements from `start` back to it, inside `group`."""
+    paths: dict[str, list[Import]] = {start: []}
+    frontier = [start]
+    while frontier:
+        following = []
+        for module in frontier:
+            for target, statement in graph[module].items():
+                if target == start:
+                    return paths[module] + [statement]
+                if target in group and target not in paths:
+                    paths[target] = paths[module] + [statement]
+                    following.append(target)
+        frontier = following
+    raise AssertionError(f"{start} is in a circle it cannot get back to")
+
+
+def test_no_import_circle_even_through_function_level_imports() -> None:
+    circles = import_circles(import_graph())
+    described = [" -> ".join([c[0].importer, *(i.target for i in c)]) + "\n      "
+                 + "\n      ".join(i.where() for i in c) for c in circles]
+    assert not circles, ("import circles among the package's modules (a function-level import "
+                         "hides one from the import tests; move the shared piece down, or "
+                         "take the call up to the caller):\n  " + "\n  ".join(described))
 
 
 # ---------------------------------------------------------------------------- floors

@@ -9,6 +9,7 @@ unknown-version file is one line naming that file; writes are all or nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -25,7 +26,12 @@ from training_fixtures import one_line_error
 
 import bahdanau
 from bahdanau import presets
-from bahdanau.checkpoint import find_checkpoint, load_checkpoint, translation_weights
+from bahdanau.checkpoint import (
+    find_checkpoint,
+    load_checkpoint,
+    read_checkpoint,
+    translation_weights,
+)
 from bahdanau.checkpoint.release import read_release, write_release
 from bahdanau.cli import main
 from bahdanau.config import TrainConfig
@@ -386,22 +392,96 @@ def test_a_model_folder_keeps_the_run_id_and_versions(run, folder, tmp_path) -> 
 def test_the_card_has_test_scores_only_of_the_final_weights(run, tmp_path) -> None:
     """metrics.json scores the run's final weights; the card of an earlier checkpoint showed
     them as its own. The dev score names its metric; the card says what trained the model."""
-    from bahdanau.jobs.release import model_card, run_test_scores
+    from bahdanau.jobs.release import model_card, own_test_scores
 
     metrics = {"bleu": 12.5, "chrf": 40.0, "sentences": 6, "beam_size": 1, "updates": 4}
     (run / "metrics.json").write_text(json.dumps(metrics))
     try:
-        last, earlier = (run / "checkpoints" / f"step_0000000{s}.pt" for s in (4, 2))
-        assert run_test_scores(last, load_checkpoint(last)) == metrics
-        assert run_test_scores(earlier, load_checkpoint(earlier)) is None
-        payload = load_checkpoint(earlier)
-        payload["train_state"] = {**payload["train_state"], "best_metric": 4.7391,
-                                  "best_step": 2}
-        payload["train_config"] = {**payload["train_config"], "early_stopping_metric": "chrf"}
-        card = model_card(payload, 1, run_test_scores(earlier, payload))
-        assert "- best dev chrf 4.74 at update 2" in card and "test:" not in card
-        assert (f"- trained with: bahdanau {payload['versions']['bahdanau']}, torch "
-                f"{payload['versions']['torch']}") in card
-        assert "test: BLEU 12.50" in model_card(payload, 1, metrics)
+        last, earlier = (read_checkpoint(run / "checkpoints" / f"step_0000000{s}.pt")
+                         for s in (4, 2))
     finally:
         (run / "metrics.json").unlink()
+    assert own_test_scores(last) == metrics
+    assert own_test_scores(earlier) is None
+    payload = {**earlier.payload,
+               "train_state": {**earlier.payload["train_state"], "best_metric": 4.7391,
+                               "best_step": 2},
+               "train_config": {**earlier.payload["train_config"],
+                                "early_stopping_metric": "chrf"}}
+    card = model_card(dataclasses.replace(earlier, payload=payload))
+    assert "- best dev chrf 4.74 at update 2" in card and "- test:" not in card
+    assert "model-index" not in card
+    assert (f"- trained with: bahdanau {payload['versions']['bahdanau']}, torch "
+            f"{payload['versions']['torch']}") in card
+    assert "- test: BLEU 12.50, chrF 40.00 (6 sentences, beam 1)" in model_card(last)
+
+
+def _front_matter(card: str) -> dict:
+    """The YAML metadata block that opens a Hugging Face model card."""
+    yaml = pytest.importorskip("yaml")
+    assert card.startswith("---\n"), card[:40]
+    block, _, body = card[4:].partition("\n---\n")
+    assert body.startswith("\n# rnnsearch translation model")    # a blank line, then the text
+    return yaml.safe_load(block)
+
+
+def test_the_card_of_an_average_says_what_its_run_measured(run, tmp_path, capsys) -> None:
+    """A release of an averaged checkpoint said "command: not recorded", and had no scores,
+    no language pair, no data set and no licence: the average keeps its members' run record
+    (the run's report included, even once the run folder is gone), and the card holds it in
+    its YAML metadata and its text, with the licence given to --license."""
+    metrics = {"bleu": 12.5, "chrf": 40.0, "sentences": 6, "beam_size": 1, "updates": 4}
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    average = tmp_path / "average.pt"
+    try:
+        assert main(["average", "--checkpoint", str(run), "--last", "2", "--output",
+                     str(average)]) == 0
+    finally:
+        (run / "metrics.json").unlink()
+    assert main(["release", "--checkpoint", str(average), "--out", str(tmp_path / "m"),
+                 "--license", "cc-by-4.0"]) == 0
+    card = (tmp_path / "m" / "README.md").read_text()
+    meta = _front_matter(card)
+    command = "bahdanau train --max-steps 4 --lowercase --preset tiny"
+    assert meta["language"] == ["en", "fr"] and meta["datasets"] == ["multi30k"]
+    assert meta["license"] == "cc-by-4.0" and meta["pipeline_tag"] == "translation"
+    assert meta["tags"] == ["translation", "bahdanau", "rnnsearch"]
+    assert meta["bahdanau"]["command"] == command
+    assert meta["bahdanau"]["averaged_steps"] == [2, 4]
+    assert meta["bahdanau"]["run_test"] == metrics                   # the run's, not its own
+    assert meta["bahdanau"]["test"] is None and "model-index" not in meta
+    assert meta["bahdanau"]["run_id"] == load_checkpoint(
+        find_checkpoint(run))["train_state"]["run_id"]
+    for line in ("- language pair: en -> fr", f"- command: `{command}`",
+                 "- training data: Multi30k en-fr, shipped with bahdanau",
+                 "- weights: the average of 2 checkpoints (updates 2, 4)",
+                 "- the run's test scores (its final weights, update 4; this average is not "
+                 "scored): BLEU 12.50, chrF 40.00 (6 sentences, beam 1)",
+                 "cc-by-4.0 (as stated by whoever released the model"):
+        assert line in card, line
+    assert main(["release", "--checkpoint", str(average), "--out", str(tmp_path / "n")]) == 0
+    unstated = (tmp_path / "n" / "README.md").read_text()
+    assert "license" not in _front_matter(unstated) and "\nNot stated." in unstated
+    capsys.readouterr()
+    assert main(["release", "--checkpoint", str(average), "--out", str(tmp_path / "o"),
+                 "--license", "see the data"]) == 2
+    assert "--license 'see the data' is not an SPDX licence id" in capsys.readouterr().err
+
+
+def test_the_card_of_a_final_checkpoint_holds_its_own_scores(run, tmp_path) -> None:
+    """The model-index (the Hugging Face card's results) holds only a checkpoint's own test
+    scores: those of the run's final weights, for its last checkpoint."""
+    metrics = {"bleu": 12.5, "chrf": 40.0, "sentences": 6, "beam_size": 1, "updates": 4}
+    (run / "metrics.json").write_text(json.dumps(metrics))
+    try:
+        assert main(["release", "--checkpoint", str(run), "--out", str(tmp_path / "m"),
+                     "--license", "MIT OR Apache-2.0"]) == 0
+    finally:
+        (run / "metrics.json").unlink()
+    meta = _front_matter((tmp_path / "m" / "README.md").read_text())
+    assert meta["license"] == "MIT OR Apache-2.0" and meta["bahdanau"]["updates"] == 4
+    [result] = meta["model-index"][0]["results"]
+    assert result["task"] == {"type": "translation", "name": "Translation en-fr"}
+    assert result["dataset"]["type"] == "multi30k"
+    assert [(m["type"], m["value"]) for m in result["metrics"]] == [("bleu", 12.5),
+                                                                    ("chrf", 40.0)]
