@@ -41,7 +41,9 @@ traced encoder's path, which keeps S dynamic), so loading it needs `import bahda
 """
 
 from bahdanau.serving.folder import (
+    DECODE_FILE,
     FILES,
+    ONNX_FILES,
     SENTENCEPIECE_FILE,
     ExportedModel,
     check_new_folder,
@@ -54,11 +56,13 @@ from bahdanau.serving.programs import (
     ExportedDecoder,
     ExportedMemory,
     ServingPrograms,
+    beam_decode,
     export_programs,
     greedy_decode,
     pad_source,
 )
 
-__all__ = ["EXPORTED_VERSION", "FILES", "MIN_SRC_LEN", "SENTENCEPIECE_FILE", "ExportedDecoder",
-           "ExportedMemory", "ExportedModel", "ServingPrograms", "check_new_folder",
-           "export_folder", "export_programs", "greedy_decode", "load_exported", "pad_source"]
+__all__ = ["DECODE_FILE", "EXPORTED_VERSION", "FILES", "MIN_SRC_LEN", "ONNX_FILES",
+           "SENTENCEPIECE_FILE", "ExportedDecoder", "ExportedMemory", "ExportedModel",
+           "ServingPrograms", "beam_decode", "check_new_folder", "export_folder",
+           "export_programs", "greedy_decode", "load_exported", "pad_source"]
