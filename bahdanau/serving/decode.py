@@ -144,16 +144,8 @@ def beam_decode(encoder: Any, step: Any, src: Tensor, src_lengths: Tensor, *, bo
             capped = torch.full_like(log_probs, float("-inf"))
             capped[..., eos_id] = log_probs[..., eos_id]
             log_probs = capped
-        width = min(2 * K, log_probs.shape[2])
-        beam_best, beam_token = log_probs.topk(width, dim=2)                  # (b, K, w)
-        candidates = (scores[:, :, None] + beam_best).reshape(b, K * width)
-        top_scores, top_index = candidates.topk(min(2 * K, K * width), dim=1)  # (b, 2K)
-        top_parent = top_index // width
-        top_token = beam_token.reshape(b, K * width).gather(1, top_index)
-        is_eos = top_token == eos_id
-        rank = torch.arange(top_scores.shape[1], device=src.device)
-        finished = is_eos & (rank < K) & torch.isfinite(top_scores)
-        order = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :K]
+        top_scores, top_parent, top_token, finished, order = _candidates(scores, log_probs,
+                                                                         eos_id)
         scores, parent = top_scores.gather(1, order), top_parent.gather(1, order)
         if bool(scores.isnan().any()):           # a NaN ranks first: a diverged model
             raise NaNScores()
@@ -184,6 +176,25 @@ def beam_decode(encoder: Any, step: Any, src: Tensor, src_lengths: Tensor, *, bo
         raise ValueError(f"sentence {best.index(None)} of the batch got no hypothesis: the "
                          "model gives every ending a log-probability of -inf")
     return [found[1] for found in best if found is not None]
+
+
+def _candidates(scores: Tensor, log_probs: Tensor, eos_id: int
+                ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """The best 2K extensions of K beams for b sentences, from their (b, K) log-probabilities
+    and (b, K, V) next-token log-probabilities: each beam's best 2K first, then the best 2K of
+    those. Returns their (b, 2K) log-probabilities, beams and tokens, which of them finish (eos
+    among the first K, finite) and the (b, K) positions of the first K others, which continue."""
+    b, K, vocab = log_probs.shape
+    width = min(2 * K, vocab)
+    beam_best, beam_token = log_probs.topk(width, dim=2)                  # (b, K, w)
+    candidates = (scores[:, :, None] + beam_best).reshape(b, K * width)
+    top_scores, top_index = candidates.topk(min(2 * K, K * width), dim=1)   # (b, 2K)
+    top_token = beam_token.reshape(b, K * width).gather(1, top_index)
+    is_eos = top_token == eos_id
+    rank = torch.arange(top_scores.shape[1], device=scores.device)
+    finished = is_eos & (rank < K) & torch.isfinite(top_scores)
+    order = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :K]
+    return top_scores, top_index // width, top_token, finished, order
 
 
 def load_programs(folder: str | Path, runtime: str = "torch") -> tuple[Any, Any, dict]:

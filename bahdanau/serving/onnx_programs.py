@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import io
+import logging
 import warnings
 
 import torch
@@ -42,10 +43,15 @@ def check_onnx() -> None:
 def onnx_bytes(program: ExportedProgram) -> bytes:
     """`program` as a serialized ONNX model (opset of torch's exporter), its inputs and outputs
     in the program's order."""
-    quiet = io.StringIO()                         # the exporter prints its progress
-    with warnings.catch_warnings(), contextlib.redirect_stdout(quiet):
-        warnings.simplefilter("ignore")
-        converted = torch.onnx.export(program, dynamo=True, verbose=False)
+    quiet, logger = io.StringIO(), logging.getLogger("torch.onnx")
+    level = logger.level          # it logs a warning for each torchvision op it cannot register
+    logger.setLevel(logging.ERROR)
+    try:                          # and prints its progress
+        with warnings.catch_warnings(), contextlib.redirect_stdout(quiet):
+            warnings.simplefilter("ignore")
+            converted = torch.onnx.export(program, dynamo=True, verbose=False)
+    finally:
+        logger.setLevel(level)
     if converted is None:                         # never for dynamo=True; the type allows it
         raise InputError("torch.onnx.export gave no program")
     return converted.model_proto.SerializeToString()
