@@ -28,7 +28,7 @@ __all__ = ["EXTRAS", "__version__", "git_commit", "versions"]
 EXTRAS: dict[str, str] = {"triton": "triton", "matplotlib": "plot", "yaml": "yaml",
                           "sentencepiece": "sentencepiece", "tensorboard": "tensorboard",
                           "tqdm": "progress", "safetensors": "share",
-                          "sacremoses": "moses"}
+                          "sacremoses": "moses", "onnxruntime": "onnx"}
 
 
 @cache

@@ -11,10 +11,13 @@ Two paths compute the same annotations:
   keeps each direction's state at padding (paper form);
 * layer-normalised (``layer_norm=True``, `bahdanau.layer_norm`): one loop over positions,
   both directions at once, on every path (`BiRNNEncoder._norm_gru`);
-* traced (`torch.compile`, `torch.export`): no `PackedSequence`. Each direction is one call of
-  the registered op `torch.ops.bahdanau.gru_layer` over the padded batch; the backward direction
-  reads each sentence reversed in place by a gather (position j reads len-1-j, padding stays)
-  and is gathered back. The op is one node in the graph, so B and S stay dynamic.
+* traced (`torch.compile`, `torch.export`): no `PackedSequence`. Each direction is one node
+  of the graph over the padded batch, so B and S stay dynamic; the backward direction reads
+  each sentence reversed in place by a gather (position j reads len-1-j, padding stays) and is
+  gathered back. Under `torch.compile` the node is the registered op
+  `torch.ops.bahdanau.gru_layer` (differentiable, for training); under `torch.export` it is a
+  `scan` over positions (`_gru_layer_scan`, torch's higher-order loop of plain aten ops), so an
+  exported program runs in any torch without `bahdanau`, and converts to ONNX.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch._higher_order_ops.scan import scan
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from bahdanau import functional
@@ -70,6 +74,35 @@ def _gru_layer(x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor,
                                   bias_hn=b_n)
         states.append(h)
     return torch.stack(states, dim=1)
+
+
+def _gru_layer_scan(x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor,
+                    bias_hh: Tensor, paper: bool) -> Tensor:
+    """`_gru_layer` as one `scan` over positions, for `torch.export` (no gradients needed).
+
+    Each position runs `functional.gru_update` in the form of `paper`, as the paper form's loop
+    does. Traced, the loop is one higher-order node of plain aten ops (S stays dynamic), which
+    `torch.export.load` reads without `bahdanau` and `torch.onnx.export` writes as an ONNX
+    ``Scan``. Caution: `scan` is a prototype of torch (`torch._higher_order_ops`); the tests
+    hold it to `_gru_layer` in float64, both forms, and to eager decoding after export.
+
+    Args and returns: as `_gru_layer`.
+    """
+    hidden = weight_hh.shape[1]
+    x_gates = F.linear(x, weight_ih, bias_ih).transpose(0, 1)         # (S, B, 3H)
+
+    def update(h: Tensor, x_t: Tensor) -> tuple[Tensor, Tensor]:      # (B, H), (B, 3H)
+        if paper:       # split here: scan refuses closed-over tensors that alias each other
+            w_rz, w_n = weight_hh.split([2 * hidden, hidden])
+            b_rz, b_n = bias_hh.split([2 * hidden, hidden])
+            h = functional.gru_update(x_t, F.linear(h, w_rz, b_rz), h, weight_hn=w_n,
+                                      bias_hn=b_n)
+        else:
+            h = functional.gru_update(x_t, F.linear(h, weight_hh, bias_hh), h)
+        return h, h.clone()                   # the carry and the output: scan forbids aliases
+
+    _, states = scan(update, x.new_zeros(x.shape[0], hidden), x_gates)   # (S, B, H)
+    return states.transpose(0, 1)
 
 
 @torch.library.custom_op("bahdanau::gru_layer", mutates_args=())
@@ -154,7 +187,8 @@ class BiRNNEncoder(nn.Module):
     125 ms padded (`examples/benchmarks/bench_encoder.py`).
     `torch.compile` needs `torch._dynamo.config.patch(allow_rnn=True)` around its calls (dynamo
     refuses to read an `nn.GRU` otherwise; it is only read, never traced). An exported program
-    needs `bahdanau.encoder` imported to run (it registers the op).
+    is plain torch: under `torch.export` (non-strict, its default) each direction is a `scan`
+    (`_gru_layer_scan`), not the registered op, so it loads and runs without `bahdanau`.
 
     Value checks (lengths in [1, S] and agreeing with the padding, ids in [0, V)) read tensors
     back to the host, so traced code skips them and keeps the rank, dtype and size checks; call
@@ -289,10 +323,13 @@ class BiRNNEncoder(nn.Module):
             (B, S, 2H) annotations, 0 at padding.
         """
         paper, compiling = self.gru_form == "paper", torch.compiler.is_compiling()
+        exporting = torch.compiler.is_exporting()
         forward_weights, backward_weights = self.rnn.all_weights   # [W_ih, W_hh, b_ih, b_hh]
 
         def layer(x: Tensor, weights: Sequence[Tensor]) -> Tensor:
             w_ih, w_hh, b_ih, b_hh = weights
+            if exporting:                      # one loop of aten ops: runs without bahdanau
+                return _gru_layer_scan(x, w_ih, w_hh, b_ih, b_hh, paper)
             if compiling:                      # one op in the graph, S stays dynamic
                 return _gru_layer_op(x, w_ih, w_hh, b_ih, b_hh, paper)
             # eager: autograd's own backward, without the op's recomputation

@@ -7,18 +7,23 @@ from bahdanau.checkpoint.reader import find_checkpoint
 from bahdanau.jobs.files import check_output_folder
 from bahdanau.jobs.options import ExportOptions
 from bahdanau.serving import check_new_folder, export_folder
+from bahdanau.serving.onnx_programs import check_onnx
 from bahdanau.translate import load
 
 
 def export(o: ExportOptions) -> int:
-    """`bahdanau export`: the encoder and decoder step as `torch.export` programs, with the
-    vocabularies, the tokenizer, a manifest and a README of the decoding loop, in a new folder."""
+    """`bahdanau export`: the encoder and decoder step as `torch.export` programs (and, with
+    --onnx, as ONNX), with the vocabularies, the tokenizer, a manifest, the decoding loops
+    (``decode.py``) and a README, in a new folder."""
     checkpoint = find_checkpoint(o.checkpoint, "--checkpoint")
     check_output_folder("--out", o.out, {"--checkpoint": checkpoint},   # before any work
                         writes=Kind.EXPORTED)
     check_new_folder(o.out)
+    if o.onnx:
+        check_onnx()
     t = load(checkpoint)                                     # traced on the CPU
-    folder = export_folder(t.model, t.src_vocab, t.tgt_vocab, t.tokenizer, o.out)
+    folder = export_folder(t.model, t.src_vocab, t.tgt_vocab, t.tokenizer, o.out,
+                           onnx=o.onnx)
     files = ", ".join(sorted(p.name for p in folder.iterdir()))
     print(f"exported {checkpoint} to {folder}: {files}")
     return 0

@@ -527,6 +527,8 @@ class ExportOptions(Options):
                                    "else latest checkpoint)", required=True, metavar="PATH")
     out: str = option(None, "the folder to write (created; absent or empty)", required=True,
                       metavar="DIR")
+    onnx: bool = option(False, "also write both programs as ONNX (encoder.onnx, step.onnx) for "
+                               "onnxruntime; needs the onnx extra: pip install 'bahdanau[onnx]'")
 
 @dataclass(frozen=True)
 class AverageOptions(Options):

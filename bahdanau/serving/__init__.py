@@ -21,27 +21,30 @@ takes as many memory rows as state rows: a beam of K repeats each sentence's row
 The programs take S >= 2 (`MIN_SRC_LEN`; traced shapes do not hold at S = 1): `pad_source`
 pads a batch of one-token sentences, which changes nothing.
 
-`greedy_decode` is the whole decoding loop over the two programs in plain torch, written to be
-copied into a serving process: with `pad_source` it reads nothing of `bahdanau` but the two
-programs, the special ids and the check that refuses NaN scores
-(`bahdanau.search.refuse_nan_scores`), and the folder's README holds both. It gives the tokens
-`BeamSearch(beam_size=1)` gives with the default ``length_penalty="none"``
-(`translate --beam-size 1`). `ExportedDecoder` makes the programs a model for `BeamSearch`, so
-beam search over them (`translate_corpus` with any search) gives what the model gives.
+The programs are plain torch ops, the encoder's GRU a `scan` (`bahdanau.encoder`), so
+``torch.export.load`` reads them in a process that never imports `bahdanau`.
+`bahdanau.serving.decode` is the whole decoding in plain torch, importing torch alone, and
+`export_folder` copies it into the folder as ``decode.py``: `greedy_decode` gives the tokens of
+`BeamSearch(beam_size=1)` (`translate --beam-size 1`), `beam_decode` those of `BeamSearch`
+(n_best 1; `translate`), and ``load_programs`` reads a trusted folder's programs, with torch or,
+for the ONNX ones, onnxruntime. Here the two loops raise the library's one-line `InputError` for
+NaN scores (`bahdanau.search.refuse_nan_scores`). `ExportedDecoder` makes the programs a model
+for `BeamSearch`, so every search of `translate_corpus` runs over them.
 
 `export_folder` writes the programs (``encoder.pt2``, ``step.pt2``, with nothing pickled:
-`bahdanau._pt2_archive`), the vocabularies, the tokenizer, a README with the loop and a
-``manifest.json`` of the interface and the model's config that seals every file
-(`bahdanau._sealed`); `load_exported` reads them back as data: it checks the seal and traces
-the programs again from the config and the weights, never deserializing a program (which
-``torch.export.load`` does by running what the file says), and `bahdanau export` runs
-`export_folder`. The step program is plain torch
-ops; the encoder program calls the library's registered GRU op (``bahdanau::gru_layer``, the
-traced encoder's path, which keeps S dynamic), so loading it needs `import bahdanau` first.
+`bahdanau._pt2_archive`), with ``onnx=True`` also as ONNX (``encoder.onnx``, ``step.onnx``:
+`bahdanau.serving.onnx_programs`, the onnx extra), the vocabularies, the tokenizer,
+``decode.py``, a README and a ``manifest.json`` of the interface and the model's config that
+seals every file (`bahdanau._sealed`); `load_exported` reads them back as data: it checks the
+seal and traces the programs again from the config and the weights, never deserializing a
+program (which ``torch.export.load`` does by running what the file says), and
+`bahdanau export` runs `export_folder`.
 """
 
 from bahdanau.serving.folder import (
+    DECODE_FILE,
     FILES,
+    ONNX_FILES,
     SENTENCEPIECE_FILE,
     ExportedModel,
     check_new_folder,
@@ -54,11 +57,13 @@ from bahdanau.serving.programs import (
     ExportedDecoder,
     ExportedMemory,
     ServingPrograms,
+    beam_decode,
     export_programs,
     greedy_decode,
     pad_source,
 )
 
-__all__ = ["EXPORTED_VERSION", "FILES", "MIN_SRC_LEN", "SENTENCEPIECE_FILE", "ExportedDecoder",
-           "ExportedMemory", "ExportedModel", "ServingPrograms", "check_new_folder",
-           "export_folder", "export_programs", "greedy_decode", "load_exported", "pad_source"]
+__all__ = ["DECODE_FILE", "EXPORTED_VERSION", "FILES", "MIN_SRC_LEN", "ONNX_FILES",
+           "SENTENCEPIECE_FILE", "ExportedDecoder", "ExportedMemory", "ExportedModel",
+           "ServingPrograms", "beam_decode", "check_new_folder", "export_folder",
+           "export_programs", "greedy_decode", "load_exported", "pad_source"]

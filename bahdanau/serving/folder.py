@@ -33,17 +33,17 @@ from bahdanau.data.tokenizers import Tokenizer, tokenizer_from_payload, tokenize
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.models import RNNSearch, build_model, model_class
+from bahdanau.serving import decode
+from bahdanau.serving.onnx_programs import check_onnx, onnx_bytes
 from bahdanau.serving.programs import (
     EXPORTED_VERSION,
     MIN_SRC_LEN,
     export_programs,
-    greedy_decode,
     one_model,
-    pad_source,
 )
 
-__all__ = ["FILES", "SENTENCEPIECE_FILE", "ExportedModel", "check_new_folder", "export_folder",
-           "load_exported"]
+__all__ = ["DECODE_FILE", "FILES", "ONNX_FILES", "SENTENCEPIECE_FILE", "ExportedModel",
+           "check_new_folder", "export_folder", "load_exported"]
 
 
 # The files of an exported folder (`export_folder`), by what they hold.
@@ -51,6 +51,10 @@ FILES = {"encoder": "encoder.pt2", "step": "step.pt2", "manifest": "manifest.jso
          "src_vocab": "src_vocab.json", "tgt_vocab": "tgt_vocab.json",
          "tokenizer": "tokenizer.json", "readme": "README.md"}
 SENTENCEPIECE_FILE = "tokenizer.model"   # a SentencePiece tokenizer's model, beside its JSON
+# The decoding loops in plain torch (`bahdanau.serving.decode`, copied), for the user: sealed,
+# never read by `load_exported`, as the ONNX programs (``export_folder(onnx=True)``).
+DECODE_FILE = "decode.py"
+ONNX_FILES = {"encoder": "encoder.onnx", "step": "step.onnx"}
 PROGRAMS = ("encoder", "step")
 
 
@@ -74,10 +78,12 @@ def check_new_folder(folder: str | os.PathLike[str]) -> Path:
 
 
 def export_folder(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab, tokenizer: Tokenizer,
-                  folder: str | os.PathLike[str]) -> Path:
+                  folder: str | os.PathLike[str], *, onnx: bool = False) -> Path:
     """Write what serving needs into a new folder: the two programs, the vocabularies
     (`Vocab.save`), the tokenizer (``tokenizer.json``, and ``tokenizer.model`` for
-    SentencePiece), ``manifest.json`` (`ServingPrograms.manifest`) and a README with the loop.
+    SentencePiece), ``manifest.json`` (`ServingPrograms.manifest`), ``decode.py`` (the greedy
+    and beam loops, `bahdanau.serving.decode`) and a README; with `onnx`, the programs as ONNX
+    too (``encoder.onnx``, ``step.onnx``: `bahdanau.serving.onnx`).
 
     The folder is written beside its final name and renamed into place
     (`bahdanau._files.new_folder`, `held` against a second writer): it is whole or absent.
@@ -88,10 +94,12 @@ def export_folder(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab, tokenize
     Raises:
         InputError: `folder` exists or cannot be written (`check_new_folder`), the model has
             no config or is not what `build_model` builds from it, the vocabularies do not fit
-            the model, or what `export_programs` and `tokenizer_to_payload` refuse; before any
-            tracing.
+            the model, `onnx` without the onnx extra installed, or what `export_programs` and
+            `tokenizer_to_payload` refuse; before any tracing.
     """
     folder, model = check_new_folder(folder), one_model(model)
+    if onnx:
+        check_onnx()
     if model.config is None or type(model) is not model_class(model.config):
         raise InputError(f"export writes a model that build_model rebuilds from its config; "
                          f"this {type(model).__name__} "
@@ -99,9 +107,11 @@ def export_folder(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab, tokenize
     model.config.check_vocabs(src_vocab, tgt_vocab)
     tokenizer_data = tokenizer_to_payload(tokenizer)        # refuses tokenizers it cannot store
     programs = export_programs(model)
-    archives = {name: program_bytes(getattr(programs, name)) for name in PROGRAMS}
+    archives = {FILES[name]: program_bytes(getattr(programs, name)) for name in PROGRAMS}
+    if onnx:
+        archives |= {ONNX_FILES[name]: onnx_bytes(getattr(programs, name)) for name in PROGRAMS}
     manifest = {**programs.manifest, "model_config": model.config.to_dict(),
-                "versions": versions()}
+                "onnx": onnx, "versions": versions()}
     with held(folder, f"{folder} is being exported by another process: wait for it to "
                       "finish or choose another folder"):
         check_new_folder(folder)                  # as it is now that the folder is held
@@ -120,7 +130,8 @@ def _write_folder(partial: Path, archives: dict[str, bytes], src_vocab: Vocab,
     writer, meeting a failed write (a full disk), aborts the process from a C++ destructor,
     where `atomic_write` makes it one `OSError` naming the file."""
     for name, data in archives.items():
-        _write_bytes(partial / FILES[name], data)
+        _write_bytes(partial / name, data)
+    _write_bytes(partial / DECODE_FILE, inspect.getsource(decode).encode("utf-8"))
     src_vocab.save(partial / FILES["src_vocab"])
     tgt_vocab.save(partial / FILES["tgt_vocab"])
     if isinstance(tokenizer, SentencePieceTokenizer):
@@ -307,33 +318,31 @@ def _tokenizer(stored: Any, data: dict[str, bytes], folder: Path) -> Tokenizer:
 
 
 def _readme(manifest: dict[str, Any], sentencepiece: bool) -> str:
-    """The folder's README: the interface (in the model's dtype), how the tokenizer is rebuilt,
-    and the loop to copy (`greedy_decode`'s source)."""
+    """The folder's README: the interface (in the model's dtype), how the tokenizer is rebuilt
+    and how ``decode.py`` decodes."""
     weights = f", weights (N, S) {manifest['dtype']}" if manifest["attention"] else ""
     tokenizer = (f"names the SentencePiece model `{SENTENCEPIECE_FILE}` beside it, which "
                  "`SentencePieceTokenizer.load` of `bahdanau.data` reads" if sentencepiece else
                  "`tokenizer_from_payload` of `bahdanau.data.tokenizers` rebuilds it")
+    onnx = (f"- `{ONNX_FILES['encoder']}`, `{ONNX_FILES['step']}`: the same programs as ONNX, "
+            "for onnxruntime;\n" if manifest.get("onnx") else "")
     return README.format(memory=manifest["memory_tensors"], weights=weights,
-                         tokenizer=tokenizer, loop=_loop_source(), **manifest)
-
-
-def _loop_source() -> str:
-    """The loop as a user copies it: the shortest source, `pad_source` and `greedy_decode`."""
-    return "\n\n".join(["from bahdanau.search import refuse_nan_scores\n\n"
-                         f"MIN_SRC_LEN = {MIN_SRC_LEN}", inspect.getsource(pad_source),
-                         inspect.getsource(greedy_decode)])
+                         tokenizer=tokenizer, onnx_files=onnx, **manifest)
 
 
 README = """# An exported {arch} model
 
-Exported by `bahdanau export` for decoding without bahdanau's beam search: the encoder and one
-decoder step as `torch.export` programs, with the batch B and the source length S (>= 2)
-dynamic. The files:
+Exported by `bahdanau export` for decoding without bahdanau: the encoder and one decoder step as
+`torch.export` programs of plain torch ops (no `import bahdanau` needed), with the batch B and
+the source length S (>= 2) dynamic, and the greedy and beam search loops in plain PyTorch. The
+files:
 
 - `encoder.pt2`: (src (B, S) int64, src_lengths (B,) int64)
   -> (hidden (B, D), memory x {memory});
 - `step.pt2`: (prev_tokens (N,) int64, hidden (N, D), memory x {memory})
   -> (log_probs (N, V) {dtype}, hidden (N, D){weights});
+{onnx_files}- `decode.py`: `greedy_decode`, `beam_decode` and `load_programs`, importing torch
+  alone;
 - `manifest.json`: sizes and special ids (pad {pad_id}, bos {bos_id}, eos {eos_id},
   unk {unk_id});
 - `src_vocab.json`, `tgt_vocab.json`: the vocabularies (an id is an index into
@@ -344,30 +353,41 @@ Sources are padded with pad after each sentence (every sentence has a token). `l
 the log-softmax of the next token; the memory tensors (annotations, mask, precomputed keys and
 values) have one row per sentence. The step takes as many memory rows as state rows: for a beam
 of K, repeat each sentence's rows K times (`m.repeat_interleave(K, 0)`), and drop a finished
-sentence's rows from both. The encoder uses bahdanau's registered GRU op: `import bahdanau`
-first. `manifest.json` also lists the SHA-256 of every file and its own, and the model's
-config. `torch.export.load` trusts its file (it unpickles some members of an archive and
-evaluates strings of its graph): give it only folders you trust. `load_exported` checks the
-digests and traces the programs again from the config and the raw weights, so a folder it
-loads runs none of its own code.
+sentence's rows from both. `manifest.json` also lists the SHA-256 of every file and its own,
+and the model's config. `torch.export.load` trusts its file (it unpickles some members of an
+archive and evaluates strings of its graph), as onnxruntime trusts an ONNX graph: give them
+only folders you trust. `bahdanau.serving.load_exported` checks the digests and traces the
+programs again from the config and the raw weights, so a folder it loads runs none of its own
+code.
 
-## Greedy decoding, in plain torch
+## Decoding with torch alone
 
 ```python
-import torch, bahdanau
-from bahdanau.serving import greedy_decode, load_exported
+import sys, torch
+sys.path.insert(0, "THIS_FOLDER")
+import decode
+
+encoder, step, manifest = decode.load_programs("THIS_FOLDER")   # runtime="onnx": onnxruntime
+ids = {{k: manifest[k] for k in ("bos_id", "eos_id", "pad_id")}}
+src = torch.tensor([[5, 6, 7]])                  # source ids, padded with pad
+print(decode.beam_decode(encoder, step, src, torch.tensor([3]), beam_size=5, **ids))
+```
+
+`beam_decode` gives the tokens of `bahdanau translate` (beam 5, length penalty none) and
+`greedy_decode` those of `bahdanau translate --beam-size 1`.
+
+## With bahdanau's tokenizer and vocabularies
+
+```python
+import torch
+from bahdanau.serving import beam_decode, load_exported
 
 m = load_exported("THIS_FOLDER")
 ids = [m.src_vocab.encode(m.tokenizer.tokenize("A man is riding a bicycle."))]
 src = torch.tensor(ids)
-out = greedy_decode(m.encoder, m.step, src, torch.tensor([src.shape[1]]),
-                    bos_id=m.manifest["bos_id"], eos_id=m.manifest["eos_id"],
-                    pad_id=m.manifest["pad_id"], max_len=100)
+out = beam_decode(m.encoder, m.step, src, torch.tensor([src.shape[1]]),
+                  bos_id=m.manifest["bos_id"], eos_id=m.manifest["eos_id"],
+                  pad_id=m.manifest["pad_id"])
 print(m.tokenizer.detokenize(m.tgt_vocab.decode(out[0])))
 ```
-
-It gives the tokens of `bahdanau translate --beam-size 1` (length penalty none). The loop:
-
-```python
-{loop}```
 """

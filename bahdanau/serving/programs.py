@@ -6,6 +6,8 @@ programs as a folder.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -17,19 +19,18 @@ from bahdanau.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, ModelCo
 from bahdanau.decoder import DecoderState, StepOutput
 from bahdanau.errors import InputError
 from bahdanau.models import RNNSearch
-from bahdanau.search import refuse_nan_scores
+from bahdanau.serving import decode
+from bahdanau.serving.decode import MIN_SRC_LEN, NaNScores, pad_source
 
 __all__ = ["EXPORTED_VERSION", "MIN_SRC_LEN", "ExportedDecoder", "ExportedMemory",
-           "ServingPrograms", "export_programs", "greedy_decode", "one_model", "pad_source"]
+           "ServingPrograms", "beam_decode", "export_programs", "greedy_decode", "one_model",
+           "pad_source"]
 
 
 # ``manifest.json``'s "format" (what the folder is: `EXPORTED_FORMAT`, declared with the other
 # folders' in `bahdanau._folders`) and "version" (raised when the interface of the programs or
 # the folder changes; version 1 had an integer "format" and no digests).
 EXPORTED_VERSION = 2
-# The shortest padded source the programs take: traced shapes hold for S >= 2 (a batch whose
-# longest sentence has one token is padded to two, `pad_source`).
-MIN_SRC_LEN = 2
 
 
 class ServingPrograms(NamedTuple):
@@ -196,49 +197,21 @@ def export_programs(model: nn.Module) -> ServingPrograms:
     return ServingPrograms(encoder, step, manifest)
 
 
-def pad_source(src: Tensor, pad_id: int) -> Tensor:
-    """`src` padded to the programs' shortest source, `MIN_SRC_LEN` (padding changes nothing)."""
-    short = MIN_SRC_LEN - src.shape[1]
-    return torch.nn.functional.pad(src, (0, short), value=pad_id) if short > 0 else src
+def _input_errors(loop: Callable[..., list[list[int]]]) -> Callable[..., list[list[int]]]:
+    """A loop of `bahdanau.serving.decode` (which imports nothing of `bahdanau`) raising the
+    library's one-line `InputError` where that file raises its `NaNScores` (a `ValueError` with
+    the message of `bahdanau.search.refuse_nan_scores`)."""
+    @functools.wraps(loop)
+    def decode(*args: Any, **kwargs: Any) -> list[list[int]]:
+        try:
+            return loop(*args, **kwargs)
+        except NaNScores as err:
+            raise InputError(str(err)) from None
+    return decode
 
 
-def greedy_decode(encoder: Any, step: Any, src: Tensor, src_lengths: Tensor, *, bos_id: int,
-                  eos_id: int, pad_id: int, max_len: int = 100, min_len: int = 1
-                  ) -> list[list[int]]:
-    """Greedy search over the exported programs, in plain torch; see the module docstring.
-
-    Args:
-        encoder, step: the programs as callables (``torch.export.load(path).module()``).
-        src: (B, S) source ids, padded with `pad_id` (to S >= 2: `pad_source`); src_lengths:
-            (B,) real lengths.
-        bos_id, eos_id, pad_id: the special ids (``manifest.json``).
-        max_len: most tokens before eos; min_len: eos is forbidden before this many.
-    Returns:
-        For each sentence its target ids, without bos and eos: the tokens of
-        `BeamSearch(beam_size=1, max_len=max_len, min_len=min_len)`.
-    Raises:
-        InputError: the step's log-probabilities hold NaN (a diverged model), as
-            `BeamSearch` refuses them (`bahdanau.search.refuse_nan_scores`).
-    """
-    hidden, *memory = encoder(pad_source(src, pad_id), src_lengths)
-    rows = torch.arange(src.shape[0], device=src.device)      # the sentences still decoding
-    tokens = torch.full_like(rows, bos_id)
-    out: list[list[int]] = [[] for _ in range(src.shape[0])]
-    for t in range(max_len + 1):
-        log_probs, hidden, *_ = step(tokens, hidden, *memory)   # (N, V), (N, D)[, (N, S)]
-        refuse_nan_scores(log_probs.isnan().any())   # NaN would win the argmax: a diverged model
-        log_probs[:, [pad_id, bos_id]] = float("-inf")          # never generated
-        if t < min_len:
-            log_probs[:, eos_id] = float("-inf")
-        tokens = log_probs.argmax(dim=1) if t < max_len else torch.full_like(tokens, eos_id)
-        going = tokens != eos_id
-        for row, token in zip(rows[going].tolist(), tokens[going].tolist(), strict=True):
-            out[row].append(token)
-        if not bool(going.any()):
-            break
-        rows, tokens, hidden = rows[going], tokens[going], hidden[going]
-        memory = [m[going] for m in memory]
-    return out
+greedy_decode = _input_errors(decode.greedy_decode)
+beam_decode = _input_errors(decode.beam_decode)
 
 
 class ExportedMemory(NamedTuple):

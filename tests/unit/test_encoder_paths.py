@@ -8,6 +8,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.export import Dim
 
 from bahdanau import BiRNNEncoder, ModelConfig, RNNSearch, functional
+from bahdanau.encoder import _gru_layer, _gru_layer_scan
 
 V, E, H = 13, 6, 5
 FORMS = ["torch", "paper"]
@@ -85,6 +86,34 @@ def test_gru_layer_op(gru_form: str) -> None:
 
 
 @pytest.mark.parametrize("gru_form", FORMS)
+def test_scan_layer_equals_the_loop(gru_form: str) -> None:
+    """`_gru_layer_scan` (the exported GRU: it runs as traced by `torch.export`) gives
+    `_gru_layer`'s states in float64 at the traced shape and another (B and S dynamic), as one
+    scan and no registered op."""
+    gen = torch.Generator().manual_seed(6)
+    weights = [0.5 * torch.randn(shape, generator=gen, dtype=torch.float64)
+               for shape in [(9, 4), (9, 3), (9,), (9,)]]
+    paper = gru_form == "paper"
+
+    class Layer(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weights = torch.nn.ParameterList(weights)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return _gru_layer_scan(x, *self.weights, paper)
+
+    x = torch.randn(2, 5, 4, generator=gen, dtype=torch.float64)
+    program = torch.export.export(Layer(), (x,), dynamic_shapes=({0: Dim("b"), 1: Dim("s")},))
+    assert "higher_order.scan" in program.graph_module.code
+    assert "bahdanau" not in program.graph_module.code
+    for inputs in (x, torch.randn(3, 8, 4, generator=gen, dtype=torch.float64)):
+        want = _gru_layer(inputs, *weights, paper)
+        assert want.abs().min() > 1e-6                          # no state is trivially 0
+        torch.testing.assert_close(program.module()(inputs), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("gru_form", FORMS)
 def test_compile_fullgraph_equals_eager(gru_form: str) -> None:
     """No graph break (fullgraph), value checks skipped in the graph, same outputs and grads."""
     torch._dynamo.reset()
@@ -122,8 +151,9 @@ def test_export_dynamic_batch_and_length(gru_form: str) -> None:
     program = torch.export.export(encoder, (src, src_lengths),
                                   dynamic_shapes=({0: batch, 1: length}, {0: batch}))
     targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
-    assert "bahdanau.gru_layer.default" in targets
-    assert not any("gru.input" in t or "pack" in t for t in targets), targets
+    assert "scan" in targets, targets
+    assert not any("bahdanau" in t or "gru.input" in t or "pack" in t for t in targets), targets
+    assert program.graph_module.code.count("higher_order.scan(") == 2
 
     src2, src_lengths2 = padded_batch([9, 3, 1, 9, 5], 9, seed=5, vocab=20)
     want, want_mask = encoder(src2, src_lengths2)

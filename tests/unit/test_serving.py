@@ -81,13 +81,15 @@ def test_one_sentence_of_one_token(exported) -> None:
 def test_folder_files_and_errors(exported, tmp_path, capsys, tmp_path_factory) -> None:
     _, served, folder, _ = exported
     assert sorted(p.name for p in folder.iterdir()) == [
-        "README.md", "encoder.pt2", "manifest.json", "src_vocab.json", "step.pt2",
+        "README.md", "decode.py", "encoder.pt2", "manifest.json", "src_vocab.json", "step.pt2",
         "tgt_vocab.json", "tokenizer.json"]
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["memory_tensors"] >= 2 and manifest["attention"] is True
     assert manifest["versions"]["bahdanau"] == __version__       # what exported it
     readme = (folder / "README.md").read_text()
-    assert "def greedy_decode(" in readme and "eos 2" in readme
+    assert "decode.beam_decode(" in readme and "eos 2" in readme
+    assert "encoder.onnx" not in readme
+    assert manifest["onnx"] is False
     assert "log_probs (N, V) float32" in readme and "weights (N, S) float32" in readme
     assert "`tokenizer_from_payload` of `bahdanau.data.tokenizers` rebuilds it" in readme
     capsys.readouterr()
