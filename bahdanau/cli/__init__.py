@@ -10,8 +10,9 @@ TensorBoard events (`bahdanau.training.runlog`).
 
 Every command takes ``--quiet`` (only warnings and errors on the console) or ``--verbose`` (more
 detail), and ``--no-progress``: with the progress extra, long work draws progress bars on
-stderr when it is a terminal (`bahdanau._progress`); stdout carries only a command's results
-(translations, scores). ``bahdanau --version`` prints the package's version.
+stderr when it is a terminal (`bahdanau._progress`; training's: `bahdanau.training.progress`);
+stdout carries only a command's results (translations, scores). ``bahdanau --version`` prints
+the package's version.
 
 Every option is declared once, in `bahdanau.jobs.options`, and checked with the files, devices and
 run folder before any work. A user's mistake (`bahdanau.InputError`, a usage error, a file that
