@@ -3,16 +3,17 @@
 Scores are computed on detokenised hypotheses against raw references, with sacrebleu's defaults
 (13a tokenisation for BLEU), and come with sacrebleu's signature so they can be reproduced.
 `translate_corpus` turns raw sentences into detokenised translations with any model built from
-our decoder; the paper's "No UNK" column and its Figure 2 (BLEU by source length) are
-`bleu_without_unk` and `bleu_by_length`. `score_corpus` (and `score_ids` below it) scores given
-translations instead of searching for them (forced decoding): log p(Y | X) of each target, and
-the length-normalised score that `BeamSearch` would rank it by.
+our decoder (`translate_batches`: the same, batch by batch as each is done); the paper's "No
+UNK" column and its Figure 2 (BLEU by source length) are `bleu_without_unk` and
+`bleu_by_length`. `score_corpus` (and `score_ids` below it) scores given translations instead
+of searching for them (forced decoding): log p(Y | X) of each target, and the length-normalised
+score that `BeamSearch` would rank it by.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -249,7 +250,8 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
     Sentences are sorted by length and batched (less padding); each is tokenised, encoded
     (unknown words -> [UNK]), searched, decoded and detokenised. Under `torch.autocast` the
     model runs in its precision and the search adds up log-probabilities in float32
-    (docs/guides/decoding.md, "Mixed precision").
+    (docs/guides/decoding.md, "Mixed precision"). `translate_batches` gives the same
+    translations batch by batch, as each is done.
 
     Args:
         model: an `RNNSearch` / `RNNEncDec` on `device`.
@@ -274,6 +276,39 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
             more memory than `device` has available (`BeamSearch.check_memory`, naming the
             sentence); all before any decoding.
     """
+    batches = translate_batches(model, sentences, src_vocab, tgt_vocab, tokenizer,
+                                search=search, batch_size=batch_size, unk_replace=unk_replace,
+                                device=device, lines=lines)
+    results: list[Translation | None] = [None] * len(sentences)
+    with _bar(progress, len(sentences)) as bar:
+        for batch in batches:
+            for i, translation in batch:
+                results[i] = translation
+            bar.update(len(batch))
+    return [r for r in results if r is not None]
+
+
+def translate_batches(model: torch.nn.Module, sentences: Sequence[str], src_vocab: Vocab,
+                      tgt_vocab: Vocab, tokenizer: Tokenizer, *,
+                      search: BeamSearch | None = None, batch_size: int = 64,
+                      unk_replace: bool = False, device: str | torch.device = "cpu",
+                      lines: Sequence[int] | None = None
+                      ) -> Iterator[list[tuple[int, Translation]]]:
+    """`translate_corpus`'s translations, one batch at a time, as each batch is done.
+
+    The batches are `translate_corpus`'s (the sentences sorted by length), taken in the order
+    of their first sentence in the input: when a batch is done, every sentence before the
+    first of the next one is translated, so a caller that prints in input order prints as
+    early as these batches allow. Every check runs here, before the first batch is decoded.
+
+    Args:
+        model, sentences, src_vocab, tgt_vocab, tokenizer, search, batch_size, unk_replace,
+            device, lines: as for `translate_corpus`.
+    Returns:
+        An iterator of batches, each a list of (index into `sentences`, `Translation`).
+    Raises:
+        InputError: as `translate_corpus`, when called.
+    """
     check_type("model", model, torch.nn.Module, "a torch.nn.Module such as RNNSearch")
     check_type("src_vocab", src_vocab, Vocab, "a Vocab")
     check_type("tgt_vocab", tgt_vocab, Vocab, "a Vocab")
@@ -296,22 +331,29 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
         if not toks:
             raise InputError(f"sentence {number(i)} is empty")
     ids = [src_vocab.encode(toks) for toks in tokenized]
-    batches = _length_sorted([len(x) for x in ids], batch_size)
+    batches = sorted(_length_sorted([len(x) for x in ids], batch_size), key=min)
     _check_translation_memory(model, search, ids, batches, number, device)
-    results: list[Translation | None] = [None] * len(ids)
-    with _bar(progress, len(ids)) as bar:
-        for chunk in batches:
-            src, lengths = pad_sources([ids[i] for i in chunk], src_vocab.pad_id)
-            for i, hyps in zip(chunk, search(model, src.to(device), lengths.to(device)),
-                               strict=True):
-                best = hyps[0]
-                words = tgt_vocab.decode(best.tokens)
-                if unk_replace:
-                    words = replace_unk(best, tokenized[i], words,
-                                        unk=tgt_vocab.id_to_token(tgt_vocab.unk_id))
-                results[i] = Translation(tokenizer.detokenize(words), words, best, hyps)
-            bar.update(len(chunk))
-    return [r for r in results if r is not None]
+    return _decoded(model, search, ids, src_vocab.pad_id, tokenized, batches, tgt_vocab,
+                    tokenizer, unk_replace, device)
+
+
+def _decoded(model: torch.nn.Module, search: BeamSearch, ids: list[list[int]], pad_id: int,
+             tokenized: list[list[str]], batches: list[list[int]], tgt_vocab: Vocab,
+             tokenizer: Tokenizer, unk_replace: bool, device: torch.device
+             ) -> Iterator[list[tuple[int, Translation]]]:
+    """`translate_batches`' batches searched, decoded and detokenised, one at a time."""
+    for chunk in batches:
+        src, lengths = pad_sources([ids[i] for i in chunk], pad_id)
+        done = []
+        for i, hyps in zip(chunk, search(model, src.to(device), lengths.to(device)),
+                           strict=True):
+            best = hyps[0]
+            words = tgt_vocab.decode(best.tokens)
+            if unk_replace:
+                words = replace_unk(best, tokenized[i], words,
+                                    unk=tgt_vocab.id_to_token(tgt_vocab.unk_id))
+            done.append((i, Translation(tokenizer.detokenize(words), words, best, hyps)))
+        yield done
 
 
 # ----------------------------------------------------------------------------------------------

@@ -215,6 +215,33 @@ def test_translate_streams(trained, files) -> None:
         proc.kill()
 
 
+def test_translate_answers_a_pipe_before_its_input_ends(trained, files, tmp_path,
+                                                        capsys) -> None:
+    """With the default --batch-size (windows of 1,280 lines), three lines sent down a pipe
+    are translated, in order, while it is still open (the command waited for 1,280 lines or
+    the end of the input), as from a file."""
+    sources = (files / "te.en").read_text(encoding="utf-8").splitlines()[:3]
+    (tmp_path / "three.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    flags = ["--beam-size", "1", "--max-len", "4", "--threads", "1"]
+    expected = _translate(trained, tmp_path / "three.en", capsys, *flags)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bahdanau", "translate", "--checkpoint", str(trained), *flags],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, proc.kill)   # a translate that waits for the end hangs
+    watchdog.start()
+    try:
+        proc.stdin.write("\n".join(sources) + "\n")
+        proc.stdin.flush()
+        first = proc.stdout.readline()                  # while stdin is still open
+        assert first == expected[0] + "\n"
+        proc.stdin.close()
+        assert proc.stdout.read().splitlines() == expected[1:]
+        assert proc.wait(timeout=60) == 0
+    finally:
+        watchdog.cancel()
+        proc.kill()
+
+
 def test_help_and_bad_option() -> None:
     for sub in ([], ["train"], ["translate"], ["evaluate"], ["plot"]):
         out = subprocess.run([sys.executable, "-m", "bahdanau", *sub, "--help"],
