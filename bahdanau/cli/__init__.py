@@ -19,7 +19,9 @@ run folder before any work. A user's mistake (`bahdanau.InputError`, a usage err
 cannot be read or written) and a training loader process that died
 (`bahdanau.training.LoaderWorkerError`) end with one ``bahdanau: error: ...`` line and exit
 status 2 (``train`` also writes it into the run's train.log); any other exception is a bug and
-keeps its traceback.
+keeps its traceback. stdout closed by its reader (``bahdanau translate ... | head -1``) is no
+error: the command ends quietly with status 141 (128 + SIGPIPE), as other Unix tools do, its
+other outputs left as they were (`bahdanau.jobs.files.StdoutClosed`).
 
 `bahdanau prepare` tokenises and encodes a corpus of any size once, into a memory-mapped folder
 (`bahdanau.data`); `bahdanau train --data FOLDER` trains on it, with its tokenizer and
@@ -65,7 +67,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -86,7 +90,7 @@ from bahdanau.cli.commands import (
 from bahdanau.cli.export import export
 from bahdanau.cli.score import score
 from bahdanau.errors import InputError
-from bahdanau.jobs.files import existing
+from bahdanau.jobs.files import StdoutClosed, existing
 from bahdanau.jobs.options import (
     AverageOptions,
     EvaluateOptions,
@@ -320,7 +324,22 @@ def _run(command: str, config: str | None, args: dict[str, Any],
             result = run_train_job(options, shlex.join(["bahdanau", *line]))
             return 0 if result.signal is None else 128 + result.signal
         return _RUN[command](options)
+    except StdoutClosed:                 # `... | head -1`: what was asked for was read
+        _discard_stdout()
+        return 128 + signal.SIGPIPE
     except (InputError, LoaderWorkerError, OSError, PlotDependencyError) as exc:
         message = " ".join(str(exc).split("\n"))
         print(f"bahdanau: error: {message}", file=sys.stderr)
         return 2
+
+
+def _discard_stdout() -> None:
+    """Point stdout's descriptor at /dev/null: what is left in its buffer, flushed as the
+    process ends, then goes nowhere instead of failing again on the closed pipe."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):     # not a file (a test's stream)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)

@@ -36,6 +36,7 @@ from bahdanau.jobs.files import (
     output_file,
     read_aligned,
     stdout_as_dash,
+    to_stdout,
     write_text,
 )
 from bahdanau.jobs.options import (
@@ -240,13 +241,15 @@ class _WindowOutput:
             while self.printed in self.ready:
                 i = self.printed
                 t = self.ready.pop(i)
-                _print_translation(self.first + i, t, self.n_best, self.tokenizer,
-                                   self.tgt_vocab)
+                with to_stdout():
+                    _print_translation(self.first + i, t, self.n_best, self.tokenizer,
+                                       self.tgt_vocab)
                 if self.alignments is not None:
                     self.alignments.write(_alignment_row(self.window[i], t, self.tokenizer,
                                                          self.form).encode())
                 self.printed += 1
-            sys.stdout.flush()
+            with to_stdout():
+                sys.stdout.flush()
         return self.printed - start
 
 
