@@ -145,13 +145,15 @@ _COMMANDS: dict[str, tuple[type[Any], str, str]] = {
                 "manifest with the SHA-256 of every file. bahdanau.load, translate, evaluate "
                 "and train --init-from read it. Needs the share extra (safetensors)."),
     "score": (ScoreOptions, "log-probabilities of given translations (forced decoding)",
-              "Score given translations with a checkpoint: per line, log p(target | source) "
+              "Score given translations with a model (a checkpoint file, a model folder from "
+              "bahdanau release, or a training output folder): per line, log p(target | source) "
               "(eos included), the score the search would rank it by (--length-penalty), and "
               "the number of target tokens plus eos, tab-separated."),
     "export": (ExportOptions, "the model as torch.export programs, for serving",
-               "Write the encoder and the decoder step of a checkpoint as torch.export programs "
-               "(dynamic batch and source length), with its vocabularies, tokenizer, a manifest "
-               "and a README of the decoding loop, into a new folder."),
+               "Write the encoder and the decoder step of a model (a checkpoint file, a model "
+               "folder from bahdanau release, or a training output folder) as torch.export "
+               "programs (dynamic batch and source length), with its vocabularies, tokenizer, a "
+               "manifest and a README of the decoding loop, into a new folder."),
 }
 
 
