@@ -19,9 +19,11 @@ run folder before any work. A user's mistake (`bahdanau.InputError`, a usage err
 cannot be read or written) and a training loader process that died
 (`bahdanau.training.LoaderWorkerError`) end with one ``bahdanau: error: ...`` line and exit
 status 2 (``train`` also writes it into the run's train.log); any other exception is a bug and
-keeps its traceback. stdout closed by its reader (``bahdanau translate ... | head -1``) is no
-error: the command ends quietly with status 141 (128 + SIGPIPE), as other Unix tools do, its
-other outputs left as they were (`bahdanau.jobs.files.StdoutClosed`).
+keeps its traceback. A misspelt option is named with the command's nearest one
+(``--max_steps``: did you mean ``--max-steps``?). stdout closed by its reader (``bahdanau
+translate ... | head -1``) is no error: the command ends quietly with status 141 (128 +
+SIGPIPE), as other Unix tools do, its other outputs left as they were
+(`bahdanau.jobs.files.StdoutClosed`).
 
 `bahdanau prepare` tokenises and encodes a corpus of any size once, into a memory-mapped folder
 (`bahdanau.data`); `bahdanau train --data FOLDER` trains on it, with its tokenizer and
@@ -65,6 +67,7 @@ its start-up (the imports) included, is one ``bahdanau: interrupted`` line and e
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
 import os
@@ -116,6 +119,30 @@ __all__ = ["build_parser", "main"]
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:                   # one line, no usage dump
         self.exit(2, f"bahdanau: error: {message} (see '{self.prog} --help')\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As argparse's; a command's (a subparser's) unknown option is refused here, where
+        its options are known, with the nearest of them (`_did_you_mean`)."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        unknown = [arg for arg in extras if arg.startswith("--")]
+        if unknown and self.prog != "bahdanau":
+            known = [flag for action in self._actions for flag in action.option_strings]
+            hint = _did_you_mean(unknown[0].split("=", 1)[0], known)
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed, extras
+
+
+def _did_you_mean(option: str, known: Sequence[str]) -> str:
+    """``; did you mean --x?`` for an unknown `option` near a `known` one: the same with
+    dashes for underscores (--max_steps), the initials of its words (--learning_rate: --lr),
+    or one close in spelling (difflib); else ''."""
+    words = option.lstrip("-").replace("_", "-").split("-")
+    for candidate in ("--" + "-".join(words), "--" + "".join(w[:1] for w in words if w)):
+        if candidate in known:
+            return f"; did you mean {candidate}?"
+    names = {flag.lstrip("-"): flag for flag in known if flag.startswith("--")}
+    close = difflib.get_close_matches("-".join(words), names, n=1, cutoff=0.7)
+    return f"; did you mean {names[close[0]]}?" if close else ""
 
 
 _COMMANDS: dict[str, tuple[type[Any], str, str]] = {
