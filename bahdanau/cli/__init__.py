@@ -12,7 +12,7 @@ Every command takes ``--quiet`` (only warnings and errors on the console) or ``-
 detail), and ``--no-progress``: with the progress extra, long work draws progress bars on
 stderr when it is a terminal (`bahdanau._progress`; training's: `bahdanau.training.progress`);
 stdout carries only a command's results (translations, scores). ``bahdanau --version`` prints
-the package's version.
+the package's version, at once (`bahdanau._about.answer_version`: torch is not imported).
 
 Every option is declared once, in `bahdanau.jobs.options`, and checked with the files, devices and
 run folder before any work. A user's mistake (`bahdanau.InputError`, a usage error, a file that
@@ -79,7 +79,7 @@ from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from bahdanau import _interrupt
-from bahdanau._about import __version__
+from bahdanau._about import version_line
 from bahdanau._progress import clear_bars, show_progress
 from bahdanau.cli.commands import (
     PLOT_MAX_TOKENS,
@@ -199,7 +199,7 @@ def _add_console_flags(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `bahdanau` command (options from `bahdanau.jobs.options`)."""
     parser = _Parser(prog="bahdanau", description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("--version", action="version", version=f"bahdanau {__version__}")
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (options, helptext, description) in _COMMANDS.items():
         command = sub.add_parser(name, help=helptext, description=description,
