@@ -1,9 +1,17 @@
 """bahdanau: RNNsearch (Bahdanau, Cho & Bengio, ICLR 2015) as composable PyTorch modules."""
 
 # _interrupt first, before the imports that take seconds (torch): in the `bahdanau` command's
-# process, a Ctrl-C while it starts ends it with one line (bahdanau._interrupt)
-from bahdanau import _interrupt, engine, functional, presets  # noqa: F401
-from bahdanau._about import __version__
+# process, a Ctrl-C while it starts ends it with one line (bahdanau._interrupt), and
+# `bahdanau --version` is answered at once (bahdanau._about.answer_version)
+import sys
+
+from bahdanau import _interrupt
+from bahdanau._about import __version__, answer_version
+
+if _interrupt.is_command():
+    answer_version(sys.argv[1:])
+
+from bahdanau import engine, functional, presets  # noqa: F401
 from bahdanau.alignments import argmax_alignment, replace_unk
 from bahdanau.attention import AdditiveAttention, Attention, AttentionStep, LuongAttention
 from bahdanau.checkpoint import (

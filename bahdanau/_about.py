@@ -4,6 +4,10 @@ A run records `versions(device)` in its log header, ``options.json``, ``metrics.
 checkpoint, so that a result can be traced to the code, the libraries and the machine that made
 it: the package, torch and Python versions, the git commit when the package runs from a checkout
 (absent otherwise), the host and the device.
+
+Standard library only at import (torch is imported by `versions`, when called): the `bahdanau`
+command answers ``--version`` from here (`answer_version`) while the package starts, before the
+imports that take seconds.
 """
 
 from __future__ import annotations
@@ -13,13 +17,14 @@ import socket
 import subprocess
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 __version__ = "0.1.0"
 
-__all__ = ["EXTRAS", "__version__", "git_commit", "versions"]
+__all__ = ["EXTRAS", "__version__", "answer_version", "git_commit", "version_line", "versions"]
 
 # The optional extras of pyproject.toml (less `test` and `docs`), by the module each one
 # installs: the one list that the lean-import test, the docs build (which leaves out a module
@@ -29,6 +34,20 @@ EXTRAS: dict[str, str] = {"triton": "triton", "matplotlib": "plot", "yaml": "yam
                           "sentencepiece": "sentencepiece", "tensorboard": "tensorboard",
                           "tqdm": "progress", "safetensors": "share",
                           "sacremoses": "moses", "onnxruntime": "onnx"}
+
+
+def version_line() -> str:
+    """What ``bahdanau --version`` prints."""
+    return f"bahdanau {__version__}"
+
+
+def answer_version(argv: list[str]) -> None:
+    """The `bahdanau` command's `argv` (its arguments) is ``--version`` alone: print
+    `version_line` and end the process (status 0), before the package imports torch (about
+    3 s); any other command line is left to `bahdanau.cli.main`."""
+    if argv == ["--version"]:
+        print(version_line())
+        raise SystemExit(0)
 
 
 @cache
@@ -55,6 +74,8 @@ def device_name(device: torch.device | str | None) -> str | None:
     """The device as a record names it: "cpu", or "cuda:0 (NVIDIA H100 ...)"."""
     if device is None:
         return None
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda" and torch.cuda.is_available():
         index = device.index if device.index is not None else torch.cuda.current_device()
@@ -66,6 +87,8 @@ def versions(device: torch.device | str | None = None) -> dict[str, Any]:
     """The record of what runs this code: {"bahdanau", "torch", "python", "git_commit" (only
     from a checkout), "host", "device" (None when not given)}; plain strings, checkpoint- and
     JSON-safe (torch.__version__ is a str subclass that torch.load(weights_only=True) refuses)."""
+    import torch
+
     record: dict[str, Any] = {"bahdanau": __version__, "torch": str(torch.__version__),
                               "python": platform.python_version()}
     commit = git_commit()

@@ -155,7 +155,9 @@ def write_failure(path: Path, err: BaseException, kept: bool) -> BaseException:
     """What a failed write of `path` raises: Ctrl-C as a KeyboardInterrupt, a system error
     (ENOSPC, EIO, ...) as one `OSError` naming the file (and, when `kept`, saying that the file
     is as it was), found also where torch.save wrapped it in a RuntimeError ("[enforce fail at
-    inline_container.cc...]"); anything else as it was."""
+    inline_container.cc...]"); anything else as it was. An exception raised ``from None`` says
+    it has no cause: the error it was raised in handling (stdout closed by its reader,
+    `bahdanau.jobs.files.StdoutClosed`) is not taken for a failure of `path`."""
     cause: BaseException | None = err
     while cause is not None:
         if isinstance(cause, KeyboardInterrupt):
@@ -164,7 +166,7 @@ def write_failure(path: Path, err: BaseException, kept: bool) -> BaseException:
             note = f"; {path} is left as it was" if kept else ""
             return OSError(cause.errno or errno.EIO,
                            f"writing {path} failed: {cause.strerror or cause}{note}")
-        cause = cause.__cause__ or cause.__context__
+        cause = cause.__cause__ or (None if cause.__suppress_context__ else cause.__context__)
     return err
 
 

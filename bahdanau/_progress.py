@@ -1,11 +1,13 @@
-"""Progress bars of long work (translating, scoring, preparing, averaging), on stderr.
+"""Progress bars of long work (training, translating, scoring, preparing, averaging), on stderr.
 
 Every long loop of the package asks `progress_bar` for its bar, so one switch governs them all:
 `show_progress(True | False | None)` (the command line's ``--no-progress``), where None, the
 default, shows bars only when stderr is a terminal. Bars are tqdm's, an optional extra
 (``pip install 'bahdanau[progress]'``): without tqdm there are none, and nothing else changes.
 A bar never writes to stdout, which carries a command's results; lines printed or logged while
-a bar is drawn go through `clear_bars`, so they do not land in the middle of one.
+a bar is drawn go through `clear_bars`, so they do not land in the middle of one. Work that
+is no count of anything (a run being set up) shows a `StatusLine` instead: what it is doing,
+and for how long.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any, TypeVar
 
-__all__ = ["Bar", "clear_bars", "progress_bar", "progress_shown", "show_progress", "tracked"]
+__all__ = ["Bar", "StatusLine", "clear_bars", "progress_bar", "progress_shown", "show_progress",
+           "tracked"]
 
 T = TypeVar("T")
 
@@ -51,8 +54,8 @@ class Bar:
     def update(self, n: float = 1) -> None:
         """Advance by `n`."""
 
-    def set_postfix_str(self, text: str) -> None:
-        """Show `text` after the bar."""
+    def set_postfix_str(self, text: str, refresh: bool = True) -> None:
+        """Show `text` after the bar (now, or with `refresh` False at its next update)."""
 
     def close(self) -> None:
         """Remove the bar."""
@@ -65,7 +68,7 @@ class Bar:
 
 
 def progress_bar(what: str, *, total: float | None = None, unit: str = "it",
-                 unit_scale: bool = False, leave: bool = False) -> Any:
+                 unit_scale: bool = False, leave: bool = False, initial: float = 0) -> Any:
     """A progress bar on stderr (a tqdm instance), or a `Bar` that draws nothing when bars are
     off (`progress_shown`).
 
@@ -75,15 +78,51 @@ def progress_bar(what: str, *, total: float | None = None, unit: str = "it",
         unit: what is counted ("sentences", "B").
         unit_scale: show large counts as 1.2M (bytes as 1.2MB).
         leave: keep the finished bar on screen (default: it disappears).
+        initial: the count it starts from (a resumed run's updates); its rate and the time
+            left count only what is done from here.
     Returns:
-        An object with `update(n)`, `set_postfix_str(text)` and `close()`; a context manager.
+        An object with `update(n)`, `set_postfix_str(text, refresh=True)` and `close()`; a
+        context manager.
     """
     if not progress_shown():
         return Bar()
     from tqdm import tqdm
 
     return tqdm(desc=what, total=total, unit=unit, unit_scale=unit_scale, leave=leave,
-                file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
+                initial=initial, file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
+
+
+class StatusLine:
+    """A line on stderr that says that `what` is under way, what it is doing now and for how
+    long: ``preparing the run: building the model [00:03]``, when bars are shown
+    (`progress_shown`; else it draws nothing). Call it with what is being done now; close it
+    (or leave its ``with``) when the work is done."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._line: Any = None
+        if progress_shown():
+            from tqdm import tqdm
+
+            self._line = tqdm(desc=what, bar_format="{desc} [{elapsed}]", leave=False,
+                              file=sys.stderr, dynamic_ncols=True, mininterval=0.5)
+
+    def __call__(self, doing: str) -> None:
+        """Say that the work is now `doing` this."""
+        if self._line is not None:
+            self._line.set_description_str(f"{self.what}: {doing}")
+
+    def close(self) -> None:
+        """Remove the line (again: nothing)."""
+        if self._line is not None:
+            self._line.close()
+            self._line = None
+
+    def __enter__(self) -> StatusLine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def tracked(items: Iterable[T], what: str, *, total: int | None = None,

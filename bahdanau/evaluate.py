@@ -5,19 +5,20 @@ Scores are computed on detokenised hypotheses against raw references, with sacre
 `bahdanau.bleu_text.BleuText` chooses BLEU's case and tokenisation otherwise (Moses' tokenizer,
 as the WMT shared tasks scored), and the signature says so.
 `translate_corpus` turns raw sentences into detokenised translations with any model built from
-our decoder; the paper's "No UNK" column and its Figure 2 (BLEU by source length) are
-`bleu_without_unk` and `bleu_by_length`. `score_corpus` (and `score_ids` below it) scores given
-translations instead of searching for them (forced decoding): log p(Y | X) of each target, and
-the length-normalised score that `BeamSearch` would rank it by. Phrases given as text for
-constrained decoding (`bahdanau.constraints`) become target ids in `encode_phrases` and are
-checked against their sentences in `check_constraints`, before any decoding.
+our decoder (`translate_batches`: the same, batch by batch as each is done); the paper's "No
+UNK" column and its Figure 2 (BLEU by source length) are `bleu_without_unk` and
+`bleu_by_length`. `score_corpus` (and `score_ids` below it) scores given translations instead
+of searching for them (forced decoding): log p(Y | X) of each target, and the length-normalised
+score that `BeamSearch` would rank it by. Phrases given as text for constrained decoding
+(`bahdanau.constraints`) become target ids in `encode_phrases` and are checked against their
+sentences in `check_constraints`, before any decoding.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -253,7 +254,8 @@ def encode_phrases(name: str, entries: object, n_sentences: int, tokenizer: Toke
                    tgt_vocab: Vocab, label: Callable[[int], str] = _sentence
                    ) -> Phrases | None:
     """Phrases given as text (one list of str per sentence) as target ids, tokenised as the
-    model's tokenizer tokenises; None stays None.
+    model's tokenizer tokenises the target side (`bahdanau.data.tokenizers.sides`); None stays
+    None.
 
     Raises:
         InputError: not one list of str per sentence, a phrase with no token, or one with a
@@ -274,7 +276,7 @@ def encode_phrases(name: str, entries: object, n_sentences: int, tokenizer: Toke
                              f"{describe(phrases)}")
         ids = []
         for phrase in phrases:
-            tokens = tokenizer.tokenize(phrase)
+            tokens = sides(tokenizer)[1].tokenize(phrase)
             if not tokens:
                 raise InputError(f"{name}, {label(i)}: the phrase {phrase!r} is empty; a phrase "
                                  "needs at least one word")
@@ -377,7 +379,8 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
     Sentences are sorted by length and batched (less padding); each is tokenised, encoded
     (unknown words -> [UNK]), searched, decoded and detokenised. Under `torch.autocast` the
     model runs in its precision and the search adds up log-probabilities in float32
-    (docs/guides/decoding.md, "Mixed precision").
+    (docs/guides/decoding.md, "Mixed precision"). `translate_batches` gives the same
+    translations batch by batch, as each is done.
 
     Args:
         model: an `RNNSearch` / `RNNEncDec` on `device`.
@@ -406,6 +409,42 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
             sentence, or a batch, whose search needs more memory than `device` has available
             (`BeamSearch.check_memory`, naming the sentence); all before any decoding.
     """
+    batches = translate_batches(model, sentences, src_vocab, tgt_vocab, tokenizer,
+                                search=search, batch_size=batch_size, unk_replace=unk_replace,
+                                device=device, constraints=constraints, avoid=avoid,
+                                lines=lines)
+    results: list[Translation | None] = [None] * len(sentences)
+    with _bar(progress, len(sentences)) as bar:
+        for batch in batches:
+            for i, translation in batch:
+                results[i] = translation
+            bar.update(len(batch))
+    return [r for r in results if r is not None]
+
+
+def translate_batches(model: torch.nn.Module, sentences: Sequence[str], src_vocab: Vocab,
+                      tgt_vocab: Vocab, tokenizer: Tokenizer, *,
+                      search: BeamSearch | None = None, batch_size: int = 64,
+                      unk_replace: bool = False, device: str | torch.device = "cpu",
+                      constraints: Sequence[Sequence[str]] | None = None,
+                      avoid: Sequence[Sequence[str]] | None = None,
+                      lines: Sequence[int] | None = None
+                      ) -> Iterator[list[tuple[int, Translation]]]:
+    """`translate_corpus`'s translations, one batch at a time, as each batch is done.
+
+    The batches are `translate_corpus`'s (the sentences sorted by length), taken in the order
+    of their first sentence in the input: when a batch is done, every sentence before the
+    first of the next one is translated, so a caller that prints in input order prints as
+    early as these batches allow. Every check runs here, before the first batch is decoded.
+
+    Args:
+        model, sentences, src_vocab, tgt_vocab, tokenizer, search, batch_size, unk_replace,
+            device, constraints, avoid, lines: as for `translate_corpus`.
+    Returns:
+        An iterator of batches, each a list of (index into `sentences`, `Translation`).
+    Raises:
+        InputError: as `translate_corpus`, when called.
+    """
     _check_corpus_arguments(model, sentences, src_vocab, tgt_vocab, tokenizer, search,
                             batch_size, unk_replace)
     device = resolve_device(device)
@@ -419,24 +458,34 @@ def translate_corpus(model: torch.nn.Module, sentences: Sequence[str], src_vocab
     positive, avoided = check_constraints([len(x) for x in ids], constraints, avoid, tgt_vocab,
                                           tokenizer, search,
                                           label=lambda i: f"sentence {number(i)}")
-    batches = _length_sorted([len(x) for x in ids], batch_size)
+    batches = sorted(_length_sorted([len(x) for x in ids], batch_size), key=min)
     _check_translation_memory(model, search, ids, batches, number, device)
-    results: list[Translation | None] = [None] * len(ids)
-    with _bar(progress, len(ids)) as bar:
-        for chunk in batches:
-            src, lengths = pad_sources([ids[i] for i in chunk], src_vocab.pad_id)
-            found = search(model, src.to(device), lengths.to(device),
-                           constraints=None if positive is None else [positive[i] for i in chunk],
-                           avoid=None if avoided is None else [avoided[i] for i in chunk])
-            for i, hyps in zip(chunk, found, strict=True):
-                best = hyps[0]
-                words = tgt_vocab.decode(best.tokens)
-                if unk_replace:
-                    words = replace_unk(best, tokenized[i], words,
-                                        unk=tgt_vocab.id_to_token(tgt_vocab.unk_id))
-                results[i] = Translation(tokenizer.detokenize(words), words, best, hyps)
-            bar.update(len(chunk))
-    return [r for r in results if r is not None]
+    return _decoded(model, search, ids, src_vocab.pad_id, tokenized, batches, tgt_vocab,
+                    tokenizer, unk_replace, device, (positive, avoided))
+
+
+def _decoded(model: torch.nn.Module, search: BeamSearch, ids: list[list[int]], pad_id: int,
+             tokenized: list[list[str]], batches: list[list[int]], tgt_vocab: Vocab,
+             tokenizer: Tokenizer, unk_replace: bool, device: torch.device,
+             phrases: tuple[Phrases | None, Phrases | None]
+             ) -> Iterator[list[tuple[int, Translation]]]:
+    """`translate_batches`' batches searched (under each sentence's required and avoided
+    phrases, as ids), decoded and detokenised, one at a time."""
+    positive, avoided = phrases
+    for chunk in batches:
+        src, lengths = pad_sources([ids[i] for i in chunk], pad_id)
+        found = search(model, src.to(device), lengths.to(device),
+                       constraints=None if positive is None else [positive[i] for i in chunk],
+                       avoid=None if avoided is None else [avoided[i] for i in chunk])
+        done = []
+        for i, hyps in zip(chunk, found, strict=True):
+            best = hyps[0]
+            words = tgt_vocab.decode(best.tokens)
+            if unk_replace:
+                words = replace_unk(best, tokenized[i], words,
+                                    unk=tgt_vocab.id_to_token(tgt_vocab.unk_id))
+            done.append((i, Translation(tokenizer.detokenize(words), words, best, hyps)))
+        yield done
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,15 +10,20 @@ TensorBoard events (`bahdanau.training.runlog`).
 
 Every command takes ``--quiet`` (only warnings and errors on the console) or ``--verbose`` (more
 detail), and ``--no-progress``: with the progress extra, long work draws progress bars on
-stderr when it is a terminal (`bahdanau._progress`); stdout carries only a command's results
-(translations, scores). ``bahdanau --version`` prints the package's version.
+stderr when it is a terminal (`bahdanau._progress`; training's: `bahdanau.training.progress`);
+stdout carries only a command's results (translations, scores). ``bahdanau --version`` prints
+the package's version, at once (`bahdanau._about.answer_version`: torch is not imported).
 
 Every option is declared once, in `bahdanau.jobs.options`, and checked with the files, devices and
 run folder before any work. A user's mistake (`bahdanau.InputError`, a usage error, a file that
 cannot be read or written) and a training loader process that died
 (`bahdanau.training.LoaderWorkerError`) end with one ``bahdanau: error: ...`` line and exit
 status 2 (``train`` also writes it into the run's train.log); any other exception is a bug and
-keeps its traceback.
+keeps its traceback. A misspelt option is named with the command's nearest one
+(``--max_steps``: did you mean ``--max-steps``?). stdout closed by its reader (``bahdanau
+translate ... | head -1``) is no error: the command ends quietly with status 141 (128 +
+SIGPIPE), as other Unix tools do, its other outputs left as they were
+(`bahdanau.jobs.files.StdoutClosed`).
 
 `bahdanau prepare` tokenises and encodes a corpus of any size once, into a memory-mapped folder
 (`bahdanau.data`); `bahdanau train --data FOLDER` trains on it, with its tokenizer and
@@ -62,16 +67,19 @@ its start-up (the imports) included, is one ``bahdanau: interrupted`` line and e
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import logging
+import os
 import shlex
+import signal
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
 from bahdanau import _interrupt
-from bahdanau._about import __version__
+from bahdanau._about import version_line
 from bahdanau._progress import clear_bars, show_progress
 from bahdanau.cli.commands import (
     PLOT_MAX_TOKENS,
@@ -85,7 +93,7 @@ from bahdanau.cli.commands import (
 from bahdanau.cli.export import export
 from bahdanau.cli.score import score
 from bahdanau.errors import InputError
-from bahdanau.jobs.files import existing
+from bahdanau.jobs.files import StdoutClosed, existing
 from bahdanau.jobs.options import (
     AverageOptions,
     EvaluateOptions,
@@ -111,6 +119,30 @@ __all__ = ["build_parser", "main"]
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:                   # one line, no usage dump
         self.exit(2, f"bahdanau: error: {message} (see '{self.prog} --help')\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """As argparse's; a command's (a subparser's) unknown option is refused here, where
+        its options are known, with the nearest of them (`_did_you_mean`)."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        unknown = [arg for arg in extras if arg.startswith("--")]
+        if unknown and self.prog != "bahdanau":
+            known = [flag for action in self._actions for flag in action.option_strings]
+            hint = _did_you_mean(unknown[0].split("=", 1)[0], known)
+            self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed, extras
+
+
+def _did_you_mean(option: str, known: Sequence[str]) -> str:
+    """``; did you mean --x?`` for an unknown `option` near a `known` one: the same with
+    dashes for underscores (--max_steps), the initials of its words (--learning_rate: --lr),
+    or one close in spelling (difflib); else ''."""
+    words = option.lstrip("-").replace("_", "-").split("-")
+    for candidate in ("--" + "-".join(words), "--" + "".join(w[:1] for w in words if w)):
+        if candidate in known:
+            return f"; did you mean {candidate}?"
+    names = {flag.lstrip("-"): flag for flag in known if flag.startswith("--")}
+    close = difflib.get_close_matches("-".join(words), names, n=1, cutoff=0.7)
+    return f"; did you mean {names[close[0]]}?" if close else ""
 
 
 _COMMANDS: dict[str, tuple[type[Any], str, str]] = {
@@ -140,13 +172,15 @@ _COMMANDS: dict[str, tuple[type[Any], str, str]] = {
                 "manifest with the SHA-256 of every file. bahdanau.load, translate, evaluate "
                 "and train --init-from read it. Needs the share extra (safetensors)."),
     "score": (ScoreOptions, "log-probabilities of given translations (forced decoding)",
-              "Score given translations with a checkpoint: per line, log p(target | source) "
+              "Score given translations with a model (a checkpoint file, a model folder from "
+              "bahdanau release, or a training output folder): per line, log p(target | source) "
               "(eos included), the score the search would rank it by (--length-penalty), and "
               "the number of target tokens plus eos, tab-separated."),
     "export": (ExportOptions, "the model as torch.export programs, for serving",
-               "Write the encoder and the decoder step of a checkpoint as torch.export programs "
-               "(dynamic batch and source length), with its vocabularies, tokenizer, a manifest "
-               "and a README of the decoding loop, into a new folder."),
+               "Write the encoder and the decoder step of a model (a checkpoint file, a model "
+               "folder from bahdanau release, or a training output folder) as torch.export "
+               "programs (dynamic batch and source length), with its vocabularies, tokenizer, a "
+               "manifest and a README of the decoding loop, into a new folder."),
 }
 
 
@@ -165,7 +199,7 @@ def _add_console_flags(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the `bahdanau` command (options from `bahdanau.jobs.options`)."""
     parser = _Parser(prog="bahdanau", description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    parser.add_argument("--version", action="version", version=f"bahdanau {__version__}")
+    parser.add_argument("--version", action="version", version=version_line())
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for name, (options, helptext, description) in _COMMANDS.items():
         command = sub.add_parser(name, help=helptext, description=description,
@@ -319,7 +353,22 @@ def _run(command: str, config: str | None, args: dict[str, Any],
             result = run_train_job(options, shlex.join(["bahdanau", *line]))
             return 0 if result.signal is None else 128 + result.signal
         return _RUN[command](options)
+    except StdoutClosed:                 # `... | head -1`: what was asked for was read
+        _discard_stdout()
+        return 128 + signal.SIGPIPE
     except (InputError, LoaderWorkerError, OSError, PlotDependencyError) as exc:
         message = " ".join(str(exc).split("\n"))
         print(f"bahdanau: error: {message}", file=sys.stderr)
         return 2
+
+
+def _discard_stdout() -> None:
+    """Point stdout's descriptor at /dev/null: what is left in its buffer, flushed as the
+    process ends, then goes nowhere instead of failing again on the closed pipe."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, ValueError, OSError):     # not a file (a test's stream)
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)

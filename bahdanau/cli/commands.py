@@ -7,10 +7,14 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
+import queue
 import sys
+import threading
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, NamedTuple
 
 from bahdanau._folders import Kind
 from bahdanau._progress import Bar, clear_bars, progress_bar
@@ -33,7 +37,7 @@ from bahdanau.data.vocab import Vocab
 from bahdanau.data.workers import Stopped, ignore_stop_signals
 from bahdanau.error_rates import ErrorRates, error_rates, group_references
 from bahdanau.errors import InputError
-from bahdanau.evaluate import Translation, translate_corpus
+from bahdanau.evaluate import Translation, translate_batches, translate_corpus
 from bahdanau.jobs.files import (
     STDOUT,
     check_output_folder,
@@ -42,6 +46,7 @@ from bahdanau.jobs.files import (
     output_file,
     read_aligned,
     stdout_as_dash,
+    to_stdout,
     write_text,
 )
 from bahdanau.jobs.options import (
@@ -120,16 +125,20 @@ def prepare(o: PrepareOptions) -> int:
 
 # Sentences translated together: the paper's 20 batches, sorted by length within the window.
 WINDOW_BATCHES = 20
+READ_BYTES = 1 << 16       # read at a time: the bar of a file's bytes moves by at most this much
 
 
 def translate(o: TranslateOptions) -> int:
     """`bahdanau translate`: stdin or a file, translated to stdout.
 
-    Translates in windows of WINDOW_BATCHES batches (one line at a time from a terminal): each
-    window's output is printed, in input order, before the next is read, so memory stays
-    bounded and a pipe sees results as they come. An empty line gives an empty output line.
-    With --constraints or --avoid the whole input is read first, and every line's phrases
-    checked, before any line is translated."""
+    Translates in windows of at most WINDOW_BATCHES batches, sorted by length within the
+    window; a file's windows are full, a pipe's or a terminal's hold the lines that have
+    arrived (at least one), so a line sent is answered without waiting for more. Each batch's
+    translations are printed (and flushed) in input order as soon as the lines before them
+    are: the window's batches are taken in the order of their first line
+    (`bahdanau.evaluate.translate_batches`), and the bar moves with each batch. Memory stays
+    bounded. An empty line gives an empty output line. With --constraints or --avoid the whole
+    input is read first, and every line's phrases checked, before any line is translated."""
     o = stdout_as_dash(o, "alignments")
     device = machine(o)
     precision = autocast(o.amp, device)
@@ -146,50 +155,40 @@ def translate(o: TranslateOptions) -> int:
         raise InputError("stdin or stdout is closed: translate reads stdin (or --input) and "
                          "writes stdout")
     loaded = load_decoder(o, checkpoints, device)
-    model, src_vocab, tgt_vocab, tokenizer = (loaded.model, loaded.src_vocab, loaded.tgt_vocab,
-                                              loaded.tokenizer)
-    if o.alignments and o.alignments_format == "pharaoh" and model.arch == "rnnencdec":
+    if o.alignments and o.alignments_format == "pharaoh" and loaded.model.arch == "rnnencdec":
         raise InputError("--alignments-format pharaoh needs attention weights; "
                          f"{' '.join(o.checkpoint)} has none (RNNencdec)")
     with ExitStack() as stack:
-        stream = stack.enter_context(path.open("rb")) if path else sys.stdin.buffer
+        stream = stack.enter_context(_unbuffered_input(path))
         alignments = (stack.enter_context(output_file(o.alignments))
                       if o.alignments else None)
-        lines = iter_lines(stream, str(path) if path else "<stdin>")
+        lines = iter_lines(stream, str(path) if path else "<stdin>", chunk_size=READ_BYTES)
         constrained = phrases != (None, None)
         if constrained:                  # every line's phrases checked before any is translated
             every = list(lines)
             check_line_phrases(o, phrases, every, loaded, search)
             lines = iter(every)
+        # a pipe or FIFO given as --input (/dev/stdin, <(zcat x.gz)) has no size and no
+        # position: its lines are counted, as stdin's are, and read as they arrive
+        sized = path is not None and stream.seekable() and not constrained
+        size = o.batch_size * WINDOW_BATCHES
+        windows = (iter(lambda: list(itertools.islice(lines, size)), []) if sized or constrained
+                   else _arrived(lines, size))
+        done = read = 0
         # typed at a terminal: each line is answered at once, and no bar is drawn
         interactive = path is None and sys.stdin.isatty() and not constrained
-        size = 1 if interactive else o.batch_size * WINDOW_BATCHES
-        # a pipe or FIFO given as --input (/dev/stdin, <(zcat x.gz)) has no size and no
-        # position: its lines are counted, as stdin's are (and a file read whole already)
-        sized = path is not None and stream.seekable() and not constrained
-        done = read = 0
         with _input_bar(path if sized else None, interactive) as bar:
-            while window := list(itertools.islice(lines, size)):
-                numbers = [done + i + 1 for i, line in enumerate(window) if line.strip()]
-                sentences = [line for line in window if line.strip()]
-                with precision:
-                    translated = iter(translate_corpus(
-                        model, sentences, src_vocab, tgt_vocab, tokenizer, search=search,
-                        batch_size=o.batch_size, unk_replace=o.unk_replace, device=device,
-                        progress=None, lines=numbers, **_window_phrases(phrases, window, done))
-                        if sentences else [])
-                with clear_bars():
-                    for line in window:
-                        t = next(translated) if line.strip() else None
-                        _print_translation(done, t, o.n_best, tokenizer, tgt_vocab)
-                        if alignments is not None:
-                            alignments.write(_alignment_row(line, t, tokenizer,
-                                                        o.alignments_format or "json").encode())
-                        done += 1
-                    sys.stdout.flush()
-                position = stream.tell() if sized else done   # bytes, or lines
-                bar.update(position - read)
-                read = position
+            for window in windows:
+                position = stream.tell() if sized else read + len(window)  # bytes, or lines
+                per_line = (position - read) / len(window)
+                out = _WindowOutput(window, done, o.n_best, loaded.tokenizer, loaded.tgt_vocab,
+                                    alignments, o.alignments_format or "json")
+                out.print_ready()                               # empty lines first
+                bar.update(per_line * (len(window) - len(out.sentences)))
+                for count in _translated(out, loaded, o, search, precision, device,
+                                         _window_phrases(phrases, window, done)):
+                    bar.update(per_line * count)
+                done, read = done + len(window), position
     return 0
 
 
@@ -207,6 +206,112 @@ def _window_phrases(phrases: PhraseLists, window: list[str], first: int
             [p for line, p in zip(window, lists[first:first + len(window)], strict=True)
              if line.strip()]
             for name, lists in zip(("constraints", "avoid"), phrases, strict=True)}
+
+
+def _unbuffered_input(path: Path | None) -> BinaryIO:
+    """The input, unbuffered: --input, or stdin's descriptor duplicated (a thread reads a pipe,
+    `_arrived`, and the process may end while it waits in a read: on an unbuffered file it
+    holds no lock that the interpreter's exit would wait for)."""
+    if path is not None:
+        return path.open("rb", buffering=0)
+    return open(os.dup(sys.stdin.fileno()), "rb", buffering=0)
+
+
+class _Failed(NamedTuple):
+    error: Exception                  # what reading the input raised (invalid UTF-8, gzip)
+
+
+_END = object()                       # the input has ended
+
+
+def _arrived(lines: Iterator[str], size: int) -> Iterator[list[str]]:
+    """The windows of a pipe or a terminal: a thread reads `lines` ahead (at most `size` of
+    them), and each window is what has arrived, up to `size` lines, waiting only for its first.
+    An error of the input comes after the lines before it."""
+    arrived: queue.Queue[Any] = queue.Queue(maxsize=size)
+
+    def read() -> None:
+        try:
+            for line in lines:
+                arrived.put(line)
+        except Exception as error:          # raised in the translating thread, in its turn
+            arrived.put(_Failed(error))
+        arrived.put(_END)
+
+    threading.Thread(target=read, name="translate input", daemon=True).start()
+    while True:
+        window: list[str] = []
+        item = arrived.get()                                # waits for the first line
+        while isinstance(item, str):
+            window.append(item)
+            if len(window) == size:
+                break
+            try:
+                item = arrived.get_nowait()
+            except queue.Empty:
+                break
+        if window:
+            yield window
+        if isinstance(item, _Failed):
+            raise item.error
+        if item is _END:
+            return
+
+
+def _translated(out: _WindowOutput, loaded: Any, o: TranslateOptions, search: Any,
+                precision: Any, device: Any, phrases: dict[str, list[list[str]] | None]
+                ) -> Iterator[int]:
+    """Translate `out`'s window batch by batch (under the `constraints` and `avoid` of its
+    non-empty lines, `phrases`), printing what is ready after each; yields the number of lines
+    each batch translated."""
+    numbers = [out.first + i + 1 for i in out.sentences]
+    sentences = [out.window[i] for i in out.sentences]
+    if not sentences:
+        return
+    with precision:
+        batches = translate_batches(
+            loaded.model, sentences, loaded.src_vocab, loaded.tgt_vocab, loaded.tokenizer,
+            search=search, batch_size=o.batch_size, unk_replace=o.unk_replace, device=device,
+            lines=numbers, **phrases)
+        for batch in batches:
+            for k, translation in batch:
+                out.ready[out.sentences[k]] = translation
+            out.print_ready()
+            yield len(batch)
+
+
+class _WindowOutput:
+    """The output of one window of input lines: each line's translation printed, with its
+    --alignments row, in input order, as soon as it and the lines before it are translated."""
+
+    def __init__(self, window: list[str], first: int, n_best: int, tokenizer: Tokenizer,
+                 tgt_vocab: Vocab, alignments: BinaryIO | None, form: str) -> None:
+        self.window, self.first, self.n_best = window, first, n_best
+        self.tokenizer, self.tgt_vocab, self.alignments, self.form = (tokenizer, tgt_vocab,
+                                                                     alignments, form)
+        self.sentences = [i for i, line in enumerate(window) if line.strip()]
+        # a line's translation (None for an empty line) once it is known
+        self.ready: dict[int, Translation | None] = {
+            i: None for i, line in enumerate(window) if not line.strip()}
+        self.printed = 0
+
+    def print_ready(self) -> int:
+        """Print the lines now ready in order, flushed; how many were printed."""
+        start = self.printed
+        with clear_bars():
+            while self.printed in self.ready:
+                i = self.printed
+                t = self.ready.pop(i)
+                with to_stdout():
+                    _print_translation(self.first + i, t, self.n_best, self.tokenizer,
+                                       self.tgt_vocab)
+                if self.alignments is not None:
+                    self.alignments.write(_alignment_row(self.window[i], t, self.tokenizer,
+                                                         self.form).encode())
+                self.printed += 1
+            with to_stdout():
+                sys.stdout.flush()
+        return self.printed - start
 
 
 def _print_translation(index: int, t: Translation | None, n_best: int,

@@ -12,7 +12,14 @@ from pathlib import Path
 
 from bahdanau.checkpoint.reader import find_checkpoint
 from bahdanau.evaluate import ForcedScore, score_corpus
-from bahdanau.jobs.files import check_outputs, existing, read_aligned, stdout_as_dash, write_text
+from bahdanau.jobs.files import (
+    check_outputs,
+    existing,
+    read_aligned,
+    stdout_as_dash,
+    to_stdout,
+    write_text,
+)
 from bahdanau.jobs.options import ScoreOptions
 from bahdanau.jobs.resolve import autocast, machine
 from bahdanau.translate import load
@@ -42,5 +49,7 @@ def score(o: ScoreOptions) -> int:
     if o.output:
         write_text(Path(o.output), text)
     else:
-        sys.stdout.write(text)
+        with to_stdout():
+            sys.stdout.write(text)
+            sys.stdout.flush()
     return 0

@@ -12,7 +12,9 @@ output that names stdout (``/dev/stdout``, ``/dev/fd/1``, ``/proc/self/fd/1``) i
 `write_text` writes one, never destroying what the path is (`bahdanau._files.atomic_file`);
 `read_sources` reads the sentences to translate from a file or stdin, `read_aligned` a source
 file and its line-aligned translations, `read_phrases` a JSON Lines file of phrases
-(``--constraints``, ``--avoid``).
+(``--constraints``, ``--avoid``). Results printed on stdout go through `to_stdout`: stdout
+closed by its reader (``bahdanau translate ... | head -1``) is `StdoutClosed`, which the command
+line ends quietly, as other Unix tools do, and never a failure of another output.
 """
 
 from __future__ import annotations
@@ -155,6 +157,22 @@ def check_output_folder(what: str, out: str, inputs: dict[str, Path | None], *,
             raise InputError(f"{what} {shown} holds {name} {path}: writing it would replace "
                              "it; choose a new folder")
     check_folder_to_write(target, writes, name=f"{what} {shown}")
+
+
+class StdoutClosed(Exception):
+    """stdout was closed by its reader (``| head -1``): no mistake of the user's, and no error of
+    any file being written; the command line ends with status 141 (128 + SIGPIPE), quietly."""
+
+
+@contextmanager
+def to_stdout() -> Iterator[None]:
+    """While inside, write results to stdout (and nothing else): a write that fails because
+    its reader has gone raises `StdoutClosed` (with no cause, so an output file open around it
+    is not blamed: `bahdanau._files.write_failure`)."""
+    try:
+        yield
+    except BrokenPipeError:
+        raise StdoutClosed("stdout was closed") from None
 
 
 @contextmanager

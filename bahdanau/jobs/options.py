@@ -203,6 +203,9 @@ def _check_shipped_languages(src_lang: str | None, tgt_lang: str | None, own: bo
 LengthPenalty = Literal["none", "average", "gnmt"]
 # --device and --threads of every command (resolved by the command: `bahdanau.jobs.resolve.machine`)
 _DEVICE_HELP = "auto (cuda when available, else cpu), cpu, cuda or cuda:N"
+# What --checkpoint takes, for every command that reads a model (`find_checkpoint`).
+_CHECKPOINT_HELP = ("a checkpoint file, a model folder (bahdanau release), or a training output "
+                    "folder (its best, else latest checkpoint)")
 _THREADS_HELP = ("torch CPU threads, at most the usable cores (default: the usable cores "
                  "divided by LOCAL_WORLD_SIZE, the processes on this machine)")
 # --amp of every command that decodes or scores (`bahdanau.jobs.resolve.autocast`); train's is
@@ -405,9 +408,8 @@ class DecodeOptions(SearchOptions):
     """What every command that loads a checkpoint takes."""
 
     checkpoint: tuple[str, ...] = option(
-        None, "a checkpoint file, a model folder (bahdanau release), or a training output "
-        "folder (its best, else latest checkpoint); several decode as an ensemble",
-        required=True, metavar="PATH")
+        None, f"{_CHECKPOINT_HELP}; several decode as an ensemble", required=True,
+        metavar="PATH")
     device: str = option("auto", _DEVICE_HELP)
     threads: int | None = option(None, _THREADS_HELP, low=1)
     amp: Amp = option("none", _AMP_HELP)
@@ -501,8 +503,7 @@ class PlotOptions(DecodeOptions):
 class ScoreOptions(Options):
     """`bahdanau score`: the log-probabilities of given translations (forced decoding)."""
 
-    checkpoint: str = option(None, "a checkpoint file, or a training output folder (its best, "
-                                   "else latest checkpoint)", required=True, metavar="PATH")
+    checkpoint: str = option(None, _CHECKPOINT_HELP, required=True, metavar="PATH")
     src: str = option(None, "source file, one sentence a line", required=True, metavar="FILE")
     tgt: str = option(None, "the translations to score, line-aligned with --src",
                       required=True, metavar="FILE")
@@ -523,8 +524,7 @@ class ScoreOptions(Options):
 class ExportOptions(Options):
     """`bahdanau export`: the encoder and the decoder step as programs for serving."""
 
-    checkpoint: str = option(None, "a checkpoint file, or a training output folder (its best, "
-                                   "else latest checkpoint)", required=True, metavar="PATH")
+    checkpoint: str = option(None, _CHECKPOINT_HELP, required=True, metavar="PATH")
     out: str = option(None, "the folder to write (created; absent or empty)", required=True,
                       metavar="DIR")
     onnx: bool = option(False, "also write both programs as ONNX (encoder.onnx, step.onnx) for "
@@ -564,8 +564,7 @@ PREPARE_WORDS = 10000
 class ReleaseOptions(Options):
     """`bahdanau release`: a trained model as a folder to share (docs/release-format.md)."""
 
-    checkpoint: str = option(None, "a checkpoint file, or a training output folder (its best, "
-                                   "else latest checkpoint)", required=True, metavar="PATH")
+    checkpoint: str = option(None, _CHECKPOINT_HELP, required=True, metavar="PATH")
     out: str = option(None, "the model folder to write", required=True, metavar="DIR")
     overwrite: bool = option(False, "replace the model folder OUT holds (never a folder of "
                                     "another kind or of other files)")

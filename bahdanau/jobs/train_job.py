@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from bahdanau._about import versions
+from bahdanau._progress import StatusLine
 from bahdanau.checkpoint.manager import CheckpointManager
 from bahdanau.checkpoint.reader import RUN_REPORT, read_checkpoint
 from bahdanau.config import TrainConfig
@@ -434,9 +435,12 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
     start = time.perf_counter()
     o, device, changes = _checked_options(o)
     out, cfg = Path(o.out), o.train_config()
-    data = _read_data(o)
-    model = _build_model(o, data)
-    _check_decoding_memory(o, data, model, device)
+    with StatusLine("preparing the run") as preparing:    # seconds before the first update
+        preparing("reading the data and building the vocabularies")
+        data = _read_data(o)
+        preparing("building the model")
+        model = _build_model(o, data)
+        _check_decoding_memory(o, data, model, device)
     with process_group(device) as main, ExitStack() as stack:
         # rank 0 logs, and writes OUT/train.log once the run starts; the others say nothing
         log = stack.enter_context(TrainLog()) if main else None
@@ -448,10 +452,12 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
                 remove_run(out)
         if is_distributed():
             torch.distributed.barrier()        # the others read --out once rank 0 holds it
-        run = setup_run(model, data.examples, cfg, src_vocab=data.src_vocab,
-                        tgt_vocab=data.tgt_vocab, checkpoint_dir=out / "checkpoints",
-                        resume=o.resume and not o.overwrite, device=device,
-                        extra={"options": o.to_record()}, tokenizer=data.tokenizer)
+        with StatusLine("preparing the run") as preparing:
+            preparing("setting up the run (resuming one: reading its checkpoint)")
+            run = setup_run(model, data.examples, cfg, src_vocab=data.src_vocab,
+                            tgt_vocab=data.tgt_vocab, checkpoint_dir=out / "checkpoints",
+                            resume=o.resume and not o.overwrite, device=device,
+                            extra={"options": o.to_record()}, tokenizer=data.tokenizer)
         finished = stop_reason(run)       # then the folder, train.log too, is left as it is
         if finished and (not data.test or (out / RUN_REPORT).is_file()):
             say(_left_as_it_is(o, run, finished, changes))

@@ -10,6 +10,8 @@
   `save_run`, `stop_reason`;
 * `loop`: `train` and `train_run`, the pieces put together with logging, early stopping and
   signals;
+* `progress`: the run's progress bar on a terminal (`TrainBar`: updates, loss, tok/s, time
+  left);
 * `distributed`: the process group's life (`leave_process_group`);
 * `schedules`, `ema`, `runlog`: learning-rate schedules, the weights' moving average, and the
   run's log file and TensorBoard events.

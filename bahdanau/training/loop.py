@@ -31,6 +31,7 @@ from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.training.plan import LoaderWorkerError
+from bahdanau.training.progress import TrainBar, updates_left
 from bahdanau.training.run import (
     TrainRun,
     Validate,
@@ -93,16 +94,10 @@ def _format_eta(seconds: float) -> str:
 
 def _eta(run: TrainRun, seconds_per_step: float) -> str:
     """Time left until the nearest limit, as h:mm:ss."""
-    cfg, state = run.cfg, run.state
-    left = []
-    if cfg.max_steps is not None:
-        left.append((cfg.max_steps - state.step) * seconds_per_step)
-    if cfg.max_time_s is not None:
-        left.append(cfg.max_time_s - state.elapsed_s)
-    if cfg.max_epochs is not None:
-        per_epoch = len(run.plan.sampler.epoch_batches(state.epoch))
-        left.append(((cfg.max_epochs - state.epoch) * per_epoch - state.position)
-                    / run.plan.size * seconds_per_step)
+    updates = updates_left(run)
+    left = [] if updates is None else [updates * seconds_per_step]
+    if run.cfg.max_time_s is not None:
+        left.append(run.cfg.max_time_s - run.state.elapsed_s)
     return _format_eta(min(left)) if left else "?"
 
 
@@ -184,7 +179,8 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
     (`run.resume_changes`, which a caller may reword). SIGINT, SIGTERM and SIGHUP (in the main
     thread) do not kill it: the step under way finishes, a checkpoint is saved and the result's
     `stopped` is "sigint", "sigterm" or "sighup"; a second signal acts as usual. A run that has
-    already reached a limit trains nothing and writes nothing.
+    already reached a limit trains nothing and writes nothing. While it trains, rank 0 draws
+    a progress bar on stderr when bars are shown (`bahdanau.training.progress.TrainBar`).
 
     Args:
         run: the run.
@@ -207,8 +203,12 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
             log(f"on resume: {note}")
     result = TrainResult(step=state.step, epoch=state.epoch, stopped="",
                          elapsed_s=state.elapsed_s, start_step=state.step)
-    with _stop_on_signals(run, log):
-        stopped = _loop(run, validate, log, result, scalars)
+    bar = TrainBar(run)
+    try:
+        with _stop_on_signals(run, log):
+            stopped = _loop(run, validate, log, result, scalars, bar)
+    finally:
+        bar.close()
     if run.distributed:          # every rank returns once rank 0 has written the last checkpoint
         torch.distributed.barrier()
     result.step, result.epoch, result.stopped = state.step, state.epoch, stopped
@@ -219,8 +219,8 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
     return result
 
 
-def _loop(run: TrainRun, validate: Validate | None,
-          log: Callable[[str], None], result: TrainResult, scalars: _Scalars | None) -> str:
+def _loop(run: TrainRun, validate: Validate | None, log: Callable[[str], None],
+          result: TrainResult, scalars: _Scalars | None, bar: TrainBar) -> str:
     """`train_run`'s steps, evaluations and checkpoints; returns the stop reason."""
     cfg, state = run.cfg, run.state
     first_step, start = state.step, time.monotonic()
@@ -232,6 +232,7 @@ def _loop(run: TrainRun, validate: Validate | None,
             stats = run_step(run)
         except LoaderWorkerError as err:      # raised before the step changed anything
             raise _saved_on_failure(run, err, last_saved) from None
+        bar.step(stats)
         skipped = _count_skipped(run, stats, skipped, log)
         if not stats.non_finite:
             window_loss += stats.loss_sum

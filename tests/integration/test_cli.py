@@ -322,6 +322,61 @@ def test_translate_streams(trained, files) -> None:
         proc.kill()
 
 
+def test_translate_answers_a_pipe_before_its_input_ends(trained, files, tmp_path,
+                                                        capsys) -> None:
+    """With the default --batch-size (windows of 1,280 lines), three lines sent down a pipe
+    are translated, in order, while it is still open (the command waited for 1,280 lines or
+    the end of the input), as from a file."""
+    sources = (files / "te.en").read_text(encoding="utf-8").splitlines()[:3]
+    (tmp_path / "three.en").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    flags = ["--beam-size", "1", "--max-len", "4", "--threads", "1"]
+    expected = _translate(trained, tmp_path / "three.en", capsys, *flags)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bahdanau", "translate", "--checkpoint", str(trained), *flags],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, proc.kill)   # a translate that waits for the end hangs
+    watchdog.start()
+    try:
+        proc.stdin.write("\n".join(sources) + "\n")
+        proc.stdin.flush()
+        first = proc.stdout.readline()                  # while stdin is still open
+        assert first == expected[0] + "\n"
+        proc.stdin.close()
+        assert proc.stdout.read().splitlines() == expected[1:]
+        assert proc.wait(timeout=60) == 0
+    finally:
+        watchdog.cancel()
+        proc.kill()
+
+
+def test_translate_ends_quietly_when_stdout_is_closed(trained, files, tmp_path) -> None:
+    """`translate ... | head -1`: the reader of stdout leaves after one line; the next write
+    ends the command quietly with status 141 (128 + SIGPIPE), as a Unix tool's; the
+    --alignments file, whose write did not fail, is not blamed (the error line named it) and
+    is left as it was (here: not written)."""
+    sources = (files / "te.en").read_text(encoding="utf-8").splitlines()
+    align = tmp_path / "al.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bahdanau", "translate", "--checkpoint", str(trained),
+         "--beam-size", "1", "--max-len", "4", "--threads", "1", "--alignments", str(align)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        proc.stdin.write(sources[0] + "\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().endswith("\n")
+        proc.stdout.close()                              # head -1 has what it wanted
+        proc.stdin.write("\n".join(sources[1:]) + "\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=60) == 141
+        assert proc.stderr.read() == ""
+    finally:
+        watchdog.cancel()
+        proc.kill()
+    assert not align.exists()
+
+
 def test_help_and_bad_option() -> None:
     for sub in ([], ["train"], ["translate"], ["evaluate"], ["plot"]):
         out = subprocess.run([sys.executable, "-m", "bahdanau", *sub, "--help"],

@@ -68,3 +68,22 @@ def test_evaluate_refuses_an_empty_reference_line(ref_text, line, tmp_path, caps
     err = capsys.readouterr().err
     assert err == (f"bahdanau: error: {ref}: line {line} is empty; every line needs the "
                    "reference translation of its source line\n")
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["train", "--learning_rate", "0.1"], "; did you mean --lr?"),          # its words' initials
+    (["train", "--max_steps", "3"], "; did you mean --max-steps?"),         # underscores
+    (["train", "--max-step", "3"], "; did you mean --max-steps?"),          # a letter short
+    (["translate", "--beam_size=3"], "; did you mean --beam-size?"),        # with its value
+    (["train", "--bogus"], ""),                                             # near nothing
+])
+def test_a_misspelt_option_names_the_nearest_one(argv, hint, capsys) -> None:
+    """An unknown option is one line naming it, the command's --help, and the command's own
+    option nearest to it (argparse's suggest_on_error is Python 3.14's); nothing runs."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err == (f"bahdanau: error: unrecognized arguments: {' '.join(argv[1:])}{hint} "
+                   f"(see 'bahdanau {argv[0]} --help')\n")

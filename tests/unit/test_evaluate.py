@@ -8,8 +8,9 @@ from dataclasses import replace
 import pytest
 import sacrebleu
 import torch
+from training_fixtures import TINY_VOCAB, tiny_model
 
-from bahdanau import RNNSearch, presets
+from bahdanau import BeamSearch, RNNSearch, WhitespaceTokenizer, presets
 from bahdanau.data import DefaultTokenizer, Vocab
 from bahdanau.evaluate import (
     bleu_by_length,
@@ -18,6 +19,7 @@ from bahdanau.evaluate import (
     corpus_scores,
     has_unk,
     score_test_set,
+    translate_batches,
     translate_corpus,
 )
 
@@ -114,8 +116,6 @@ def test_translate_corpus_keeps_input_order() -> None:
     vocab = Vocab.build([tok.tokenize(s) for s in sentences])
     torch.manual_seed(0)
     model = RNNSearch.from_config(presets.tiny(len(vocab), len(vocab))).eval()
-    from bahdanau import BeamSearch
-
     search = BeamSearch(beam_size=2, max_len=5)
     batched = translate_corpus(model, sentences, vocab, vocab, tok, search=search, batch_size=3)
     for sentence, result in zip(sentences, batched, strict=True):
@@ -124,6 +124,28 @@ def test_translate_corpus_keeps_input_order() -> None:
         assert result.text == tok.detokenize(vocab.decode(alone.hypothesis.tokens))
     with pytest.raises(ValueError, match="sentence 2 is empty"):
         translate_corpus(model, ["a man", "   "], vocab, vocab, tok, search=search)
+
+
+def test_translate_batches_come_in_the_order_of_their_first_sentence() -> None:
+    """Sources of 5, 1, 4, 2, 3, 6 words in batches of 2: sorted by length, the batches are
+    {1, 3}, {4, 2}, {0, 5}; taken by their first sentence, {0, 5} comes first, then {1, 3},
+    then {2, 4}, so after each batch every sentence before the next batch's first is done.
+    Their translations are translate_corpus's; a bad input is refused at the call, before
+    any batch is decoded."""
+    tok, model = WhitespaceTokenizer(), tiny_model().eval()
+    sentences = [" ".join(f"w{j}" for j in range(n)) for n in (5, 1, 4, 2, 3, 6)]
+    search = BeamSearch(beam_size=2, max_len=5)
+    batches = list(translate_batches(model, sentences, TINY_VOCAB, TINY_VOCAB, tok,
+                                     search=search, batch_size=2))
+    assert [sorted(i for i, _ in batch) for batch in batches] == [[0, 5], [1, 3], [2, 4]]
+    whole = translate_corpus(model, sentences, TINY_VOCAB, TINY_VOCAB, tok, search=search,
+                             batch_size=2, progress=None)
+    for batch in batches:
+        for i, translation in batch:
+            assert translation.text == whole[i].text
+            assert translation.hypothesis.tokens == whole[i].hypothesis.tokens
+    with pytest.raises(ValueError, match="sentence 2 is empty"):
+        translate_batches(model, ["w1", " "], TINY_VOCAB, TINY_VOCAB, tok, search=search)
 
 
 def test_translate_corpus_refuses_config_ids_that_differ_from_vocabularies() -> None:

@@ -27,6 +27,31 @@ def test_import_is_lean() -> None:
     assert out.stdout.strip() == "[] False"
 
 
+@pytest.mark.parametrize("argv0", ["bahdanau", "/usr/local/bin/bahdanau"])
+def test_version_is_answered_without_torch(argv0) -> None:
+    """`bahdanau --version` (the console script: the CLI's entry imported with that command
+    line) prints the version without importing torch (about 3 s); imported by a program, or
+    with another command line, the package loads as before."""
+    code = ("import sys\n"
+            f"sys.argv = [{argv0!r}, '--version']\n"
+            "try:\n"
+            "    from bahdanau.cli import main\n"
+            "    main()\n"
+            "except SystemExit as stop:\n"
+            "    print(stop.code, 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout == f"bahdanau {bahdanau.__version__}\n0 False\n", out.stderr
+    module = subprocess.run([sys.executable, "-m", "bahdanau", "--version"],
+                            capture_output=True, text=True, timeout=120, check=True)
+    assert module.stdout == f"bahdanau {bahdanau.__version__}\n"
+    library = ("import sys; sys.argv = ['prog', '--version']; import bahdanau; "
+               "print('torch' in sys.modules, bahdanau.RNNSearch.__name__)")
+    out = subprocess.run([sys.executable, "-c", library], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout == "True RNNSearch\n"
+
+
 def test_extras_are_pyproject_optional_dependencies() -> None:
     """`bahdanau._about.EXTRAS` names every extra of pyproject.toml a user installs, and each
     extra's package provides the module it is listed under."""

@@ -3,7 +3,10 @@ raise."""
 
 from __future__ import annotations
 
+import json
+import re
 import struct
+from pathlib import Path
 
 import pytest
 import torch
@@ -67,6 +70,23 @@ def test_uniform_attention_reads_as_uniform_and_pale() -> None:
     expected = image.cmap(1 / 12)
     assert colours[0, 0] == pytest.approx(expected)
     assert sum(expected[:3]) / 3 > 0.7                                  # near white, not black
+
+
+def test_the_quickstart_names_the_colours_the_plot_draws() -> None:
+    """Notebook 01 says which colour weight 0 and weight 1 get; the plot draws them so: a
+    weight of 0 and one of 1 side by side, their lightness read from the drawn image (the
+    notebook said white for 1, the reverse of the map)."""
+    notebook = Path(__file__).parents[2] / "examples" / "01_quickstart.ipynb"
+    text = " ".join("".join(cell["source"]).replace("\n", " ")
+                    for cell in json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+                    if cell["cell_type"] == "markdown")
+    said = re.findall(r"near (white|black) is weight ([01])", text)
+    assert sorted(weight for _, weight in said) == ["0", "1"], said
+    _, image, _ = _parts(plot_alignment(torch.tensor([[0.0, 1.0]]), ["a", "b"], ["x"]))
+    drawn = image.to_rgba(image.get_array())[0]                  # (2, 4): weight 0, weight 1
+    for colour, weight in said:
+        lightness = float(sum(drawn[int(weight)][:3]) / 3)
+        assert lightness > 0.7 if colour == "white" else lightness < 0.3, (colour, weight)
 
 
 def test_long_hypothesis_and_sentence_are_capped_and_said(tmp_path) -> None:

@@ -134,6 +134,41 @@ def test_translate_command_bar_and_no_progress(monkeypatch, tmp_path) -> None:
     assert stdout.getvalue().splitlines() == out and terminal.getvalue() == ""
 
 
+class _Recorder(Bar):
+    """A bar that records each advance, and how many lines stdout held at that moment."""
+
+    def __init__(self, stdout: io.StringIO) -> None:
+        self.stdout, self.updates = stdout, []
+
+    def update(self, n: float = 1) -> None:
+        if n:
+            self.updates.append((n, self.stdout.getvalue().count("\n")))
+
+
+def test_translate_command_prints_and_advances_the_bar_batch_by_batch(monkeypatch,
+                                                                       tmp_path) -> None:
+    """12 lines, --batch-size 5: one window of 3 batches; the bar moves once per batch, by
+    that batch's share of the file's bytes, and when it first moves some translations, but
+    not all, are already printed (a window used to print all at once, the bar after it)."""
+    checkpoint, source = tmp_path / "m.pt", tmp_path / "in.txt"
+    save_checkpoint(checkpoint, checkpoint_payload(tiny_model(), src_vocab=VOCAB,
+                                                   tgt_vocab=VOCAB,
+                                                   tokenizer=WhitespaceTokenizer()))
+    source.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    terminal, stdout = on_terminal(monkeypatch)
+    bar = _Recorder(stdout)
+    monkeypatch.setattr("bahdanau.cli.commands.progress_bar", lambda *args, **kwargs: bar)
+    assert main(["translate", "--checkpoint", str(checkpoint), "--input", str(source),
+                 "--beam-size", "1", "--max-len", "4", "--batch-size", "5", "--threads", "1",
+                 "--device", "cpu"]) == 0
+    size = source.stat().st_size
+    assert [n for n, _ in bar.updates] == pytest.approx([size * 5 / 12, size * 5 / 12,
+                                                        size * 2 / 12])
+    printed = [lines for _, lines in bar.updates]
+    assert 1 <= printed[0] < len(SENTENCES) and printed[-1] == len(SENTENCES)
+    assert printed == sorted(printed)
+
+
 def test_translate_command_counts_the_lines_of_a_fifo(monkeypatch, tmp_path) -> None:
     """A FIFO as --input has no size: its bar counts lines, as stdin's does."""
     checkpoint, fifo = tmp_path / "m.pt", tmp_path / "in.fifo"

@@ -95,6 +95,31 @@ def test_weights_round_trip_bit_exactly(run, folder) -> None:
     assert back["tokenizer"] == {"name": "default", "lowercase": True, "joiners": "prefix"}
 
 
+@pytest.mark.parametrize("command", ["score", "export", "release", "translate"])
+def test_commands_that_read_a_model_say_they_take_a_model_folder(command, capsys) -> None:
+    """score and export, like translate, read a model folder as --checkpoint; their --help
+    said only "a checkpoint file, or a training output folder"."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "a model folder (bahdanau release)" in text, text
+
+
+def test_score_and_export_read_a_model_folder(run, folder, tmp_path, capsys) -> None:
+    """What their --help says: a model folder scores as its run's checkpoint, and exports."""
+    src = tmp_path / "src.txt"
+    src.write_text("\n".join(SOURCES) + "\n", encoding="utf-8")
+    scores = []
+    for checkpoint in (run, folder):
+        capsys.readouterr()
+        assert main(["score", "--checkpoint", str(checkpoint), "--src", str(src), "--tgt",
+                     str(src)]) == 0
+        scores.append(capsys.readouterr().out)
+    assert scores[0] == scores[1] and len(scores[0].splitlines()) == len(SOURCES)
+    assert main(["export", "--checkpoint", str(folder), "--out", str(tmp_path / "served")]) == 0
+    assert (tmp_path / "served" / "manifest.json").is_file()
+
+
 def test_the_folder_translates_exactly_as_the_checkpoint(run, folder, tmp_path, capsys) -> None:
     assert bahdanau.load(folder).translate(SOURCES) == bahdanau.load(run).translate(SOURCES)
     src = tmp_path / "src.txt"
