@@ -13,6 +13,7 @@ import os
 import pty
 import re
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -126,3 +127,35 @@ def test_no_bar_off_a_terminal_with_no_progress_or_in_train_log(files, tmp_path,
         if name != "terminal":
             assert f"step {updates} | epoch" in console, name
             assert not any(mark in console for mark in BAR_MARKS), (name, console)
+
+
+@pytest.mark.slow
+def test_the_default_job_s_first_minute_shows_a_moving_bar(tmp_path) -> None:
+    """`bahdanau train --out RUN`, the README's main job, on a terminal: the preparation's
+    status, then a bar over the job's updates whose count moves several times within its first
+    minutes; Ctrl-C then stops it as usual (status 130), its bar cleared."""
+    out = tmp_path / "run"
+    master, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))
+    child = subprocess.Popen([sys.executable, "-m", "bahdanau", "train", "--out", str(out)],
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=terminal)
+    os.close(terminal)
+    drawn, deadline = "", time.monotonic() + 300
+    try:
+        while time.monotonic() < deadline and child.poll() is None:
+            ready, _, _ = select.select([master], [], [], 0.5)
+            if ready:
+                drawn += os.read(master, 65536).decode("utf-8", errors="replace")
+            if len(set(re.findall(r"training:.*?\| *(\d+)/\d+ \[", drawn))) >= 3:
+                break
+        child.send_signal(signal.SIGINT)
+        drawn += _read_terminal(master, child, time.monotonic() + 120)
+        status = child.wait(timeout=120)
+    finally:
+        child.kill()
+        os.close(master)
+    counts = {int(n) for n in re.findall(r"training:.*?\| *(\d+)/\d+ \[", drawn)}
+    assert len(counts) >= 3, drawn[-2000:]                # the counter moved, and moved again
+    assert "preparing the run" in drawn.split("training:")[0]     # before the first update
+    assert status == 130, drawn[-2000:]
