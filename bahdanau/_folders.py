@@ -77,7 +77,8 @@ _FILES = {Kind.MODEL: frozenset({"model.safetensors", "config.json", "README.md"
                                    | {"lines.npy", "tokenizer.json", "sentencepiece.model"}),
           Kind.EXPORTED: frozenset({"encoder.pt2", "step.pt2", "src_vocab.json",
                                     "tgt_vocab.json", "tokenizer.json", "README.md",
-                                    "tokenizer.model"})}
+                                    "tokenizer.model", "decode.py", "encoder.onnx",
+                                    "step.onnx"})}
 _DAMAGED = object()                           # `_read_manifest`: a manifest that is not JSON
 
 

@@ -12,7 +12,7 @@ import queue
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import AbstractContextManager, ExitStack, nullcontext
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
@@ -208,13 +208,19 @@ def _window_phrases(phrases: PhraseLists, window: list[str], first: int
             for name, lists in zip(("constraints", "avoid"), phrases, strict=True)}
 
 
-def _unbuffered_input(path: Path | None) -> BinaryIO:
+def _unbuffered_input(path: Path | None) -> AbstractContextManager[BinaryIO]:
     """The input, unbuffered: --input, or stdin's descriptor duplicated (a thread reads a pipe,
     `_arrived`, and the process may end while it waits in a read: on an unbuffered file it
-    holds no lock that the interpreter's exit would wait for)."""
+    holds no lock that the interpreter's exit would wait for). A stdin with no descriptor (a
+    notebook's, or a program's own stream given to `bahdanau.cli.main`) is read as it is, and
+    left open."""
     if path is not None:
         return path.open("rb", buffering=0)
-    return open(os.dup(sys.stdin.fileno()), "rb", buffering=0)
+    try:
+        descriptor = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):   # io.UnsupportedOperation is an OSError
+        return nullcontext(sys.stdin.buffer)
+    return open(os.dup(descriptor), "rb", buffering=0)
 
 
 class _Failed(NamedTuple):

@@ -88,12 +88,13 @@ def test_the_kinds_files_are_their_writers_names() -> None:
     of its own is still known, and none of its files is taken for the user's."""
     from bahdanau.checkpoint import release
     from bahdanau.data.manifest import format_files
-    from bahdanau.serving import FILES, SENTENCEPIECE_FILE
+    from bahdanau.serving.folder import DECODE_FILE, FILES, ONNX_FILES, SENTENCEPIECE_FILE
 
     assert {*release.REQUIRED, release.CARD, release.TOKENIZER_MODEL} == _FILES[Kind.MODEL]
     spm = {"options": {"tokenizer": {"name": "sentencepiece"}}}
     assert set(format_files(spm)) == _FILES[Kind.PREPARED]
-    assert {*FILES.values(), SENTENCEPIECE_FILE} - {"manifest.json"} == _FILES[Kind.EXPORTED]
+    assert ({*FILES.values(), SENTENCEPIECE_FILE, DECODE_FILE, *ONNX_FILES.values()}
+            - {"manifest.json"}) == _FILES[Kind.EXPORTED]
 
 
 def test_a_writer_replaces_its_kind_only_holding_nothing_else(tmp_path) -> None:
