@@ -32,10 +32,11 @@ from bahdanau.encoder import BiRNNEncoder
 from bahdanau.engine import DecoderEngine
 from bahdanau.errors import InputError
 from bahdanau.layer_norm import reset_gate_norms_
+from bahdanau.parts import Part
 from bahdanau.search import BeamSearch, Hypothesis, LengthPenalty
 
 
-class RNNSearch(nn.Module):
+class RNNSearch(Part, nn.Module):
     """Encoder-decoder with attention (Bahdanau et al. 2015).
 
     The model is the door where a batch's values are checked, once: `forward`, `loss` and

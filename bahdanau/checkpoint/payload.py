@@ -4,8 +4,9 @@ The parsers and checks of a payload's parts, which the door (`bahdanau.checkpoin
 on what it reads: `stored_parts` (the model config and vocabularies, checked against each
 other), `translation_weights` (the weights a checkpoint translates with: the moving average
 when it has one), `check_weights` (against `model_skeleton`, which allocates nothing),
-`checked_parts` (all of these) and `parse_tokenizer` (the tokenizer it was trained with). They
-take a payload of the current format; `tokenizer_of` takes one of any format.
+`check_built_vocabs` (a model assembled from parts against its vocabularies) and
+`parse_tokenizer` (the tokenizer it was trained with). They take a payload of the current
+format; `tokenizer_of` takes one of any format.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from torch.overrides import TorchFunctionMode
 
 from bahdanau.checkpoint.files import parse_section, upgrade_payload
 from bahdanau.checkpoint.sections import (
+    BUILD,
     EMA,
     EXTRA,
     MODEL,
@@ -36,18 +38,39 @@ from bahdanau.data.tokenizers import (
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.models import build_model
+from bahdanau.parts import Blueprint
 
 
-def stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig, Vocab, Vocab]:
-    """The payload's model config and vocabularies, checked against each other."""
-    config = parse_section(payload, MODEL_CONFIG, ModelConfig.from_dict)
+def stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig | None, Vocab, Vocab]:
+    """The payload's model config and vocabularies, checked against each other; the config is
+    None for a model assembled from parts (its `BUILD` record, checked against the
+    vocabularies once its classes are found: `check_built_vocabs`)."""
+    config = None
+    if payload[MODEL_CONFIG] is not None or payload.get(BUILD) is None:
+        config = parse_section(payload, MODEL_CONFIG, ModelConfig.from_dict)
     src_vocab = parse_section(payload, SRC_VOCAB, Vocab.from_dict)
     tgt_vocab = parse_section(payload, TGT_VOCAB, Vocab.from_dict)
     try:
-        config.check_vocabs(src_vocab, tgt_vocab)
+        if config is not None:
+            config.check_vocabs(src_vocab, tgt_vocab)
     except ValueError as err:
         raise InputError(f"checkpoint is inconsistent: {err}") from None
     return config, src_vocab, tgt_vocab
+
+
+def check_built_vocabs(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab) -> None:
+    """Refuse vocabularies whose sizes or padding id differ from those of a model assembled
+    from parts (its skeleton will do: only sizes are read)."""
+    sizes = getattr(model, "vocab_sizes", None)
+    if sizes is not None and tuple(sizes) != (len(src_vocab), len(tgt_vocab)):
+        raise InputError(f"checkpoint is inconsistent: its model's vocabulary sizes are "
+                         f"{tuple(sizes)}, its vocabularies have {len(src_vocab)} and "
+                         f"{len(tgt_vocab)} entries")
+    for part in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
+        pad_id = getattr(part, "pad_id", src_vocab.pad_id)
+        if pad_id != src_vocab.pad_id:
+            raise InputError(f"checkpoint is inconsistent: its model pads with id {pad_id}, "
+                             f"its vocabularies with {src_vocab.pad_id}")
 
 
 def check_weights(stored: Any, model: nn.Module, section: str = MODEL) -> None:
@@ -91,33 +114,16 @@ class _WithoutInit(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def model_skeleton(config: ModelConfig) -> nn.Module:
-    """The model of `config` on the meta device: its weights' names and shapes, and no memory.
+def model_skeleton(config: ModelConfig | Blueprint) -> nn.Module:
+    """The model of `config` (or of a `Blueprint`: a model assembled from parts) on the meta
+    device: its weights' names and shapes, and no memory.
 
     What a checkpoint's weights are checked against (`check_weights`) before the model is
     built: a config that claims sizes its stored tensors do not have (a small file claiming
     embed_size 10**7) is refused before anything is allocated.
     """
     with torch.device("meta"), _WithoutInit():
-        return build_model(config)
-
-
-def checked_parts(payload: dict[str, Any], *, ema: bool = True
-                  ) -> tuple[ModelConfig, Vocab, Vocab, dict[str, Tensor]]:
-    """A payload's model config, vocabularies and the weights it translates with
-    (`translation_weights`), all checked: the weights against `model_skeleton`, so a config
-    that claims sizes its tensors do not have is refused before anything is allocated.
-
-    Args:
-        payload: a checkpoint dict of the current format (`upgrade_payload`).
-        ema: as for `translation_weights`.
-    Raises:
-        InputError: as `stored_parts` and `check_weights`.
-    """
-    config, src_vocab, tgt_vocab = stored_parts(payload)
-    section, weights = translation_weights(payload, ema=ema)
-    check_weights(weights, model_skeleton(config), section)
-    return config, src_vocab, tgt_vocab, weights
+        return config.build() if isinstance(config, Blueprint) else build_model(config)
 
 
 def translation_weights(payload: dict[str, Any], *, ema: bool = True

@@ -29,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
+from bahdanau._about import versions
 from bahdanau._checks import JSON_ERRORS, check_path
 from bahdanau._files import (
     check_destination,
@@ -49,11 +51,13 @@ from bahdanau._folders import (
 )
 from bahdanau.checkpoint.files import FORMAT_VERSION
 from bahdanau.checkpoint.payload import (
+    check_built_vocabs,
     parse_tokenizer,
     stored_parts,
     translation_weights,
 )
 from bahdanau.checkpoint.sections import (
+    BUILD,
     EXTRA,
     FORMAT,
     MODEL,
@@ -65,11 +69,14 @@ from bahdanau.checkpoint.sections import (
     TRAINING,
     VERSIONS,
 )
-from bahdanau.data.tokenizers import tokenizer_to_payload
+from bahdanau.config import ModelConfig
+from bahdanau.data.tokenizers import Tokenizer, tokenizer_to_payload
+from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
+from bahdanau.parts import PART, build_record
 
-__all__ = ["MANIFEST", "RELEASE_FORMAT", "RELEASE_VERSION", "is_release", "read_release",
-           "write_release"]
+__all__ = ["MANIFEST", "RELEASE_FORMAT", "RELEASE_VERSION", "is_release", "model_payload",
+           "parts_card", "read_release", "write_release"]
 
 RELEASE_VERSION = 1                   # the manifest's "version": what this code reads
 WEIGHTS, CONFIG, CARD = "model.safetensors", "config.json", "README.md"
@@ -101,7 +108,7 @@ def release_files(payload: dict[str, Any], card: str) -> dict[str, bytes]:
     """Every file of the model folder of `payload` but the weights and the manifest, by name."""
     config, src_vocab, tgt_vocab = stored_parts(payload)
     tokenizer = tokenizer_to_payload(parse_tokenizer(payload))
-    files = {CONFIG: _json_bytes(config.to_dict()),
+    files = {CONFIG: _json_bytes(payload[BUILD] if config is None else config.to_dict()),
              SRC_VOCAB_FILE: _json_bytes(src_vocab.to_dict()),
              TGT_VOCAB_FILE: _json_bytes(tgt_vocab.to_dict()), CARD: card.encode("utf-8")}
     if tokenizer["name"] == "sentencepiece":
@@ -109,6 +116,52 @@ def release_files(payload: dict[str, Any], card: str) -> dict[str, bytes]:
         tokenizer = {**tokenizer, "model": TOKENIZER_MODEL}
     files[TOKENIZER_FILE] = _json_bytes(tokenizer)
     return files
+
+
+def model_payload(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab,
+                  tokenizer: Tokenizer) -> dict[str, Any]:
+    """The payload of a model in memory, to write as a model folder (`write_release`).
+
+    A model built from a `ModelConfig` (a preset's: it has `.config`) is stored by its config;
+    any other, assembled from parts, by its build record (`bahdanau.parts.build_record`: every
+    part's class and constructor arguments), as the `BUILD` section.
+
+    Raises:
+        InputError: a part that records no arguments or an argument that is not JSON
+            (`build_record`), vocabularies that do not fit the model, or a tokenizer that is
+            not bahdanau's.
+    """
+    config = getattr(model, "config", None)
+    sections: dict[str, Any] = {MODEL_CONFIG: None}
+    if isinstance(config, ModelConfig):
+        config.check_vocabs(src_vocab, tgt_vocab)
+        sections[MODEL_CONFIG] = config.to_dict()
+    else:
+        sections[BUILD] = build_record(model)
+        check_built_vocabs(model, src_vocab, tgt_vocab)
+    device = next(iter(model.parameters()), torch.empty(0)).device
+    return {FORMAT: FORMAT_VERSION, MODEL: model.state_dict(), **sections,
+            SRC_VOCAB: src_vocab.to_dict(), TGT_VOCAB: tgt_vocab.to_dict(),
+            **dict.fromkeys(TRAINING), EXTRA: {}, TOKENIZER: tokenizer_to_payload(tokenizer),
+            VERSIONS: versions(device)}
+
+
+def parts_card(payload: dict[str, Any]) -> str:
+    """A short model card (README.md, in the Hugging Face card format) for a model saved from
+    memory (`bahdanau.Translator.save_pretrained`): what it is built of and how to load it;
+    ``bahdanau release`` of a run's checkpoint writes the full card of its run instead."""
+    record = payload.get(BUILD)
+    built = (f"assembled from parts: `{record[PART]}` (config.json records every part's "
+             "class and arguments)" if record is not None
+             else f"built from a ModelConfig ({payload[MODEL_CONFIG].get('arch')})")
+    return "\n".join([
+        "---", 'library_name: "bahdanau"', 'pipeline_tag: "translation"',
+        'tags: ["translation", "bahdanau"]', "---", "", "# bahdanau translation model", "",
+        f"A model {built}, with its weights (`model.safetensors`), vocabularies and tokenizer.",
+        "", "Load it with `bahdanau.load(FOLDER)` (add `trust_code=True` when config.json names "
+        "classes of your own, importable from where you load it), translate with "
+        "`bahdanau translate --checkpoint FOLDER` (`--trust-code`).", "",
+        "## License", "", "Not stated.", ""])
 
 
 def write_release(payload: dict[str, Any], out: str | os.PathLike[str], *, card: str,
@@ -299,9 +352,11 @@ def read_release(folder: str | os.PathLike[str]) -> dict[str, Any]:
     except Exception as err:       # safetensors raises its own SafetensorError, OSError, ...
         raise InputError(f"{folder / WEIGHTS}: not readable safetensors "
                          f"({type(err).__name__})") from None
+    config = _read_json(folder / CONFIG)
+    built = isinstance(config, dict) and PART in config       # a model assembled from parts
     return {
         FORMAT: FORMAT_VERSION, MODEL: weights,
-        MODEL_CONFIG: _read_json(folder / CONFIG),
+        MODEL_CONFIG: None if built else config, **({BUILD: config} if built else {}),
         SRC_VOCAB: _read_json(folder / SRC_VOCAB_FILE),
         TGT_VOCAB: _read_json(folder / TGT_VOCAB_FILE),
         **dict.fromkeys(TRAINING), TOKENIZER: tokenizer,

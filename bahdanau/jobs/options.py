@@ -68,6 +68,7 @@ __all__ = [
     "ScoreOptions",
     "TrainOptions",
     "TranslateOptions",
+    "TrustOptions",
     "GROUPS",
     "add_arguments",
     "flag",
@@ -401,7 +402,17 @@ class TrainOptions(SearchOptions):
 
 
 @dataclass(frozen=True)
-class DecodeOptions(SearchOptions):
+class TrustOptions(Options):
+    """What every command that reads a model folder takes: whether a model assembled from
+    parts may import classes outside bahdanau (`bahdanau.checkpoint.read_checkpoint`)."""
+
+    trust_code: bool = option(False, "import the classes of a model assembled from parts that "
+                                     "are not bahdanau's (its config.json names them; importing "
+                                     "runs their modules' code): only for models you trust")
+
+
+@dataclass(frozen=True)
+class DecodeOptions(SearchOptions, TrustOptions):
     """What every command that loads a checkpoint takes."""
 
     checkpoint: tuple[str, ...] = option(
@@ -559,7 +570,7 @@ PREPARE_WORDS = 10000
 
 
 @dataclass(frozen=True)
-class ReleaseOptions(Options):
+class ReleaseOptions(TrustOptions):
     """`bahdanau release`: a trained model as a folder to share (docs/release-format.md)."""
 
     checkpoint: str = option(None, "a checkpoint file, or a training output folder (its best, "
