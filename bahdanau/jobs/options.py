@@ -57,25 +57,10 @@ from bahdanau.jobs.flags import (
 from bahdanau.presets import ModelChoices
 from bahdanau.settings import setting as option
 
-__all__ = [
-    "AverageOptions",
-    "EvaluateOptions",
-    "ExportOptions",
-    "JOB_TRAINING",
-    "PlotOptions",
-    "PrepareOptions",
-    "ReleaseOptions",
-    "ScoreOptions",
-    "TrainOptions",
-    "TranslateOptions",
-    "TrustOptions",
-    "GROUPS",
-    "add_arguments",
-    "flag",
-    "flat_settings",
-    "resume_changes",
-    "resumed_options",
-]
+__all__ = ["AverageOptions", "EvaluateOptions", "ExportOptions", "JOB_TRAINING", "PlotOptions",
+           "PrepareOptions", "ReleaseOptions", "ScoreOptions", "TrainOptions", "TranslateOptions",
+           "TrustOptions", "GROUPS", "add_arguments", "flag", "flat_settings", "resume_changes",
+           "resumed_options"]
 
 # Epochs of a default job (the shipped Multi30k, no limit given): about 453 updates of 64
 # sentences each over its 28,999 pairs, at about 3.1 updates/s with the small preset on a
@@ -403,12 +388,9 @@ class TrainOptions(SearchOptions):
 
 @dataclass(frozen=True)
 class TrustOptions(Options):
-    """What every command that reads a model folder takes: whether a model assembled from
-    parts may import classes outside bahdanau (`bahdanau.checkpoint.read_checkpoint`)."""
-
-    trust_code: bool = option(False, "import the classes of a model assembled from parts that "
-                                     "are not bahdanau's (its config.json names them; importing "
-                                     "runs their modules' code): only for models you trust")
+    """Whether a model of parts may import classes outside bahdanau (`read_checkpoint`)."""
+    trust_code: bool = option(False, "import the classes outside bahdanau that a model's "
+                              "config.json names (runs their code): for models you trust")
 
 
 @dataclass(frozen=True)
