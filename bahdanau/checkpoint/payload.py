@@ -3,8 +3,7 @@
 The parsers and checks of a payload's parts, which the door (`bahdanau.checkpoint.reader`) runs
 on what it reads: `stored_parts` (the model config and vocabularies, checked against each
 other), `translation_weights` (the weights a checkpoint translates with: the moving average
-when it has one), `check_weights` (against `model_skeleton`, which allocates nothing),
-`check_built_vocabs` (a model assembled from parts against its vocabularies) and
+when it has one), `check_built_vocabs` (a model assembled from parts against its vocabularies) and
 `parse_tokenizer` (the tokenizer it was trained with). They take a payload of the current
 format; `tokenizer_of` takes one of any format.
 """
@@ -13,9 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 from bahdanau.checkpoint.files import parse_section, upgrade_payload
 from bahdanau.checkpoint.sections import (
@@ -37,8 +34,6 @@ from bahdanau.data.tokenizers import (
 )
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
-from bahdanau.models import build_model
-from bahdanau.parts import Blueprint
 
 
 def stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig | None, Vocab, Vocab]:
@@ -71,59 +66,6 @@ def check_built_vocabs(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab) -> 
         if pad_id != src_vocab.pad_id:
             raise InputError(f"checkpoint is inconsistent: its model pads with id {pad_id}, "
                              f"its vocabularies with {src_vocab.pad_id}")
-
-
-def check_weights(stored: Any, model: nn.Module, section: str = MODEL) -> None:
-    """Refuse stored weights (the payload's `section`: `MODEL` or `EMA`) that
-    `model.load_state_dict` would refuse or that are not finite.
-
-    Checked before loading because `load_state_dict` copies the weights that fit before it
-    raises for the ones that do not.
-    """
-    if not isinstance(stored, dict):
-        raise InputError(f"checkpoint {section} is a {type(stored).__name__}, not a state_dict")
-    what = "checkpoint" if section == MODEL else f"checkpoint {section}"
-    expected = model.state_dict()
-    for key, ours in expected.items():
-        if key not in stored:
-            raise InputError(f"{what} weights do not fit the model: {key!r} is missing")
-        theirs = stored[key]
-        if not isinstance(theirs, Tensor):
-            raise InputError(f"{what} weights do not fit the model: {key!r} is a "
-                             f"{type(theirs).__name__}, not a tensor")
-        if theirs.shape != ours.shape:
-            raise InputError(f"{what} weights do not fit the model: {key!r} has shape "
-                             f"{tuple(theirs.shape)}, the model's has {tuple(ours.shape)}")
-    for key in stored:
-        if key not in expected:
-            raise InputError(f"{what} weights do not fit the model: {key!r} is not one of "
-                             "its weights")
-    for key, tensor in stored.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise InputError(f"{what} weight {key!r} holds NaN or inf")
-
-
-class _WithoutInit(TorchFunctionMode):
-    """Inside, `torch.nn.init`'s functions leave their tensor as it is: on the meta device no
-    value is drawn then (drawing one there imports torch._dynamo, seconds)."""
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (),
-                           kwargs: Any = None) -> Any:
-        if getattr(func, "__module__", None) == "torch.nn.init":
-            return args[0] if args else kwargs["tensor"]
-        return func(*args, **(kwargs or {}))
-
-
-def model_skeleton(config: ModelConfig | Blueprint) -> nn.Module:
-    """The model of `config` (or of a `Blueprint`: a model assembled from parts) on the meta
-    device: its weights' names and shapes, and no memory.
-
-    What a checkpoint's weights are checked against (`check_weights`) before the model is
-    built: a config that claims sizes its stored tensors do not have (a small file claiming
-    embed_size 10**7) is refused before anything is allocated.
-    """
-    with torch.device("meta"), _WithoutInit():
-        return config.build() if isinstance(config, Blueprint) else build_model(config)
 
 
 def translation_weights(payload: dict[str, Any], *, ema: bool = True

@@ -41,8 +41,6 @@ from bahdanau.checkpoint.files import (
 from bahdanau.checkpoint.manager import CheckpointManager, checkpoints_folder
 from bahdanau.checkpoint.payload import (
     check_built_vocabs,
-    check_weights,
-    model_skeleton,
     parse_tokenizer,
     stored_parts,
     translation_weights,
@@ -62,6 +60,7 @@ from bahdanau.config import ModelConfig
 from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
+from bahdanau.model_folder import WEIGHTS, check_weights, model_skeleton
 from bahdanau.models import build_model
 from bahdanau.parts import Blueprint, blueprint
 
@@ -110,7 +109,7 @@ def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> P
     if p.is_dir():
         manager = CheckpointManager(checkpoints_folder(p))
         found = manager.best() or manager.latest()
-        if found is None and (p / "model.safetensors").is_file():
+        if found is None and (p / WEIGHTS).is_file():
             raise InputError(f"{name} {path}: a model folder without its manifest.json")
         if found is None:
             raise InputError(f"{name} {path}: no checkpoint in this folder (a run keeps its "
@@ -247,7 +246,10 @@ class Checkpoint:
 
     def skeleton(self) -> nn.Module:
         """The model on the meta device (`model_skeleton`): names and shapes, no memory."""
-        return model_skeleton(self.blueprint if self.blueprint is not None else self.config)
+        if self.blueprint is not None:
+            return model_skeleton(self.blueprint.build)
+        config = self.config
+        return model_skeleton(lambda: build_model(config))
 
     @property
     def weights(self) -> dict[str, Tensor]:
@@ -291,7 +293,8 @@ class Checkpoint:
         """
         with named(self.path):
             section, weights = translation_weights(self.payload, ema=ema)
-            check_weights(weights, self.skeleton(), section)
+            check_weights(weights, self.skeleton(),
+                          "checkpoint" if section == MODEL else f"checkpoint {section}")
         return section, weights
 
     def model(self, *, device: str | torch.device = "cpu", ema: bool = True) -> nn.Module:
@@ -314,7 +317,7 @@ def _parts(payload: dict[str, Any], path: Path | None, kind: str, trust: Trust
     plan = None
     if config is None:
         plan = blueprint(payload[BUILD], trust_code=trust[0], parts=trust[1])
-        check_built_vocabs(model_skeleton(plan), src_vocab, tgt_vocab)
+        check_built_vocabs(model_skeleton(plan.build), src_vocab, tgt_vocab)
     return Checkpoint(path, kind, payload, config, src_vocab, tgt_vocab,
                       parse_tokenizer(payload), run_record(payload, path), plan)
 

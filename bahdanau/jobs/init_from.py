@@ -17,12 +17,12 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
-from bahdanau.checkpoint.payload import check_weights
 from bahdanau.checkpoint.reader import read_checkpoint
 from bahdanau.config import ModelConfig
 from bahdanau.data.tokenizers import Tokenizer, tokenizer_to_payload
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
+from bahdanau.model_folder import check_weights
 
 # ModelConfig fields a fine-tuning run may choose anew: regularisation and how the same weights
 # are computed or were first drawn. Every other field (sizes, architecture, special ids) must be

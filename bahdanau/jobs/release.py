@@ -22,11 +22,12 @@ from typing import Any
 
 from bahdanau._folders import Kind
 from bahdanau.checkpoint.reader import Checkpoint, find_checkpoint, read_checkpoint
-from bahdanau.checkpoint.release import MANIFEST, check_new_release, write_release
+from bahdanau.checkpoint.release import MANIFEST, write_release
 from bahdanau.checkpoint.sections import EMA, EXTRA
 from bahdanau.data.text import MULTI30K_LANGS
 from bahdanau.jobs.files import check_output_folder
 from bahdanau.jobs.options import ReleaseOptions, TrainOptions, flag
+from bahdanau.model_folder import check_model_folder_to_write
 from bahdanau.parts import class_path
 
 
@@ -256,7 +257,7 @@ def release_model(o: ReleaseOptions) -> Path:
     """
     path = find_checkpoint(o.checkpoint, "--checkpoint")
     check_output_folder("--out", o.out, {"--checkpoint": path}, writes=Kind.MODEL)
-    check_new_release(Path(o.out), o.overwrite)
+    check_model_folder_to_write(Path(o.out), o.overwrite)
     checkpoint = read_checkpoint(path, trust_code=o.trust_code)
     checkpoint.translation_weights()                # checks the weights whole first
     card = model_card(checkpoint, o.license)

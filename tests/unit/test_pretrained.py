@@ -1,4 +1,5 @@
-"""Any model saves and loads: `Translator.save_pretrained`, `bahdanau.load` of the folder.
+"""Any model saves and loads: `Translator.save_pretrained`, `bahdanau.load` of the folder, and
+a model alone: `RNNSearch.save_pretrained`, `RNNSearch.from_pretrained`.
 
 A model assembled from parts with the attention of docs/guides/own-attention.md (its code read
 from the guide and written out as an importable module) is trained a few updates, saved, and
@@ -6,7 +7,10 @@ reloaded in a fresh process, where Python, ``bahdanau translate --trust-code`` a
 folder that ``bahdanau release`` makes of it all decode as the model did before it was saved. A
 preset model round-trips bit for bit. The refusals are one line each: a class outside bahdanau
 without trust (nothing imported), a class that is not there or is not a part, a weight of
-another shape, a constructor argument that is not JSON.
+another shape, a constructor argument that is not JSON. A model saved alone (a preset's, and
+one with the guide's attention) reloads in a fresh process with the same weights and beams; a
+folder of another class, a folder of a model alone where a Translator is wanted, and a missing
+safetensors package are one line each.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -29,6 +34,7 @@ from bahdanau import (
     BeamSearch,
     BiRNNEncoder,
     LuongAttention,
+    RNNEncDec,
     RNNSearch,
     Translator,
     presets,
@@ -37,6 +43,7 @@ from bahdanau import (
 from bahdanau.cli import main
 from bahdanau.data import Batch, DefaultTokenizer, Vocab
 from bahdanau.errors import InputError
+from bahdanau.model_folder import write_model_folder
 from bahdanau.models import build_model
 from bahdanau.parts import blueprint, build_record
 
@@ -91,10 +98,14 @@ def trained(model: RNNSearch, src_vocab: Vocab, steps: int = 5) -> RNNSearch:
 
 
 def beam_tokens(translator: Translator) -> list[list[int]]:
-    ids = [translator.src_vocab.encode(s.split()) for s in SOURCES]
+    return model_beams(translator.model, translator.src_vocab)
+
+
+def model_beams(model: torch.nn.Module, src_vocab: Vocab) -> list[list[int]]:
+    """The best beam of each of SOURCES (beam 3, at most 8 tokens)."""
     out = []
-    for sentence in ids:
-        hyps = BeamSearch(beam_size=3, max_len=8)(translator.model, torch.tensor([sentence]),
+    for sentence in (src_vocab.encode(s.split()) for s in SOURCES):
+        hyps = BeamSearch(beam_size=3, max_len=8)(model, torch.tensor([sentence]),
                                                   torch.tensor([len(sentence)]))
         out.append(hyps[0][0].tokens)
     return out
@@ -259,3 +270,98 @@ def test_a_part_records_its_own_class_and_arguments() -> None:
     assert LuongAttention(4, 6).built_with == {"query_size": 4, "key_size": 6, "form": "general"}
     with pytest.raises(InputError):
         build_record(torch.nn.Linear(2, 2))
+
+
+# A model alone: `save_pretrained` and `from_pretrained` on the model classes.
+
+_FRESH_LOAD = """
+import json, sys, torch
+from bahdanau import RNNSearch
+from test_pretrained import model_beams, vocabularies
+assert 'own_attention_guide' not in sys.modules
+model = RNNSearch.from_pretrained(sys.argv[1], trust_code=True)
+torch.save(model.state_dict(), sys.argv[2])
+print(json.dumps({"class": type(model).__name__, "training": model.training,
+                  "attention": type(model.decoder.attention).__name__,
+                  "beams": model_beams(model, vocabularies()[0])}))
+"""
+
+
+@pytest.mark.parametrize("kind", ["preset", "own attention"])
+def test_a_model_saves_itself_and_loads_in_a_fresh_process(kind, guide_dir, tmp_path) -> None:
+    """model.save_pretrained writes the model alone (config.json, model.safetensors, the
+    manifest); RNNSearch.from_pretrained in a fresh process gives the same weights, bit for
+    bit, and the same beams (the guide's attention imported there only by trust_code)."""
+    from own_attention_guide import ScaledDotAttention  # type: ignore[import-not-found]
+    src_vocab, tgt_vocab = vocabularies()
+    torch.manual_seed(2)
+    model = trained(build_model(presets.tiny(len(src_vocab), len(tgt_vocab))) if kind == "preset"
+                    else assembled(ScaledDotAttention(10, 12, 5), src_vocab, tgt_vocab),
+                    src_vocab)
+    folder = model.save_pretrained(tmp_path / "model")
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "config.json", "manifest.json", "model.safetensors"]
+    env = fresh_env(guide_dir, Path(__file__).parent, ROOT / "tests")
+    done = subprocess.run([sys.executable, "-c", _FRESH_LOAD, str(folder),
+                           str(tmp_path / "weights.pt")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {
+        "class": "RNNSearch", "training": False,
+        "attention": type(model.decoder.attention).__name__,
+        "beams": model_beams(model, src_vocab)}
+    theirs = torch.load(tmp_path / "weights.pt", weights_only=True)
+    ours = model.state_dict()
+    assert theirs.keys() == ours.keys()
+    assert all(torch.equal(theirs[k], w) for k, w in ours.items())
+
+
+def test_a_model_loads_from_a_translators_folder_and_not_the_other_way(own_folder) -> None:
+    """RNNSearch.from_pretrained reads the model half of a Translator's folder; bahdanau.load
+    of a model saved alone says, in one line, that a Translator needs vocabularies."""
+    folder, cls = own_folder
+    translator = bahdanau.load(folder, parts={"untrusted_attention:Untrusted": cls})
+    model = RNNSearch.from_pretrained(folder, parts={"untrusted_attention:Untrusted": cls})
+    assert type(model.decoder.attention) is cls
+    theirs = model.state_dict()
+    assert all(torch.equal(theirs[k], w) for k, w in translator.model.state_dict().items())
+    alone = model.save_pretrained(folder.parent / "alone")
+    one_line_error(lambda: bahdanau.load(alone, parts={"untrusted_attention:Untrusted": cls}),
+                   str(alone), "holds a model alone", "Translator.save_pretrained",
+                   "RNNSearch.from_pretrained")
+
+
+def test_a_folder_of_another_class_is_refused(own_folder, tmp_path) -> None:
+    src_vocab, tgt_vocab = vocabularies()
+    encdec = build_model(replace(presets.tiny(len(src_vocab), len(tgt_vocab)), arch="rnnencdec"))
+    folder = encdec.save_pretrained(tmp_path / "encdec")
+    assert type(RNNEncDec.from_pretrained(folder)) is RNNEncDec
+    one_line_error(lambda: RNNSearch.from_pretrained(folder), str(folder),
+                   "its model is RNNEncDec", "arch 'rnnencdec'", "not RNNSearch",
+                   "RNNEncDec.from_pretrained")
+    parts_folder, cls = own_folder
+    one_line_error(lambda: RNNEncDec.from_pretrained(parts_folder, parts={
+        "untrusted_attention:Untrusted": cls}), str(parts_folder), "its model is RNNSearch",
+        "not RNNEncDec", "RNNSearch.from_pretrained")
+
+
+def test_weights_of_another_shape_are_refused_before_loading(tmp_path) -> None:
+    src_vocab, tgt_vocab = vocabularies()
+    config = presets.tiny(len(src_vocab), len(tgt_vocab))
+    wider = build_model(presets.tiny(len(src_vocab) + 1, len(tgt_vocab)))
+    folder = write_model_folder(tmp_path / "m", wider.state_dict(), config.to_dict())
+    one_line_error(lambda: RNNSearch.from_pretrained(folder), str(folder),
+                   "its weights do not fit the model", "'encoder.embedding.weight' has shape "
+                   f"({len(src_vocab) + 1}, {config.embed_size})")
+
+
+def test_without_safetensors_saving_and_loading_say_what_to_install(tmp_path,
+                                                                    monkeypatch) -> None:
+    src_vocab, tgt_vocab = vocabularies()
+    model = build_model(presets.tiny(len(src_vocab), len(tgt_vocab)))
+    folder = model.save_pretrained(tmp_path / "m")
+    monkeypatch.setitem(sys.modules, "safetensors", None)      # import safetensors fails
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
+    one_line_error(lambda: model.save_pretrained(tmp_path / "new"), "bahdanau[share]")
+    assert not (tmp_path / "new").exists()
+    one_line_error(lambda: RNNSearch.from_pretrained(folder), str(folder), "bahdanau[share]")
