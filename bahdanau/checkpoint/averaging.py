@@ -311,7 +311,8 @@ def read_members(paths: Sequence[Path], *, same_config: bool, trust_code: bool =
 
     Args:
         paths: the members' files or folders.
-        same_config: as for `check_members` (averaging).
+        same_config: as for `check_members` (averaging: a model assembled from parts, which
+            has no ModelConfig, is refused in one line; average such weights in Python).
         trust_code, parts: as for `read_checkpoint` (models assembled from parts).
     Raises:
         InputError: a damaged or malformed file (named first), or a member that `check_members`
@@ -319,7 +320,9 @@ def read_members(paths: Sequence[Path], *, same_config: bool, trust_code: bool =
     """
     first: Checkpoint | None = None     # the first member without its weights and states
     for path in paths:
-        checkpoint = read_checkpoint(path, trust_code=trust_code, parts=parts)
+        checkpoint = read_checkpoint(path, trust_code=trust_code, parts=parts, needs_config=(
+            "an average is a checkpoint of one ModelConfig, its members'" if same_config
+            else None))
         if first is None:
             first = replace(checkpoint, payload={k: v for k, v in checkpoint.payload.items()
                                                  if k in (TOKENIZER, EXTRA)})

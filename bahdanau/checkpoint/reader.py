@@ -238,10 +238,8 @@ class Checkpoint:
                 model built from a preset.
         """
         if self.model_config is None:
-            raise InputError(f"{self.path or 'checkpoint'}: holds a model assembled from parts "
-                             "(its config.json records them), which has no ModelConfig: this "
-                             "takes a model built from a preset (bahdanau.presets); load it "
-                             "in Python with bahdanau.load or Translator.from_pretrained")
+            raise _no_config(self.path, "this takes a model built from a preset "
+                                        "(bahdanau.presets)")
         return self.model_config
 
     def skeleton(self) -> nn.Module:
@@ -308,13 +306,23 @@ class Checkpoint:
         return model.to(device).eval()
 
 
-def _parts(payload: dict[str, Any], path: Path | None, kind: str, trust: Trust
-           ) -> Checkpoint:
+def _no_config(path: Path | None, why: str) -> InputError:
+    """A model assembled from parts refused where a ModelConfig is needed, and `why`."""
+    return InputError(f"{path or 'checkpoint'}: holds a model assembled from parts (its "
+                      f"config.json records them), which has no ModelConfig: {why}; load it "
+                      "in Python with bahdanau.load or Translator.from_pretrained")
+
+
+def _parts(payload: dict[str, Any], path: Path | None, kind: str, trust: Trust,
+           needs_config: str | None = None) -> Checkpoint:
     """The `Checkpoint` of a payload of the current format (errors named by the caller); the
     classes of a model assembled from parts are found as `trust` allows
-    (`bahdanau.parts.blueprint`) and its vocabularies checked against its skeleton."""
+    (`bahdanau.parts.blueprint`) and its vocabularies checked against its skeleton, unless
+    the caller `needs_config` (then it is refused, saying why, before any class is found)."""
     config, src_vocab, tgt_vocab = stored_parts(payload)
     plan = None
+    if config is None and needs_config is not None:
+        raise _no_config(path, needs_config)
     if config is None:
         plan = blueprint(payload[BUILD], trust_code=trust[0], parts=trust[1])
         check_built_vocabs(model_skeleton(plan.build), src_vocab, tgt_vocab)
@@ -327,7 +335,8 @@ Trust = tuple[bool, Mapping[str, type] | None]     # (trust_code, parts): see `r
 
 def read_checkpoint(source: str | os.PathLike[str], *, name: str = "checkpoint",
                     map_location: str | torch.device = "cpu", trust_code: bool = False,
-                    parts: Mapping[str, type] | None = None) -> Checkpoint:
+                    parts: Mapping[str, type] | None = None,
+                    needs_config: str | None = None) -> Checkpoint:
     """Read a checkpoint file, a run folder's checkpoint or a model folder, once.
 
     Args:
@@ -340,6 +349,9 @@ def read_checkpoint(source: str | os.PathLike[str], *, name: str = "checkpoint",
             it, or `parts`, such a checkpoint is refused before anything is imported.
         parts: the classes outside bahdanau by import path (``{"my_module:MyAttention":
             MyAttention}``), taken as given (`bahdanau.parts.blueprint`).
+        needs_config: why the caller needs a `ModelConfig` ("train --init-from builds ..."):
+            a model assembled from parts is then refused in one line saying so, before any
+            class it names is looked up (where trust would not help).
     Returns:
         The `Checkpoint`: the payload upgraded to the current format (once), the model config
         (or the `Blueprint` of a model assembled from parts), vocabularies and tokenizer
@@ -352,10 +364,10 @@ def read_checkpoint(source: str | os.PathLike[str], *, name: str = "checkpoint",
     path = find_checkpoint(source, name)
     kind = folder_kind(path)
     with named(path):
-        if kind is not None:
-            return _parts(kind.read(path), path, kind.name, (trust_code, parts))
-        return _parts(read_payload(path, map_location=map_location), path, "checkpoint file",
-                      (trust_code, parts))
+        payload = (kind.read(path) if kind is not None
+                   else read_payload(path, map_location=map_location))
+        return _parts(payload, path, "checkpoint file" if kind is None else kind.name,
+                      (trust_code, parts), needs_config)
 
 
 def checkpoint_of(payload: dict[str, Any], *, trust_code: bool = False,

@@ -47,10 +47,12 @@ def read_init_model(given: str) -> InitModel:
     """The model of ``--init-from`` (a file, a run folder's best or latest, a model folder).
 
     Raises:
-        InputError: nothing there, or a damaged checkpoint or model folder, or weights that do
+        InputError: nothing there, or a damaged checkpoint or model folder, a model assembled
+            from parts (it has no ModelConfig to build the new run from), or weights that do
             not fit their own config (the file is named).
     """
-    checkpoint = read_checkpoint(given, name="--init-from")
+    checkpoint = read_checkpoint(given, name="--init-from", needs_config=(
+        "train --init-from builds the new run's model from a preset and its options"))
     _, weights = checkpoint.translation_weights()
     assert checkpoint.path is not None                    # read from a path
     return InitModel(checkpoint.path, checkpoint.config, checkpoint.src_vocab,

@@ -365,3 +365,33 @@ def test_without_safetensors_saving_and_loading_say_what_to_install(tmp_path,
     one_line_error(lambda: model.save_pretrained(tmp_path / "new"), "bahdanau[share]")
     assert not (tmp_path / "new").exists()
     one_line_error(lambda: RNNSearch.from_pretrained(folder), str(folder), "bahdanau[share]")
+
+
+@pytest.mark.parametrize(("command", "why"), [
+    (["average", "--checkpoint", "{folder}", "{copy}", "--output", "{out}.pt"],
+     "an average is a checkpoint of one ModelConfig"),
+    (["train", "--init-from", "{folder}", "--train-src", "{text}", "--train-tgt", "{text}",
+      "--out", "{out}", "--max-steps", "1"],
+     "train --init-from builds the new run's model from a preset"),
+    (["export", "--checkpoint", "{folder}", "--out", "{out}"],
+     "an exported folder is rebuilt from the ModelConfig"),
+])
+def test_what_needs_a_model_config_refuses_parts_saying_why(own_folder, tmp_path, capsys,
+                                                           command, why) -> None:
+    """average, train --init-from and export refuse a model assembled from parts in one line
+    saying why, before its classes are looked up (so trust is never suggested: it would not
+    help), and write nothing."""
+    folder, _ = own_folder
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for file in folder.iterdir():
+        (copy / file.name).write_bytes(file.read_bytes())
+    text = tmp_path / "text.txt"
+    text.write_text("a b\n", encoding="utf-8")
+    argv = [a.format(folder=folder, copy=copy, out=tmp_path / "out", text=text) for a in command]
+    assert main(argv) != 0
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1, error
+    assert f"{folder}: holds a model assembled from parts" in error and why in error, error
+    assert "trust" not in error and "untrusted_attention" not in sys.modules
+    assert not (tmp_path / "out").exists() and not (tmp_path / "out.pt").exists()
