@@ -74,6 +74,7 @@ from bahdanau import functional
 from bahdanau._checks import check_dims, check_sizes, check_tensor, describe, shape_str
 from bahdanau.errors import InputError
 from bahdanau.kernels import IMPLS, resolve_impl, sigmoid_attention_weights
+from bahdanau.parts import Part
 
 LinearWeights = tuple[Tensor, Tensor | None]   # a linear map's (out, in) weight and its bias
 
@@ -119,7 +120,7 @@ def _refused(name: str, problem: str) -> InputError:
     return InputError(f"{name} {problem}: {_SEAM}")
 
 
-class Attention(nn.Module):
+class Attention(Part, nn.Module):
     """Base class of the decoder-attention seam: a new attention defines only `score`.
 
     A subclass calls `super().__init__(query_size=Q, key_size=K)` first in its `__init__` and

@@ -41,6 +41,7 @@ from bahdanau.config import GRU_FORMS
 from bahdanau.encoder import init_recurrent_
 from bahdanau.errors import InputError
 from bahdanau.layer_norm import GateNorm
+from bahdanau.parts import Part
 
 
 class DecoderState(NamedTuple):
@@ -87,7 +88,7 @@ class StepOutput(NamedTuple):
     weights: Tensor | None        # (N, S) a_ij, None without attention
 
 
-class AttentiveDecoder(nn.Module):
+class AttentiveDecoder(Part, nn.Module):
     r"""GRU decoder with an attention (RNNsearch) or a fixed context (RNNencdec).
 
     Args:

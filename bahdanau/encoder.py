@@ -40,6 +40,7 @@ from bahdanau._checks import (
 from bahdanau.config import GRU_FORMS
 from bahdanau.errors import InputError
 from bahdanau.layer_norm import GateNorm
+from bahdanau.parts import Part
 
 
 def _gru_layer(x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor,
@@ -159,7 +160,7 @@ def init_recurrent_(weight: Tensor, hidden_size: int) -> None:
             nn.init.orthogonal_(block)
 
 
-class BiRNNEncoder(nn.Module):
+class BiRNNEncoder(Part, nn.Module):
     """Bidirectional GRU encoder.
 
     Args:

@@ -32,10 +32,12 @@ from bahdanau.encoder import BiRNNEncoder
 from bahdanau.engine import DecoderEngine
 from bahdanau.errors import InputError
 from bahdanau.layer_norm import reset_gate_norms_
+from bahdanau.model_folder import Pretrained
+from bahdanau.parts import Part
 from bahdanau.search import BeamSearch, Hypothesis, LengthPenalty
 
 
-class RNNSearch(nn.Module):
+class RNNSearch(Part, Pretrained, nn.Module):
     """Encoder-decoder with attention (Bahdanau et al. 2015).
 
     The model is the door where a batch's values are checked, once: `forward`, `loss` and
@@ -51,6 +53,10 @@ class RNNSearch(nn.Module):
             conditional GRU decoder has none and takes the reference path) or "reference"
             (the paper-shaped decoder alone).
         config: the `ModelConfig` the model was built from (kept for checkpoints), if any.
+
+    `save_pretrained` writes the model as a folder of its own and `from_pretrained` reads it
+    back (`bahdanau.model_folder.Pretrained`: a preset's model by its config, one assembled
+    from parts by its parts' record).
     """
 
     arch: ClassVar[Arch] = "rnnsearch"

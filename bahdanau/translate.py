@@ -2,6 +2,8 @@
 
     translator = bahdanau.load("runs/default")         # a run folder or a checkpoint file
     translator.translate(["A man is riding a bicycle."])  # e.g. ['Un homme fait du vélo.']
+    translator.save_pretrained("my-model")             # a model folder, any model's
+    Translator.from_pretrained("my-model", trust_code=True)   # parts of one's own imported
 
 The checkpoint, read through the door `bahdanau.checkpoint.read_checkpoint`, gives the model,
 its vocabularies and the tokenizer it was trained with (a SentencePiece model is restored from
@@ -22,14 +24,16 @@ Under `torch.autocast` the model runs in its precision (bfloat16, float16), on a
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from bahdanau._checks import describe
 from bahdanau.checkpoint.averaging import read_members
 from bahdanau.checkpoint.reader import find_checkpoint
+from bahdanau.checkpoint.release import model_payload, parts_card, write_release
 from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.ensemble import Ensemble
@@ -51,6 +55,39 @@ class Translator:
     # the training update each checkpoint was saved at, in the order given (None where the
     # file records none): what a title or a log line names the model by
     steps: tuple[int | None, ...] = ()
+
+    def save_pretrained(self, folder: str | os.PathLike[str], *, card: str | None = None,
+                        overwrite: bool = False) -> Path:
+        """Write the model, its vocabularies and tokenizer as a model folder (Hugging Face's
+        layout: config.json, model.safetensors, README.md; docs/release-format.md).
+
+        A model built from a preset is stored by its `ModelConfig`; one assembled from parts
+        (an attention of one's own, say) by every part's class and constructor arguments
+        (`bahdanau.parts.build_record`). `from_pretrained`, `load`, ``bahdanau translate``,
+        ``evaluate`` and ``release`` read the folder.
+
+        Args:
+            folder: absent, empty, or a model folder to replace with `overwrite`.
+            card: the README.md; default a short one (`bahdanau.checkpoint.release.parts_card`).
+            overwrite: replace the model folder `folder` holds.
+        Returns:
+            The folder.
+        Raises:
+            InputError: a part that records no arguments, a constructor argument that is not
+                JSON (named), an ensemble, or what `write_release` refuses.
+        """
+        if isinstance(self.model, Ensemble):
+            raise InputError("an ensemble is several models: save each member apart")
+        payload = model_payload(self.model, self.src_vocab, self.tgt_vocab, self.tokenizer)
+        return write_release(payload, folder, overwrite=overwrite,
+                             card=parts_card(payload) if card is None else card)
+
+    @classmethod
+    def from_pretrained(cls, folder: str | os.PathLike[str], *,
+                        device: str | torch.device = "cpu", trust_code: bool = False,
+                        parts: Mapping[str, type] | None = None) -> Translator:
+        """The `Translator` of a model folder (`save_pretrained`, ``bahdanau release``): `load`."""
+        return load(folder, device=device, trust_code=trust_code, parts=parts)
 
     def translate(self, sentences: Sequence[str], *, search: BeamSearch | None = None,
                   batch_size: int = 64, constraints: Sequence[Sequence[str]] | None = None,
@@ -78,7 +115,8 @@ class Translator:
 
 
 def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
-         device: str | torch.device = "cpu") -> Translator:
+         device: str | torch.device = "cpu", trust_code: bool = False,
+         parts: Mapping[str, type] | None = None) -> Translator:
     """The `Translator` of a checkpoint, or of an ensemble of several.
 
     Args:
@@ -87,6 +125,10 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
             (`bahdanau.checkpoint.find_checkpoint`). A list of them (two or more) gives an
             `Ensemble` of their models; a list of one is that one checkpoint.
         device: where the model goes.
+        trust_code: import the classes outside bahdanau that a model assembled from parts
+            names (`Translator.save_pretrained`); without it, or `parts` giving them, such a
+            folder is refused before anything is imported.
+        parts: those classes by import path, ``{"my_module:MyAttention": MyAttention}``.
     Returns:
         The model (eval mode), its tokenizer and vocabularies, and each checkpoint's training
         step (`Translator.steps`). A checkpoint with EMA weights
@@ -106,7 +148,7 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
     paths = [find_checkpoint(given) for given in checkpoint]
     models: list[torch.nn.Module] = []
     steps: list[int | None] = []
-    for member in read_members(paths, same_config=False):        # each read once
+    for member in read_members(paths, same_config=False, trust_code=trust_code, parts=parts):
         if not models:
             tokenizer, src_vocab, tgt_vocab = member.tokenizer, member.src_vocab, member.tgt_vocab
         models.append(member.model(device=device))

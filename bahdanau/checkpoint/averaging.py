@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -304,20 +304,25 @@ def check_members(members: list[Checkpoint], *, same_config: bool) -> None:
                              "tokenizer")
 
 
-def read_members(paths: Sequence[Path], *, same_config: bool) -> Iterator[Checkpoint]:
+def read_members(paths: Sequence[Path], *, same_config: bool, trust_code: bool = False,
+                 parts: Mapping[str, type] | None = None) -> Iterator[Checkpoint]:
     """The checkpoints to average or ensemble, read through the door (`read_checkpoint`) one
     at a time; each after the first is checked against it (`check_members`) before it comes.
 
     Args:
         paths: the members' files or folders.
-        same_config: as for `check_members` (averaging).
+        same_config: as for `check_members` (averaging: a model assembled from parts, which
+            has no ModelConfig, is refused in one line; average such weights in Python).
+        trust_code, parts: as for `read_checkpoint` (models assembled from parts).
     Raises:
         InputError: a damaged or malformed file (named first), or a member that `check_members`
             refuses.
     """
     first: Checkpoint | None = None     # the first member without its weights and states
     for path in paths:
-        checkpoint = read_checkpoint(path)
+        checkpoint = read_checkpoint(path, trust_code=trust_code, parts=parts, needs_config=(
+            "an average is a checkpoint of one ModelConfig, its members'" if same_config
+            else None))
         if first is None:
             first = replace(checkpoint, payload={k: v for k, v in checkpoint.payload.items()
                                                  if k in (TOKENIZER, EXTRA)})

@@ -3,21 +3,20 @@
 The parsers and checks of a payload's parts, which the door (`bahdanau.checkpoint.reader`) runs
 on what it reads: `stored_parts` (the model config and vocabularies, checked against each
 other), `translation_weights` (the weights a checkpoint translates with: the moving average
-when it has one), `check_weights` (against `model_skeleton`, which allocates nothing),
-`checked_parts` (all of these) and `parse_tokenizer` (the tokenizer it was trained with). They
-take a payload of the current format; `tokenizer_of` takes one of any format.
+when it has one), `check_built_vocabs` (a model assembled from parts against its vocabularies) and
+`parse_tokenizer` (the tokenizer it was trained with). They take a payload of the current
+format; `tokenizer_of` takes one of any format.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import torch
 from torch import Tensor, nn
-from torch.overrides import TorchFunctionMode
 
 from bahdanau.checkpoint.files import parse_section, upgrade_payload
 from bahdanau.checkpoint.sections import (
+    BUILD,
     EMA,
     EXTRA,
     MODEL,
@@ -35,89 +34,38 @@ from bahdanau.data.tokenizers import (
 )
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
-from bahdanau.models import build_model
 
 
-def stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig, Vocab, Vocab]:
-    """The payload's model config and vocabularies, checked against each other."""
-    config = parse_section(payload, MODEL_CONFIG, ModelConfig.from_dict)
+def stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig | None, Vocab, Vocab]:
+    """The payload's model config and vocabularies, checked against each other; the config is
+    None for a model assembled from parts (its `BUILD` record, checked against the
+    vocabularies once its classes are found: `check_built_vocabs`)."""
+    config = None
+    if payload[MODEL_CONFIG] is not None or payload.get(BUILD) is None:
+        config = parse_section(payload, MODEL_CONFIG, ModelConfig.from_dict)
     src_vocab = parse_section(payload, SRC_VOCAB, Vocab.from_dict)
     tgt_vocab = parse_section(payload, TGT_VOCAB, Vocab.from_dict)
     try:
-        config.check_vocabs(src_vocab, tgt_vocab)
+        if config is not None:
+            config.check_vocabs(src_vocab, tgt_vocab)
     except ValueError as err:
         raise InputError(f"checkpoint is inconsistent: {err}") from None
     return config, src_vocab, tgt_vocab
 
 
-def check_weights(stored: Any, model: nn.Module, section: str = MODEL) -> None:
-    """Refuse stored weights (the payload's `section`: `MODEL` or `EMA`) that
-    `model.load_state_dict` would refuse or that are not finite.
-
-    Checked before loading because `load_state_dict` copies the weights that fit before it
-    raises for the ones that do not.
-    """
-    if not isinstance(stored, dict):
-        raise InputError(f"checkpoint {section} is a {type(stored).__name__}, not a state_dict")
-    what = "checkpoint" if section == MODEL else f"checkpoint {section}"
-    expected = model.state_dict()
-    for key, ours in expected.items():
-        if key not in stored:
-            raise InputError(f"{what} weights do not fit the model: {key!r} is missing")
-        theirs = stored[key]
-        if not isinstance(theirs, Tensor):
-            raise InputError(f"{what} weights do not fit the model: {key!r} is a "
-                             f"{type(theirs).__name__}, not a tensor")
-        if theirs.shape != ours.shape:
-            raise InputError(f"{what} weights do not fit the model: {key!r} has shape "
-                             f"{tuple(theirs.shape)}, the model's has {tuple(ours.shape)}")
-    for key in stored:
-        if key not in expected:
-            raise InputError(f"{what} weights do not fit the model: {key!r} is not one of "
-                             "its weights")
-    for key, tensor in stored.items():
-        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise InputError(f"{what} weight {key!r} holds NaN or inf")
-
-
-class _WithoutInit(TorchFunctionMode):
-    """Inside, `torch.nn.init`'s functions leave their tensor as it is: on the meta device no
-    value is drawn then (drawing one there imports torch._dynamo, seconds)."""
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (),
-                           kwargs: Any = None) -> Any:
-        if getattr(func, "__module__", None) == "torch.nn.init":
-            return args[0] if args else kwargs["tensor"]
-        return func(*args, **(kwargs or {}))
-
-
-def model_skeleton(config: ModelConfig) -> nn.Module:
-    """The model of `config` on the meta device: its weights' names and shapes, and no memory.
-
-    What a checkpoint's weights are checked against (`check_weights`) before the model is
-    built: a config that claims sizes its stored tensors do not have (a small file claiming
-    embed_size 10**7) is refused before anything is allocated.
-    """
-    with torch.device("meta"), _WithoutInit():
-        return build_model(config)
-
-
-def checked_parts(payload: dict[str, Any], *, ema: bool = True
-                  ) -> tuple[ModelConfig, Vocab, Vocab, dict[str, Tensor]]:
-    """A payload's model config, vocabularies and the weights it translates with
-    (`translation_weights`), all checked: the weights against `model_skeleton`, so a config
-    that claims sizes its tensors do not have is refused before anything is allocated.
-
-    Args:
-        payload: a checkpoint dict of the current format (`upgrade_payload`).
-        ema: as for `translation_weights`.
-    Raises:
-        InputError: as `stored_parts` and `check_weights`.
-    """
-    config, src_vocab, tgt_vocab = stored_parts(payload)
-    section, weights = translation_weights(payload, ema=ema)
-    check_weights(weights, model_skeleton(config), section)
-    return config, src_vocab, tgt_vocab, weights
+def check_built_vocabs(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab) -> None:
+    """Refuse vocabularies whose sizes or padding id differ from those of a model assembled
+    from parts (its skeleton will do: only sizes are read)."""
+    sizes = getattr(model, "vocab_sizes", None)
+    if sizes is not None and tuple(sizes) != (len(src_vocab), len(tgt_vocab)):
+        raise InputError(f"checkpoint is inconsistent: its model's vocabulary sizes are "
+                         f"{tuple(sizes)}, its vocabularies have {len(src_vocab)} and "
+                         f"{len(tgt_vocab)} entries")
+    for part in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
+        pad_id = getattr(part, "pad_id", src_vocab.pad_id)
+        if pad_id != src_vocab.pad_id:
+            raise InputError(f"checkpoint is inconsistent: its model pads with id {pad_id}, "
+                             f"its vocabularies with {src_vocab.pad_id}")
 
 
 def translation_weights(payload: dict[str, Any], *, ema: bool = True

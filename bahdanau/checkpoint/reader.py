@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,14 +40,14 @@ from bahdanau.checkpoint.files import (
 )
 from bahdanau.checkpoint.manager import CheckpointManager, checkpoints_folder
 from bahdanau.checkpoint.payload import (
-    check_weights,
-    model_skeleton,
+    check_built_vocabs,
     parse_tokenizer,
     stored_parts,
     translation_weights,
 )
 from bahdanau.checkpoint.release import is_release, read_release
 from bahdanau.checkpoint.sections import (
+    BUILD,
     EMA,
     EXTRA,
     MODEL,
@@ -60,7 +60,9 @@ from bahdanau.config import ModelConfig
 from bahdanau.data.tokenizers import Tokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
+from bahdanau.model_folder import WEIGHTS, check_weights, model_skeleton
 from bahdanau.models import build_model
+from bahdanau.parts import Blueprint, blueprint
 
 __all__ = ["FOLDER_KINDS", "RUN_REPORT", "Checkpoint", "FolderKind", "RunRecord",
            "checkpoint_of", "find_checkpoint", "load_checkpoint", "model_from_checkpoint",
@@ -107,7 +109,7 @@ def find_checkpoint(path: str | os.PathLike[str], name: str = "checkpoint") -> P
     if p.is_dir():
         manager = CheckpointManager(checkpoints_folder(p))
         found = manager.best() or manager.latest()
-        if found is None and (p / "model.safetensors").is_file():
+        if found is None and (p / WEIGHTS).is_file():
             raise InputError(f"{name} {path}: a model folder without its manifest.json")
         if found is None:
             raise InputError(f"{name} {path}: no checkpoint in this folder (a run keeps its "
@@ -219,11 +221,33 @@ class Checkpoint:
     path: Path | None               # the file or folder read; None for a payload in memory
     kind: str                       # "checkpoint file", a `FolderKind`'s name, or "payload"
     payload: dict[str, Any]         # every section, in the current format
-    config: ModelConfig
+    model_config: ModelConfig | None  # None: a model assembled from parts (`blueprint`)
     src_vocab: Vocab
     tgt_vocab: Vocab
     tokenizer: Tokenizer
     run: RunRecord
+    blueprint: Blueprint | None = None  # how a model assembled from parts is built again
+
+    @property
+    def config(self) -> ModelConfig:
+        """The `ModelConfig` of a model built from one (a preset's).
+
+        Raises:
+            InputError: the model was assembled from parts and has none (one line, the path
+                first): what needs a ModelConfig (``train --init-from``, resuming) takes a
+                model built from a preset.
+        """
+        if self.model_config is None:
+            raise _no_config(self.path, "this takes a model built from a preset "
+                                        "(bahdanau.presets)")
+        return self.model_config
+
+    def skeleton(self) -> nn.Module:
+        """The model on the meta device (`model_skeleton`): names and shapes, no memory."""
+        if self.blueprint is not None:
+            return model_skeleton(self.blueprint.build)
+        config = self.config
+        return model_skeleton(lambda: build_model(config))
 
     @property
     def weights(self) -> dict[str, Tensor]:
@@ -267,27 +291,52 @@ class Checkpoint:
         """
         with named(self.path):
             section, weights = translation_weights(self.payload, ema=ema)
-            check_weights(weights, model_skeleton(self.config), section)
+            check_weights(weights, self.skeleton(),
+                          "checkpoint" if section == MODEL else f"checkpoint {section}")
         return section, weights
 
     def model(self, *, device: str | torch.device = "cpu", ema: bool = True) -> nn.Module:
         """The model (eval mode) with the weights it translates with (`translation_weights`)."""
         device = resolve_device(device)
         _, weights = self.translation_weights(ema=ema)
-        model = build_model(self.config)
+        with named(self.path):
+            model = (self.blueprint.build() if self.blueprint is not None
+                     else build_model(self.config))
         model.load_state_dict(weights)
         return model.to(device).eval()
 
 
-def _parts(payload: dict[str, Any], path: Path | None, kind: str) -> Checkpoint:
-    """The `Checkpoint` of a payload of the current format (errors named by the caller)."""
+def _no_config(path: Path | None, why: str) -> InputError:
+    """A model assembled from parts refused where a ModelConfig is needed, and `why`."""
+    return InputError(f"{path or 'checkpoint'}: holds a model assembled from parts (its "
+                      f"config.json records them), which has no ModelConfig: {why}; load it "
+                      "in Python with bahdanau.load or Translator.from_pretrained")
+
+
+def _parts(payload: dict[str, Any], path: Path | None, kind: str, trust: Trust,
+           needs_config: str | None = None) -> Checkpoint:
+    """The `Checkpoint` of a payload of the current format (errors named by the caller); the
+    classes of a model assembled from parts are found as `trust` allows
+    (`bahdanau.parts.blueprint`) and its vocabularies checked against its skeleton, unless
+    the caller `needs_config` (then it is refused, saying why, before any class is found)."""
     config, src_vocab, tgt_vocab = stored_parts(payload)
+    plan = None
+    if config is None and needs_config is not None:
+        raise _no_config(path, needs_config)
+    if config is None:
+        plan = blueprint(payload[BUILD], trust_code=trust[0], parts=trust[1])
+        check_built_vocabs(model_skeleton(plan.build), src_vocab, tgt_vocab)
     return Checkpoint(path, kind, payload, config, src_vocab, tgt_vocab,
-                      parse_tokenizer(payload), run_record(payload, path))
+                      parse_tokenizer(payload), run_record(payload, path), plan)
+
+
+Trust = tuple[bool, Mapping[str, type] | None]     # (trust_code, parts): see `read_checkpoint`
 
 
 def read_checkpoint(source: str | os.PathLike[str], *, name: str = "checkpoint",
-                    map_location: str | torch.device = "cpu") -> Checkpoint:
+                    map_location: str | torch.device = "cpu", trust_code: bool = False,
+                    parts: Mapping[str, type] | None = None,
+                    needs_config: str | None = None) -> Checkpoint:
     """Read a checkpoint file, a run folder's checkpoint or a model folder, once.
 
     Args:
@@ -295,9 +344,18 @@ def read_checkpoint(source: str | os.PathLike[str], *, name: str = "checkpoint",
             its latest checkpoint: `find_checkpoint`) or a folder of `FOLDER_KINDS`.
         name: what to call `source` when nothing is there (e.g. "--init-from").
         map_location: where a file's tensors go.
+        trust_code: a model assembled from parts (`Translator.save_pretrained`) may name
+            classes outside bahdanau (an attention of the user's own): import them. Without
+            it, or `parts`, such a checkpoint is refused before anything is imported.
+        parts: the classes outside bahdanau by import path (``{"my_module:MyAttention":
+            MyAttention}``), taken as given (`bahdanau.parts.blueprint`).
+        needs_config: why the caller needs a `ModelConfig` ("train --init-from builds ..."):
+            a model assembled from parts is then refused in one line saying so, before any
+            class it names is looked up (where trust would not help).
     Returns:
-        The `Checkpoint`: the payload upgraded to the current format (once), the model config,
-        vocabularies and tokenizer parsed and checked, the run it comes from.
+        The `Checkpoint`: the payload upgraded to the current format (once), the model config
+        (or the `Blueprint` of a model assembled from parts), vocabularies and tokenizer
+        parsed and checked, the run it comes from.
     Raises:
         InputError: nothing there, a damaged or malformed checkpoint, a format newer than this
             bahdanau reads, a model config that its vocabularies contradict, a tokenizer that
@@ -306,12 +364,14 @@ def read_checkpoint(source: str | os.PathLike[str], *, name: str = "checkpoint",
     path = find_checkpoint(source, name)
     kind = folder_kind(path)
     with named(path):
-        if kind is not None:
-            return _parts(kind.read(path), path, kind.name)
-        return _parts(read_payload(path, map_location=map_location), path, "checkpoint file")
+        payload = (kind.read(path) if kind is not None
+                   else read_payload(path, map_location=map_location))
+        return _parts(payload, path, "checkpoint file" if kind is None else kind.name,
+                      (trust_code, parts), needs_config)
 
 
-def checkpoint_of(payload: dict[str, Any]) -> Checkpoint:
+def checkpoint_of(payload: dict[str, Any], *, trust_code: bool = False,
+                  parts: Mapping[str, type] | None = None) -> Checkpoint:
     """The `Checkpoint` of a payload in memory (any format: upgraded here, once).
 
     Raises:
@@ -319,11 +379,12 @@ def checkpoint_of(payload: dict[str, Any]) -> Checkpoint:
     """
     if not isinstance(payload, dict):
         raise InputError(f"a checkpoint payload is a dict, got {describe(payload)}")
-    return _parts(upgrade_payload(payload), None, "payload")
+    return _parts(upgrade_payload(payload), None, "payload", (trust_code, parts))
 
 
 def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any] | Checkpoint, *,
-                          device: str | torch.device = "cpu", ema: bool = True
+                          device: str | torch.device = "cpu", ema: bool = True,
+                          trust_code: bool = False, parts: Mapping[str, type] | None = None
                           ) -> tuple[nn.Module, Vocab, Vocab]:
     """Rebuild the model (eval mode) and its vocabularies from a checkpoint.
 
@@ -335,6 +396,7 @@ def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any] | 
             payload from `load_checkpoint`, or a `Checkpoint` read already.
         device: where the model goes.
         ema: False takes the trained weights (`model`) even where there are EMA weights.
+        trust_code, parts: as for `read_checkpoint` (a model assembled from parts).
     Returns:
         (model, src_vocab, tgt_vocab).
     Raises:
@@ -347,9 +409,9 @@ def model_from_checkpoint(checkpoint: str | os.PathLike[str] | dict[str, Any] | 
     if isinstance(checkpoint, Checkpoint):
         read = checkpoint
     elif isinstance(checkpoint, dict):
-        read = checkpoint_of(checkpoint)
+        read = checkpoint_of(checkpoint, trust_code=trust_code, parts=parts)
     elif isinstance(checkpoint, (str, os.PathLike)):
-        read = read_checkpoint(checkpoint)
+        read = read_checkpoint(checkpoint, trust_code=trust_code, parts=parts)
     else:
         raise InputError(f"checkpoint must be a file path or a payload dict, "
                          f"got {describe(checkpoint)}")

@@ -9,7 +9,7 @@ code that writes and reads it.
 from __future__ import annotations
 
 __all__ = [
-    "BEST_N", "DIGEST", "EMA", "EXTRA", "FORMAT", "MODEL", "MODEL_CONFIG", "OPTIMIZER",
+    "BEST_N", "BUILD", "DIGEST", "EMA", "EXTRA", "FORMAT", "MODEL", "MODEL_CONFIG", "OPTIMIZER",
     "OPTIMIZER_CLASS", "OPTIONAL", "REQUIRED", "RNG", "RNG_BY_RANK", "RUN", "SCALER",
     "SRC_VOCAB", "STOPPED", "TGT_VOCAB", "TOKENIZER", "TRAINING", "TRAIN_CONFIG",
     "TRAIN_STATE", "VERSIONS",
@@ -39,10 +39,12 @@ VERSIONS = "versions"              # what wrote the file (`bahdanau._about.versi
 RNG_BY_RANK = "rng_by_rank"        # every process's random states, under torch.distributed
 RUN = "run"                        # the run an average's members come from (`RunRecord`)
 STOPPED = "stopped"                # why an interrupted run saved off its schedule ("sigint", ...)
+BUILD = "build"                    # how a model assembled from parts was built
+                                   # (`bahdanau.parts.build_record`); its MODEL_CONFIG is None
 
 REQUIRED = (MODEL, MODEL_CONFIG, SRC_VOCAB, TGT_VOCAB, TRAIN_CONFIG, TRAIN_STATE, OPTIMIZER,
             SCALER, RNG, EXTRA)
 OPTIONAL = (OPTIMIZER_CLASS, DIGEST, TOKENIZER, EMA, BEST_N, VERSIONS, RNG_BY_RANK, RUN,
-            STOPPED)
+            STOPPED, BUILD)
 # What resumes training: None in a checkpoint that only translates (an average, a model folder).
 TRAINING = (TRAIN_CONFIG, TRAIN_STATE, OPTIMIZER, OPTIMIZER_CLASS, SCALER, RNG)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from bahdanau._folders import Kind
-from bahdanau.checkpoint.reader import find_checkpoint
+from bahdanau.checkpoint.reader import find_checkpoint, read_checkpoint
 from bahdanau.jobs.files import check_output_folder
 from bahdanau.jobs.options import ExportOptions
 from bahdanau.serving import check_new_folder, export_folder
 from bahdanau.serving.onnx_programs import check_onnx
-from bahdanau.translate import load
 
 
 def export(o: ExportOptions) -> int:
@@ -21,9 +20,10 @@ def export(o: ExportOptions) -> int:
     check_new_folder(o.out)
     if o.onnx:
         check_onnx()
-    t = load(checkpoint)                                     # traced on the CPU
-    folder = export_folder(t.model, t.src_vocab, t.tgt_vocab, t.tokenizer, o.out,
-                           onnx=o.onnx)
+    read = read_checkpoint(checkpoint, needs_config=(
+        "an exported folder is rebuilt from the ModelConfig its manifest records"))
+    folder = export_folder(read.model(), read.src_vocab, read.tgt_vocab, read.tokenizer,
+                           o.out, onnx=o.onnx)                # traced on the CPU
     files = ", ".join(sorted(p.name for p in folder.iterdir()))
     print(f"exported {checkpoint} to {folder}: {files}")
     return 0

@@ -17,12 +17,12 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
-from bahdanau.checkpoint.payload import check_weights
 from bahdanau.checkpoint.reader import read_checkpoint
 from bahdanau.config import ModelConfig
 from bahdanau.data.tokenizers import Tokenizer, tokenizer_to_payload
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
+from bahdanau.model_folder import check_weights
 
 # ModelConfig fields a fine-tuning run may choose anew: regularisation and how the same weights
 # are computed or were first drawn. Every other field (sizes, architecture, special ids) must be
@@ -47,10 +47,12 @@ def read_init_model(given: str) -> InitModel:
     """The model of ``--init-from`` (a file, a run folder's best or latest, a model folder).
 
     Raises:
-        InputError: nothing there, or a damaged checkpoint or model folder, or weights that do
+        InputError: nothing there, or a damaged checkpoint or model folder, a model assembled
+            from parts (it has no ModelConfig to build the new run from), or weights that do
             not fit their own config (the file is named).
     """
-    checkpoint = read_checkpoint(given, name="--init-from")
+    checkpoint = read_checkpoint(given, name="--init-from", needs_config=(
+        "train --init-from builds the new run's model from a preset and its options"))
     _, weights = checkpoint.translation_weights()
     assert checkpoint.path is not None                    # read from a path
     return InitModel(checkpoint.path, checkpoint.config, checkpoint.src_vocab,

@@ -57,24 +57,10 @@ from bahdanau.jobs.flags import (
 from bahdanau.presets import ModelChoices
 from bahdanau.settings import setting as option
 
-__all__ = [
-    "AverageOptions",
-    "EvaluateOptions",
-    "ExportOptions",
-    "JOB_TRAINING",
-    "PlotOptions",
-    "PrepareOptions",
-    "ReleaseOptions",
-    "ScoreOptions",
-    "TrainOptions",
-    "TranslateOptions",
-    "GROUPS",
-    "add_arguments",
-    "flag",
-    "flat_settings",
-    "resume_changes",
-    "resumed_options",
-]
+__all__ = ["AverageOptions", "EvaluateOptions", "ExportOptions", "JOB_TRAINING", "PlotOptions",
+           "PrepareOptions", "ReleaseOptions", "ScoreOptions", "TrainOptions", "TranslateOptions",
+           "TrustOptions", "GROUPS", "add_arguments", "flag", "flat_settings", "resume_changes",
+           "resumed_options"]
 
 # Epochs of a default job (the shipped Multi30k, no limit given): about 453 updates of 64
 # sentences each over its 28,999 pairs, at about 3.1 updates/s with the small preset on a
@@ -404,7 +390,14 @@ class TrainOptions(SearchOptions):
 
 
 @dataclass(frozen=True)
-class DecodeOptions(SearchOptions):
+class TrustOptions(Options):
+    """Whether a model of parts may import classes outside bahdanau (`read_checkpoint`)."""
+    trust_code: bool = option(False, "import the classes outside bahdanau that a model's "
+                              "config.json names (runs their code): for models you trust")
+
+
+@dataclass(frozen=True)
+class DecodeOptions(SearchOptions, TrustOptions):
     """What every command that loads a checkpoint takes."""
 
     checkpoint: tuple[str, ...] = option(
@@ -561,7 +554,7 @@ PREPARE_WORDS = 10000
 
 
 @dataclass(frozen=True)
-class ReleaseOptions(Options):
+class ReleaseOptions(TrustOptions):
     """`bahdanau release`: a trained model as a folder to share (docs/release-format.md)."""
 
     checkpoint: str = option(None, _CHECKPOINT_HELP, required=True, metavar="PATH")

@@ -21,13 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from bahdanau._folders import Kind
-from bahdanau.checkpoint.payload import model_skeleton
 from bahdanau.checkpoint.reader import Checkpoint, find_checkpoint, read_checkpoint
-from bahdanau.checkpoint.release import MANIFEST, check_new_release, write_release
+from bahdanau.checkpoint.release import MANIFEST, write_release
 from bahdanau.checkpoint.sections import EMA, EXTRA
 from bahdanau.data.text import MULTI30K_LANGS
 from bahdanau.jobs.files import check_output_folder
 from bahdanau.jobs.options import ReleaseOptions, TrainOptions, flag
+from bahdanau.model_folder import check_model_folder_to_write
+from bahdanau.parts import class_path
 
 
 def train_command(options: Any) -> str | None:
@@ -101,11 +102,11 @@ def card_metadata(checkpoint: Checkpoint, license: str | None) -> dict[str, Any]
     if license is not None:
         meta["license"] = license
     meta |= {"library_name": "bahdanau", "pipeline_tag": "translation",
-             "tags": ["translation", "bahdanau", checkpoint.config.arch],
+             "tags": ["translation", "bahdanau", _arch(checkpoint)],
              **({"datasets": datasets} if datasets else {}), "metrics": ["bleu", "chrf"]}
     if own is not None:
         pair = "-".join(languages) if languages else "translation"
-        meta["model-index"] = [{"name": checkpoint.config.arch, "results": [{
+        meta["model-index"] = [{"name": _arch(checkpoint), "results": [{
             "task": {"type": "translation", "name": f"Translation {pair}"},
             "dataset": {"type": datasets[0] if datasets else "own",
                         "name": "test set of the run"},
@@ -126,6 +127,27 @@ def card_metadata(checkpoint: Checkpoint, license: str | None) -> dict[str, Any]
     return meta
 
 
+def _arch(checkpoint: Checkpoint) -> str:
+    """What the model is: its config's arch, or its class's for a model assembled from parts."""
+    if checkpoint.blueprint is not None:
+        return str(getattr(checkpoint.blueprint.root, "arch", checkpoint.blueprint.root.__name__))
+    return checkpoint.config.arch
+
+
+def _config(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The model config as the card tells it; for a model assembled from parts, its sizes and
+    its attention's class (config.json records every part)."""
+    if checkpoint.blueprint is None:
+        return checkpoint.config.to_dict()
+    model: Any = checkpoint.skeleton()
+    decoder, attention = model.decoder, getattr(model.decoder, "attention", None)
+    src, tgt = model.vocab_sizes
+    return {"arch": _arch(checkpoint), "src_vocab_size": src, "tgt_vocab_size": tgt,
+            "embed_size": decoder.embed_size, "hidden_size": model.encoder.hidden_size,
+            "decoder_size": decoder.hidden_size, "maxout_size": decoder.maxout_size,
+            "attention": None if attention is None else class_path(type(attention))}
+
+
 def _metric(checkpoint: Checkpoint) -> str:
     """The name of the dev metric the run ranked its checkpoints by."""
     config = checkpoint.train_config
@@ -144,11 +166,11 @@ def model_card(checkpoint: Checkpoint, license: str | None = None) -> str:
     """The README.md of a model folder: the metadata, what the model is, how it was trained,
     its scores and its licence."""
     meta = card_metadata(checkpoint, license)
-    config, facts = checkpoint.config.to_dict(), meta["bahdanau"]
+    config, facts = _config(checkpoint), meta["bahdanau"]
     sizes = ", ".join(f"{k} {config[k]}" for k in (
         "src_vocab_size", "tgt_vocab_size", "embed_size", "hidden_size", "decoder_size",
         "align_size", "maxout_size") if k in config)
-    parameters = sum(p.numel() for p in model_skeleton(checkpoint.config).parameters())
+    parameters = sum(p.numel() for p in checkpoint.skeleton().parameters())
     languages, _, data = training_data(checkpoint.run.options)
     lines = [front_matter(meta), f"# {config.get('arch', 'rnnsearch')} translation model", "",
              "Written by `bahdanau release`. Load it with "
@@ -235,8 +257,8 @@ def release_model(o: ReleaseOptions) -> Path:
     """
     path = find_checkpoint(o.checkpoint, "--checkpoint")
     check_output_folder("--out", o.out, {"--checkpoint": path}, writes=Kind.MODEL)
-    check_new_release(Path(o.out), o.overwrite)
-    checkpoint = read_checkpoint(path)
+    check_model_folder_to_write(Path(o.out), o.overwrite)
+    checkpoint = read_checkpoint(path, trust_code=o.trust_code)
     checkpoint.translation_weights()                # checks the weights whole first
     card = model_card(checkpoint, o.license)
     return write_release(checkpoint.payload, o.out, card=card, overwrite=o.overwrite)

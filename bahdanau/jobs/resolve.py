@@ -155,7 +155,7 @@ def load_decoder(o: DecodeOptions, paths: dict[str, Path], device: torch.device)
     """The checkpoint's model (the ensemble of several), vocabularies, the tokenizer it was
     trained with and each checkpoint's step (`bahdanau.translate.Translator`)."""
     files = list(paths.values())
-    t = load(files[0] if len(files) == 1 else files, device=device)
+    t = load(files[0] if len(files) == 1 else files, device=device, trust_code=o.trust_code)
     if o.unk_replace and t.model.arch == "rnnencdec":
         what = "is an RNNencdec model" if len(files) == 1 else "are RNNencdec models"
         raise InputError(f"--unk-replace needs attention weights; {' '.join(map(str, files))} "

@@ -20,7 +20,6 @@ from torch import nn
 from bahdanau._about import versions
 from bahdanau._checks import describe, is_finite_number, is_int
 from bahdanau.checkpoint.files import FORMAT_VERSION, parse_section
-from bahdanau.checkpoint.payload import check_weights
 from bahdanau.checkpoint.reader import Checkpoint, checkpoint_of
 from bahdanau.checkpoint.sections import (
     EMA,
@@ -47,6 +46,7 @@ from bahdanau.data.tokenizers import (
 )
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
+from bahdanau.model_folder import check_weights
 from bahdanau.training.ema import WeightEMA
 from bahdanau.training.stored_states import check_optimizer_state, check_scaler_state
 
@@ -395,7 +395,7 @@ def restore(payload: dict[str, Any] | Checkpoint, model: nn.Module,
     check_weights(payload[MODEL], model)
     stored_ema = payload.get(EMA) if ema is not None else None
     if stored_ema is not None:
-        check_weights(stored_ema, model, EMA)
+        check_weights(stored_ema, model, f"checkpoint {EMA}")
     if optimizer is not None and payload[OPTIMIZER] is not None:
         check_optimizer_state(payload, optimizer)
     if scaler is not None and payload[SCALER] is not None:

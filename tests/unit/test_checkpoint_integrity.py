@@ -278,7 +278,7 @@ MALFORMED = [
      "checkpoint model_config is malformed: ModelConfig fields ['src_vocab_size'] are missing",
      "file restore resume"),
     ("model not a dict", lambda p: {**p, "model": [1.0]},
-     "checkpoint model is a list, not a state_dict", "file restore resume"),
+     "checkpoint weights are a list, not a state_dict", "file restore resume"),
     ("missing weight", _without("model", WEIGHT_KEYS[0]),
      f"{FITS}{WEIGHT_KEYS[0]!r} is missing", "file restore resume"),
     ("unexpected weight", _set("model", "decoder.extra.weight", torch.zeros(2)),

@@ -29,9 +29,9 @@ from bahdanau.checkpoint import (
     model_from_checkpoint,
     save_checkpoint,
 )
-from bahdanau.checkpoint.payload import model_skeleton
 from bahdanau.config import ModelConfig, TrainConfig
 from bahdanau.data import collate
+from bahdanau.model_folder import model_skeleton
 from bahdanau.models import build_model
 from bahdanau.presets import tiny
 from bahdanau.training import make_optimizer, save_run, setup_run, train_run, train_step
@@ -274,7 +274,7 @@ CONFIGS = [dataclasses.replace(tiny(), arch=arch, attention=attention, gru_form=
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: f"{c.arch}-{c.attention}-{c.gru_form}")
 def test_skeleton_has_the_models_shapes_on_the_meta_device(config: ModelConfig) -> None:
-    skeleton = model_skeleton(config)
+    skeleton = model_skeleton(lambda: build_model(config))
     real = build_model(config)
     assert {k: v.shape for k, v in skeleton.state_dict().items()} == {
         k: v.shape for k, v in real.state_dict().items()}
@@ -309,7 +309,8 @@ for load in (model_from_checkpoint, lambda p: average_checkpoints([p]), read_ini
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS is Linux's")
 def test_claimed_sizes_are_refused_before_any_allocation(tmp_path) -> None:
     claimed = dataclasses.replace(tiny(), embed_size=10**7)
-    needed = sum(p.numel() * p.element_size() for p in model_skeleton(claimed).parameters())
+    skeleton = model_skeleton(lambda: build_model(claimed))
+    needed = sum(p.numel() * p.element_size() for p in skeleton.parameters())
     assert needed > 4 * 2**30                           # what building it would allocate
     path = _claiming(tmp_path / "claims.pt", embed_size=10**7)
     assert path.stat().st_size < 2**20

@@ -26,9 +26,9 @@ from bahdanau._folders import (
     folder_kind,
     manifest_kind,
 )
-from bahdanau.checkpoint.release import check_new_release
 from bahdanau.data import prepare_corpus
 from bahdanau.jobs.run_folder import check_run_out, run_file_owner
+from bahdanau.model_folder import check_model_folder_to_write
 from bahdanau.serving import check_new_folder
 
 
@@ -86,11 +86,13 @@ def test_a_json_bomb_manifest_is_a_damaged_one(tmp_path) -> None:
 def test_the_kinds_files_are_their_writers_names() -> None:
     """Every name a writer writes is one of its kind's (`_folders._FILES`): a damaged folder
     of its own is still known, and none of its files is taken for the user's."""
+    from bahdanau import model_folder
     from bahdanau.checkpoint import release
     from bahdanau.data.manifest import format_files
     from bahdanau.serving.folder import DECODE_FILE, FILES, ONNX_FILES, SENTENCEPIECE_FILE
 
-    assert {*release.REQUIRED, release.CARD, release.TOKENIZER_MODEL} == _FILES[Kind.MODEL]
+    assert ({model_folder.WEIGHTS, model_folder.CONFIG, *release.TRANSLATOR_FILES, release.CARD,
+             release.TOKENIZER_MODEL} == _FILES[Kind.MODEL])
     spm = {"options": {"tokenizer": {"name": "sentencepiece"}}}
     assert set(format_files(spm)) == _FILES[Kind.PREPARED]
     assert ({*FILES.values(), SENTENCEPIECE_FILE, DECODE_FILE, *ONNX_FILES.values()}
@@ -109,8 +111,9 @@ def test_a_writer_replaces_its_kind_only_holding_nothing_else(tmp_path) -> None:
     exported = _folder(tmp_path / "exp", {"format": EXPORTED_FORMAT}, "encoder.pt2",
                        "step.pt2", "mine.py")
     before = _snapshot(tmp_path)
-    one_line_error(lambda: check_new_release(model, True), f"--out {model} holds NOTES.txt, "
-                   "which is not the model folder's: move it out or choose another folder")
+    one_line_error(lambda: check_model_folder_to_write(model, True),
+                   f"--out {model} holds NOTES.txt, which is not the model folder's: move it out "
+                   "or choose another folder")
     one_line_error(lambda: check_folder_to_write(model, Kind.MODEL, name="--out M"),
                    "--out M holds NOTES.txt, which is not the model folder's")
     one_line_error(lambda: check_folder_to_write(prep, Kind.MODEL, name="P"),
@@ -178,7 +181,7 @@ def test_nothing_is_written_inside_a_folder_of_a_kind(tmp_path) -> None:
 
 
 def test_the_library_writers_refuse_other_kinds_whatever_the_flag(tmp_path) -> None:
-    """`write_release(..., overwrite=True)` (through `check_new_release`) and
+    """`write_release(..., overwrite=True)` (through `check_model_folder_to_write`) and
     `prepare_corpus(..., overwrite=True)` replaced any folder; `export_folder` (through
     `check_new_folder`) and a run refuse them too."""
     model = _folder(tmp_path / "model", {"format": RELEASE_FORMAT}, "model.safetensors")
@@ -188,10 +191,11 @@ def test_the_library_writers_refuse_other_kinds_whatever_the_flag(tmp_path) -> N
     data.mkdir()
     (data / "mine.txt").write_text("keep me")
     before = _snapshot(tmp_path)
-    one_line_error(lambda: check_new_release(data, True), f"--out {data} is a folder of other "
-                   "files (1 entry): release writes a model folder whole")
-    one_line_error(lambda: check_new_release(old, True), f"--out {old} is an exported folder: "
-                   "release writes a model folder")
+    one_line_error(lambda: check_model_folder_to_write(data, True),
+                   f"--out {data} is a folder of other files (1 entry): release writes a model "
+                   "folder whole")
+    one_line_error(lambda: check_model_folder_to_write(old, True),
+                   f"--out {old} is an exported folder: release writes a model folder")
     src = tmp_path / "s.txt"
     src.write_text("a b\n")
     for out, what in ((model, "a model folder"), (old, "an exported folder")):

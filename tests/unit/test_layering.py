@@ -54,9 +54,9 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("data", ("data",)),
     # The model reads nothing of data/ (its special ids are config's); data sits below it so
     # that the floors above (scores, checkpoints, training) may read both.
-    ("model", ("functional", "kernels", "layer_norm", "encoder", "attention", "decoder",
-               "conditional_decoder", "engine", "captured_step", "constraints", "search",
-               "alignments", "models", "ensemble")),
+    ("model", ("parts", "model_folder", "functional", "kernels", "layer_norm", "encoder",
+               "attention", "decoder", "conditional_decoder", "engine", "captured_step",
+               "constraints", "search", "alignments", "models", "ensemble")),
     ("scores", ("bleu_text", "evaluate", "plot", "error_rates")),
     ("checkpoints", ("checkpoint",)),
     ("use", ("translate", "training", "serving")),
