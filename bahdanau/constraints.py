@@ -40,7 +40,7 @@ own (its own automaton, its own banks), so a sentence alone finds what it finds 
 
 The phrases' tokens are ids; `bahdanau.evaluate.translate_corpus`, `Translator.translate` and the
 command line (``--constraints``, ``--avoid``) take text and tokenise it with the model's tokenizer
-(`bahdanau.evaluate.encode_phrases`).
+(`bahdanau.phrases.encode_phrases`).
 """
 
 from __future__ import annotations

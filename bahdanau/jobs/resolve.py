@@ -23,7 +23,6 @@ from bahdanau._checks import cpu_threads, default_device, launcher_value, resolv
 from bahdanau._files import repeated_file
 from bahdanau.checkpoint.reader import find_checkpoint
 from bahdanau.errors import InputError
-from bahdanau.evaluate import check_constraints
 from bahdanau.jobs.files import existing, read_phrases
 from bahdanau.jobs.options import (
     DecodeOptions,
@@ -32,6 +31,7 @@ from bahdanau.jobs.options import (
     SearchOptions,
     TrainOptions,
 )
+from bahdanau.phrases import check_constraints
 from bahdanau.search import CAPTURED_CHECK_EVERY, BeamSearch
 from bahdanau.training.run import check_machine
 from bahdanau.training.step import AMP_DTYPES
@@ -180,7 +180,7 @@ def check_line_phrases(o: PhraseOptions, phrases: PhraseLists, sources: list[str
                        t: Translator, search: BeamSearch) -> None:
     """Refuse, before any line is translated, phrases of `phrase_files` that do not fit the
     input: a file of another number of lines, phrases for an empty input line (its translation
-    is an empty line), and what `bahdanau.evaluate.check_constraints` refuses, naming the file
+    is an empty line), and what `bahdanau.phrases.check_constraints` refuses, naming the file
     and the line."""
     for (flag, path), lists in zip((("--constraints", o.constraints), ("--avoid", o.avoid)),
                                    phrases, strict=True):

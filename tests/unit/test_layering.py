@@ -57,7 +57,7 @@ FLOORS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("model", ("parts", "model_folder", "functional", "kernels", "layer_norm", "encoder",
                "attention", "decoder", "conditional_decoder", "engine", "captured_step",
                "constraints", "search", "alignments", "models", "ensemble")),
-    ("scores", ("bleu_text", "evaluate", "plot", "error_rates")),
+    ("scores", ("bleu_text", "phrases", "evaluate", "plot", "error_rates")),
     ("checkpoints", ("checkpoint",)),
     ("use", ("translate", "training", "serving")),
     ("jobs", ("jobs",)),
