@@ -130,6 +130,7 @@ class Blueprint:
 
     record: dict[str, Any]
     classes: dict[str, type]          # every class path of the record, resolved
+    name: str = "config.json"         # where the record is kept, for messages
 
     @property
     def root(self) -> type:
@@ -142,7 +143,7 @@ class Blueprint:
         Raises:
             InputError: a constructor that refuses its recorded arguments (naming the part).
         """
-        return self._build(self.record, "config.json")
+        return self._build(self.record, self.name)
 
     def _build(self, node: Any, name: str) -> Any:
         if isinstance(node, list):
@@ -219,7 +220,7 @@ def _import(path: str, name: str) -> type:
 
 
 def blueprint(record: object, *, trust_code: bool = False,
-              parts: Mapping[str, type] | None = None) -> Blueprint:
+              parts: Mapping[str, type] | None = None, name: str = "config.json") -> Blueprint:
     """The `Blueprint` of a record (from `build_record`, as config.json holds it).
 
     Every class path is checked before any is imported: bahdanau's own import freely, any
@@ -231,6 +232,8 @@ def blueprint(record: object, *, trust_code: bool = False,
         trust_code: import the classes outside bahdanau that the record names.
         parts: classes by import path (``{"my_module:MyAttention": MyAttention}``), used as
             given, without importing anything.
+        name: where the record is kept, which messages name (a model folder's config.json,
+            an exported folder's ``manifest.json model_config``).
     Raises:
         InputError: a malformed record, a class outside bahdanau without permission (nothing
             is imported then), a module or class that is not there, or one that is not a
@@ -241,20 +244,20 @@ def blueprint(record: object, *, trust_code: bool = False,
         if not isinstance(given, type):
             raise InputError(f"parts[{key!r}] must be a class, got {describe(given)}")
     if not isinstance(record, dict) or PART not in record:
-        raise InputError("config.json: a model assembled from parts is recorded as "
+        raise InputError(f"{name}: a model assembled from parts is recorded as "
                          '{"part": "module:QualName", "args": {...}}, got '
                          f"{describe(record)}")
     found: dict[str, str] = {}
-    _paths(record, "config.json", found)
-    for path, name in found.items():
+    _paths(record, name, found)
+    for path, named in found.items():
         if not _allowed(path, trust_code, parts):
-            raise InputError(f"{name}: builds {path}, a class outside bahdanau, whose module "
+            raise InputError(f"{named}: builds {path}, a class outside bahdanau, whose module "
                              "runs code when imported: pass trust_code=True (--trust-code) "
                              f"if you trust it, or parts={{{path!r}: the class}}")
-    classes = {path: parts[path] if path in parts else _import(path, name)
-               for path, name in found.items()}
+    classes = {path: parts[path] if path in parts else _import(path, named)
+               for path, named in found.items()}
     for path, cls in classes.items():
         if not (isinstance(cls, type) and issubclass(cls, Part)):
             raise InputError(f"{found[path]}: names {path}, which is not a part of a model "
                              "(a class built on bahdanau's parts)")
-    return Blueprint(record, classes)
+    return Blueprint(record, classes, name)

@@ -514,7 +514,7 @@ class ScoreOptions(Options):
 
 
 @dataclass(frozen=True)
-class ExportOptions(Options):
+class ExportOptions(TrustOptions):
     """`bahdanau export`: the encoder and the decoder step as programs for serving."""
 
     checkpoint: str = option(None, _CHECKPOINT_HELP, required=True, metavar="PATH")

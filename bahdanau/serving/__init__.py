@@ -34,11 +34,13 @@ for `BeamSearch`, so every search of `translate_corpus` runs over them.
 `export_folder` writes the programs (``encoder.pt2``, ``step.pt2``, with nothing pickled:
 `bahdanau._pt2_archive`), with ``onnx=True`` also as ONNX (``encoder.onnx``, ``step.onnx``:
 `bahdanau.serving.onnx_programs`, the onnx extra), the vocabularies, the tokenizer,
-``decode.py``, a README and a ``manifest.json`` of the interface and the model's config that
-seals every file (`bahdanau._sealed`); `load_exported` reads them back as data: it checks the
-seal and traces the programs again from the config and the weights, never deserializing a
-program (which ``torch.export.load`` does by running what the file says), and
-`bahdanau export` runs `export_folder`.
+``decode.py``, a README and a ``manifest.json`` of the interface and of how the model is built
+(its config, or the build record of a model assembled from parts, `bahdanau.parts`) that seals
+every file (`bahdanau._sealed`); `load_exported` reads them back as data: it checks the seal
+and traces the programs again from that record and the weights, never deserializing a program
+(which ``torch.export.load`` does by running what the file says); a class outside bahdanau
+that a record names is imported only with ``trust_code`` (or given in ``parts``), as for a
+model folder. `bahdanau export` runs `export_folder`.
 """
 
 from bahdanau.serving.folder import (

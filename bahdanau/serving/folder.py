@@ -9,10 +9,10 @@ import hashlib
 import inspect
 import json
 import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import torch
 from torch import nn
 
 from bahdanau._about import versions
@@ -32,13 +32,16 @@ from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.tokenizers import Tokenizer, tokenizer_from_payload, tokenizer_to_payload
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
+from bahdanau.model_folder import model_config_json, model_skeleton
 from bahdanau.models import RNNSearch, build_model, model_class
+from bahdanau.parts import PART, blueprint
 from bahdanau.serving import decode
 from bahdanau.serving.onnx_programs import check_onnx, onnx_bytes
 from bahdanau.serving.programs import (
     EXPORTED_VERSION,
     MIN_SRC_LEN,
     export_programs,
+    interface,
     one_model,
 )
 
@@ -88,30 +91,33 @@ def export_folder(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab, tokenize
     The folder is written beside its final name and renamed into place
     (`bahdanau._files.new_folder`, `held` against a second writer): it is whole or absent.
 
-    The manifest records the model's config too: `load_exported` rebuilds the programs from it
-    and the weights, so the model must be one that `build_model` builds from its config.
+    The manifest also records how to build the model again, as a model folder's config.json
+    does (`bahdanau.model_folder.model_config_json`): its `ModelConfig` (a preset's model) or
+    its build record (a model assembled from parts, `bahdanau.parts.build_record`), from which
+    and the weights `load_exported` traces the programs again.
 
     Raises:
-        InputError: `folder` exists or cannot be written (`check_new_folder`), the model has
-            no config or is not what `build_model` builds from it, the vocabularies do not fit
-            the model, `onnx` without the onnx extra installed, or what `export_programs` and
+        InputError: `folder` exists or cannot be written (`check_new_folder`), a model built
+            from a config that `build_model` does not build from it, a part that records no
+            arguments or an argument that is not JSON, vocabularies that do not fit the
+            model, `onnx` without the onnx extra installed, or what `export_programs` and
             `tokenizer_to_payload` refuse; before any tracing.
     """
     folder, model = check_new_folder(folder), one_model(model)
     if onnx:
         check_onnx()
-    if model.config is None or type(model) is not model_class(model.config):
+    if model.config is not None and type(model) is not model_class(model.config):
         raise InputError(f"export writes a model that build_model rebuilds from its config; "
-                         f"this {type(model).__name__} "
-                         f"{'has no config' if model.config is None else 'is not one'}")
-    model.config.check_vocabs(src_vocab, tgt_vocab)
+                         f"this {type(model).__name__} is not one")
+    built = model_config_json(model)          # refuses a part that cannot be recorded
+    _check_vocabs(interface(model), src_vocab, tgt_vocab)
     tokenizer_data = tokenizer_to_payload(tokenizer)        # refuses tokenizers it cannot store
     programs = export_programs(model)
     archives = {FILES[name]: program_bytes(getattr(programs, name)) for name in PROGRAMS}
     if onnx:
         archives |= {ONNX_FILES[name]: onnx_bytes(getattr(programs, name)) for name in PROGRAMS}
-    manifest = {**programs.manifest, "model_config": model.config.to_dict(),
-                "onnx": onnx, "versions": versions()}
+    manifest = {**programs.manifest, "model_config": built, "onnx": onnx,
+                "versions": versions()}
     with held(folder, f"{folder} is being exported by another process: wait for it to "
                       "finish or choose another folder"):
         check_new_folder(folder)                  # as it is now that the folder is held
@@ -119,6 +125,14 @@ def export_folder(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab, tokenize
             _write_folder(partial, archives, src_vocab, tgt_vocab, tokenizer, tokenizer_data,
                           manifest)
     return folder
+
+
+def _check_vocabs(fields: dict[str, Any], src_vocab: Vocab, tgt_vocab: Vocab) -> None:
+    """Refuse vocabularies whose sizes or special ids are not the interface's `fields` (those
+    of `interface`, or of a manifest): `ModelConfig.check_vocabs` over them alone, for a model
+    of either kind."""
+    ModelConfig(src_vocab_size=fields["src_vocab_size"], tgt_vocab_size=fields["tgt_vocab_size"],
+                **{k: fields[k] for k in SPECIAL_IDS}).check_vocabs(src_vocab, tgt_vocab)
 
 
 def _write_folder(partial: Path, archives: dict[str, bytes], src_vocab: Vocab,
@@ -159,7 +173,8 @@ class ExportedModel(NamedTuple):
     tokenizer: Tokenizer
 
 
-def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
+def load_exported(folder: str | os.PathLike[str], *, trust_code: bool = False,
+                  parts: Mapping[str, type] | None = None) -> ExportedModel:
     """The programs, vocabularies and tokenizer of a folder that `export_folder` wrote, read as
     data: loading never runs code from the folder.
 
@@ -169,15 +184,22 @@ def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
     SentencePiece model only as ``tokenizer.model``). The programs are not deserialized:
     ``torch.export.load`` trusts its file (it unpickles some members, and its JSON graph is
     code to it: `bahdanau._pt2_archive`). They are traced again (`export_programs`) from the
-    model of the manifest's config, with the weights read as raw tensors from the encoder
-    program's archive (`bahdanau._pt2_archive.archive_weights`), which must hold nothing
-    pickled. The vocabularies must have the manifest's sizes and special ids, and the
-    programs traced the manifest's interface.
+    model the manifest records (its `ModelConfig`, or the build record of a model assembled
+    from parts, read through `bahdanau.parts.blueprint`), with the weights read as raw tensors
+    from the encoder program's archive (`bahdanau._pt2_archive.archive_weights`), which must
+    hold nothing pickled. The vocabularies must have the manifest's sizes and special ids, and
+    the programs traced the manifest's interface.
 
+    Args:
+        folder: a folder of `export_folder` (``bahdanau export``).
+        trust_code, parts: for a model assembled from parts that names classes outside
+            bahdanau (an attention of one's own): import them, or take them as given, as
+            `bahdanau.Translator.from_pretrained` does; without either such a folder is
+            refused in one line naming the class, before anything is imported.
     Raises:
         InputError: one line naming the file: not an exported folder, one of an earlier
             version, a file changed or damaged, an archive with a pickled or unknown member,
-            or parts that do not fit together.
+            a class outside bahdanau without trust, or parts that do not fit together.
     """
     folder = Path(folder)
     restore_replaced(folder)             # left aside by a writer that died replacing it
@@ -188,15 +210,14 @@ def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
     try:
         src_vocab, tgt_vocab = (Vocab.from_dict(_json(data, folder, FILES[side]))
                                 for side in ("src_vocab", "tgt_vocab"))
-        ModelConfig(src_vocab_size=manifest["src_vocab_size"],
-                    tgt_vocab_size=manifest["tgt_vocab_size"],
-                    **{k: manifest[k] for k in SPECIAL_IDS}).check_vocabs(src_vocab, tgt_vocab)
+        _check_vocabs(manifest, src_vocab, tgt_vocab)
     except InputError as err:
         raise InputError(f"{folder}: the vocabularies do not fit {FILES['manifest']}: {err}; "
                          f"{_AGAIN}") from None
     tokenizer = _tokenizer(_json(data, folder, FILES["tokenizer"]), data, folder)
     check_archive(data[FILES["step"]], str(folder / FILES["step"]))   # no pickle for anyone
-    programs = export_programs(_rebuilt_model(manifest, data[FILES["encoder"]],
+    build = _builder(manifest["model_config"], folder, (trust_code, parts))
+    programs = export_programs(_rebuilt_model(build, data[FILES["encoder"]],
                                               folder / FILES["encoder"]))
     for key, value in programs.manifest.items():
         if manifest.get(key) != value:
@@ -206,16 +227,35 @@ def load_exported(folder: str | os.PathLike[str]) -> ExportedModel:
                          src_vocab, tgt_vocab, tokenizer)
 
 
-def _rebuilt_model(manifest: dict[str, Any], archive: bytes, path: Path) -> RNNSearch:
-    """The model of the manifest's config with the weights of the encoder program's archive
-    (which holds them all, as ``model.NAME``), in their dtype; the config's shapes are
-    checked against the weights' on the meta device first, so a config of other sizes is
-    refused before it allocates anything."""
+def _builder(recorded: dict[str, Any], folder: Path,
+             trust: tuple[bool, Mapping[str, type] | None]) -> Callable[[], nn.Module]:
+    """How to build the model the manifest's ``model_config`` records: a `ModelConfig`
+    (`build_model`), or a build record whose classes `bahdanau.parts.blueprint` finds as
+    `trust` (trust_code, parts) allows and whose outermost part is a model class."""
+    where = f"{folder / FILES['manifest']}"
+    if PART in recorded:
+        try:
+            plan = blueprint(recorded, trust_code=trust[0], parts=trust[1],
+                             name=f"{FILES['manifest']} model_config")
+        except InputError as err:
+            raise InputError(f"{folder}: {err}") from None
+        if not issubclass(plan.root, RNNSearch):
+            raise InputError(f"{where}: its model_config builds a {plan.root.__qualname__}, "
+                             f"not a model (an RNNSearch): {_AGAIN}")
+        return plan.build
     try:
-        config = ModelConfig.from_dict(manifest["model_config"])
+        config = ModelConfig.from_dict(recorded)
     except (InputError, TypeError, ValueError, AttributeError) as err:
-        raise InputError(f"{path.parent / FILES['manifest']}: its model_config is no model "
-                         f"config ({err}): {_AGAIN}") from None
+        raise InputError(f"{where}: its model_config is no model config ({err}): "
+                         f"{_AGAIN}") from None
+    return lambda: build_model(config)
+
+
+def _rebuilt_model(build: Callable[[], nn.Module], archive: bytes, path: Path) -> nn.Module:
+    """The model `build` makes with the weights of the encoder program's archive (which holds
+    them all, as ``model.NAME``), in their dtype; the model's shapes are checked against the
+    weights' on the meta device first (`bahdanau.model_folder.model_skeleton`), so a manifest
+    claiming other sizes is refused before it allocates anything."""
     weights = {name.removeprefix("model."): tensor
                for name, tensor in archive_weights(archive, path).items()
                if name.startswith("model.")}
@@ -223,17 +263,19 @@ def _rebuilt_model(manifest: dict[str, Any], archive: bytes, path: Path) -> RNNS
     if len(dtypes) != 1:
         raise InputError(f"{path}: its weights are of {len(dtypes)} dtypes, a model's of one: "
                          f"{_AGAIN}")
-    with torch.device("meta"):                # the config's shapes, before any allocation
-        shapes = {name: tuple(t.shape) for name, t in build_model(config).state_dict().items()}
+    try:
+        shapes = {name: tuple(t.shape) for name, t in model_skeleton(build).state_dict().items()}
+    except InputError as err:                  # a constructor refusing its recorded arguments
+        raise InputError(f"{path.parent}: {err}: {_AGAIN}") from None
     differ = next((name for name in sorted(shapes.keys() | weights.keys())
                    if name not in shapes or name not in weights
                    or shapes[name] != tuple(weights[name].shape)), None)
     if differ is not None:
         raise InputError(f"{path}: its weights are not those of the manifest's model "
-                         f"(model.{differ}: {shapes.get(differ)} in the config, "
+                         f"(model.{differ}: {shapes.get(differ)} in the manifest, "
                          f"{None if differ not in weights else tuple(weights[differ].shape)} "
                          f"in the archive): {_AGAIN}")
-    model = build_model(config).to(dtypes.pop()).eval()
+    model = build().to(dtypes.pop()).eval()
     model.load_state_dict(weights, strict=True)
     return model
 
@@ -354,11 +396,13 @@ the log-softmax of the next token; the memory tensors (annotations, mask, precom
 values) have one row per sentence. The step takes as many memory rows as state rows: for a beam
 of K, repeat each sentence's rows K times (`m.repeat_interleave(K, 0)`), and drop a finished
 sentence's rows from both. `manifest.json` also lists the SHA-256 of every file and its own,
-and the model's config. `torch.export.load` trusts its file (it unpickles some members of an
-archive and evaluates strings of its graph), as onnxruntime trusts an ONNX graph: give them
-only folders you trust. `bahdanau.serving.load_exported` checks the digests and traces the
-programs again from the config and the raw weights, so a folder it loads runs none of its own
-code.
+and how the model is built (its config, or the record of the parts it was assembled from).
+`torch.export.load` trusts its file (it unpickles some members of an archive and evaluates
+strings of its graph), as onnxruntime trusts an ONNX graph: give them only folders you trust.
+`bahdanau.serving.load_exported` checks the digests and traces the programs again from that
+and the raw weights, so a folder it loads runs none of its own code (a model of parts of your
+own: `load_exported("THIS_FOLDER", trust_code=True)` imports their classes, as `bahdanau.load`
+does).
 
 ## Decoding with torch alone
 

@@ -23,8 +23,8 @@ from bahdanau.serving import decode
 from bahdanau.serving.decode import MIN_SRC_LEN, NaNScores, pad_source
 
 __all__ = ["EXPORTED_VERSION", "MIN_SRC_LEN", "ExportedDecoder", "ExportedMemory",
-           "ServingPrograms", "beam_decode", "export_programs", "greedy_decode", "one_model",
-           "pad_source"]
+           "ServingPrograms", "beam_decode", "export_programs", "greedy_decode", "interface",
+           "one_model", "pad_source"]
 
 
 # ``manifest.json``'s "format" (what the folder is: `EXPORTED_FORMAT`, declared with the other
@@ -118,6 +118,14 @@ def _ids(model: RNNSearch) -> dict[str, int]:
             "eos_id": cfg.eos_id if cfg else EOS_ID, "unk_id": cfg.unk_id if cfg else UNK_ID}
 
 
+def interface(model: RNNSearch) -> dict[str, Any]:
+    """The sizes and special ids the programs of `model` take and give, read from the model's
+    parts (a model assembled from parts has no config): what a manifest records of them
+    before tracing."""
+    return {"src_vocab_size": model.encoder.vocab_size,
+            "tgt_vocab_size": model.decoder.vocab_size, **_ids(model)}
+
+
 def _example(model: RNNSearch, lengths: list[int]) -> tuple[Tensor, Tensor]:
     """A padded source batch with these lengths (every real token the unknown word)."""
     ids, device = _ids(model), next(model.parameters()).device
@@ -189,9 +197,7 @@ def export_programs(model: nn.Module) -> ServingPrograms:
     finally:
         model.train(was_training)
     manifest = {"format": EXPORTED_FORMAT, "version": EXPORTED_VERSION, "arch": model.arch,
-                "src_vocab_size": model.encoder.vocab_size,
-                "tgt_vocab_size": model.decoder.vocab_size, **_ids(model),
-                "memory_tensors": len(kept), "min_src_len": MIN_SRC_LEN,
+                **interface(model), "memory_tensors": len(kept), "min_src_len": MIN_SRC_LEN,
                 "attention": model.decoder.attention is not None,
                 "dtype": str(state.hidden.dtype).removeprefix("torch.")}
     return ServingPrograms(encoder, step, manifest)

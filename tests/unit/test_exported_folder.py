@@ -269,19 +269,39 @@ def test_a_damaged_sentencepiece_model_is_named(exported) -> None:
     one_line_error(lambda: load_exported(exported), "tokenizer.model", "SentencePiece")
 
 
-def test_a_model_without_a_config_is_not_exported(tmp_path) -> None:
-    from bahdanau import AdditiveAttention, AttentiveDecoder, BiRNNEncoder, RNNSearch
+def test_a_model_assembled_from_parts_is_rebuilt_from_its_record(tmp_path) -> None:
+    """A model of bahdanau's parts (no ModelConfig): the manifest holds its build record, and
+    load_exported (no trust needed for the library's classes) traces it again to the model's
+    greedy tokens; a record of other sizes is refused from the weights' shapes (on the meta
+    device, before anything is allocated), and one whose outermost part is no model, in one
+    line each."""
+    from bahdanau import AdditiveAttention, AttentiveDecoder, BeamSearch, BiRNNEncoder, RNNSearch
+    from bahdanau.parts import build_record
 
+    torch.manual_seed(3)
     encoder = BiRNNEncoder(vocab_size=16, embed_size=4, hidden_size=4)
     decoder = AttentiveDecoder(vocab_size=16, embed_size=4, hidden_size=4, context_size=8,
                                attention=AdditiveAttention(query_size=4, key_size=8,
                                                            align_size=4),
                                maxout_size=4)
+    model = RNNSearch(encoder, decoder).eval()
     vocab = Vocab([f"w{i}" for i in range(12)])
-    one_line_error(lambda: export_folder(RNNSearch(encoder, decoder), vocab, vocab,
-                                         DefaultTokenizer(), tmp_path / "out"),
-                   "build_model rebuilds from its config", "has no config")
-    assert not (tmp_path / "out").exists()
+    folder = export_folder(model, vocab, vocab, DefaultTokenizer(), tmp_path / "out")
+    record = _manifest(folder)["model_config"]
+    assert record == build_record(model)
+    served = load_exported(folder)
+    src, lengths = torch.tensor([[5, 6, 7, 8], [9, 4, 0, 0], [15, 14, 13, 0]]), torch.tensor(
+        [4, 2, 3])
+    got = greedy_decode(served.encoder, served.step, src, lengths, bos_id=1, eos_id=2,
+                        pad_id=0, max_len=6)
+    assert got == [h[0].tokens for h in BeamSearch(beam_size=1, max_len=6)(model, src, lengths)]
+    record["args"]["decoder"]["args"]["maxout_size"] = 5             # the weights have 4
+    _reseal(folder, model_config=record)
+    one_line_error(lambda: load_exported(folder), "encoder.pt2",
+                   "not those of the manifest's model", "in the manifest")
+    _reseal(folder, model_config=record["args"]["decoder"]["args"]["attention"])
+    one_line_error(lambda: load_exported(folder), "manifest.json", "AdditiveAttention",
+                   "not a model")
 
 
 @pytest.mark.parametrize("sizes", [{"hidden_size": 1_000_000}, {"maxout_size": 5}])
@@ -290,7 +310,7 @@ def test_a_config_of_other_sizes_is_refused_before_it_allocates(exported, sizes)
     manifest = _manifest(exported)
     _reseal(exported, model_config={**manifest["model_config"], **sizes})
     one_line_error(lambda: load_exported(exported), "encoder.pt2",
-                   "not those of the manifest's model", "in the config")
+                   "not those of the manifest's model", "in the manifest")
 
 
 def test_a_weight_of_more_elements_than_its_bytes_is_refused(exported) -> None:

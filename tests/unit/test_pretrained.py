@@ -4,18 +4,22 @@ a model alone: `RNNSearch.save_pretrained`, `RNNSearch.from_pretrained`.
 A model assembled from parts with the attention of docs/guides/own-attention.md (its code read
 from the guide and written out as an importable module) is trained a few updates, saved, and
 reloaded in a fresh process, where Python, ``bahdanau translate --trust-code`` and the model
-folder that ``bahdanau release`` makes of it all decode as the model did before it was saved. A
-preset model round-trips bit for bit. The refusals are one line each: a class outside bahdanau
-without trust (nothing imported), a class that is not there or is not a part, a weight of
-another shape, a constructor argument that is not JSON. A model saved alone (a preset's, and
-one with the guide's attention) reloads in a fresh process with the same weights and beams; a
-folder of another class, a folder of a model alone where a Translator is wanted, and a missing
-safetensors package are one line each.
+folder that ``bahdanau release`` makes of it all decode as the model did before it was saved;
+``bahdanau export --trust-code --onnx`` of it decodes the same beams with the folder's
+``decode.py`` over torch and over onnxruntime in a process without bahdanau, and
+`load_exported` reads it in a fresh process with trust_code (one line naming the class
+without). A preset model round-trips bit for bit. The refusals are one line each: a class
+outside bahdanau without trust (nothing imported), a class that is not there or is not a part,
+a weight of another shape, a constructor argument that is not JSON. A model saved alone (a
+preset's, and one with the guide's attention) reloads in a fresh process with the same weights
+and beams; a folder of another class, a folder of a model alone where a Translator is wanted,
+and a missing safetensors package are one line each.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -41,11 +45,12 @@ from bahdanau import (
     train_step,
 )
 from bahdanau.cli import main
-from bahdanau.data import Batch, DefaultTokenizer, Vocab
+from bahdanau.data import Batch, DefaultTokenizer, Vocab, pad_sources
 from bahdanau.errors import InputError
 from bahdanau.model_folder import write_model_folder
 from bahdanau.models import build_model
 from bahdanau.parts import blueprint, build_record
+from bahdanau.serving.onnx_programs import ONNX_PACKAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "guides" / "own-attention.md"
@@ -53,6 +58,7 @@ if not GUIDE.is_file():
     pytest.skip("docs/ is not next to the tests (installed package)", allow_module_level=True)
 
 SOURCES = ["a b c d", "b a", "c d a", "d c b a"]
+HAS_ONNX = all(importlib.util.find_spec(name) for name in ONNX_PACKAGES)
 GUIDE_MODULE = "own_attention_guide"
 
 
@@ -115,15 +121,24 @@ def fresh_env(*paths: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, paths), str(ROOT)])}
 
 
-def test_own_attention_model_reloads_in_a_fresh_process(guide_dir, tmp_path, capsys) -> None:
-    """Saved after training, the folder decodes the same beams in a fresh process, and
-    translate --trust-code and the released folder give the same text."""
+@pytest.fixture(scope="module")
+def own_model(guide_dir, tmp_path_factory) -> tuple[Translator, Path]:
+    """A model assembled with the guide's attention, trained a few updates and saved by
+    `Translator.save_pretrained`: (the translator, its folder)."""
     from own_attention_guide import ScaledDotAttention  # type: ignore[import-not-found]
     src_vocab, tgt_vocab = vocabularies()
     torch.manual_seed(0)
-    model = trained(assembled(ScaledDotAttention(10, 12, 5), src_vocab, tgt_vocab), src_vocab)
+    model = trained(assembled(ScaledDotAttention(10, 12, 5), src_vocab, tgt_vocab), src_vocab,
+                    steps=30)                   # beams that differ from sentence to sentence
     translator = Translator(model, DefaultTokenizer(), src_vocab, tgt_vocab)
-    folder = translator.save_pretrained(tmp_path / "mine")
+    return translator, translator.save_pretrained(tmp_path_factory.mktemp("own") / "mine")
+
+
+def test_own_attention_model_reloads_in_a_fresh_process(own_model, guide_dir, tmp_path
+                                                        ) -> None:
+    """Saved after training, the folder decodes the same beams in a fresh process, and
+    translate --trust-code and the released folder give the same text."""
+    translator, folder = own_model
     config = json.loads((folder / "config.json").read_text())
     assert config["args"]["decoder"]["args"]["attention"] == {
         "part": f"{GUIDE_MODULE}:ScaledDotAttention",
@@ -152,6 +167,86 @@ def test_own_attention_model_reloads_in_a_fresh_process(guide_dir, tmp_path, cap
                          env=env, capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0, cli.stderr
     assert cli.stdout.splitlines() == expected["text"]
+
+
+# Run with `python -I` (no PYTHONPATH: neither bahdanau nor the guide's module can be imported):
+# decodes the batch on stdin with the exported folder's decode.py over its programs, read by
+# torch alone and by onnxruntime.
+_ISOLATED_BEAMS = """
+import json, runpy, sys
+folder, runtimes = sys.argv[1], sys.argv[2:]
+batch = json.loads(sys.stdin.read())
+decode = runpy.run_path(folder + "/decode.py")
+import torch
+out = {}
+for runtime in runtimes:
+    encoder, step, manifest = decode["load_programs"](folder, runtime)
+    ids = {k: manifest[k] for k in ("bos_id", "eos_id", "pad_id")}
+    out[runtime] = decode["beam_decode"](encoder, step, torch.tensor(batch["src"]),
+                                         torch.tensor(batch["lengths"]), beam_size=3,
+                                         max_len=8, **ids)
+out["imported"] = sorted(m for m in sys.modules
+                         if m.split(".")[0] in ("bahdanau", "own_attention_guide"))
+print(json.dumps(out))
+"""
+
+# Run in a fresh process with the guide's module importable: load_exported refuses the folder
+# without trust (importing nothing), then traces it again with trust_code and beam-decodes.
+_FRESH_EXPORTED = """
+import json, sys, torch
+from bahdanau.errors import InputError
+from bahdanau.serving import beam_decode, load_exported
+folder, batch = sys.argv[1], json.loads(sys.stdin.read())
+try:
+    load_exported(folder)
+    refused = None
+except InputError as err:
+    refused = str(err)
+imported = "own_attention_guide" in sys.modules
+m = load_exported(folder, trust_code=True)
+ids = {k: m.manifest[k] for k in ("bos_id", "eos_id", "pad_id")}
+beams = beam_decode(m.encoder, m.step, torch.tensor(batch["src"]),
+                    torch.tensor(batch["lengths"]), beam_size=3, max_len=8, **ids)
+print(json.dumps({"refused": refused, "imported_when_refused": imported, "beams": beams}))
+"""
+
+
+def test_own_attention_model_exports_and_decodes_without_bahdanau(own_model, guide_dir,
+                                                                  tmp_path) -> None:
+    """bahdanau export --trust-code --onnx of the saved folder: decode.py's beam search over
+    the torch programs and over onnxruntime, in a process without bahdanau, gives the
+    library's BeamSearch tokens on the model; load_exported in a fresh process refuses the
+    folder in one line naming the class without trust, and with trust_code traces the same
+    model again."""
+    translator, folder = own_model
+    onnx = ["--onnx"] if HAS_ONNX else []
+    served = tmp_path / "served"
+    assert main(["export", "--checkpoint", str(folder), "--out", str(served), "--trust-code",
+                 *onnx]) == 0
+    manifest = json.loads((served / "manifest.json").read_text())
+    assert (manifest["model_config"]["args"]["decoder"]["args"]["attention"]["part"]
+            == f"{GUIDE_MODULE}:ScaledDotAttention")
+    want = beam_tokens(translator)
+    assert len({tuple(tokens) for tokens in want}) > 1          # not one answer for all
+    src, lengths = pad_sources([translator.src_vocab.encode(s.split()) for s in SOURCES],
+                               translator.src_vocab.pad_id)
+    batch = json.dumps({"src": src.tolist(), "lengths": lengths.tolist()})
+    runtimes = ["torch", "onnx"] if HAS_ONNX else ["torch"]
+    alone = subprocess.run([sys.executable, "-I", "-c", _ISOLATED_BEAMS, str(served), *runtimes],
+                           input=batch, capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    assert json.loads(alone.stdout) == {**{runtime: want for runtime in runtimes},
+                                        "imported": []}
+    env = fresh_env(guide_dir, ROOT)
+    fresh = subprocess.run([sys.executable, "-c", _FRESH_EXPORTED, str(served)], input=batch,
+                           env=env, capture_output=True, text=True, timeout=300)
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    got = json.loads(fresh.stdout)
+    assert got["beams"] == want and got["imported_when_refused"] is False
+    refused = got["refused"]
+    assert refused is not None and "\n" not in refused
+    assert all(part in refused for part in (str(served), f"{GUIDE_MODULE}:ScaledDotAttention",
+                                             "trust_code=True")), refused
 
 
 def test_a_preset_model_round_trips_exactly(tmp_path) -> None:
@@ -198,16 +293,20 @@ def own_folder(tmp_path) -> tuple[Path, type]:
 
 
 def test_a_class_outside_bahdanau_needs_trust(own_folder, capsys) -> None:
-    """Refused in one line naming the class and how to allow it, before anything is imported;
+    """Refused in one line naming the class and how to allow it, before anything is imported
+    (by translate and export too);
     given as `parts`, it loads without an import (the subclass without an __init__ of its own
     is recorded with its parent's arguments)."""
     folder, cls = own_folder
     one_line_error(lambda: bahdanau.load(folder), "untrusted_attention:Untrusted",
                    "trust_code=True", "parts=")
     assert "untrusted_attention" not in sys.modules
-    assert main(["translate", "--checkpoint", str(folder)]) != 0
-    error = capsys.readouterr().err
-    assert "--trust-code" in error and len(error.splitlines()) == 1
+    for command in (["translate"], ["export", "--out", str(folder.parent / "served")]):
+        assert main([*command, "--checkpoint", str(folder)]) != 0
+        error = capsys.readouterr().err
+        assert "--trust-code" in error and len(error.splitlines()) == 1, error
+        assert "untrusted_attention:Untrusted" in error
+    assert not (folder.parent / "served").exists()
     loaded = bahdanau.load(folder, parts={"untrusted_attention:Untrusted": cls})
     assert type(loaded.model.decoder.attention) is cls
     assert loaded.model.decoder.attention.built_with == {"query_size": 10, "key_size": 12,
@@ -373,12 +472,10 @@ def test_without_safetensors_saving_and_loading_say_what_to_install(tmp_path,
     (["train", "--init-from", "{folder}", "--train-src", "{text}", "--train-tgt", "{text}",
       "--out", "{out}", "--max-steps", "1"],
      "train --init-from builds the new run's model from a preset"),
-    (["export", "--checkpoint", "{folder}", "--out", "{out}"],
-     "an exported folder is rebuilt from the ModelConfig"),
 ])
 def test_what_needs_a_model_config_refuses_parts_saying_why(own_folder, tmp_path, capsys,
                                                            command, why) -> None:
-    """average, train --init-from and export refuse a model assembled from parts in one line
+    """average and train --init-from refuse a model assembled from parts in one line
     saying why, before its classes are looked up (so trust is never suggested: it would not
     help), and write nothing."""
     folder, _ = own_folder
