@@ -105,12 +105,23 @@ def test_the_recipe_runs_resumes_and_writes_a_final_model_scored_both_ways(tmp_p
     hyps = (out / "test_2016_flickr.hyp.txt").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == 1000
 
-    # the same command again: the finished run is left alone, nothing is scored again
+    # the same command again, the other candidate's val report made the better one: the
+    # finished run is left alone and nothing is averaged or scored on val again, but OUT/final
+    # becomes the other candidate, and the test reports, older than it now, are scored again
+    other = 1 if chosen == 3 else 3
+    edited = out / "select" / f"best{other}.val.json"
+    report = json.loads(edited.read_text())
+    report["bleu"] = val[chosen] + 1.0
+    edited.write_text(json.dumps(report))
+    select = {p: p.stat().st_mtime_ns for p in (out / "select").iterdir()}
     again = _recipe(out, "--max-steps", "3")
     assert "finished at step 3" in again.stdout + again.stderr
-    assert {p: p.stat().st_mtime_ns for p in out.glob("*.json")} == first
+    assert {p: p.stat().st_mtime_ns for p in (out / "select").iterdir()} == select
+    assert (out / "final").read_bytes() == (out / "select" / f"best{other}.pt").read_bytes()
+    assert all(p.stat().st_mtime_ns > first[p] for p in first)
+    first = {p: p.stat().st_mtime_ns for p in out.glob("*.json")}
 
-    # more updates: the run resumes from its step 3, and every later step is redone
+    # more updates: the run resumes from its step 3, and every later step is done again
     more = _recipe(out, "--max-steps", "4")
     log = more.stdout + more.stderr
     assert "step_00000003.pt at step 3" in log and "trained 4 updates" in log
