@@ -80,7 +80,7 @@ def _commands(text: str) -> list[list[str]]:
 
 
 @pytest.mark.parametrize("page", [*(f"guides/{g}" for g in GUIDES), "README.md",
-                                  "../README.md", "default-job.md"])
+                                  "../README.md", "default-job.md", "multi30k.md"])
 def test_bahdanau_commands_parse(page: str) -> None:
     """Every option a page shows exists, with a valid value (argparse exits 2 otherwise)."""
     commands = _commands((DOCS / page).read_text(encoding="utf-8"))
