@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from bahdanau import BeamSearch
-from bahdanau.checkpoint.manager import find_checkpoint
+from bahdanau.checkpoint.reader import find_checkpoint
 from bahdanau.data import multi30k_files, pad_sources, read_lines
 from bahdanau.serving import decode, export_folder
 from bahdanau.translate import load
