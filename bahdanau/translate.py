@@ -13,6 +13,9 @@ mean of its members' probabilities:
 
     translator = bahdanau.load(["runs/a", "runs/b", "runs/c"])
 
+`load(..., int8=True)` decodes with the big step matmuls in int8 on a CPU
+(`bahdanau.RNNSearch.int8_copy`): faster, and nearly the same translations.
+
 Under `torch.autocast` the model runs in its precision (bfloat16, float16), on a CPU or a GPU:
 
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -24,10 +27,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
-from bahdanau._checks import describe
+from bahdanau._checks import check_type, describe
 from bahdanau.checkpoint.averaging import read_members
 from bahdanau.checkpoint.reader import find_checkpoint
 from bahdanau.data.tokenizers import Tokenizer
@@ -35,6 +39,7 @@ from bahdanau.data.vocab import Vocab
 from bahdanau.ensemble import Ensemble
 from bahdanau.errors import InputError
 from bahdanau.evaluate import translate_corpus
+from bahdanau.models import RNNSearch
 from bahdanau.search import BeamSearch
 
 __all__ = ["Translator", "load"]
@@ -78,7 +83,7 @@ class Translator:
 
 
 def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
-         device: str | torch.device = "cpu") -> Translator:
+         device: str | torch.device = "cpu", int8: bool = False) -> Translator:
     """The `Translator` of a checkpoint, or of an ensemble of several.
 
     Args:
@@ -87,6 +92,8 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
             (`bahdanau.checkpoint.find_checkpoint`). A list of them (two or more) gives an
             `Ensemble` of their models; a list of one is that one checkpoint.
         device: where the model goes.
+        int8: decode each model's big step matmuls in int8 on the CPU's int8 units
+            (`bahdanau.RNNSearch.int8_copy`); a CPU only.
     Returns:
         The model (eval mode), its tokenizer and vocabularies, and each checkpoint's training
         step (`Translator.steps`). A checkpoint with EMA weights
@@ -96,20 +103,22 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
             refuses or whose weights do not fit (the file is named first), or ensemble
             members whose vocabularies or tokenizers differ
             (`bahdanau.checkpoint.read_members`); a SentencePiece tokenizer needs the
-            sentencepiece package.
+            sentencepiece package; `int8` that `bahdanau.RNNSearch.int8_copy` refuses.
     """
     if isinstance(checkpoint, (str, os.PathLike)):
         checkpoint = [checkpoint]
     elif not isinstance(checkpoint, Sequence) or not checkpoint:
         raise InputError(f"checkpoint must be a path or a non-empty list of paths, got "
                          f"{describe(checkpoint)}")
+    check_type("int8", int8, bool, "True or False")
     paths = [find_checkpoint(given) for given in checkpoint]
     models: list[torch.nn.Module] = []
     steps: list[int | None] = []
     for member in read_members(paths, same_config=False):        # each read once
         if not models:
             tokenizer, src_vocab, tgt_vocab = member.tokenizer, member.src_vocab, member.tgt_vocab
-        models.append(member.model(device=device))
+        model = member.model(device=device)
+        models.append(cast(RNNSearch, model).int8_copy() if int8 else model)
         steps.append(member.step)
     model = models[0] if len(models) == 1 else Ensemble(models).eval()
     return Translator(model=model, tokenizer=tokenizer, src_vocab=src_vocab, tgt_vocab=tgt_vocab,

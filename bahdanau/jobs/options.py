@@ -414,6 +414,8 @@ class DecodeOptions(SearchOptions):
     cuda_graphs: bool = option(False, "on CUDA, replay the decoder step as a CUDA graph "
                                       "recorded once per shape, the host looking at the batch "
                                       "every few steps (bahdanau.BeamSearch's cuda_graphs)")
+    int8: bool = option(False, "on a CPU with VNNI, the decoder step's big matmuls in int8, per "
+                               "output channel (bahdanau.RNNSearch.int8_copy)", group="decoding")
 
 
 @dataclass(frozen=True)
@@ -494,7 +496,6 @@ class PlotOptions(DecodeOptions):
             raise InputError("give --sentence or --input (with --line), not both")
         if self.line is not None and self.input is None:
             raise InputError("--line picks a line of --input; with --sentence it does nothing")
-
 
 
 @dataclass(frozen=True)

@@ -42,9 +42,9 @@ _LOG = logging.getLogger(__name__)
 
 
 def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
-    """Check --device (auto: cuda when available, else cpu), and --cuda-graphs with it, and set
-    --threads (default: the usable cores divided by LOCAL_WORLD_SIZE; more than the usable
-    cores is refused: `bahdanau._checks.cpu_threads`); returns the device. Under torchrun, cuda
+    """Check --device (auto: cuda when available, else cpu), and --cuda-graphs and --int8 with
+    it, and set --threads (default: the usable cores divided by LOCAL_WORLD_SIZE; more than the
+    usable cores is refused: `bahdanau._checks.cpu_threads`); returns the device. Under torchrun, cuda
     is each process's own GPU, cuda:LOCAL_RANK."""
     device = resolve_device(default_device() if o.device == "auto" else o.device, "--device")
     if launcher_value("WORLD_SIZE") > 1 and device.type == "cuda":
@@ -58,6 +58,12 @@ def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
     elif isinstance(o, DecodeOptions) and o.cuda_graphs and device.type != "cuda":
         raise InputError(f"--cuda-graphs replays decoder steps as CUDA graphs, which needs a "
                          f"CUDA device, not {device}")
+    elif isinstance(o, DecodeOptions) and o.int8 and device.type != "cpu":
+        raise InputError(f"--int8 decodes on a CPU's int8 units, not on {device}: give "
+                         "--device cpu")
+    if isinstance(o, DecodeOptions) and o.int8 and o.amp != "none":
+        raise InputError(f"--int8 decodes the big matmuls in int8 and the rest in float32; it "
+                         f"does not combine with --amp {o.amp}")
     torch.set_num_threads(cpu_threads(o.threads))
     _LOG.debug(f"device {device}, {torch.get_num_threads()} CPU threads")
     return device
@@ -152,10 +158,11 @@ def checkpoint_paths(o: DecodeOptions) -> dict[str, Path]:
 
 
 def load_decoder(o: DecodeOptions, paths: dict[str, Path], device: torch.device) -> Translator:
-    """The checkpoint's model (the ensemble of several), vocabularies, the tokenizer it was
-    trained with and each checkpoint's step (`bahdanau.translate.Translator`)."""
+    """The checkpoint's model (the ensemble of several; with --int8, their int8 copies),
+    vocabularies, the tokenizer it was trained with and each checkpoint's step
+    (`bahdanau.translate.Translator`)."""
     files = list(paths.values())
-    t = load(files[0] if len(files) == 1 else files, device=device)
+    t = load(files[0] if len(files) == 1 else files, device=device, int8=o.int8)
     if o.unk_replace and t.model.arch == "rnnencdec":
         what = "is an RNNencdec model" if len(files) == 1 else "are RNNencdec models"
         raise InputError(f"--unk-replace needs attention weights; {' '.join(map(str, files))} "
