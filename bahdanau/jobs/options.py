@@ -208,7 +208,8 @@ _THREADS_HELP = ("torch CPU threads, at most the usable cores (default: the usab
 # --amp of every command that decodes or scores (`bahdanau.jobs.resolve.autocast`); train's is
 # `TrainConfig.amp`
 _AMP_HELP = ("mixed precision: run the model under torch.autocast in bf16 or fp16 on --device "
-             "(none: float32); the search adds up its log-probabilities in float32")
+             "(none: float32; auto: as train --amp auto); the search adds up its "
+             "log-probabilities in float32")
 
 
 @dataclass(frozen=True)

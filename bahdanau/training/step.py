@@ -28,9 +28,6 @@ from bahdanau.training.state import (
     unwrap_model,
 )
 
-# `TrainConfig.amp` -> the autocast dtype of `train_step` (None: no autocast)
-AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """Adadelta(lr, rho, eps) as in the paper, or Adam(lr, eps) (fused where torch supports it).
