@@ -47,7 +47,8 @@ tests/unit/test_packed_linear.py the packed search to it in float32.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import copy
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -117,6 +118,12 @@ class DecoderEngine:
         self.decoder = decoder
         self.sequence_grads = sequence_grads
         self.int8 = self._quantized() if int8 else None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DecoderEngine:
+        """The engine of a copied model: of the copied decoder, quantised again from its
+        weights where this one is int8 (oneDNN's packed tensors cannot be copied)."""
+        return DecoderEngine(copy.deepcopy(self.decoder, memo),
+                             sequence_grads=self.sequence_grads, int8=self.int8 is not None)
 
     def _step_weights(self) -> tuple[Tensor, Tensor]:
         """The fused step weight [query_weight; U] and its bias (`EngineMemory.step_weight`)."""

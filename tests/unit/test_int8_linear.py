@@ -9,6 +9,7 @@ as it is and whose tokens it must find on most sentences.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 
 import pytest
@@ -134,9 +135,13 @@ def test_an_int8_copy_finds_the_float_tokens_on_most_sentences() -> None:
 
 @needs_int8
 def test_int8_copies_decode_only_and_only_where_they_can() -> None:
+    """Refused without the fast engine or float32 CPU weights, and by training; copied (a deep
+    copy quantises the copy's weights again), never shared."""
     one_line_error(lambda: model("reference").int8_copy(), "fast engine", "float32")
     one_line_error(lambda: model().double().int8_copy(), "float32 weights on a CPU")
     quantized = tiny_model().int8_copy()
+    for again in (copy.deepcopy(quantized), quantized.int8_copy()):   # quantised again
+        assert again.int8 and again.engine.decoder is again.decoder is not quantized.decoder
     optimizer = make_optimizer(quantized, TrainConfig())
     batch = collate(random_examples(3))
     one_line_error(lambda: train_step(quantized, batch, optimizer), "int8 copy for decoding",
