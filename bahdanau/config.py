@@ -38,7 +38,7 @@ Engine = Literal["fast", "reference"]
 GRUForm = Literal["torch", "paper"]
 DecoderKind = Literal["paper", "cgru"]
 Init = Literal["paper", "glorot"]
-Amp = Literal["none", "bf16", "fp16"]
+Amp = Literal["none", "bf16", "fp16", "auto"]
 Schedule = Literal["constant", "inverse_sqrt", "plateau"]
 StoppingMetric = Literal["bleu", "chrf", "ppl", "wer", "per", "accuracy"]
 # Scores where less is better (perplexity, the error rates of `bahdanau.error_rates`); the
@@ -314,7 +314,9 @@ class TrainConfig(DictConfig):
     label_smoothing: float = setting(0.0, "label smoothing of the loss (0: none, as in the "
                                           "paper)", low=0, high=1, below=True)
     amp: Amp = setting("none", "mixed precision: the updates, dev evaluation and test under "
-                               "torch.autocast to bf16 or fp16 (fp16 adds a gradient scaler)",
+                               "torch.autocast to bf16 or fp16 (fp16 adds a gradient scaler); "
+                               "auto: bf16 where it is native and measured no worse "
+                               "(bahdanau.training.precision), else float32",
                        group="machine")
     tf32: bool = setting(True, "on CUDA, float32 matmuls and cuDNN on TF32 tensor cores (10-bit "
                                "mantissa products, float32 sums); --no-tf32: full float32",

@@ -6,6 +6,7 @@ context comes from (additive attention vs. a fixed vector), so they compare on e
 
 from __future__ import annotations
 
+import copy
 import inspect
 from collections.abc import Sequence
 from dataclasses import replace
@@ -83,6 +84,32 @@ class RNNSearch(Part, Pretrained, nn.Module):
         encoder_args = inspect.signature(encoder.forward).parameters
         self._encoder_takes_check = "check" in encoder_args
         self._encoder_takes_sync_free = "sync_free" in encoder_args
+
+    @property
+    def int8(self) -> bool:
+        """Whether its searches multiply the big step matmuls in int8 (an `int8_copy`)."""
+        return self.engine is not None and self.engine.int8 is not None
+
+    def int8_copy(self) -> RNNSearch:
+        """A copy of the model, in eval mode, whose searches multiply the fused step weight,
+        U_o, V_o and W_o in int8 on the CPU's int8 units (`DecoderEngine(int8=True)`): quantised
+        once, now, per output channel (`bahdanau.kernels.int8_linear`). For decoding only:
+        `bahdanau.train_step` refuses it, and its teacher forcing (`forward`, `loss`) is the
+        float model's. The model itself is left as it is.
+
+        Raises:
+            InputError: a model without the fast engine (`engine="reference"`, the conditional
+                GRU decoder), weights that are not float32 on a CPU, or a machine where int8
+                matmuls cannot run (`bahdanau.kernels.int8_linear.unavailable_reason`).
+        """
+        if self.engine is None:
+            raise InputError("int8 decoding runs through the fast engine; this model decodes "
+                             "through the reference decoder (engine='reference', or a decoder "
+                             "with no fast twin): decode it in float32")
+        model = copy.deepcopy(self).eval()
+        model.engine = DecoderEngine(model.decoder, sequence_grads=self.engine.sequence_grads,
+                                     int8=True)
+        return model
 
     @property
     def vocab_sizes(self) -> tuple[int, int]:

@@ -15,6 +15,9 @@ mean of its members' probabilities:
 
     translator = bahdanau.load(["runs/a", "runs/b", "runs/c"])
 
+`load(..., int8=True)` decodes with the big step matmuls in int8 on a CPU
+(`bahdanau.RNNSearch.int8_copy`): faster, and nearly the same translations.
+
 Under `torch.autocast` the model runs in its precision (bfloat16, float16), on a CPU or a GPU:
 
     with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -27,10 +30,11 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
-from bahdanau._checks import describe
+from bahdanau._checks import check_type, describe
 from bahdanau.checkpoint.averaging import read_members
 from bahdanau.checkpoint.reader import find_checkpoint
 from bahdanau.checkpoint.release import model_payload, parts_card, write_release
@@ -39,6 +43,7 @@ from bahdanau.data.vocab import Vocab
 from bahdanau.ensemble import Ensemble
 from bahdanau.errors import InputError
 from bahdanau.evaluate import translate_corpus
+from bahdanau.models import RNNSearch
 from bahdanau.search import BeamSearch
 
 __all__ = ["Translator", "load"]
@@ -116,7 +121,7 @@ class Translator:
 
 def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
          device: str | torch.device = "cpu", trust_code: bool = False,
-         parts: Mapping[str, type] | None = None) -> Translator:
+         parts: Mapping[str, type] | None = None, int8: bool = False) -> Translator:
     """The `Translator` of a checkpoint, or of an ensemble of several.
 
     Args:
@@ -129,6 +134,8 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
             names (`Translator.save_pretrained`); without it, or `parts` giving them, such a
             folder is refused before anything is imported.
         parts: those classes by import path, ``{"my_module:MyAttention": MyAttention}``.
+        int8: decode each model's big step matmuls in int8 on the CPU's int8 units
+            (`bahdanau.RNNSearch.int8_copy`); a CPU only.
     Returns:
         The model (eval mode), its tokenizer and vocabularies, and each checkpoint's training
         step (`Translator.steps`). A checkpoint with EMA weights
@@ -138,20 +145,22 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
             refuses or whose weights do not fit (the file is named first), or ensemble
             members whose vocabularies or tokenizers differ
             (`bahdanau.checkpoint.read_members`); a SentencePiece tokenizer needs the
-            sentencepiece package.
+            sentencepiece package; `int8` that `bahdanau.RNNSearch.int8_copy` refuses.
     """
     if isinstance(checkpoint, (str, os.PathLike)):
         checkpoint = [checkpoint]
     elif not isinstance(checkpoint, Sequence) or not checkpoint:
         raise InputError(f"checkpoint must be a path or a non-empty list of paths, got "
                          f"{describe(checkpoint)}")
+    check_type("int8", int8, bool, "True or False")
     paths = [find_checkpoint(given) for given in checkpoint]
     models: list[torch.nn.Module] = []
     steps: list[int | None] = []
     for member in read_members(paths, same_config=False, trust_code=trust_code, parts=parts):
         if not models:
             tokenizer, src_vocab, tgt_vocab = member.tokenizer, member.src_vocab, member.tgt_vocab
-        models.append(member.model(device=device))
+        model = member.model(device=device)
+        models.append(cast(RNNSearch, model).int8_copy() if int8 else model)
         steps.append(member.step)
     model = models[0] if len(models) == 1 else Ensemble(models).eval()
     return Translator(model=model, tokenizer=tokenizer, src_vocab=src_vocab, tgt_vocab=tgt_vocab,

@@ -9,8 +9,8 @@ Each trick, where it lives, the reference it must equal, and the tests that hold
   twin of plain per-step autograd, `DecoderEngine(sequence_grads=False)`
   (tests/unit/test_engine.py).
 
-The fast ops it calls (the chunked linear cross-entropy, the step matmuls with packed weights,
-the sigmoid form of the additive attention, the fused Triton attention kernel) live in
+The fast ops it calls (the chunked linear cross-entropy, the step matmuls with packed weights
+or in int8, the sigmoid form of the additive attention, the fused Triton attention kernel) live in
 `bahdanau.kernels`, each beside the reference it must equal.
 
 Models choose once, at construction: `ModelConfig(engine="fast")` (the default) decodes and

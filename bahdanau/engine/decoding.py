@@ -19,6 +19,12 @@ What it does differently from the reference decoder, and why it is the same func
 * Packed step weights. For a search under inference mode on a CPU, `prepare` reorders every
   weight a step multiplies (the fused step weight, [W_r; W_z; W], U_o, V_o and W_o) once for
   oneDNN (`bahdanau.kernels.packed_linear`), and every step's matmuls read them as they are.
+* int8 step weights (`DecoderEngine(int8=True)`, what `bahdanau.RNNSearch.int8_copy` builds):
+  the fused step weight, U_o, V_o and W_o are quantised once, per output channel, when the
+  engine is built, and a search's steps multiply them on the CPU's int8 units
+  (`bahdanau.kernels.int8_linear`). Not the same function: each product is that of the
+  dequantised weights and input (the tests hold it to that in float64), and a search finds
+  nearly the float model's tokens. Teacher forcing (`features`, `loss`) stays in float.
 
 Where the precomputed values cannot stand for c_i, the values are the annotations h_j
 themselves and each step calls C and C_o on c_i, as the reference decoder does: while dropout on
@@ -41,7 +47,8 @@ tests/unit/test_packed_linear.py the packed search to it in float32.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import copy
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -50,20 +57,26 @@ from torch import Tensor
 from bahdanau import functional
 from bahdanau.decoder import AttentiveDecoder, DecoderMemory, DecoderState, StepOutput
 from bahdanau.engine.sequence_grads import SequenceGrads
-from bahdanau.kernels import linear_cross_entropy, packed_linear
+from bahdanau.errors import InputError
+from bahdanau.kernels import int8_linear, linear_cross_entropy, packed_linear
+from bahdanau.kernels.int8_linear import Int8Linear
 from bahdanau.kernels.packed_linear import PackedLinear
+
+# a linear map a search step calls on (N, in) rows: packed in float32, or in int8
+StepLinear = PackedLinear | Int8Linear
 
 
 class PackedWeights(NamedTuple):
-    """The linear maps a search step applies, with their weights reordered for oneDNN; None
-    where one is not packed (not a float32 CPU search, or a layer the decoder does not offer
-    as weights): the step then calls `F.linear` or the layer."""
+    """The linear maps a search step applies, with their weights reordered for oneDNN (in
+    float32, or in int8 for an int8 engine); None where one is not packed (not a float32 CPU
+    search, or a layer the decoder does not offer as weights): the step then calls `F.linear`
+    or the layer."""
 
-    step: PackedLinear | None = None            # [W_a; U] s_{i-1} (`EngineMemory.step_weight`)
-    input: PackedLinear | None = None           # [W_r; W_z; W] E y_{i-1} + b
-    readout_state: PackedLinear | None = None   # U_o s_{i-1} + b
-    readout_embed: PackedLinear | None = None   # V_o E y_{i-1}
-    output: PackedLinear | None = None          # W_o t_i + b_o
+    step: StepLinear | None = None              # [W_a; U] s_{i-1} (`EngineMemory.step_weight`)
+    input: StepLinear | None = None             # [W_r; W_z; W] E y_{i-1} + b
+    readout_state: StepLinear | None = None     # U_o s_{i-1} + b
+    readout_embed: StepLinear | None = None     # V_o E y_{i-1}
+    output: StepLinear | None = None            # W_o t_i + b_o
 
 
 class EngineMemory(NamedTuple):
@@ -91,11 +104,56 @@ class DecoderEngine:
         decoder: the decoder whose parameters and attention it uses (it holds no weights).
         sequence_grads: sum the step-weight and value gradients once per sequence (the default);
             False uses plain per-step autograd, the same gradients in another order.
+        int8: quantise the fused step weight, U_o, V_o and W_o now, once, and multiply them in
+            int8 in every search step (`bahdanau.kernels.int8_linear`): a snapshot of the
+            decoder's weights as they are, for decoding on a CPU only.
+
+    Raises:
+        InputError: `int8` where int8 matmuls cannot run (`int8_linear.unavailable_reason`),
+            or for weights that are not float32 on a CPU.
     """
 
-    def __init__(self, decoder: AttentiveDecoder, *, sequence_grads: bool = True) -> None:
+    def __init__(self, decoder: AttentiveDecoder, *, sequence_grads: bool = True,
+                 int8: bool = False) -> None:
         self.decoder = decoder
         self.sequence_grads = sequence_grads
+        self.int8 = self._quantized() if int8 else None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> DecoderEngine:
+        """The engine of a copied model: of the copied decoder, quantised again from its
+        weights where this one is int8 (oneDNN's packed tensors cannot be copied)."""
+        return DecoderEngine(copy.deepcopy(self.decoder, memo),
+                             sequence_grads=self.sequence_grads, int8=self.int8 is not None)
+
+    def _step_weights(self) -> tuple[Tensor, Tensor]:
+        """The fused step weight [query_weight; U] and its bias (`EngineMemory.step_weight`)."""
+        dec = self.decoder
+        weight, bias = dec.recurrent_weights()
+        query_weight = None if dec.attention is None else dec.attention.query_weight()
+        if query_weight is not None:
+            weight = torch.cat([query_weight, weight])
+            bias = torch.cat([bias.new_zeros(query_weight.shape[0]), bias])
+        return weight, bias
+
+    def _quantized(self) -> PackedWeights:
+        """The int8 maps of `DecoderEngine(int8=True)`; the input gates stay float."""
+        reason = int8_linear.unavailable_reason()
+        if reason is not None:
+            raise InputError(f"int8 decoding cannot run here: {reason}; decode in float32")
+        weight, bias = self._step_weights()
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            raise InputError(f"int8 decoding quantises float32 weights on a CPU, not "
+                             f"{weight.dtype} on {weight.device}: move the model with "
+                             ".float().cpu() first")
+        dec = self.decoder
+
+        def quantize(weights: tuple[Tensor, Tensor | None] | None) -> Int8Linear | None:
+            return None if weights is None else int8_linear.quantize(*weights)
+
+        readout = dec.readout_weights() or (None, None)
+        return PackedWeights(step=quantize((weight, bias)), readout_state=quantize(readout[0]),
+                             readout_embed=quantize(readout[1]),
+                             output=quantize(dec.output_weights()))
 
     def prepare(self, memory: DecoderMemory, *, for_search: bool = False) -> EngineMemory:
         """Once per batch: the values [C; C_o] h_j (or h_j, see the module docstring) and the
@@ -107,21 +165,26 @@ class DecoderEngine:
                 weights a step multiplies where `bahdanau.kernels.packed_linear` packs, laid out
                 for the B sentences' rows (a beam search steps B*K rows; any number runs).
                 Teacher forcing applies most of them once, outside its loop, and packs nothing.
+                An int8 engine's search steps take its int8 maps (and the input gates packed).
+        Raises:
+            InputError: an int8 engine's search on a device other than the CPU.
         """
         dec = self.decoder
         source = memory.context if dec.attention is None else memory.annotations
         assert source is not None   # init_state builds the context exactly without attention
         value_weight = None if dec.drops_rnn_inputs() else dec.value_weight()
         values = source if value_weight is None else F.linear(source, value_weight)
-        weight, bias = dec.recurrent_weights()
-        query_weight = None if dec.attention is None else dec.attention.query_weight()
-        if query_weight is not None:
-            weight = torch.cat([query_weight, weight])
-            bias = torch.cat([bias.new_zeros(query_weight.shape[0]), bias])
+        weight, bias = self._step_weights()
         prepared = EngineMemory(memory, values, weight, bias, value_weight is None)
         if not for_search:
             return prepared
         rows = memory.mask.shape[0]                               # B sentences
+        if self.int8 is not None and not torch.compiler.is_compiling():
+            if values.device.type != "cpu":
+                raise InputError(f"an int8 model decodes on a CPU, not on {values.device}: "
+                                 "decode the float model there")
+            return prepared._replace(packed=self.int8._replace(
+                input=packed_linear.pack(dec.input_weights(), rows)))
         readout = dec.readout_weights() or (None, None)
         return prepared._replace(packed=PackedWeights(*(
             packed_linear.pack(weights, rows) for weights in (

@@ -197,7 +197,8 @@ _THREADS_HELP = ("torch CPU threads, at most the usable cores (default: the usab
 # --amp of every command that decodes or scores (`bahdanau.jobs.resolve.autocast`); train's is
 # `TrainConfig.amp`
 _AMP_HELP = ("mixed precision: run the model under torch.autocast in bf16 or fp16 on --device "
-             "(none: float32); the search adds up its log-probabilities in float32")
+             "(none: float32; auto: as train --amp auto); the search adds up its "
+             "log-probabilities in float32")
 
 
 @dataclass(frozen=True)
@@ -409,6 +410,8 @@ class DecodeOptions(SearchOptions, TrustOptions):
     cuda_graphs: bool = option(False, "on CUDA, replay the decoder step as a CUDA graph "
                                       "recorded once per shape, the host looking at the batch "
                                       "every few steps (bahdanau.BeamSearch's cuda_graphs)")
+    int8: bool = option(False, "on a CPU with VNNI, the decoder step's big matmuls in int8, per "
+                               "output channel (bahdanau.RNNSearch.int8_copy)", group="decoding")
 
 
 @dataclass(frozen=True)
@@ -489,7 +492,6 @@ class PlotOptions(DecodeOptions):
             raise InputError("give --sentence or --input (with --line), not both")
         if self.line is not None and self.input is None:
             raise InputError("--line picks a line of --input; with --sentence it does nothing")
-
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,8 @@ from bahdanau.jobs.options import (
 )
 from bahdanau.phrases import check_constraints
 from bahdanau.search import CAPTURED_CHECK_EVERY, BeamSearch
+from bahdanau.training.precision import AMP_DTYPES, precision_line, resolve_amp
 from bahdanau.training.run import check_machine
-from bahdanau.training.step import AMP_DTYPES
 from bahdanau.training.threads import AdaptiveThreads
 from bahdanau.translate import Translator, load
 
@@ -42,10 +42,10 @@ _LOG = logging.getLogger(__name__)
 
 
 def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
-    """Check --device (auto: cuda when available, else cpu), and --cuda-graphs with it, and set
-    --threads (default: the usable cores divided by LOCAL_WORLD_SIZE; more than the usable
-    cores is refused: `bahdanau._checks.cpu_threads`); returns the device. Under torchrun, cuda
-    is each process's own GPU, cuda:LOCAL_RANK."""
+    """Check --device (auto: cuda when available, else cpu), and --cuda-graphs and --int8 with
+    it, and set --threads (default: the usable cores divided by LOCAL_WORLD_SIZE; more than the
+    usable cores is refused: `bahdanau._checks.cpu_threads`); returns the device. Under
+    torchrun, cuda is each process's own GPU, cuda:LOCAL_RANK."""
     device = resolve_device(default_device() if o.device == "auto" else o.device, "--device")
     if launcher_value("WORLD_SIZE") > 1 and device.type == "cuda":
         if device.index is not None:
@@ -58,6 +58,12 @@ def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
     elif isinstance(o, DecodeOptions) and o.cuda_graphs and device.type != "cuda":
         raise InputError(f"--cuda-graphs replays decoder steps as CUDA graphs, which needs a "
                          f"CUDA device, not {device}")
+    elif isinstance(o, DecodeOptions) and o.int8 and device.type != "cpu":
+        raise InputError(f"--int8 decodes on a CPU's int8 units, not on {device}: give "
+                         "--device cpu")
+    if isinstance(o, DecodeOptions) and o.int8 and resolve_amp(o.amp, device)[0] != "none":
+        raise InputError(f"--int8 decodes the big matmuls in int8 and the rest in float32; it "
+                         f"does not combine with --amp {o.amp}")
     torch.set_num_threads(cpu_threads(o.threads))
     _LOG.debug(f"device {device}, {torch.get_num_threads()} CPU threads")
     return device
@@ -65,8 +71,9 @@ def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
 
 def autocast(amp: str, device: torch.device
              ) -> AbstractContextManager[Any]:
-    """The context a model runs under in the precision `amp` names ("none", "bf16", "fp16":
-    `bahdanau.config.Amp`) on `device`: `torch.autocast` in bfloat16 or float16, or for "none"
+    """The context a model runs under in the precision `amp` names ("none", "bf16", "fp16", or
+    "auto" as `bahdanau.training.precision.resolve_amp` resolves it: `bahdanau.config.Amp`) on
+    `device`: `torch.autocast` in bfloat16 or float16, or for "none"
     a context that changes nothing. Built once, before any work; enter it around the model's
     calls (a search, a loss), as many times as needed, one at a time.
 
@@ -75,8 +82,7 @@ def autocast(amp: str, device: torch.device
             it, or a device or dtype torch's autocast would switch off with a warning), one
             line naming --amp.
     """
-    if amp not in AMP_DTYPES:
-        raise InputError(f"--amp must be one of {', '.join(AMP_DTYPES)}, got {amp!r}")
+    amp = resolve_amp(amp, device)[0]             # "auto": what it picks here, else amp
     dtype = AMP_DTYPES[amp]
     if dtype is None:
         return nullcontext()
@@ -106,16 +112,18 @@ def thread_tuner(o: TrainOptions, device: torch.device) -> AdaptiveThreads | Non
     return AdaptiveThreads(most)
 
 
-def machine_line(device: torch.device, tuner: AdaptiveThreads | None) -> str:
-    """The first line of a training log: the device, and the CPU threads and how they were
-    chosen."""
+def machine_line(device: torch.device, tuner: AdaptiveThreads | None, amp: str) -> str:
+    """The first line of a training log: the device, the CPU threads and how they were chosen,
+    and the precision --amp `amp` runs in there and why
+    (`bahdanau.training.precision.precision_line`)."""
+    precision = precision_line(amp, device)
     if device.type != "cpu":
-        return f"machine: {device} ({torch.cuda.get_device_name(device)})"
+        return f"machine: {device} ({torch.cuda.get_device_name(device)}); {precision}"
     if tuner is None:
         n = torch.get_num_threads()
-        return f"machine: cpu, {n} thread{'s' if n != 1 else ''}"
+        return f"machine: cpu, {n} thread{'s' if n != 1 else ''}; {precision}"
     return (f"machine: cpu, {tuner.most} threads at first, then as many as measure fastest "
-            "beside the machine's other work (--threads N fixes the count)")
+            f"beside the machine's other work (--threads N fixes the count); {precision}")
 
 
 def beam_search(o: SearchOptions, n_best: int = 1) -> BeamSearch:
@@ -152,10 +160,12 @@ def checkpoint_paths(o: DecodeOptions) -> dict[str, Path]:
 
 
 def load_decoder(o: DecodeOptions, paths: dict[str, Path], device: torch.device) -> Translator:
-    """The checkpoint's model (the ensemble of several), vocabularies, the tokenizer it was
-    trained with and each checkpoint's step (`bahdanau.translate.Translator`)."""
+    """The checkpoint's model (the ensemble of several; with --int8, their int8 copies),
+    vocabularies, the tokenizer it was trained with and each checkpoint's step
+    (`bahdanau.translate.Translator`)."""
     files = list(paths.values())
-    t = load(files[0] if len(files) == 1 else files, device=device, trust_code=o.trust_code)
+    t = load(files[0] if len(files) == 1 else files, device=device, trust_code=o.trust_code,
+             int8=o.int8)
     if o.unk_replace and t.model.arch == "rnnencdec":
         what = "is an RNNencdec model" if len(files) == 1 else "are RNNencdec models"
         raise InputError(f"--unk-replace needs attention weights; {' '.join(map(str, files))} "

@@ -466,7 +466,8 @@ def run_train_job(o: TrainOptions, command: str = "bahdanau train") -> TrainJobR
             run.resume_changes = changes                 # in the command line's terms
         run.threads = tuner
         board = _open_records(o, run, log, command, device, stack)
-        for line in [machine_line(device, tuner), *_start_lines(o, data, run)]:
+        for line in [machine_line(device, tuner, o.training.amp),
+                     *_start_lines(o, data, run)]:
             say(line)
         result = train_run(run, validate=_dev_scores(o, data, run, device, board), log=say,
                            scalars=board.scalars if board is not None else None)

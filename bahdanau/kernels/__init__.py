@@ -12,6 +12,10 @@
   `packed_linear.linear` with `packed_linear.pack_for_steps` (or `packed_linear.pack`, a
   `packed_linear.PackedLinear`), twin of `torch.nn.functional.linear`
   (tests/unit/test_packed_linear.py).
+* Step matmuls in int8 on the CPU's int8 dot-product units (an int8 copy's search steps,
+  `bahdanau.RNNSearch.int8_copy`): `int8_linear.quantize`, an `int8_linear.Int8Linear`, twin
+  of `torch.nn.functional.linear` of the dequantised input and weight,
+  `int8_linear.dequantized_linear` (tests/unit/test_int8_linear.py).
 
 Triton is imported lazily: `import bahdanau` never loads it (`availability` says whether it
 can run, without importing it). `resolve_impl` maps a requested

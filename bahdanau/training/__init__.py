@@ -2,6 +2,8 @@
 
 * `step`: `make_optimizer`, `LossModule`, `train_step` (one update of any model on any batch),
   `evaluate_loss`;
+* `precision`: what each `--amp` name runs in, and what `--amp auto` picks on this machine
+  (`precision.resolve_amp`, from the decisions recorded in `precision.AUTO_BF16`);
 * `plan`: `BatchPlan` (each update's batches, shared among processes), `BatchLoader` and
   `LoaderWorkerError`;
 * `state`: `TrainState`, and the checkpoint of a run (`checkpoint_payload`, `restore`);

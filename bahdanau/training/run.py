@@ -57,6 +57,7 @@ from bahdanau.errors import InputError
 from bahdanau.training.distributed import broadcast, gather, is_distributed
 from bahdanau.training.ema import WeightEMA
 from bahdanau.training.plan import BatchLoader, BatchPlan, PlannedUpdate
+from bahdanau.training.precision import amp_dtype
 from bahdanau.training.schedules import LRSchedule, set_lr
 from bahdanau.training.state import (
     TrainState,
@@ -67,7 +68,7 @@ from bahdanau.training.state import (
     rng_streams_notes,
     unwrap_model,
 )
-from bahdanau.training.step import AMP_DTYPES, LossModule, StepStats, make_optimizer, train_step
+from bahdanau.training.step import LossModule, StepStats, make_optimizer, train_step
 from bahdanau.training.threads import AdaptiveThreads
 from bahdanau.training.update import SyncFreeUpdate
 
@@ -253,7 +254,8 @@ def _cuda_setup(cfg: TrainConfig, device: torch.device, model: nn.Module,
     if not cfg.cuda_graphs:
         return None
     return SyncFreeUpdate(model, optimizer, clip_norm=cfg.clip_norm,
-                          label_smoothing=cfg.label_smoothing, amp_dtype=AMP_DTYPES[cfg.amp],
+                          label_smoothing=cfg.label_smoothing,
+                          amp_dtype=amp_dtype(cfg.amp, device),
                           scaler=scaler, cuda_graphs=True)
 
 
@@ -435,7 +437,7 @@ def run_step(run: TrainRun) -> StepStats:
     else:
         stats = train_step(run.step_model, _batches_of(run, planned), run.optimizer,
                            clip_norm=cfg.clip_norm, label_smoothing=cfg.label_smoothing,
-                           amp_dtype=AMP_DTYPES[cfg.amp], scaler=run.scaler,
+                           amp_dtype=amp_dtype(cfg.amp, run.device), scaler=run.scaler,
                            update_sentences=planned.sentences if run.distributed else None)
     if run.ema is not None:
         run.ema.update(run.model)

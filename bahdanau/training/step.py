@@ -28,9 +28,6 @@ from bahdanau.training.state import (
     unwrap_model,
 )
 
-# `TrainConfig.amp` -> the autocast dtype of `train_step` (None: no autocast)
-AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """Adadelta(lr, rho, eps) as in the paper, or Adam(lr, eps) (fused where torch supports it).
@@ -152,14 +149,18 @@ def train_step(model: nn.Module, batch: Batch | Sequence[Batch],
         same on all, and the loss of any counts for all.
     Raises:
         InputError: an empty sequence of batches, `update_sentences` without DDP or below
-            these batches' sentence count, or an optimizer without the parameters the loss
-            depends on.
+            these batches' sentence count, an optimizer without the parameters the loss
+            depends on, or an int8 copy for decoding (`bahdanau.RNNSearch.int8_copy`).
     """
     batches = [batch] if isinstance(batch, Batch) else list(batch)
     if not batches:
         raise InputError("train_step needs a batch, got an empty sequence of batches")
     sentences: float = sum(b.src.shape[0] for b in batches)
     ddp = model if isinstance(model, nn.parallel.DistributedDataParallel) else None
+    inner = model.module if ddp is not None else model
+    if getattr(inner.module if isinstance(inner, LossModule) else inner, "int8", False) is True:
+        raise InputError("this model is an int8 copy for decoding (RNNSearch.int8_copy): train "
+                         "the float model it was copied from")
     if update_sentences is not None:
         if ddp is None:
             raise InputError("update_sentences is for a DistributedDataParallel model; one "

@@ -11,6 +11,11 @@ sentence (beams still batched), and a tutorial-style loop that also steps each h
 
     python examples/benchmarks/bench_search.py
     python examples/benchmarks/bench_search.py --batch-sizes 32 --beams 1 5 --train-steps 220
+    python examples/benchmarks/bench_search.py --threads 1 --batch-sizes 64 --beams 1 5 \
+        --naive-limit 0 --int8                 # or --amp bf16: the CPU's int8 or bf16 units
+
+`--int8` decodes through `RNNSearch.int8_copy` (the step's big matmuls in int8), `--amp bf16`
+under `torch.autocast`, as `bahdanau translate --int8` and `--amp bf16` do.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from bahdanau.data import (
     pad_sources,
     read_parallel,
 )
+from bahdanau.jobs.resolve import autocast
 from bahdanau.training import train_step
 
 
@@ -45,12 +51,14 @@ def batches(ids: list[list[int]], batch_size: int, pad_id: int):
         yield pad_sources([ids[i] for i in order[start:start + batch_size]], pad_id)
 
 
-def run(model, ids, batch_size: int, search: BeamSearch) -> tuple[float, int]:
+def run(model, ids, batch_size: int, search: BeamSearch, amp: str = "none"
+        ) -> tuple[float, int]:
     start, tokens = time.perf_counter(), 0
     device = next(model.parameters()).device
-    for src, lengths in batches(ids, batch_size, model.decoder.pad_id):
-        for hyps in search(model, src.to(device), lengths.to(device)):
-            tokens += len(hyps[0].tokens)
+    with autocast(amp, device):
+        for src, lengths in batches(ids, batch_size, model.decoder.pad_id):
+            for hyps in search(model, src.to(device), lengths.to(device)):
+                tokens += len(hyps[0].tokens)
     return time.perf_counter() - start, tokens
 
 
@@ -106,6 +114,10 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLS,
                         help="attention path (triton: the fused kernel, CUDA)")
+    parser.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"],
+                        help="decode under torch.autocast, as translate --amp")
+    parser.add_argument("--int8", action="store_true",
+                        help="decode an int8 copy of the model, as translate --int8")
     parser.add_argument("--json", help="also write the results (one JSON object per line)")
     args = parser.parse_args()
 
@@ -120,6 +132,8 @@ def main() -> None:
     if args.train_steps:
         train_briefly(model, args.train_steps, src_vocab, tgt_vocab, tokenizer)
     model = model.to(args.device).eval()
+    if args.int8:
+        model = model.int8_copy()
     test = read_parallel(multi30k_files("test_2016_flickr", "en"),
                          multi30k_files("test_2016_flickr", "fr"))[: args.limit]
     ids = [src_vocab.encode(tokenizer.tokenize(s)) for s, _ in test]
@@ -132,9 +146,10 @@ def main() -> None:
             for mode, kwargs in (("natural", dict(max_len=100)),
                                  ("fixed20", dict(min_len=20, max_len=20))):
                 search = BeamSearch(beam_size=beam, **kwargs)
-                seconds, tokens = min(run(model, ids, batch_size, search)
+                seconds, tokens = min(run(model, ids, batch_size, search, args.amp)
                                       for _ in range(args.repeats))
-                row = dict(batch=batch_size, beam=beam, length=mode, sents_per_s=len(ids) / seconds,
+                row = dict(batch=batch_size, beam=beam, length=mode, amp=args.amp,
+                           int8=args.int8, sents_per_s=len(ids) / seconds,
                            tgt_tokens_per_s=tokens / seconds, mean_len=tokens / len(ids),
                            seconds=seconds)
                 rows.append(row)

@@ -13,6 +13,7 @@ a peer benchmark prepared, so both sides read identical text).
     python examples/benchmarks/bench_train.py                       # mid-size model
     python examples/benchmarks/bench_train.py --data-dir DIR --json out.json
     python examples/benchmarks/bench_train.py --busy 1              # idle, then beside 1 busy loop
+    python examples/benchmarks/bench_train.py --threads 1 --amp bf16  # under CPU autocast bf16
 
 Threads: ``--threads auto`` (the default) is what ``bahdanau train`` does without --threads:
 start with every usable core and follow the machine's load (`AdaptiveThreads`); ``--threads
@@ -46,6 +47,7 @@ from bahdanau.data import (
     multi30k_files,
     read_parallel,
 )
+from bahdanau.jobs.resolve import autocast
 from bahdanau.training.threads import AdaptiveThreads
 
 
@@ -95,6 +97,7 @@ def measure(args: argparse.Namespace, examples: list, vocab_sizes: tuple[int, in
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr, fused=True)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     sampler = BucketBatchSampler(examples, batch_size=args.batch_size, seed=args.seed)
+    precision = autocast(args.amp, torch.device(args.device))
 
     def batches():
         epoch = 0
@@ -121,7 +124,8 @@ def measure(args: argparse.Namespace, examples: list, vocab_sizes: tuple[int, in
             batch = collate([examples[i] for i in next(stream)])
             src, src_lengths, tgt_in, tgt_out = (t.to(args.device) for t in (
                 batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out))
-            loss, n_tokens = model.loss(src, src_lengths, tgt_in, tgt_out)
+            with precision:
+                loss, n_tokens = model.loss(src, src_lengths, tgt_in, tgt_out)
             optimizer.zero_grad(set_to_none=True)
             (loss / batch.src.shape[0]).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -155,6 +159,7 @@ def measure(args: argparse.Namespace, examples: list, vocab_sizes: tuple[int, in
         "busy_processes": busy,
         "device": args.device,
         "attention_impl": args.attention_impl,
+        "amp": args.amp,
         "updates_measured": args.measure,
         "train_tgt_tokens_measured": total_tokens,
         "train_seconds_measured": round(total_seconds, 2),
@@ -190,6 +195,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--attention-impl", default="auto", choices=ATTENTION_IMPLS,
                         help="attention path (triton: the fused kernel, CUDA)")
+    parser.add_argument("--amp", default="none", choices=["none", "bf16", "fp16"],
+                        help="the loss and its backward under torch.autocast, as train --amp")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()

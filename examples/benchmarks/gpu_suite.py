@@ -72,7 +72,8 @@ from bahdanau.data import (
 )
 from bahdanau.search import CAPTURED_CHECK_EVERY
 from bahdanau.training import TrainRun, run_step, setup_run
-from bahdanau.training.step import AMP_DTYPES, make_optimizer, train_step
+from bahdanau.training.precision import AMP_DTYPES
+from bahdanau.training.step import make_optimizer, train_step
 from bahdanau.training.update import SyncFreeUpdate
 
 sys.path.insert(0, str(Path(__file__).parent))

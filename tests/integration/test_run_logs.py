@@ -32,6 +32,7 @@ from bahdanau.jobs.options import (
     resumed_options,
 )
 from bahdanau.jobs.resolve import machine
+from bahdanau.training import precision
 
 BASE = ["--preset", "tiny", "--beam-size", "1", "--max-len", "5", "--threads", "1",
         "--log-every", "1", "--device", "cpu"]
@@ -91,17 +92,23 @@ def test_train_log_holds_what_was_logged_and_appends(data, tmp_path, capsys) -> 
     assert "--overwrite" in header[0] and lines == logged(capsys.readouterr().err)
 
 
-def test_the_first_line_says_how_many_threads(data, tmp_path, capsys) -> None:
-    """The machine and its threads lead the log: --threads fixes the count, and without it the
-    run starts on the usable cores and follows the machine's load (`AdaptiveThreads`)."""
+def test_the_first_line_says_how_many_threads_and_the_precision(data, tmp_path, capsys,
+                                                                monkeypatch) -> None:
+    """The machine, its threads and the precision lead the log: --threads fixes the count, and
+    without it the run starts on the usable cores and follows the machine's load
+    (`AdaptiveThreads`); --amp auto says what it picked and why."""
     assert main(_argv(data, tmp_path / "fixed", "--max-steps", "1")) == 0
-    assert logged(capsys.readouterr().err)[0] == "machine: cpu, 1 thread"
+    assert logged(capsys.readouterr().err)[0] == "machine: cpu, 1 thread; float32 (--amp none)"
     argv = _argv(data, tmp_path / "auto", "--max-steps", "1")
     at = argv.index("--threads")
     assert main(argv[:at] + argv[at + 2:]) == 0
     first = logged(capsys.readouterr().err)[0]
     assert first.startswith(f"machine: cpu, {default_threads()} threads at first, then as many "
-                            "as measure fastest") or first == "machine: cpu, 1 thread", first
+                            "as measure fastest") or first.startswith("machine: cpu, 1 thread;")
+    monkeypatch.setattr(precision, "bf16_unit", lambda device: "cpu-avx512_bf16")
+    assert main(_argv(data, tmp_path / "amp", "--max-steps", "1", "--amp", "auto")) == 0
+    assert logged(capsys.readouterr().err)[0] == (
+        "machine: cpu, 1 thread; float32 (--amp auto; bf16 on cpu-avx512_bf16 measured slower)")
 
 
 def test_train_log_outside_the_command_line(tmp_path, capsys) -> None:

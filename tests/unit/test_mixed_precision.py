@@ -375,6 +375,6 @@ def test_amp_refused_in_one_line_where_torch_cannot_autocast() -> None:
         autocast("bf16", torch.device("meta"))
     assert "\n" not in str(info.value)
     assert str(info.value).startswith("--amp bf16: torch cannot autocast to bfloat16 on meta")
-    with pytest.raises(InputError, match="--amp must be one of none, bf16, fp16, got 'fp8'"):
+    with pytest.raises(InputError, match="--amp must be one of none, bf16, fp16, auto, got 'fp8'"):
         autocast("fp8", torch.device("cpu"))
     assert isinstance(autocast("fp16", torch.device("cpu")), torch.autocast)   # CPU float16
