@@ -15,11 +15,13 @@ and dicts of them); anything else is one `InputError` naming the argument, when 
 made.
 
 `blueprint` reads a record back without running any of it: every class it names is checked
-first, and a class outside bahdanau is imported only when the caller says so (`trust_code`, or
-a `parts` mapping that gives the class itself); then `Blueprint.build` calls each class with
-its arguments, innermost first. Nothing is unpickled: the record is JSON and the weights are
-loaded apart (safetensors). Only `Part` classes are called, so a record cannot name any other
-callable.
+first. bahdanau's own parts are found among the classes already defined (`Part` registers each
+as it is defined), never by importing a module a record names (a record could name any module
+of the package, `bahdanau.__main__` among them); a class outside bahdanau is imported only
+when the caller says so (`trust_code`, or a `parts` mapping that gives the class itself). Then
+`Blueprint.build` calls each class with its arguments, innermost first. Nothing is
+unpickled: the record is JSON and the weights are loaded apart (safetensors). Only `Part`
+classes are called, so a record cannot name any other callable.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ __all__ = ["PART", "Blueprint", "Part", "blueprint", "build_record", "class_path
 
 PART = "part"                      # a record node's key for its class's import path
 _ARGS = "args"                     # ... and for its constructor's arguments
-_LIBRARY = "bahdanau"              # classes under this package import without being trusted
+_LIBRARY = "bahdanau"              # this package's parts are found without being trusted
+_LIBRARY_PARTS: dict[str, type] = {}   # class_path -> class, each of the package's parts
 _JSON = "numbers, strings, booleans, None, lists and dicts of them, and parts"
 
 
@@ -53,6 +56,8 @@ class Part:
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if _in_library(cls.__module__):
+            _LIBRARY_PARTS[class_path(cls)] = cls
         init = cls.__dict__.get("__init__")
         if init is not None and not getattr(init, "_records", False):
             cls.__init__ = _recording(init)  # type: ignore[method-assign]
@@ -198,10 +203,25 @@ def _paths(node: Any, name: str, found: dict[str, str]) -> None:
             _paths(v, f"{name}.{k}", found)
 
 
+def _in_library(module: str) -> bool:
+    return module == _LIBRARY or module.startswith(_LIBRARY + ".")
+
+
 def _allowed(path: str, trust_code: bool, parts: Mapping[str, type]) -> bool:
-    module = path.partition(":")[0]
-    return (path in parts or trust_code or module == _LIBRARY
-            or module.startswith(_LIBRARY + "."))
+    return path in parts or trust_code or _in_library(path.partition(":")[0])
+
+
+def _class(path: str, name: str, trust_code: bool, parts: Mapping[str, type]) -> type:
+    """The class of `path`: given in `parts`, one of the package's own parts (never imported
+    by name), or, trusted, imported."""
+    if path in parts:
+        return parts[path]
+    if path in _LIBRARY_PARTS:
+        return _LIBRARY_PARTS[path]
+    if not trust_code:
+        raise InputError(f"{name}: names {path}, which is not one of bahdanau's parts (a "
+                         "model's encoder, decoder, attention or model class)")
+    return _import(path, name)
 
 
 def _import(path: str, name: str) -> type:
@@ -223,9 +243,10 @@ def blueprint(record: object, *, trust_code: bool = False,
               parts: Mapping[str, type] | None = None, name: str = "config.json") -> Blueprint:
     """The `Blueprint` of a record (from `build_record`, as config.json holds it).
 
-    Every class path is checked before any is imported: bahdanau's own import freely, any
-    other only with `trust_code` (importing a module runs its code) or when `parts` gives the
-    class for its path. Each class found must be a `Part`.
+    Every class path is checked before any is imported: bahdanau's own parts are found
+    without importing anything (a path under bahdanau that is none of them is refused), any
+    other class only with `trust_code` (importing a module runs its code) or when `parts`
+    gives the class for its path. Each class found must be a `Part`.
 
     Args:
         record: the record, as read from JSON.
@@ -254,8 +275,7 @@ def blueprint(record: object, *, trust_code: bool = False,
             raise InputError(f"{named}: builds {path}, a class outside bahdanau, whose module "
                              "runs code when imported: pass trust_code=True (--trust-code) "
                              f"if you trust it, or parts={{{path!r}: the class}}")
-    classes = {path: parts[path] if path in parts else _import(path, named)
-               for path, named in found.items()}
+    classes = {path: _class(path, named, trust_code, parts) for path, named in found.items()}
     for path, cls in classes.items():
         if not (isinstance(cls, type) and issubclass(cls, Part)):
             raise InputError(f"{found[path]}: names {path}, which is not a part of a model "

@@ -492,3 +492,24 @@ def test_what_needs_a_model_config_refuses_parts_saying_why(own_folder, tmp_path
     assert f"{folder}: holds a model assembled from parts" in error and why in error, error
     assert "trust" not in error and "untrusted_attention" not in sys.modules
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.pt").exists()
+
+
+def test_a_record_is_never_a_way_to_import_a_module_of_the_package() -> None:
+    """Without trust, a record's class is one of bahdanau's parts, found among the classes
+    already defined: a record naming another module of the package (`bahdanau.__main__` runs
+    the command line when imported) is one line, and that module is not imported (the
+    library's own parts: test_exported_folder.py)."""
+    code = (
+        "import sys\n"
+        "from bahdanau.errors import InputError\n"
+        "from bahdanau.parts import blueprint\n"
+        "for path in ('bahdanau.__main__:main', 'bahdanau.cli.commands:translate'):\n"
+        "    before = set(sys.modules)\n"
+        "    try:\n"
+        "        blueprint({'part': path, 'args': {}})\n"
+        "    except InputError as error:\n"
+        "        print(str(error).count(chr(10)), path in str(error),\n"
+        "              sorted(set(sys.modules) - before))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert out.stdout == "0 True []\n0 True []\n", out.stderr
