@@ -40,7 +40,7 @@ def score(o: ScoreOptions) -> int:
     check_outputs({"--output": o.output}, {"--src": src, "--tgt": tgt, "--checkpoint": checkpoint})
     sources, targets = read_aligned(src, tgt, flags=("--src", "--tgt"),
                                     needed=("a sentence to score", "a sentence to score"))
-    t = load(checkpoint, device=device)
+    t = load(checkpoint, device=device, trust_code=o.trust_code)
     with precision:
         scores = score_corpus(t.model, sources, targets, t.src_vocab, t.tgt_vocab, t.tokenizer,
                               batch_size=o.batch_size, length_penalty=o.length_penalty,

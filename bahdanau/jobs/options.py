@@ -495,7 +495,7 @@ class PlotOptions(DecodeOptions):
 
 
 @dataclass(frozen=True)
-class ScoreOptions(Options):
+class ScoreOptions(TrustOptions):
     """`bahdanau score`: the log-probabilities of given translations (forced decoding)."""
 
     checkpoint: str = option(None, _CHECKPOINT_HELP, required=True, metavar="PATH")

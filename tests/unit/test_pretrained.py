@@ -292,16 +292,20 @@ def own_folder(tmp_path) -> tuple[Path, type]:
     return folder, Untrusted
 
 
-def test_a_class_outside_bahdanau_needs_trust(own_folder, capsys) -> None:
+def test_a_class_outside_bahdanau_needs_trust(own_folder, capsys, monkeypatch) -> None:
     """Refused in one line naming the class and how to allow it, before anything is imported
-    (by translate and export too);
+    (by translate, export and score too, which take --trust-code);
     given as `parts`, it loads without an import (the subclass without an __init__ of its own
     is recorded with its parent's arguments)."""
     folder, cls = own_folder
     one_line_error(lambda: bahdanau.load(folder), "untrusted_attention:Untrusted",
                    "trust_code=True", "parts=")
     assert "untrusted_attention" not in sys.modules
-    for command in (["translate"], ["export", "--out", str(folder.parent / "served")]):
+    src, tgt = folder.parent / "score.src", folder.parent / "score.tgt"
+    src.write_text("a b\n", encoding="utf-8")
+    tgt.write_text("c d\n", encoding="utf-8")
+    for command in (["translate"], ["export", "--out", str(folder.parent / "served")],
+                    ["score", "--src", str(src), "--tgt", str(tgt)]):
         assert main([*command, "--checkpoint", str(folder)]) != 0
         error = capsys.readouterr().err
         assert "--trust-code" in error and len(error.splitlines()) == 1, error
@@ -312,6 +316,13 @@ def test_a_class_outside_bahdanau_needs_trust(own_folder, capsys) -> None:
     assert loaded.model.decoder.attention.built_with == {"query_size": 10, "key_size": 12,
                                                          "form": "general"}
     assert "untrusted_attention" not in sys.modules
+    monkeypatch.syspath_prepend(str(folder.parent))            # trusted: imported, and runs
+    try:
+        assert main(["score", "--checkpoint", str(folder), "--src", str(src), "--tgt", str(tgt),
+                     "--trust-code"]) == 0
+        assert "untrusted_attention" in sys.modules
+    finally:
+        sys.modules.pop("untrusted_attention", None)
 
 
 @pytest.mark.parametrize(("path", "message"), [
