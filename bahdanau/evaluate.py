@@ -40,7 +40,7 @@ from bahdanau.bleu_text import BleuText, Tokenize
 from bahdanau.config import ModelConfig
 from bahdanau.data.batching import Example, collate, pad_sources
 from bahdanau.data.text import normalize_whitespace
-from bahdanau.data.tokenizers import Tokenizer, sides
+from bahdanau.data.tokenizers import Tokenizer, sides, writes_lowercase
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.models import RNNSearch
@@ -200,10 +200,10 @@ def score_test_set(hypotheses: Sequence[str], sources: Sequence[str], references
         src_vocab, tgt_vocab, tokenizer: what the model was trained with.
         edges: bucket edges of `bleu_by_length`.
         bleu: how BLEU reads the text (`BleuText`; default: sacrebleu's, cased unless the
-            tokenizer lowercases).
+            tokenizer writes lowercase, `writes_lowercase`).
     """
     bleu = bleu or BleuText()
-    if getattr(tokenizer, "lowercase", False):
+    if writes_lowercase(tokenizer):
         bleu = dataclasses.replace(bleu, lowercase=True)
     how = dataclasses.asdict(bleu)                     # lowercase, tokenize, moses_lang
     refs = [normalize_whitespace(r) for r in references]

@@ -254,6 +254,12 @@ def sides(tokenizer: Tokenizer) -> tuple[Tokenizer, Tokenizer]:
     return tokenizer, tokenizer
 
 
+def writes_lowercase(tokenizer: Tokenizer) -> bool:
+    """Whether the text `tokenizer` writes (its target side's) is lowercased: BLEU against raw
+    references then ignores case."""
+    return bool(getattr(sides(tokenizer)[1], "lowercase", False))
+
+
 # ----------------------------------------------------------------------------------------------
 # Storing
 

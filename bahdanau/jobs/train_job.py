@@ -28,7 +28,7 @@ from bahdanau.config import TrainConfig
 from bahdanau.data.batching import Example, collate, encode_pairs
 from bahdanau.data.corpus import PreparedCorpus
 from bahdanau.data.text import multi30k_files, read_parallel
-from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer, sides
+from bahdanau.data.tokenizers import DefaultTokenizer, Tokenizer, sides, writes_lowercase
 from bahdanau.data.vocab import Vocab
 from bahdanau.error_rates import METRICS, error_rates, group_references
 from bahdanau.errors import InputError
@@ -267,7 +267,7 @@ def _dev_scores(o: TrainOptions, data: _Data, run: TrainRun, device: torch.devic
                             title=alignment_title(f"{o.out}, step {run.state.step}",
                                                   sources[shown]))
         scores = corpus_scores([h.text for h in hyps], references,
-                               lowercase=getattr(data.tokenizer, "lowercase", False))
+                               lowercase=writes_lowercase(data.tokenizer))
         with torch.no_grad(), precision:
             _, ppl = evaluate_loss(m, batches)
         _LOG.debug(f"dev evaluation at step {run.state.step}: {len(sources)} sentences decoded "

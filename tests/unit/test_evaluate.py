@@ -225,3 +225,18 @@ def test_translate_corpus_refuses_bad_phrases_before_decoding(kwargs, match, mon
         translate_corpus(model, SENTENCES, vocab, vocab, tok, batch_size=1,
                          search=BeamSearch(beam_size=2, max_len=6), **kwargs)
     assert "\n" not in str(err.value) and not encoded
+
+
+def test_a_pair_whose_target_side_lowercases_is_scored_without_case() -> None:
+    """Characters in, lowercased words out (`TokenizerPair`): the target side writes lowercase,
+    so BLEU against cased references ignores case, as for a lowercasing tokenizer alone; a
+    cased target side keeps case."""
+    from bahdanau.data import CharTokenizer, TokenizerPair
+
+    refs = ["A Man sings .", "The Girl sings ."]
+    hyps = [r.lower() for r in refs]
+    vocab = Vocab(["a", "man", "the", "girl", "sings", "."])
+    lowered = TokenizerPair(CharTokenizer(), DefaultTokenizer(lowercase=True))
+    cased = TokenizerPair(DefaultTokenizer(lowercase=True), CharTokenizer())
+    assert score_test_set(hyps, hyps, refs, vocab, vocab, lowered)["bleu"] == 100.0
+    assert score_test_set(hyps, hyps, refs, vocab, vocab, cased)["bleu"] < 50.0
