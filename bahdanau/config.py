@@ -194,6 +194,9 @@ class ModelConfig(DictConfig):
             raise InputError(f"{named['layer_norm']} normalises U h, the torch form's recurrent "
                              f"projection: it needs {named['gru_form']} torch (the paper form "
                              "computes U (r * h))")
+        if self.decoder == "cgru" and self.gru_form != "torch":
+            raise InputError(f"{named['decoder']} cgru is built of the torch form's GRUs: it "
+                             f"needs {named['gru_form']} torch")
         if self.decoder == "cgru" and self.arch != "rnnsearch":
             raise InputError(f"{named['decoder']} cgru attends from its first GRU's state: it "
                              f"needs {named['arch']} rnnsearch (rnnencdec has no attention)")

@@ -171,7 +171,7 @@ def export_programs(model: nn.Module) -> ServingPrograms:
             encoder's loop over positions would fix the source length).
     """
     model = one_model(model)
-    if getattr(getattr(model, "config", None), "layer_norm", False):
+    if getattr(getattr(model, "encoder", None), "norms", None) is not None:
         raise InputError("a model with layer-normalised GRUs cannot be exported yet: its "
                          "encoder loops over the source positions, which tracing would fix to "
                          "one length; serve it with bahdanau.load instead")

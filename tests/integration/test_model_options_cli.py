@@ -72,6 +72,8 @@ def test_an_unknown_decoder_is_one_line(tmp_path, capsys) -> None:
     (["--decoder", "cgru", "--arch", "rnnencdec"],
      "--decoder cgru attends from its first GRU's state: it needs --arch rnnsearch (rnnencdec "
      "has no attention)"),
+    (["--decoder", "cgru", "--gru-form", "paper"],
+     "--decoder cgru is built of the torch form's GRUs: it needs --gru-form torch"),
 ])
 def test_choices_that_do_not_go_together_are_one_line(flags, error, tmp_path, capsys) -> None:
     assert main(["train", "--out", str(tmp_path / "new"), "--max-steps", "1", *flags]) == 2

@@ -241,6 +241,8 @@ def test_config_rebuilds_the_decoder_and_old_configs_are_the_paper_s() -> None:
 @pytest.mark.parametrize(("changes", "match"), [
     ({"layer_norm": True, "gru_form": "paper"}, "^layer_norm normalises U h.*gru_form torch"),
     ({"decoder": "cgru", "arch": "rnnencdec"}, "^decoder cgru attends.*arch rnnsearch"),
+    ({"decoder": "cgru", "gru_form": "paper"}, "^decoder cgru is built of the torch form's "
+     "GRUs: it needs gru_form torch$"),
     ({"decoder": "lstm"}, "^decoder must be one of paper, cgru, got 'lstm'$"),
     ({"layer_norm": 1}, "^layer_norm must be true or false, got 1$"),
 ])
@@ -268,3 +270,7 @@ def test_layer_normalised_models_are_not_exported_but_refused_in_one_line() -> N
     with pytest.raises(InputError, match="^a model with layer-normalised GRUs cannot be exported "
                                          "yet: .*serve it with bahdanau.load instead$"):
         export_programs(random_model("paper", True))
+    assembled = random_model("paper", True)        # assembled by hand: the encoder says so
+    assembled.config = None
+    with pytest.raises(InputError, match="^a model with layer-normalised GRUs cannot be"):
+        export_programs(assembled)
