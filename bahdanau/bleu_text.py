@@ -29,10 +29,9 @@ from typing import Any, Literal
 from bahdanau.errors import InputError
 from bahdanau.settings import check_settings, field_name, setting
 
-__all__ = ["TOKENIZE", "BleuText", "Tokenize", "check_moses", "moses_tokenize"]
+__all__ = ["BleuText", "Tokenize", "check_moses", "moses_tokenize"]
 
 Tokenize = Literal["13a", "intl", "none", "moses"]
-TOKENIZE: tuple[str, ...] = ("13a", "intl", "none", "moses")
 # A language code as Moses' scripts take it (-l en, -l fr, -l pt-br is not one of theirs).
 _LANG = re.compile(r"[a-z]{2,3}")
 

@@ -60,9 +60,6 @@ def improves(metric: str | None, new: float, best: float | None) -> bool:
 ATTENTION_IMPLS: tuple[str, ...] = ("auto", "reference", "sigmoid", "triton")
 ENGINES: tuple[str, ...] = ("fast", "reference")
 GRU_FORMS: tuple[str, ...] = ("torch", "paper")
-INITS: tuple[str, ...] = ("paper", "glorot")
-AMP_MODES: tuple[str, ...] = ("none", "bf16", "fp16")
-SCHEDULES: tuple[str, ...] = ("constant", "inverse_sqrt", "plateau")
 SPECIAL_IDS: tuple[str, ...] = ("pad_id", "bos_id", "eos_id", "unk_id")
 # The special ids, the same in every vocabulary (`bahdanau.data.SPECIALS` sit at them).
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
