@@ -29,7 +29,14 @@ import time
 import torch
 
 from bahdanau import BeamSearch, RNNSearch, presets
-from bahdanau.data import DefaultTokenizer, Vocab, multi30k_files, read_lines, read_parallel
+from bahdanau.data import (
+    DefaultTokenizer,
+    Vocab,
+    multi30k_files,
+    read_lines,
+    read_parallel,
+    sides,
+)
 from bahdanau.evaluate import corpus_scores, translate_corpus
 from bahdanau.translate import Translator, load
 
@@ -43,8 +50,9 @@ def holds(words: list[str], phrase: list[str]) -> bool:
 def reference_phrases(t: Translator, reference: str, output: list[str]) -> list[list[str]]:
     """The reference's words and bigrams that `output` does not hold: each token a word of the
     target vocabulary with a letter in it, that the tokenizer gives back alone."""
-    tokens = t.tokenizer.tokenize(reference)
-    ok = [w in t.tgt_vocab and any(c.isalpha() for c in w) and t.tokenizer.tokenize(w) == [w]
+    target = sides(t.tokenizer)[1]                  # target text is the target side's
+    tokens = target.tokenize(reference)
+    ok = [w in t.tgt_vocab and any(c.isalpha() for c in w) and target.tokenize(w) == [w]
           for w in tokens]
     found = [[w] for w, good in zip(tokens, ok, strict=True) if good]
     found += [tokens[i:i + 2] for i in range(len(tokens) - 1) if ok[i] and ok[i + 1]]
@@ -136,7 +144,7 @@ def main() -> None:
     rows = []
     for count, given in settings.items():
         phrases = given or [[] for _ in sources]
-        held = sum(holds(out.tokens, t.tokenizer.tokenize(p))
+        held = sum(holds(out.tokens, sides(t.tokenizer)[1].tokenize(p))
                    for out, ps in zip(found[count], phrases, strict=True) for p in ps)
         name = f"beam {args.beam_size}" + (f", {count} from the reference" if count else "")
         rows.append(dict(setting=name, seconds=seconds[count][0],
