@@ -81,10 +81,32 @@ def model_config_json(model: nn.Module) -> dict[str, Any]:
     preset's model), else its build record (`bahdanau.parts.build_record`).
 
     Raises:
-        InputError: a part that records no arguments, or an argument that is not JSON (named).
+        InputError: a part that records no arguments, or an argument that is not JSON (named);
+            a model whose parts are not those its config builds.
     """
     config = getattr(model, "config", None)
-    return config.to_dict() if isinstance(config, ModelConfig) else build_record(model)
+    if not isinstance(config, ModelConfig):
+        return build_record(model)
+    _check_config_builds(model, config)
+    return config.to_dict()
+
+
+def _check_config_builds(model: nn.Module, config: ModelConfig) -> None:
+    """Refuse a model whose parts are not those its config builds (an attention swapped in
+    after `from_config`, or parts given with a `config=` of other parts): saved as its config,
+    it would load as another model."""
+    from_config = getattr(type(model), "from_config", None)
+    if from_config is None:
+        return
+    built = dict(model_skeleton(lambda: from_config(config)).named_modules())
+    for name, part in model.named_modules():
+        expected = built.get(name)
+        if type(part) is not type(expected):
+            what = f"model.{name}" if name else "the model"
+            builds = "nothing there" if expected is None else type(expected).__name__
+            raise InputError(f"{what} is {type(part).__name__}, but its config builds "
+                             f"{builds}: saved as its config it would load as another model; "
+                             "build it from its parts without config= to record them")
 
 
 # --- writing -------------------------------------------------------------------------------

@@ -524,3 +524,22 @@ def test_a_record_is_never_a_way_to_import_a_module_of_the_package() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=120, check=True)
     assert out.stdout == "0 True []\n0 True []\n", out.stderr
+
+
+def test_a_model_whose_parts_are_not_its_configs_is_not_saved_as_its_config(tmp_path) -> None:
+    """A preset's model whose attention was swapped after it was built: saved as its config,
+    it would load with the config's attention (and the same shapes, so silently); it is one
+    line naming the part instead, and nothing is written."""
+    from bahdanau.attention import AdditiveAttention
+
+    class Swapped(AdditiveAttention):
+        def score(self, query, keys):
+            return -super().score(query, keys)
+
+    model = build_model(presets.tiny(12, 14))
+    model.save_pretrained(tmp_path / "plain")                     # its own parts: saved
+    old = model.decoder.attention
+    model.decoder.attention = Swapped(old.query_size, old.key_size, old.align_size)
+    one_line_error(lambda: model.save_pretrained(tmp_path / "swapped"),
+                   "model.decoder.attention is Swapped, but its config builds AdditiveAttention")
+    assert not (tmp_path / "swapped").exists()
