@@ -110,6 +110,12 @@ class Ensemble(nn.Module):
         return getattr(self.members[0], "config", None)
 
     @property
+    def vocab_sizes(self) -> tuple[int, int] | None:
+        """The first member's (source, target) vocabulary sizes, every member's; None when it
+        says none."""
+        return getattr(self.members[0], "vocab_sizes", None)
+
+    @property
     def arch(self) -> str:
         """"rnnsearch" if a member has attention (`arch` other than "rnnencdec"), else
         "rnnencdec"."""

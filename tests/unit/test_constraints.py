@@ -368,3 +368,16 @@ def test_bad_phrases_are_one_line_errors_before_decoding(kwargs, match) -> None:
         search(model, SRC, LENGTHS, **kwargs)
     assert "\n" not in str(err.value)
     assert model.encoded == 0
+
+
+def test_an_ensemble_of_models_without_configs_takes_phrases() -> None:
+    """Members assembled by hand (no `config`): the ensemble's target vocabulary is its
+    members' `vocab_sizes`, so phrases are checked and held as with one such model."""
+    members = [random_model(seed=3), random_model(seed=4)]
+    for member in members:
+        member.config = None
+    model = Ensemble(members)
+    src, lengths = torch.tensor([[5, 6, 7, 2]]), torch.tensor([4])
+    phrase = [8, 9]
+    [hyps] = BeamSearch(beam_size=4, max_len=8)(model, src, lengths, constraints=[[phrase]])
+    assert all(holds(h.tokens, phrase) for h in hyps)
