@@ -52,6 +52,9 @@ from bahdanau.models import build_model
 from bahdanau.parts import blueprint, build_record
 from bahdanau.serving.onnx_programs import ONNX_PACKAGES
 
+pytest.importorskip("safetensors", reason="model folders keep their weights as safetensors: "
+                    "the share extra")
+
 ROOT = Path(__file__).resolve().parents[2]
 GUIDE = ROOT / "docs" / "guides" / "own-attention.md"
 if not GUIDE.is_file():
