@@ -163,6 +163,19 @@ def _distances(moves: list[tuple[int, ...]], other: list[int], done: list[bool]
     return tuple(dist)
 
 
+def per_sentence(name: str, entries: object, n_sentences: int) -> Sequence[object]:
+    """`entries`, checked to be a sequence of one entry (a list of phrases) per sentence.
+
+    Raises:
+        InputError: a str, something not a sequence, or a sequence of another length.
+    """
+    if (isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence)
+            or len(entries) != n_sentences):
+        raise InputError(f"{name} must hold one list of phrases per sentence ({n_sentences}), "
+                         f"got {describe(entries)}")
+    return entries
+
+
 def check_phrases(name: str, entries: object, n_sentences: int, vocab_size: int,
                   specials: tuple[int, ...], label: Callable[[int], str]
                   ) -> list[tuple[Phrase, ...]] | None:
@@ -176,12 +189,8 @@ def check_phrases(name: str, entries: object, n_sentences: int, vocab_size: int,
     """
     if entries is None:
         return None
-    if (isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence)
-            or len(entries) != n_sentences):
-        raise InputError(f"{name} must hold one list of phrases per sentence ({n_sentences}), "
-                         f"got {describe(entries)}")
     out = []
-    for i, phrases in enumerate(entries):
+    for i, phrases in enumerate(per_sentence(name, entries, n_sentences)):
         if isinstance(phrases, (str, bytes)) or not isinstance(phrases, Sequence):
             raise InputError(f"{name}, {label(i)}: expected a list of phrases, got "
                              f"{describe(phrases)}")

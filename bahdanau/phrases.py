@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from bahdanau._checks import describe
-from bahdanau.constraints import compile_constraints
+from bahdanau.constraints import compile_constraints, per_sentence
 from bahdanau.data.tokenizers import Tokenizer, sides
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
@@ -40,12 +40,8 @@ def encode_phrases(name: str, entries: object, n_sentences: int, tokenizer: Toke
     """
     if entries is None:
         return None
-    if (isinstance(entries, (str, bytes)) or not isinstance(entries, Sequence)
-            or len(entries) != n_sentences):
-        raise InputError(f"{name} must hold one list of phrases per sentence ({n_sentences}), "
-                         f"got {describe(entries)}")
     out = []
-    for i, phrases in enumerate(entries):
+    for i, phrases in enumerate(per_sentence(name, entries, n_sentences)):
         if (isinstance(phrases, (str, bytes)) or not isinstance(phrases, Sequence)
                 or not all(isinstance(p, str) for p in phrases)):
             raise InputError(f"{name}, {label(i)}: expected a list of phrases (str), got "

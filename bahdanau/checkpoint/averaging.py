@@ -58,7 +58,11 @@ from bahdanau.checkpoint.sections import (
     TRAINING,
     VERSIONS,
 )
-from bahdanau.data.tokenizers import DefaultTokenizer, tokenizer_to_payload
+from bahdanau.data.tokenizers import (
+    DefaultTokenizer,
+    comparable_payload,
+    tokenizer_to_payload,
+)
 from bahdanau.errors import InputError
 
 __all__ = ["average_checkpoints", "check_members", "read_members", "select_checkpoints"]
@@ -260,9 +264,8 @@ def _tokenizer_summary(payload: dict[str, Any]) -> tuple[Any, str]:
     if not isinstance(data, dict):
         return data, repr(data)
     model = data.get("model")
-    if isinstance(model, Tensor):        # SentencePiece: compared by its bytes
-        return ({**data, "model": bytes(model.cpu().numpy())},
-                f"{data.get('name')}, a {model.numel()}-byte model")
+    if isinstance(model, Tensor):        # SentencePiece
+        return comparable_payload(data), f"{data.get('name')}, a {model.numel()}-byte model"
     settings = ", ".join(f"{k}={v!r}" for k, v in data.items() if k != "name")
     return data, f"{data.get('name')}{f' ({settings})' if settings else ''}"
 

@@ -301,6 +301,12 @@ def tokenizer_to_payload(tokenizer: object) -> dict[str, Any]:
                      "keep your own tokenizer's files beside the checkpoint")
 
 
+def comparable_payload(data: dict[str, Any]) -> dict[str, Any]:
+    """A `tokenizer_to_payload` dict that ``==`` compares: a SentencePiece model as its bytes
+    (two tokenizers are the same when their payloads compare equal)."""
+    return {k: bytes(v.cpu().numpy()) if isinstance(v, Tensor) else v for k, v in data.items()}
+
+
 def tokenizer_from_payload(data: Any) -> Tokenizer:
     """The tokenizer that `tokenizer_to_payload` described.
 

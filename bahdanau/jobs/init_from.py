@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from bahdanau.checkpoint.reader import read_checkpoint
 from bahdanau.config import ModelConfig
-from bahdanau.data.tokenizers import Tokenizer, tokenizer_to_payload
+from bahdanau.data.tokenizers import Tokenizer, comparable_payload, tokenizer_to_payload
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.model_folder import check_weights
@@ -59,11 +59,6 @@ def read_init_model(given: str) -> InitModel:
                      checkpoint.tgt_vocab, checkpoint.tokenizer, weights)
 
 
-def _comparable(tokenizer: Tokenizer) -> dict[str, object]:
-    data = tokenizer_to_payload(tokenizer)
-    return {k: bytes(v.numpy()) if isinstance(v, Tensor) else v for k, v in data.items()}
-
-
 def check_fit(init: InitModel, config: ModelConfig, src_vocab: Vocab, tgt_vocab: Vocab,
               tokenizer: Tokenizer) -> None:
     """Refuse a run whose model config, vocabularies or tokenizer do not fit `init`'s weights.
@@ -79,7 +74,8 @@ def check_fit(init: InitModel, config: ModelConfig, src_vocab: Vocab, tgt_vocab:
                              f"this run's ({len(ours)} entries): fine-tuning keeps the model's "
                              "vocabularies (--init-vocab takes them; a prepared --data must be "
                              "encoded with them)")
-    if _comparable(tokenizer) != _comparable(init.tokenizer):
+    if (comparable_payload(tokenizer_to_payload(tokenizer))
+            != comparable_payload(tokenizer_to_payload(init.tokenizer))):
         raise InputError(f"{where}: its tokenizer is not this run's: fine-tuning keeps the "
                          "model's tokenizer (--init-vocab takes it)")
     for field in fields(ModelConfig):

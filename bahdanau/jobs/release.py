@@ -110,8 +110,8 @@ def card_metadata(checkpoint: Checkpoint, license: str | None) -> dict[str, Any]
             "task": {"type": "translation", "name": f"Translation {pair}"},
             "dataset": {"type": datasets[0] if datasets else "own",
                         "name": "test set of the run"},
-            "metrics": [{"type": "bleu", "value": _finite(own.get("bleu")), "name": "BLEU"},
-                        {"type": "chrf", "value": _finite(own.get("chrf")), "name": "chrF"}]}]}]
+            "metrics": [_metric_entry(own, "bleu", "BLEU"), _metric_entry(own, "chrf", "chrF")]
+        }]}]
     members = _members(checkpoint)
     meta["bahdanau"] = _finite({
         "command": train_command(options), "run_id": run.run_id,
@@ -125,6 +125,14 @@ def card_metadata(checkpoint: Checkpoint, license: str | None) -> dict[str, Any]
         "run_test": _scores(run.report) if run.report is not None else None,
         "versions": checkpoint.versions})
     return meta
+
+
+def _metric_entry(report: dict[str, Any], metric: str, name: str) -> dict[str, Any]:
+    """One score of the model-index, with its sacrebleu signature (case, tokenisation,
+    version) when the report has it: a BLEU means little without it."""
+    entry = {"type": metric, "value": _finite(report.get(metric)), "name": name}
+    signature = report.get(f"{metric}_signature")
+    return entry | ({"args": {"signature": signature}} if signature else {})
 
 
 def _arch(checkpoint: Checkpoint) -> str:

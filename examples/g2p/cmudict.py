@@ -12,9 +12,12 @@ phonemes out (`bahdanau.WhitespaceTokenizer`), the two stored together in every 
 Every pronunciation of a training word is a training pair. Every --eval-every updates the dev
 words are decoded greedily and scored (`bahdanau.error_rates`: a word is right when its output
 equals any of its pronunciations); the checkpoint of the lowest dev WER is RUN/checkpoints/
-best.pt. The run stops after --minutes of training (or --max-steps), and the same command
-resumes it where it stopped (`bahdanau.training` restores the weights, the optimizer, the batch
-order and the clock), so a run cut short loses at most the updates since its last checkpoint.
+best.pt. Adam's learning rate halves after every two evaluations without a better dev WER
+(``schedule="plateau"``). The run is --max-steps updates (60,000, about 50 minutes on an idle
+2-core CPU), so its result does not depend on the machine's load; --minutes (60) caps the
+training time on a slower or busier machine. The same command resumes a run where it stopped
+(`bahdanau.training` restores the weights, the optimizer, the batch order and the clock), so a
+run cut short loses at most the updates since its last checkpoint.
 
 ``evaluate`` decodes the words of a TSV file of the same format with beam 5 and writes
 ``{"wer": ..., "per": ..., "words": ...}`` (percentages; PER is the summed edit distance to each
@@ -68,6 +71,7 @@ from bahdanau.training import train
 BEAM_SIZE = 5            # evaluate's beam
 MAX_PHONEMES = 40        # the longest output searched for (CMUdict's longest word has 20-odd)
 DROPOUT = 0.2            # on the embeddings and the maxout output
+DECAY_PATIENCE = 2       # evaluations without a better dev WER before the learning rate halves
 
 
 def strip_stress(phones: str) -> str:
@@ -105,7 +109,8 @@ def _train(args: argparse.Namespace) -> dict[str, object]:
                             tokenizer)
     config = replace(presets.g2p(len(src_vocab), len(tgt_vocab)), init="glorot",
                      dropout=DROPOUT)
-    cfg = TrainConfig(optimizer="adam", batch_size=args.batch_size, eval_every=args.eval_every,
+    cfg = TrainConfig(optimizer="adam", schedule="plateau", decay_patience=DECAY_PATIENCE,
+                      batch_size=args.batch_size, eval_every=args.eval_every,
                       save_every=args.eval_every, early_stopping_metric="wer",
                       max_time_s=args.minutes * 60 if args.minutes else None,
                       max_steps=args.max_steps, seed=args.seed)
@@ -158,9 +163,10 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--data", required=True, help="folder of train.tsv and dev.tsv")
     t.add_argument("--out", required=True, help="the run folder (its checkpoints/ resume)")
     t.add_argument("--keep-stress", action="store_true", help="keep the stress digits")
-    t.add_argument("--minutes", type=float, default=55.0,
-                   help="training time, resumed runs included (default 55; 0: no limit)")
-    t.add_argument("--max-steps", type=int, default=None, help="stop after this many updates")
+    t.add_argument("--max-steps", type=int, default=60_000,
+                   help="updates of the run (default 60,000)")
+    t.add_argument("--minutes", type=float, default=60.0,
+                   help="cap on the training time, resumed runs included (default 60; 0: none)")
     t.add_argument("--eval-every", type=int, default=2000,
                    help="updates between dev evaluations and checkpoints")
     t.add_argument("--batch-size", type=int, default=64, help="words a batch")

@@ -419,7 +419,9 @@ def test_the_card_has_test_scores_only_of_the_final_weights(run, tmp_path) -> No
     them as its own. The dev score names its metric; the card says what trained the model."""
     from bahdanau.jobs.release import model_card, own_test_scores
 
-    metrics = {"bleu": 12.5, "chrf": 40.0, "sentences": 6, "beam_size": 1, "updates": 4}
+    bleu_signature = "nrefs:1|case:lc|eff:no|tok:none|smooth:exp|version:2.6.0"
+    metrics = {"bleu": 12.5, "chrf": 40.0, "sentences": 6, "beam_size": 1, "updates": 4,
+               "bleu_signature": bleu_signature}
     (run / "metrics.json").write_text(json.dumps(metrics))
     try:
         last, earlier = (read_checkpoint(run / "checkpoints" / f"step_0000000{s}.pt")
@@ -455,7 +457,9 @@ def test_the_card_of_an_average_says_what_its_run_measured(run, tmp_path, capsys
     no language pair, no data set and no licence: the average keeps its members' run record
     (the run's report included, even once the run folder is gone), and the card holds it in
     its YAML metadata and its text, with the licence given to --license."""
-    metrics = {"bleu": 12.5, "chrf": 40.0, "sentences": 6, "beam_size": 1, "updates": 4}
+    bleu_signature = "nrefs:1|case:lc|eff:no|tok:none|smooth:exp|version:2.6.0"
+    metrics = {"bleu": 12.5, "chrf": 40.0, "sentences": 6, "beam_size": 1, "updates": 4,
+               "bleu_signature": bleu_signature}
     (run / "metrics.json").write_text(json.dumps(metrics))
     average = tmp_path / "average.pt"
     try:
@@ -496,7 +500,9 @@ def test_the_card_of_an_average_says_what_its_run_measured(run, tmp_path, capsys
 def test_the_card_of_a_final_checkpoint_holds_its_own_scores(run, tmp_path) -> None:
     """The model-index (the Hugging Face card's results) holds only a checkpoint's own test
     scores: those of the run's final weights, for its last checkpoint."""
-    metrics = {"bleu": 12.5, "chrf": 40.0, "sentences": 6, "beam_size": 1, "updates": 4}
+    bleu_signature = "nrefs:1|case:lc|eff:no|tok:none|smooth:exp|version:2.6.0"
+    metrics = {"bleu": 12.5, "chrf": 40.0, "sentences": 6, "beam_size": 1, "updates": 4,
+               "bleu_signature": bleu_signature}
     (run / "metrics.json").write_text(json.dumps(metrics))
     try:
         assert main(["release", "--checkpoint", str(run), "--out", str(tmp_path / "m"),
@@ -510,3 +516,5 @@ def test_the_card_of_a_final_checkpoint_holds_its_own_scores(run, tmp_path) -> N
     assert result["dataset"]["type"] == "multi30k"
     assert [(m["type"], m["value"]) for m in result["metrics"]] == [("bleu", 12.5),
                                                                     ("chrf", 40.0)]
+    # each score says how it was computed, where the report says so (no chrF signature here)
+    assert [m.get("args") for m in result["metrics"]] == [{"signature": bleu_signature}, None]
