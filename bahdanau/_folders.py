@@ -22,6 +22,9 @@ into nor deleted, whatever the flag, and neither is anything inside a model fold
 prepared corpus or an exported folder (`enclosing_kind`: their manifests list every file's
 digest). ``train`` alone writes beside other files (its own names,
 `bahdanau.jobs.run_folder.RUN_FILES`, and ``--overwrite`` removes only those).
+
+The names of the files those folders hold (`CONFIG`, `WEIGHTS`, `TOKENIZER_FILE`, ...) are
+declared here, once, and every writer and reader imports them.
 """
 
 from __future__ import annotations
@@ -34,6 +37,17 @@ from pathlib import Path
 from bahdanau.errors import InputError
 
 MANIFEST = "manifest.json"
+# The names of the files the writers write, each declared once, here, where every writer (and
+# `_FILES` below) may import it.
+CONFIG, WEIGHTS = "config.json", "model.safetensors"   # a model's half of a model folder
+CARD = "README.md"                            # a model folder's card, an exported folder's README
+SRC_VOCAB_FILE, TGT_VOCAB_FILE = "src_vocab.json", "tgt_vocab.json"   # `Vocab.save`
+TOKENIZER_FILE = "tokenizer.json"             # `bahdanau.data.tokenizers.tokenizer_files`
+TOKENIZER_MODEL = "tokenizer.model"           # its SentencePiece model: a model, exported folder
+SENTENCEPIECE_FILE = "sentencepiece.model"    # its SentencePiece model: a prepared corpus
+ENCODER_PROGRAM, STEP_PROGRAM = "encoder.pt2", "step.pt2"     # an exported folder's programs
+ENCODER_ONNX, STEP_ONNX = "encoder.onnx", "step.onnx"         # and the same as ONNX
+DECODE_FILE = "decode.py"                     # its decoding loops (`bahdanau.serving.decode`)
 RELEASE_FORMAT = "bahdanau-model"             # a model folder (`bahdanau release`)
 PREPARED_FORMAT = "bahdanau prepared corpus"  # a prepared corpus (`bahdanau prepare`)
 EXPORTED_FORMAT = "bahdanau exported model"   # an exported folder (`bahdanau export`)
@@ -66,19 +80,18 @@ _FORMATS = {RELEASE_FORMAT: Kind.MODEL, PREPARED_FORMAT: Kind.PREPARED,
 # The files that show what a folder whose manifest.json is damaged (not JSON) was written as,
 # and every name its writer (`write_release`, `prepare_corpus`, `export_folder`) may write
 # beside the manifest (tests/unit/test_folders.py holds them to the writers' names).
-_SIGNS = {Kind.MODEL: ("model.safetensors", "config.json"),
+_SIGNS = {Kind.MODEL: (WEIGHTS, CONFIG),
           Kind.PREPARED: ("src.ids.npy", "tgt.ids.npy"),
-          Kind.EXPORTED: ("encoder.pt2", "step.pt2")}
-_FILES = {Kind.MODEL: frozenset({"model.safetensors", "config.json", "README.md",
-                                 "src_vocab.json", "tgt_vocab.json", "tokenizer.json",
-                                 "tokenizer.model"}),
+          Kind.EXPORTED: (ENCODER_PROGRAM, STEP_PROGRAM)}
+_FILES = {Kind.MODEL: frozenset({WEIGHTS, CONFIG, CARD, SRC_VOCAB_FILE, TGT_VOCAB_FILE,
+                                 TOKENIZER_FILE, TOKENIZER_MODEL}),
           Kind.PREPARED: frozenset({f"{side}{suffix}" for side in ("src", "tgt")
-                                    for suffix in (".ids.npy", ".offsets.npy", "_vocab.json")}
-                                   | {"lines.npy", "tokenizer.json", "sentencepiece.model"}),
-          Kind.EXPORTED: frozenset({"encoder.pt2", "step.pt2", "src_vocab.json",
-                                    "tgt_vocab.json", "tokenizer.json", "README.md",
-                                    "tokenizer.model", "decode.py", "encoder.onnx",
-                                    "step.onnx"})}
+                                    for suffix in (".ids.npy", ".offsets.npy")}
+                                   | {SRC_VOCAB_FILE, TGT_VOCAB_FILE, "lines.npy",
+                                      TOKENIZER_FILE, SENTENCEPIECE_FILE}),
+          Kind.EXPORTED: frozenset({ENCODER_PROGRAM, STEP_PROGRAM, SRC_VOCAB_FILE,
+                                    TGT_VOCAB_FILE, TOKENIZER_FILE, CARD, TOKENIZER_MODEL,
+                                    DECODE_FILE, ENCODER_ONNX, STEP_ONNX})}
 _DAMAGED = object()                           # `_read_manifest`: a manifest that is not JSON
 
 

@@ -9,8 +9,10 @@ settings of `bahdanau.training.train`, with the paper's values (appendix B.2) as
 Special token ids are declared here (`PAD_ID`, `BOS_ID`, `EOS_ID`, `UNK_ID`: 0..3), and every
 `bahdanau.Vocab` puts its specials at them: `ModelConfig`'s id fields default to them, and
 `ModelConfig.check_vocabs` refuses a config and vocabularies that disagree; training, loading a
-checkpoint and translating call it before any work. This module imports nothing of the
-package's but its checks and errors, so that everything may import it.
+checkpoint and translating call it before any work. `model_vocabs` is the one reading of what
+a model says of its vocabularies (its config's sizes and ids, or its `vocab_sizes` and the
+default ids). This module imports nothing of the package's but its checks and errors, so that
+everything may import it.
 
 Shape legend used across the package: B batch, S source length, T target length, E embedding,
 H encoder hidden per direction (annotations are 2H), D decoder hidden, A alignment size,
@@ -235,6 +237,50 @@ class ModelConfig(DictConfig):
                                      "the ModelConfig id fields at their defaults)")
 
 
+@dataclass(frozen=True)
+class ModelVocabs:
+    """What a model says of its vocabularies (`model_vocabs`): their sizes, None when it says
+    none, and the special ids."""
+
+    src_vocab_size: int | None        # source V
+    tgt_vocab_size: int | None        # target V
+    pad_id: int = PAD_ID
+    bos_id: int = BOS_ID
+    eos_id: int = EOS_ID
+    unk_id: int = UNK_ID
+
+    @property
+    def sizes(self) -> tuple[int, int] | None:
+        """(source V, target V); None when the model says no sizes."""
+        if self.src_vocab_size is None or self.tgt_vocab_size is None:
+            return None
+        return self.src_vocab_size, self.tgt_vocab_size
+
+
+def model_vocabs(model: object) -> ModelVocabs:
+    """What `model` says of its vocabularies: the one reading of it for the search, an
+    ensemble's members, the serving programs' manifest and a checkpoint's model assembled from
+    parts.
+
+    A model built from a config (a preset's) has a `ModelConfig` as `model.config`: its sizes
+    and special ids. A model assembled from parts has none; its ``vocab_sizes`` (source V,
+    target V: its embeddings') are its sizes, and its special ids are the defaults (`PAD_ID`,
+    `BOS_ID`, `EOS_ID`, `UNK_ID`, every `bahdanau.Vocab`'s). A model with neither says no
+    sizes and has the default ids.
+
+    Args:
+        model: any object; only its ``config`` and ``vocab_sizes`` attributes are read.
+    Returns:
+        Its `ModelVocabs`.
+    """
+    config = getattr(model, "config", None)
+    if isinstance(config, ModelConfig):
+        return ModelVocabs(config.src_vocab_size, config.tgt_vocab_size,
+                           **{name: getattr(config, name) for name in SPECIAL_IDS})
+    sizes = getattr(model, "vocab_sizes", None)
+    if isinstance(sizes, (tuple, list)) and len(sizes) == 2:
+        return ModelVocabs(sizes[0], sizes[1])
+    return ModelVocabs(None, None)
 
 
 @dataclass(frozen=True)

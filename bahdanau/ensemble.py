@@ -21,6 +21,7 @@ Alignments: a step's weights are the mean of the weights of the members that hav
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol, cast
@@ -28,7 +29,7 @@ from typing import Any, NamedTuple, Protocol, cast
 import torch
 from torch import Tensor, nn
 
-from bahdanau.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, ModelConfig
+from bahdanau.config import ModelConfig, model_vocabs
 from bahdanau.decoder import StepOutput
 from bahdanau.errors import InputError
 
@@ -186,28 +187,17 @@ class Ensemble(nn.Module):
 
 def _check_same_ids(models: Sequence[nn.Module]) -> None:
     """Members agree on vocabulary sizes and special ids: those of their configs, and for a
-    member built without one, its `vocab_sizes` and the default ids (what `BeamSearch` uses)."""
-    described = [(i, _ids(model)) for i, model in enumerate(models)]
-    known = [(i, ids) for i, ids in described if ids]
+    member built without one, its `vocab_sizes` and the default ids (what `BeamSearch` uses:
+    `bahdanau.config.model_vocabs`). A member that says no sizes is not compared."""
+    said = [(i, model_vocabs(model)) for i, model in enumerate(models)]
+    known = [(i, dataclasses.asdict(vocabs)) for i, vocabs in said if vocabs.sizes is not None]
     if not known:
         return
     first_index, first = known[0]
     for i, ids in known[1:]:
         for name, value in ids.items():
-            if name in first and value != first[name]:
+            if value != first[name]:
                 raise InputError(f"models[{i}] has {name}={value} but models[{first_index}] "
                                  f"has {first[name]}: ensemble members share their "
                                  "vocabularies")
 
-
-def _ids(model: nn.Module) -> dict[str, int]:
-    """What a member says of its vocabularies: sizes and special ids (empty: nothing known)."""
-    config = getattr(model, "config", None)
-    if isinstance(config, ModelConfig):
-        return {name: getattr(config, name)
-                for name in ("src_vocab_size", "tgt_vocab_size", *SPECIAL_IDS)}
-    sizes = getattr(model, "vocab_sizes", None)
-    if not (isinstance(sizes, tuple) and len(sizes) == 2):
-        return {}
-    defaults = dict(zip(SPECIAL_IDS, (PAD_ID, BOS_ID, EOS_ID, UNK_ID), strict=True))
-    return {"src_vocab_size": sizes[0], "tgt_vocab_size": sizes[1], **defaults}

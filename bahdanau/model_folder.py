@@ -47,7 +47,15 @@ from bahdanau._files import (
     sha256_file,
     write_failure,
 )
-from bahdanau._folders import MANIFEST, RELEASE_FORMAT, Kind, check_folder_to_write, manifest_kind
+from bahdanau._folders import (
+    CONFIG,
+    MANIFEST,
+    RELEASE_FORMAT,
+    WEIGHTS,
+    Kind,
+    check_folder_to_write,
+    manifest_kind,
+)
 from bahdanau.config import ModelConfig
 from bahdanau.errors import InputError
 from bahdanau.parts import PART, Blueprint, blueprint, build_record
@@ -58,7 +66,6 @@ __all__ = ["CONFIG", "MANIFEST", "RELEASE_FORMAT", "RELEASE_VERSION", "WEIGHTS",
            "write_model_folder"]
 
 RELEASE_VERSION = 1                   # the manifest's "version": what this code reads
-WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
 
 def safetensors() -> Any:

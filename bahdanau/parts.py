@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bahdanau._checks import describe
+from bahdanau._folders import CONFIG
 from bahdanau.errors import InputError
 
 __all__ = ["PART", "Blueprint", "Part", "blueprint", "build_record", "class_path"]
@@ -135,7 +136,7 @@ class Blueprint:
 
     record: dict[str, Any]
     classes: dict[str, type]          # every class path of the record, resolved
-    name: str = "config.json"         # where the record is kept, for messages
+    name: str = CONFIG                # where the record is kept, for messages
 
     @property
     def root(self) -> type:
@@ -240,7 +241,7 @@ def _import(path: str, name: str) -> type:
 
 
 def blueprint(record: object, *, trust_code: bool = False,
-              parts: Mapping[str, type] | None = None, name: str = "config.json") -> Blueprint:
+              parts: Mapping[str, type] | None = None, name: str = CONFIG) -> Blueprint:
     """The `Blueprint` of a record (from `build_record`, as config.json holds it).
 
     Every class path is checked before any is imported: bahdanau's own parts are found

@@ -53,7 +53,7 @@ from bahdanau._checks import (
     is_int,
 )
 from bahdanau.captured_step import CapturedStep, pad_to_bucket
-from bahdanau.config import BOS_ID, EOS_ID, PAD_ID, ModelConfig
+from bahdanau.config import ModelConfig, model_vocabs
 from bahdanau.constraints import LexicalBeams, compile_constraints
 from bahdanau.errors import InputError
 
@@ -225,7 +225,8 @@ class BeamSearch:
 
     The special ids (bos, eos, pad) are `model.config`'s, which training, loading and
     `translate_corpus` check against the vocabularies; a model built without a config uses the
-    default ids of `bahdanau.config` (`BOS_ID`, `EOS_ID`, `PAD_ID`, every `Vocab`'s).
+    default ids of `bahdanau.config` (`BOS_ID`, `EOS_ID`, `PAD_ID`, every `Vocab`'s): both as
+    `bahdanau.config.model_vocabs` reads them.
     """
 
     beam_size: int = 5
@@ -277,13 +278,6 @@ class BeamSearch:
         """The captured steps of `cuda_graphs` by model: the model, where its parameters were
         and its `CapturedStep` (a cache filled by the calls, not a setting)."""
         return {}
-
-    def _ids(self, model: object) -> tuple[int, int, int]:
-        """(bos, eos, pad) of `model.config`, or the default ids when the model has none."""
-        config = getattr(model, "config", None)
-        if config is None:
-            return BOS_ID, EOS_ID, PAD_ID
-        return config.bos_id, config.eos_id, config.pad_id
 
     def memory_needed(self, model: torch.nn.Module, sentences: int, src_len: int
                       ) -> int | None:
@@ -383,7 +377,7 @@ class BeamSearch:
             if not self.cuda_graphs:
                 return self._search(decoding, src, lengths, step_call(decoding),
                                     fixed_rows=False, lexical=lexical)
-            padded = pad_to_bucket(src, self._ids(model)[2])
+            padded = pad_to_bucket(src, model_vocabs(model).pad_id)
             return self._search(decoding, padded, lengths, self._captured_step(model),
                                 fixed_rows=True, lexical=lexical)
         finally:
@@ -395,19 +389,17 @@ class BeamSearch:
         decoding; None without phrases (the plain search)."""
         if constraints is None and avoid is None:
             return None
-        config = getattr(model, "config", None)
-        sizes = getattr(model, "vocab_sizes", None)
-        vocab = config.tgt_vocab_size if config is not None else sizes[1] if sizes else None
-        if vocab is None:
+        vocabs = model_vocabs(model)
+        if vocabs.tgt_vocab_size is None:
             raise InputError("constraints and avoid need the model's target vocabulary size "
                              "(model.config.tgt_vocab_size)")
-        bos, eos, pad = self._ids(model)
         automata = compile_constraints(constraints, avoid, self.caps(src_lengths).tolist(),
-                                       vocab, (pad, bos, eos),
+                                       vocabs.tgt_vocab_size,
+                                       (vocabs.pad_id, vocabs.bos_id, vocabs.eos_id),
                                        label=lambda i: f"sentence {i} of the batch")
         if automata is None:
             return None
-        return LexicalBeams.start(automata, self.beam_size, device, pad)
+        return LexicalBeams.start(automata, self.beam_size, device, vocabs.pad_id)
 
     def captured(self, model: torch.nn.Module) -> CapturedStep | None:
         """The captured step this search holds for `model` (`cuda_graphs=True`), with its
@@ -530,7 +522,8 @@ class _Beams:
               step: _StepCall, lexical: LexicalBeams | None = None) -> _Beams:
         """Encode the batch (the model checks its values) and set up one live beam each,
         under the phrases of `lexical` (None: none)."""
-        bos, eos, pad = search._ids(model)
+        vocabs = model_vocabs(model)
+        bos, eos, pad = vocabs.bos_id, vocabs.eos_id, vocabs.pad_id
         K, n_sent, device = search.beam_size, src.shape[0], src.device
         state, memory = model.encode(src, src_lengths)
         active = torch.arange(n_sent, device=device)                           # original ids

@@ -25,7 +25,7 @@ from bahdanau.checkpoint.sections import (
     TGT_VOCAB,
     TOKENIZER,
 )
-from bahdanau.config import ModelConfig
+from bahdanau.config import ModelConfig, model_vocabs
 from bahdanau.data.sentencepiece import SentencePieceTokenizer, check_vocabs
 from bahdanau.data.tokenizers import (
     DefaultTokenizer,
@@ -55,11 +55,11 @@ def stored_parts(payload: dict[str, Any]) -> tuple[ModelConfig | None, Vocab, Vo
 
 def check_built_vocabs(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab) -> None:
     """Refuse vocabularies whose sizes or padding id differ from those of a model assembled
-    from parts (its skeleton will do: only sizes are read)."""
-    sizes = getattr(model, "vocab_sizes", None)
-    if sizes is not None and tuple(sizes) != (len(src_vocab), len(tgt_vocab)):
+    from parts (its skeleton will do: only sizes are read, by `bahdanau.config.model_vocabs`)."""
+    sizes = model_vocabs(model).sizes
+    if sizes is not None and sizes != (len(src_vocab), len(tgt_vocab)):
         raise InputError(f"checkpoint is inconsistent: its model's vocabulary sizes are "
-                         f"{tuple(sizes)}, its vocabularies have {len(src_vocab)} and "
+                         f"{sizes}, its vocabularies have {len(src_vocab)} and "
                          f"{len(tgt_vocab)} entries")
     for part in (getattr(model, "encoder", None), getattr(model, "decoder", None)):
         pad_id = getattr(part, "pad_id", src_vocab.pad_id)

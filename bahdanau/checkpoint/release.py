@@ -31,6 +31,13 @@ from torch import nn
 
 from bahdanau._about import versions
 from bahdanau._checks import check_path
+from bahdanau._folders import (
+    CARD,
+    SRC_VOCAB_FILE,
+    TGT_VOCAB_FILE,
+    TOKENIZER_FILE,
+    TOKENIZER_MODEL,
+)
 from bahdanau.checkpoint.files import FORMAT_VERSION
 from bahdanau.checkpoint.payload import (
     check_built_vocabs,
@@ -52,7 +59,7 @@ from bahdanau.checkpoint.sections import (
     VERSIONS,
 )
 from bahdanau.config import ModelConfig
-from bahdanau.data.tokenizers import Tokenizer, tokenizer_to_payload
+from bahdanau.data.tokenizers import Tokenizer, tokenizer_files, tokenizer_to_payload
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.model_folder import (
@@ -73,9 +80,6 @@ from bahdanau.parts import PART
 __all__ = ["MANIFEST", "RELEASE_FORMAT", "RELEASE_VERSION", "is_release", "model_payload",
            "parts_card", "read_release", "write_release"]
 
-CARD = "README.md"
-SRC_VOCAB_FILE, TGT_VOCAB_FILE = "src_vocab.json", "tgt_vocab.json"
-TOKENIZER_FILE, TOKENIZER_MODEL = "tokenizer.json", "tokenizer.model"
 TRANSLATOR_FILES = (SRC_VOCAB_FILE, TGT_VOCAB_FILE, TOKENIZER_FILE)   # beside the model's two
 
 
@@ -88,13 +92,9 @@ def release_files(payload: dict[str, Any], card: str) -> tuple[dict[str, Any], d
     """(config.json, every other file of the Translator's half of the model folder of
     `payload`, by name): the vocabularies, the tokenizer and the card."""
     config, src_vocab, tgt_vocab = stored_parts(payload)
-    tokenizer = tokenizer_to_payload(parse_tokenizer(payload))
     files = {SRC_VOCAB_FILE: json_bytes(src_vocab.to_dict()),
-             TGT_VOCAB_FILE: json_bytes(tgt_vocab.to_dict()), CARD: card.encode("utf-8")}
-    if tokenizer["name"] == "sentencepiece":
-        files[TOKENIZER_MODEL] = tokenizer["model"].numpy().tobytes()
-        tokenizer = {**tokenizer, "model": TOKENIZER_MODEL}
-    files[TOKENIZER_FILE] = json_bytes(tokenizer)
+             TGT_VOCAB_FILE: json_bytes(tgt_vocab.to_dict()), CARD: card.encode("utf-8"),
+             **tokenizer_files(parse_tokenizer(payload), TOKENIZER_MODEL)}
     return (payload[BUILD] if config is None else config.to_dict()), files
 
 

@@ -58,7 +58,7 @@ from bahdanau._files import (
     sha256_file,
     write_failure,
 )
-from bahdanau._folders import Kind, check_folder_to_write
+from bahdanau._folders import SRC_VOCAB_FILE, TGT_VOCAB_FILE, Kind, check_folder_to_write
 from bahdanau._progress import progress_bar
 from bahdanau.data.batching import refuse_specials, special_token
 from bahdanau.data.manifest import (
@@ -507,8 +507,8 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
         for side in sides:
             side.close()
     _save(folder / "lines.npy", np.concatenate(kept_lines))
-    src_vocab.save(folder / "src_vocab.json")
-    tgt_vocab.save(folder / "tgt_vocab.json")
+    src_vocab.save(folder / SRC_VOCAB_FILE)
+    tgt_vocab.save(folder / TGT_VOCAB_FILE)
     save_tokenizer(tokenizer, folder)
     check_ids(folder, [len(src_vocab), len(tgt_vocab)])    # before sealing: opening relies on it
     return {"counts": counts, "tokens": tokens, "vocab_sizes": [len(src_vocab), len(tgt_vocab)]}

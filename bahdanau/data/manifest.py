@@ -24,11 +24,16 @@ from typing import Any
 
 from bahdanau._checks import JSON_ERRORS, describe, is_finite_number, is_int
 from bahdanau._files import restore_replaced, sha256_file
-from bahdanau._folders import MANIFEST
+from bahdanau._folders import (
+    MANIFEST,
+    SENTENCEPIECE_FILE,
+    SRC_VOCAB_FILE,
+    TGT_VOCAB_FILE,
+    TOKENIZER_FILE,
+)
 from bahdanau._folders import PREPARED_FORMAT as FORMAT
 from bahdanau._sealed import file_digests, manifest_digest, seal
 from bahdanau.data.text import MULTI30K_LANGS, multi30k_files
-from bahdanau.data.tokenizers import SENTENCEPIECE_FILE, TOKENIZER_FILE
 from bahdanau.data.vocab import SPECIALS
 from bahdanau.errors import InputError
 
@@ -45,8 +50,8 @@ def format_files(manifest: dict[str, Any]) -> list[str]:
     """Every file a prepared folder has (the manifest aside): each side's ids, offsets and
     vocabulary, the kept lines, the tokenizer and, when the manifest's tokenizer is
     SentencePiece, its model. The seal must cover them all."""
-    names = [f"{side}{suffix}" for side in SIDES
-             for suffix in (".ids.npy", ".offsets.npy", "_vocab.json")]
+    names = [name for side, vocab in zip(SIDES, (SRC_VOCAB_FILE, TGT_VOCAB_FILE), strict=True)
+             for name in (f"{side}.ids.npy", f"{side}.offsets.npy", vocab)]
     names += ["lines.npy", TOKENIZER_FILE]
     if manifest["options"]["tokenizer"].get("name") == "sentencepiece":
         names.append(SENTENCEPIECE_FILE)

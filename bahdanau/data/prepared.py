@@ -25,6 +25,7 @@ from typing import Any, overload
 import numpy as np
 
 from bahdanau._checks import check_optional_positive_int, check_path, describe
+from bahdanau._folders import SRC_VOCAB_FILE, TGT_VOCAB_FILE
 from bahdanau.config import BOS_ID, EOS_ID, PAD_ID
 from bahdanau.data.batching import Example
 from bahdanau.data.manifest import MANIFEST, SIDES, check_shipped, read_manifest, verify_digest
@@ -69,17 +70,17 @@ class PreparedCorpus(Sequence[Example]):
         check_optional_positive_int("max_len", max_len)
         self.folder, self.max_len = folder, max_len
         self.manifest = read_manifest(self.folder)
-        self.src_vocab = Vocab.load(self._file("src_vocab.json"))
-        self.tgt_vocab = Vocab.load(self._file("tgt_vocab.json"))
+        self.src_vocab = Vocab.load(self._file(SRC_VOCAB_FILE))
+        self.tgt_vocab = Vocab.load(self._file(TGT_VOCAB_FILE))
         self.tokenizer = load_tokenizer(self.folder)
         check_vocabs(self.tokenizer, self.src_vocab, self.tgt_vocab)
         pairs = self.manifest["counts"]["pairs"]
         self._ids, self._offsets = [], []
-        for side, vocab, tokens, size in zip(SIDES, (self.src_vocab, self.tgt_vocab),
-                                             self.manifest["tokens"],
-                                             self.manifest["vocab_sizes"], strict=True):
+        for side, vocab, vocab_file, tokens, size in zip(
+                SIDES, (self.src_vocab, self.tgt_vocab), (SRC_VOCAB_FILE, TGT_VOCAB_FILE),
+                self.manifest["tokens"], self.manifest["vocab_sizes"], strict=True):
             if size != len(vocab):
-                raise InputError(f"{self.folder / f'{side}_vocab.json'} holds {len(vocab)} "
+                raise InputError(f"{self.folder / vocab_file} holds {len(vocab)} "
                                  f"entries; {MANIFEST} says {size}: the folder is damaged")
             offsets = self._array(f"{side}.offsets.npy", (pairs + 1,), np.int64)
             if offsets[0] != 0 or offsets[-1] != tokens or (pairs and np.diff(offsets).min() < 1):

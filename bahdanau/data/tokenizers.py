@@ -16,7 +16,10 @@ Storing. `tokenizer_to_payload` turns `DefaultTokenizer`, `WhitespaceTokenizer`,
 checkpoint-safe dict (a SentencePiece model as a uint8 tensor of its bytes),
 `tokenizer_from_payload` reads it back; checkpoints keep it in their `tokenizer` section.
 `save_tokenizer` / `load_tokenizer` do the same in a folder: ``tokenizer.json``, and
-``sentencepiece.model`` beside it for SentencePiece. Tokenizers of other types cannot be stored.
+``sentencepiece.model`` beside it for SentencePiece; `tokenizer_files` gives those files' bytes,
+which every folder that stores a tokenizer writes (a prepared corpus, a model folder and an
+exported folder, the last two naming the SentencePiece model ``tokenizer.model``). Tokenizers
+of other types cannot be stored.
 """
 
 from __future__ import annotations
@@ -37,13 +40,11 @@ from bahdanau._checks import (
     check_path,
     describe,
 )
-from bahdanau._files import atomic_write
+from bahdanau._files import atomic_file
+from bahdanau._folders import SENTENCEPIECE_FILE, TOKENIZER_FILE
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.vocab import SPECIALS
 from bahdanau.errors import InputError
-
-TOKENIZER_FILE = "tokenizer.json"           # save_tokenizer's description of the tokenizer
-SENTENCEPIECE_FILE = "sentencepiece.model"  # and the SentencePiece model beside it
 
 
 @runtime_checkable
@@ -372,10 +373,34 @@ def _build(data: Any, read_model: Callable[[Any], SentencePieceTokenizer]) -> To
     return read_model(data["model"])
 
 
+def tokenizer_files(tokenizer: object, model_file: str = SENTENCEPIECE_FILE
+                    ) -> dict[str, bytes]:
+    """The files that store `tokenizer` in a folder, by name, in the order to write them: for
+    SentencePiece, the model's bytes as `model_file`, then ``tokenizer.json``
+    (`tokenizer_to_payload`'s dict, a SentencePiece model replaced by `model_file`, as
+    indented JSON); `load_tokenizer` reads them back.
+
+    Args:
+        tokenizer: one that `tokenizer_to_payload` stores.
+        model_file: the name of the SentencePiece model beside ``tokenizer.json``
+            (``sentencepiece.model`` in a prepared corpus, ``tokenizer.model`` in a model
+            folder or an exported folder).
+    Raises:
+        InputError: a tokenizer of another type.
+    """
+    data = tokenizer_to_payload(tokenizer)
+    files: dict[str, bytes] = {}
+    if data["name"] == "sentencepiece":
+        files[model_file] = data["model"].numpy().tobytes()
+        data["model"] = model_file
+    files[TOKENIZER_FILE] = (json.dumps(data, indent=2) + "\n").encode("utf-8")
+    return files
+
+
 def save_tokenizer(tokenizer: object, folder: str | os.PathLike[str]) -> Path:
-    """Write `tokenizer` into `folder`: ``tokenizer.json`` (`tokenizer_to_payload`'s dict, a
-    SentencePiece model replaced by its file name) and, for SentencePiece, the model as
-    ``sentencepiece.model`` beside it. Each file is written atomically, the model first.
+    """Write `tokenizer` into `folder`: its `tokenizer_files`, ``tokenizer.json`` and, for
+    SentencePiece, the model as ``sentencepiece.model`` beside it. Each file is written
+    atomically, the model first.
 
     Args:
         tokenizer: one that `tokenizer_to_payload` stores.
@@ -386,12 +411,9 @@ def save_tokenizer(tokenizer: object, folder: str | os.PathLike[str]) -> Path:
         InputError: a tokenizer of another type, or `folder` is not a path.
     """
     folder = check_path("folder", folder)
-    data = tokenizer_to_payload(tokenizer)
-    if isinstance(tokenizer, SentencePieceTokenizer):
-        tokenizer.save(folder / SENTENCEPIECE_FILE)
-        data["model"] = SENTENCEPIECE_FILE
-    text = (json.dumps(data, indent=2) + "\n").encode("utf-8")
-    atomic_write(folder / TOKENIZER_FILE, lambda f: f.write(text))
+    for name, data in tokenizer_files(tokenizer).items():
+        with atomic_file(folder / name) as f:
+            f.write(data)
     return folder / TOKENIZER_FILE
 
 

@@ -24,12 +24,27 @@ from bahdanau._files import (
     new_folder,
     restore_replaced,
 )
-from bahdanau._folders import EXPORTED_FORMAT, Kind, check_folder_to_write
+from bahdanau._folders import (
+    CARD,
+    DECODE_FILE,
+    ENCODER_ONNX,
+    ENCODER_PROGRAM,
+    EXPORTED_FORMAT,
+    MANIFEST,
+    SRC_VOCAB_FILE,
+    STEP_ONNX,
+    STEP_PROGRAM,
+    TGT_VOCAB_FILE,
+    TOKENIZER_FILE,
+    TOKENIZER_MODEL,
+    Kind,
+    check_folder_to_write,
+)
 from bahdanau._pt2_archive import archive_weights, check_archive, program_bytes
 from bahdanau._sealed import check_sealed, seal
 from bahdanau.config import SPECIAL_IDS, ModelConfig
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
-from bahdanau.data.tokenizers import Tokenizer, tokenizer_from_payload, tokenizer_to_payload
+from bahdanau.data.tokenizers import Tokenizer, tokenizer_files, tokenizer_from_payload
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 from bahdanau.model_folder import model_config_json, model_skeleton
@@ -49,15 +64,16 @@ __all__ = ["DECODE_FILE", "FILES", "ONNX_FILES", "SENTENCEPIECE_FILE", "Exported
            "check_new_folder", "export_folder", "load_exported"]
 
 
-# The files of an exported folder (`export_folder`), by what they hold.
-FILES = {"encoder": "encoder.pt2", "step": "step.pt2", "manifest": "manifest.json",
-         "src_vocab": "src_vocab.json", "tgt_vocab": "tgt_vocab.json",
-         "tokenizer": "tokenizer.json", "readme": "README.md"}
-SENTENCEPIECE_FILE = "tokenizer.model"   # a SentencePiece tokenizer's model, beside its JSON
-# The decoding loops in plain torch (`bahdanau.serving.decode`, copied), for the user: sealed,
-# never read by `load_exported`, as the ONNX programs (``export_folder(onnx=True)``).
-DECODE_FILE = "decode.py"
-ONNX_FILES = {"encoder": "encoder.onnx", "step": "step.onnx"}
+# The files of an exported folder (`export_folder`), by what they hold; the names are declared
+# in `bahdanau._folders`, with those of every folder the commands write.
+FILES = {"encoder": ENCODER_PROGRAM, "step": STEP_PROGRAM, "manifest": MANIFEST,
+         "src_vocab": SRC_VOCAB_FILE, "tgt_vocab": TGT_VOCAB_FILE,
+         "tokenizer": TOKENIZER_FILE, "readme": CARD}
+SENTENCEPIECE_FILE = TOKENIZER_MODEL     # a SentencePiece tokenizer's model, beside its JSON
+# The decoding loops in plain torch (`bahdanau.serving.decode`, copied as `DECODE_FILE`), for
+# the user: sealed, never read by `load_exported`, as the ONNX programs
+# (``export_folder(onnx=True)``).
+ONNX_FILES = {"encoder": ENCODER_ONNX, "step": STEP_ONNX}
 PROGRAMS = ("encoder", "step")
 
 
@@ -111,7 +127,7 @@ def export_folder(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab, tokenize
                          f"this {type(model).__name__} is not one")
     built = model_config_json(model)          # refuses a part that cannot be recorded
     _check_vocabs(interface(model), src_vocab, tgt_vocab)
-    tokenizer_data = tokenizer_to_payload(tokenizer)        # refuses tokenizers it cannot store
+    stored = tokenizer_files(tokenizer, SENTENCEPIECE_FILE)   # refuses what it cannot store
     programs = export_programs(model)
     archives = {FILES[name]: program_bytes(getattr(programs, name)) for name in PROGRAMS}
     if onnx:
@@ -122,8 +138,7 @@ def export_folder(model: nn.Module, src_vocab: Vocab, tgt_vocab: Vocab, tokenize
                       "finish or choose another folder"):
         check_new_folder(folder)                  # as it is now that the folder is held
         with new_folder(folder) as partial:
-            _write_folder(partial, archives, src_vocab, tgt_vocab, tokenizer, tokenizer_data,
-                          manifest)
+            _write_folder(partial, archives | stored, src_vocab, tgt_vocab, manifest)
     return folder
 
 
@@ -135,25 +150,20 @@ def _check_vocabs(fields: dict[str, Any], src_vocab: Vocab, tgt_vocab: Vocab) ->
                 **{k: fields[k] for k in SPECIAL_IDS}).check_vocabs(src_vocab, tgt_vocab)
 
 
-def _write_folder(partial: Path, archives: dict[str, bytes], src_vocab: Vocab,
-                  tgt_vocab: Vocab, tokenizer: Tokenizer, tokenizer_data: Any,
+def _write_folder(partial: Path, files: dict[str, bytes], src_vocab: Vocab, tgt_vocab: Vocab,
                   manifest: dict[str, Any]) -> None:
     """Every file of an exported folder, written into `partial`, the manifest last: it seals
-    the others (`bahdanau._sealed.seal`). The programs are archived in memory
+    the others (`bahdanau._sealed.seal`). `files`: the programs and the tokenizer's files
+    (`bahdanau.data.tokenizers.tokenizer_files`), by name. The programs are archived in memory
     (`bahdanau._pt2_archive.program_bytes`) and written as every file is: torch's archive
     writer, meeting a failed write (a full disk), aborts the process from a C++ destructor,
     where `atomic_write` makes it one `OSError` naming the file."""
-    for name, data in archives.items():
+    for name, data in files.items():
         _write_bytes(partial / name, data)
     _write_bytes(partial / DECODE_FILE, inspect.getsource(decode).encode("utf-8"))
     src_vocab.save(partial / FILES["src_vocab"])
     tgt_vocab.save(partial / FILES["tgt_vocab"])
-    if isinstance(tokenizer, SentencePieceTokenizer):
-        tokenizer.save(partial / SENTENCEPIECE_FILE)
-        tokenizer_data = {"name": "sentencepiece", "model": SENTENCEPIECE_FILE}
-    readme = _readme(manifest, isinstance(tokenizer, SentencePieceTokenizer))
-    _write_bytes(partial / FILES["tokenizer"],
-                 (json.dumps(tokenizer_data, indent=2) + "\n").encode("utf-8"))
+    readme = _readme(manifest, SENTENCEPIECE_FILE in files)
     _write_bytes(partial / FILES["readme"], (readme + "\n").encode("utf-8"))
     seal(partial, manifest)
 

@@ -6,6 +6,7 @@ programs as a folder.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -15,7 +16,7 @@ from torch import Tensor, nn
 from torch.export import Dim, ExportedProgram
 
 from bahdanau._folders import EXPORTED_FORMAT
-from bahdanau.config import BOS_ID, EOS_ID, PAD_ID, SPECIAL_IDS, UNK_ID, ModelConfig
+from bahdanau.config import SPECIAL_IDS, ModelConfig, model_vocabs
 from bahdanau.decoder import DecoderState, StepOutput
 from bahdanau.errors import InputError
 from bahdanau.models import RNNSearch
@@ -111,28 +112,20 @@ class _StepProgram(nn.Module):
         return (log_probs, out.state.hidden, *(() if out.weights is None else (out.weights,)))
 
 
-def _ids(model: RNNSearch) -> dict[str, int]:
-    """The special ids the programs' users need (the model's config, else the defaults)."""
-    cfg = model.config
-    return {"pad_id": cfg.pad_id if cfg else PAD_ID, "bos_id": cfg.bos_id if cfg else BOS_ID,
-            "eos_id": cfg.eos_id if cfg else EOS_ID, "unk_id": cfg.unk_id if cfg else UNK_ID}
-
-
 def interface(model: RNNSearch) -> dict[str, Any]:
-    """The sizes and special ids the programs of `model` take and give, read from the model's
-    parts (a model assembled from parts has no config): what a manifest records of them
-    before tracing."""
-    return {"src_vocab_size": model.encoder.vocab_size,
-            "tgt_vocab_size": model.decoder.vocab_size, **_ids(model)}
+    """The sizes and special ids the programs of `model` take and give, as the model says them
+    (`bahdanau.config.model_vocabs`: its config's, or for a model assembled from parts, its
+    `vocab_sizes` and the default ids): what a manifest records of them before tracing."""
+    return dataclasses.asdict(model_vocabs(model))
 
 
 def _example(model: RNNSearch, lengths: list[int]) -> tuple[Tensor, Tensor]:
     """A padded source batch with these lengths (every real token the unknown word)."""
-    ids, device = _ids(model), next(model.parameters()).device
-    src = torch.full((len(lengths), max(lengths)), ids["pad_id"], dtype=torch.long,
+    vocabs, device = model_vocabs(model), next(model.parameters()).device
+    src = torch.full((len(lengths), max(lengths)), vocabs.pad_id, dtype=torch.long,
                      device=device)
     for row, n in enumerate(lengths):
-        src[row, :n] = ids["unk_id"]
+        src[row, :n] = vocabs.unk_id
     return src, torch.tensor(lengths, device=device)
 
 
@@ -190,7 +183,7 @@ def export_programs(model: nn.Module) -> ServingPrograms:
                                       dynamic_shapes=({0: batch, 1: length}, {0: batch}))
         memory_dims = [{0: batch, **{d: length for d in over}}
                        for over in _source_dims(model, per_sentence)]
-        tokens = torch.full((2,), _ids(model)["bos_id"], dtype=torch.long, device=src.device)
+        tokens = torch.full((2,), model_vocabs(model).bos_id, dtype=torch.long, device=src.device)
         step = torch.export.export(
             _StepProgram(model, memory, per_sentence), (tokens, state.hidden, *kept),
             dynamic_shapes=({0: batch}, {0: batch}, tuple(memory_dims)))

@@ -33,7 +33,7 @@ from bahdanau.data import (
     tokenizer_from_payload,
     tokenizer_to_payload,
 )
-from bahdanau.data.tokenizers import SENTENCEPIECE_FILE, TOKENIZER_FILE
+from bahdanau.data.tokenizers import SENTENCEPIECE_FILE, TOKENIZER_FILE, tokenizer_files
 
 MISSING = ("SentencePiece needs the sentencepiece package: pip install "
            "'bahdanau[sentencepiece]'")
@@ -269,6 +269,21 @@ def test_folder_round_trip_of_each_tokenizer(sp, tmp_path) -> None:
         "name": "sentencepiece", "model": SENTENCEPIECE_FILE}
     assert (tmp_path / "s" / SENTENCEPIECE_FILE).read_bytes() == sp.model_proto
     assert load_tokenizer(tmp_path / "s") == sp
+
+
+def test_tokenizer_files_are_the_model_first_then_the_json_naming_it(sp) -> None:
+    """What every folder that stores a tokenizer writes (a prepared corpus, a model folder, an
+    exported folder): the SentencePiece model's own bytes under the name it is given, then
+    tokenizer.json naming it, as indented JSON; a tokenizer without a model, its JSON alone."""
+    files = tokenizer_files(sp, "tokenizer.model")
+    assert list(files) == ["tokenizer.model", "tokenizer.json"]
+    assert files["tokenizer.model"] == sp.model_proto
+    assert files["tokenizer.json"] == (b'{\n  "name": "sentencepiece",\n'
+                                       b'  "model": "tokenizer.model"\n}\n')
+    assert list(tokenizer_files(sp)) == ["sentencepiece.model", "tokenizer.json"]
+    assert tokenizer_files(DefaultTokenizer(lowercase=True, joiners="prefix")) == {
+        "tokenizer.json": b'{\n  "name": "default",\n  "lowercase": true,\n'
+                          b'  "joiners": "prefix"\n}\n'}
 
 
 @pytest.mark.parametrize(("contents", "fragment"), [
