@@ -9,6 +9,8 @@ copies it anywhere: it reads the folder given on its command line.
 (`bahdanau.training.train`): characters in (`bahdanau.CharTokenizer`), whitespace-separated
 phonemes out (`bahdanau.WhitespaceTokenizer`), the two stored together in every checkpoint as a
 `bahdanau.TokenizerPair`. The stress digits are stripped (39 phonemes) unless --keep-stress.
+--dropout, --dropout-rnn-inputs and --dropout-deep-output are the model's three dropouts
+(`bahdanau.ModelConfig`; 0.2, 0 and 0 by default).
 Every pronunciation of a training word is a training pair. Every --eval-every updates the dev
 words are decoded greedily and scored (`bahdanau.error_rates`: a word is right when its output
 equals any of its pronunciations); the checkpoint of the lowest dev WER is RUN/checkpoints/
@@ -70,7 +72,6 @@ from bahdanau.training import train
 
 BEAM_SIZE = 5            # evaluate's beam
 MAX_PHONEMES = 40        # the longest output searched for (CMUdict's longest word has 20-odd)
-DROPOUT = 0.2            # on the embeddings and the maxout output
 DECAY_PATIENCE = 2       # evaluations without a better dev WER before the learning rate halves
 
 
@@ -108,7 +109,8 @@ def _train(args: argparse.Namespace) -> dict[str, object]:
     examples = encode_pairs(list(zip(words, phones, strict=True)), src_vocab, tgt_vocab,
                             tokenizer)
     config = replace(presets.g2p(len(src_vocab), len(tgt_vocab)), init="glorot",
-                     dropout=DROPOUT)
+                     dropout=args.dropout, dropout_rnn_inputs=args.dropout_rnn_inputs,
+                     dropout_deep_output=args.dropout_deep_output)
     cfg = TrainConfig(optimizer="adam", schedule="plateau", decay_patience=DECAY_PATIENCE,
                       batch_size=args.batch_size, eval_every=args.eval_every,
                       save_every=args.eval_every, early_stopping_metric="wer",
@@ -170,6 +172,12 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-every", type=int, default=2000,
                    help="updates between dev evaluations and checkpoints")
     t.add_argument("--batch-size", type=int, default=64, help="words a batch")
+    t.add_argument("--dropout", type=float, default=0.2,
+                   help="dropout on the embeddings and the maxout output (default 0.2)")
+    t.add_argument("--dropout-rnn-inputs", type=float, default=0.0,
+                   help="dropout on every GRU input (default 0)")
+    t.add_argument("--dropout-deep-output", type=float, default=0.0,
+                   help="dropout on the deep output, before the maxout (default 0)")
     t.add_argument("--limit", type=int, default=None, help="train on the first N words only")
     t.add_argument("--dev-limit", type=int, default=None, help="score the first N dev words")
     t.add_argument("--seed", type=int, default=1234)

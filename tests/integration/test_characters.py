@@ -91,10 +91,14 @@ def test_the_g2p_recipe_trains_resumes_and_evaluates(tmp_path, capsys) -> None:
     run = tmp_path / "run"
     common = ["train", "--data", str(tmp_path / "data"), "--out", str(run), "--eval-every",
               "2", "--batch-size", "16", "--threads", "1"]
-    assert recipe.main([*common, "--max-steps", "2"]) == 0
+    assert recipe.main([*common, "--max-steps", "2", "--dropout", "1.5"]) == 2
+    assert "dropout" in capsys.readouterr().err and not run.exists()   # one line, no run
+    assert recipe.main([*common, "--max-steps", "2", "--dropout-deep-output", "0.5"]) == 0
     first = json.loads(capsys.readouterr().out)
     assert (first["step"], first["train_pairs"], first["dev_words"]) == (2, 60, 20)
-    assert recipe.main([*common, "--max-steps", "4"]) == 0        # the same command resumes
+    assert load(run).model.config.dropout_deep_output == 0.5
+    assert recipe.main([*common, "--max-steps", "4", "--dropout-deep-output", "0.5"]) == 0
+    # the same command resumes
     resumed = json.loads(capsys.readouterr().out)
     assert (resumed["start_step"], resumed["step"]) == (2, 4)
 
