@@ -23,8 +23,9 @@ prepared corpus or an exported folder (`enclosing_kind`: their manifests list ev
 digest). ``train`` alone writes beside other files (its own names,
 `bahdanau.jobs.run_folder.RUN_FILES`, and ``--overwrite`` removes only those).
 
-The names of the files those folders hold (`CONFIG`, `WEIGHTS`, `TOKENIZER_FILE`, ...) are
-declared here, once, and every writer and reader imports them.
+The names of the files that writers of several folder kinds share (`CONFIG`, `WEIGHTS`,
+`TOKENIZER_FILE`, ...) are declared here, once, and those writers and readers import them; a
+prepared corpus's own arrays are named by `bahdanau.data.manifest`.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ CONFIG, WEIGHTS = "config.json", "model.safetensors"   # a model's half of a mod
 CARD = "README.md"                            # a model folder's card, an exported folder's README
 SRC_VOCAB_FILE, TGT_VOCAB_FILE = "src_vocab.json", "tgt_vocab.json"   # `Vocab.save`
 TOKENIZER_FILE = "tokenizer.json"             # `bahdanau.data.tokenizers.tokenizer_files`
-TOKENIZER_MODEL = "tokenizer.model"           # its SentencePiece model: a model, exported folder
-SENTENCEPIECE_FILE = "sentencepiece.model"    # its SentencePiece model: a prepared corpus
+# A SentencePiece tokenizer's model, beside its JSON: the two folder kinds name it differently.
+FOLDER_SENTENCEPIECE = "tokenizer.model"          # in a model folder and an exported folder
+PREPARED_SENTENCEPIECE = "sentencepiece.model"    # in a prepared corpus
 ENCODER_PROGRAM, STEP_PROGRAM = "encoder.pt2", "step.pt2"     # an exported folder's programs
 ENCODER_ONNX, STEP_ONNX = "encoder.onnx", "step.onnx"         # and the same as ONNX
 DECODE_FILE = "decode.py"                     # its decoding loops (`bahdanau.serving.decode`)
@@ -84,13 +86,13 @@ _SIGNS = {Kind.MODEL: (WEIGHTS, CONFIG),
           Kind.PREPARED: ("src.ids.npy", "tgt.ids.npy"),
           Kind.EXPORTED: (ENCODER_PROGRAM, STEP_PROGRAM)}
 _FILES = {Kind.MODEL: frozenset({WEIGHTS, CONFIG, CARD, SRC_VOCAB_FILE, TGT_VOCAB_FILE,
-                                 TOKENIZER_FILE, TOKENIZER_MODEL}),
+                                 TOKENIZER_FILE, FOLDER_SENTENCEPIECE}),
           Kind.PREPARED: frozenset({f"{side}{suffix}" for side in ("src", "tgt")
                                     for suffix in (".ids.npy", ".offsets.npy")}
                                    | {SRC_VOCAB_FILE, TGT_VOCAB_FILE, "lines.npy",
-                                      TOKENIZER_FILE, SENTENCEPIECE_FILE}),
+                                      TOKENIZER_FILE, PREPARED_SENTENCEPIECE}),
           Kind.EXPORTED: frozenset({ENCODER_PROGRAM, STEP_PROGRAM, SRC_VOCAB_FILE,
-                                    TGT_VOCAB_FILE, TOKENIZER_FILE, CARD, TOKENIZER_MODEL,
+                                    TGT_VOCAB_FILE, TOKENIZER_FILE, CARD, FOLDER_SENTENCEPIECE,
                                     DECODE_FILE, ENCODER_ONNX, STEP_ONNX})}
 _DAMAGED = object()                           # `_read_manifest`: a manifest that is not JSON
 

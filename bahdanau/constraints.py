@@ -163,7 +163,7 @@ def _distances(moves: list[tuple[int, ...]], other: list[int], done: list[bool]
     return tuple(dist)
 
 
-def per_sentence(name: str, entries: object, n_sentences: int) -> Sequence[object]:
+def check_per_sentence(name: str, entries: object, n_sentences: int) -> Sequence[object]:
     """`entries`, checked to be a sequence of one entry (a list of phrases) per sentence.
 
     Raises:
@@ -190,7 +190,7 @@ def check_phrases(name: str, entries: object, n_sentences: int, vocab_size: int,
     if entries is None:
         return None
     out = []
-    for i, phrases in enumerate(per_sentence(name, entries, n_sentences)):
+    for i, phrases in enumerate(check_per_sentence(name, entries, n_sentences)):
         if isinstance(phrases, (str, bytes)) or not isinstance(phrases, Sequence):
             raise InputError(f"{name}, {label(i)}: expected a list of phrases, got "
                              f"{describe(phrases)}")

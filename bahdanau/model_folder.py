@@ -79,7 +79,8 @@ def safetensors() -> Any:
 
 
 def json_bytes(data: Any) -> bytes:
-    """`data` as a model folder's JSON files hold it (indented, UTF-8, a final newline)."""
+    """`data` as a model folder's JSON files hold it (indented, UTF-8, a final newline); its
+    ``tokenizer.json`` is `bahdanau.data.tokenizers.tokenizer_files`'s, as in every folder."""
     return (json.dumps(data, indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from bahdanau._checks import describe
-from bahdanau.constraints import compile_constraints, per_sentence
+from bahdanau.constraints import check_per_sentence, compile_constraints
 from bahdanau.data.tokenizers import Tokenizer, sides
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
@@ -41,7 +41,7 @@ def encode_phrases(name: str, entries: object, n_sentences: int, tokenizer: Toke
     if entries is None:
         return None
     out = []
-    for i, phrases in enumerate(per_sentence(name, entries, n_sentences)):
+    for i, phrases in enumerate(check_per_sentence(name, entries, n_sentences)):
         if (isinstance(phrases, (str, bytes)) or not isinstance(phrases, Sequence)
                 or not all(isinstance(p, str) for p in phrases)):
             raise InputError(f"{name}, {label(i)}: expected a list of phrases (str), got "

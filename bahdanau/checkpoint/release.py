@@ -33,10 +33,10 @@ from bahdanau._about import versions
 from bahdanau._checks import check_path
 from bahdanau._folders import (
     CARD,
+    FOLDER_SENTENCEPIECE,
     SRC_VOCAB_FILE,
     TGT_VOCAB_FILE,
     TOKENIZER_FILE,
-    TOKENIZER_MODEL,
 )
 from bahdanau.checkpoint.files import FORMAT_VERSION
 from bahdanau.checkpoint.payload import (
@@ -94,7 +94,7 @@ def release_files(payload: dict[str, Any], card: str) -> tuple[dict[str, Any], d
     config, src_vocab, tgt_vocab = stored_parts(payload)
     files = {SRC_VOCAB_FILE: json_bytes(src_vocab.to_dict()),
              TGT_VOCAB_FILE: json_bytes(tgt_vocab.to_dict()), CARD: card.encode("utf-8"),
-             **tokenizer_files(parse_tokenizer(payload), TOKENIZER_MODEL)}
+             **tokenizer_files(parse_tokenizer(payload), FOLDER_SENTENCEPIECE)}
     return (payload[BUILD] if config is None else config.to_dict()), files
 
 

@@ -26,7 +26,7 @@ from bahdanau._checks import JSON_ERRORS, describe, is_finite_number, is_int
 from bahdanau._files import restore_replaced, sha256_file
 from bahdanau._folders import (
     MANIFEST,
-    SENTENCEPIECE_FILE,
+    PREPARED_SENTENCEPIECE,
     SRC_VOCAB_FILE,
     TGT_VOCAB_FILE,
     TOKENIZER_FILE,
@@ -54,7 +54,7 @@ def format_files(manifest: dict[str, Any]) -> list[str]:
              for name in (f"{side}.ids.npy", f"{side}.offsets.npy", vocab)]
     names += ["lines.npy", TOKENIZER_FILE]
     if manifest["options"]["tokenizer"].get("name") == "sentencepiece":
-        names.append(SENTENCEPIECE_FILE)
+        names.append(PREPARED_SENTENCEPIECE)
     return names
 
 

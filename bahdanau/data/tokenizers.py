@@ -41,10 +41,14 @@ from bahdanau._checks import (
     describe,
 )
 from bahdanau._files import atomic_file
-from bahdanau._folders import SENTENCEPIECE_FILE, TOKENIZER_FILE
+from bahdanau._folders import PREPARED_SENTENCEPIECE, TOKENIZER_FILE
 from bahdanau.data.sentencepiece import SentencePieceTokenizer
 from bahdanau.data.vocab import SPECIALS
 from bahdanau.errors import InputError
+
+# A SentencePiece tokenizer's model beside its JSON in a prepared corpus (`save_tokenizer`);
+# model and exported folders name it `bahdanau.serving.SENTENCEPIECE_FILE`.
+SENTENCEPIECE_FILE = PREPARED_SENTENCEPIECE
 
 
 @runtime_checkable
@@ -373,8 +377,7 @@ def _build(data: Any, read_model: Callable[[Any], SentencePieceTokenizer]) -> To
     return read_model(data["model"])
 
 
-def tokenizer_files(tokenizer: object, model_file: str = SENTENCEPIECE_FILE
-                    ) -> dict[str, bytes]:
+def tokenizer_files(tokenizer: object, model_file: str) -> dict[str, bytes]:
     """The files that store `tokenizer` in a folder, by name, in the order to write them: for
     SentencePiece, the model's bytes as `model_file`, then ``tokenizer.json``
     (`tokenizer_to_payload`'s dict, a SentencePiece model replaced by `model_file`, as
@@ -411,7 +414,7 @@ def save_tokenizer(tokenizer: object, folder: str | os.PathLike[str]) -> Path:
         InputError: a tokenizer of another type, or `folder` is not a path.
     """
     folder = check_path("folder", folder)
-    for name, data in tokenizer_files(tokenizer).items():
+    for name, data in tokenizer_files(tokenizer, SENTENCEPIECE_FILE).items():
         with atomic_file(folder / name) as f:
             f.write(data)
     return folder / TOKENIZER_FILE

@@ -88,9 +88,9 @@ def _finite(value: Any) -> Any:
 
 
 def _scores(report: dict[str, Any]) -> dict[str, Any]:
-    """The headline numbers of a test report, and how its BLEU was computed."""
+    """The headline numbers of a test report, and how its BLEU and chrF were computed."""
     return _finite({k: report.get(k) for k in ("bleu", "chrf", "sentences", "beam_size",
-                                                "updates", "bleu_signature")})
+                                                "updates", "bleu_signature", "chrf_signature")})
 
 
 def card_metadata(checkpoint: Checkpoint, license: str | None) -> dict[str, Any]:

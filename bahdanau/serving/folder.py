@@ -30,13 +30,13 @@ from bahdanau._folders import (
     ENCODER_ONNX,
     ENCODER_PROGRAM,
     EXPORTED_FORMAT,
+    FOLDER_SENTENCEPIECE,
     MANIFEST,
     SRC_VOCAB_FILE,
     STEP_ONNX,
     STEP_PROGRAM,
     TGT_VOCAB_FILE,
     TOKENIZER_FILE,
-    TOKENIZER_MODEL,
     Kind,
     check_folder_to_write,
 )
@@ -69,7 +69,9 @@ __all__ = ["DECODE_FILE", "FILES", "ONNX_FILES", "SENTENCEPIECE_FILE", "Exported
 FILES = {"encoder": ENCODER_PROGRAM, "step": STEP_PROGRAM, "manifest": MANIFEST,
          "src_vocab": SRC_VOCAB_FILE, "tgt_vocab": TGT_VOCAB_FILE,
          "tokenizer": TOKENIZER_FILE, "readme": CARD}
-SENTENCEPIECE_FILE = TOKENIZER_MODEL     # a SentencePiece tokenizer's model, beside its JSON
+# A SentencePiece tokenizer's model beside its JSON, as in a model folder (a prepared corpus
+# names it `bahdanau.data.tokenizers.SENTENCEPIECE_FILE`).
+SENTENCEPIECE_FILE = FOLDER_SENTENCEPIECE
 # The decoding loops in plain torch (`bahdanau.serving.decode`, copied as `DECODE_FILE`), for
 # the user: sealed, never read by `load_exported`, as the ONNX programs
 # (``export_folder(onnx=True)``).

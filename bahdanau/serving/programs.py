@@ -6,7 +6,6 @@ programs as a folder.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -115,8 +114,17 @@ class _StepProgram(nn.Module):
 def interface(model: RNNSearch) -> dict[str, Any]:
     """The sizes and special ids the programs of `model` take and give, as the model says them
     (`bahdanau.config.model_vocabs`: its config's, or for a model assembled from parts, its
-    `vocab_sizes` and the default ids): what a manifest records of them before tracing."""
-    return dataclasses.asdict(model_vocabs(model))
+    `vocab_sizes` and the default ids): what a manifest records of them before tracing.
+
+    Raises:
+        InputError: a model that says no vocabulary sizes.
+    """
+    vocabs = model_vocabs(model)
+    if vocabs.sizes is None:
+        raise InputError(f"a {type(model).__name__} with neither a ModelConfig nor vocab_sizes "
+                         "says no vocabulary sizes, which an exported folder records")
+    return {"src_vocab_size": vocabs.src_vocab_size, "tgt_vocab_size": vocabs.tgt_vocab_size,
+            **{name: getattr(vocabs, name) for name in SPECIAL_IDS}}
 
 
 def _example(model: RNNSearch, lengths: list[int]) -> tuple[Tensor, Tensor]:

@@ -25,6 +25,7 @@ from bahdanau.captured_step import (
     replay_eagerly,
     signature,
 )
+from bahdanau.config import model_vocabs
 from bahdanau.errors import InputError
 from bahdanau.search import step_call
 
@@ -116,7 +117,7 @@ def eager_captured_search(search: BeamSearch, net, src, lengths, captured=None):
 
     captured = captured or CapturedStep(step, record=replay_eagerly)
     with torch.inference_mode():
-        padded = pad_to_bucket(src, search._ids(net)[2])
+        padded = pad_to_bucket(src, model_vocabs(net).pad_id)
         found = search._search(net, padded, lengths, captured, fixed_rows=True)
     return found, captured, shapes
 

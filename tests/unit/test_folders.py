@@ -92,11 +92,25 @@ def test_the_kinds_files_are_their_writers_names() -> None:
     from bahdanau.serving.folder import DECODE_FILE, FILES, ONNX_FILES, SENTENCEPIECE_FILE
 
     assert ({model_folder.WEIGHTS, model_folder.CONFIG, *release.TRANSLATOR_FILES, release.CARD,
-             release.TOKENIZER_MODEL} == _FILES[Kind.MODEL])
+             release.FOLDER_SENTENCEPIECE} == _FILES[Kind.MODEL])
     spm = {"options": {"tokenizer": {"name": "sentencepiece"}}}
     assert set(format_files(spm)) == _FILES[Kind.PREPARED]
     assert ({*FILES.values(), SENTENCEPIECE_FILE, DECODE_FILE, *ONNX_FILES.values()}
             - {"manifest.json"}) == _FILES[Kind.EXPORTED]
+
+
+def test_the_folders_file_names_are_those_folders_already_written_hold() -> None:
+    """File names are a format: folders written by earlier versions hold these, so a name
+    changed in `_folders` would leave them unreadable (or others' files taken for ours)."""
+    vocabs = {"src_vocab.json", "tgt_vocab.json", "tokenizer.json"}
+    assert _FILES[Kind.MODEL] == vocabs | {"README.md", "config.json", "model.safetensors",
+                                            "tokenizer.model"}
+    assert _FILES[Kind.PREPARED] == vocabs | {"lines.npy", "sentencepiece.model", "src.ids.npy",
+                                               "src.offsets.npy", "tgt.ids.npy",
+                                               "tgt.offsets.npy"}
+    assert _FILES[Kind.EXPORTED] == vocabs | {"README.md", "decode.py", "encoder.onnx",
+                                               "encoder.pt2", "step.onnx", "step.pt2",
+                                               "tokenizer.model"}
 
 
 def test_a_writer_replaces_its_kind_only_holding_nothing_else(tmp_path) -> None:

@@ -421,7 +421,7 @@ def test_the_card_has_test_scores_only_of_the_final_weights(run, tmp_path) -> No
 
     bleu_signature = "nrefs:1|case:lc|eff:no|tok:none|smooth:exp|version:2.6.0"
     metrics = {"bleu": 12.5, "chrf": 40.0, "sentences": 6, "beam_size": 1, "updates": 4,
-               "bleu_signature": bleu_signature}
+               "bleu_signature": bleu_signature, "chrf_signature": None}
     (run / "metrics.json").write_text(json.dumps(metrics))
     try:
         last, earlier = (read_checkpoint(run / "checkpoints" / f"step_0000000{s}.pt")
@@ -459,7 +459,7 @@ def test_the_card_of_an_average_says_what_its_run_measured(run, tmp_path, capsys
     its YAML metadata and its text, with the licence given to --license."""
     bleu_signature = "nrefs:1|case:lc|eff:no|tok:none|smooth:exp|version:2.6.0"
     metrics = {"bleu": 12.5, "chrf": 40.0, "sentences": 6, "beam_size": 1, "updates": 4,
-               "bleu_signature": bleu_signature}
+               "bleu_signature": bleu_signature, "chrf_signature": None}
     (run / "metrics.json").write_text(json.dumps(metrics))
     average = tmp_path / "average.pt"
     try:
@@ -502,7 +502,7 @@ def test_the_card_of_a_final_checkpoint_holds_its_own_scores(run, tmp_path) -> N
     scores: those of the run's final weights, for its last checkpoint."""
     bleu_signature = "nrefs:1|case:lc|eff:no|tok:none|smooth:exp|version:2.6.0"
     metrics = {"bleu": 12.5, "chrf": 40.0, "sentences": 6, "beam_size": 1, "updates": 4,
-               "bleu_signature": bleu_signature}
+               "bleu_signature": bleu_signature, "chrf_signature": None}
     (run / "metrics.json").write_text(json.dumps(metrics))
     try:
         assert main(["release", "--checkpoint", str(run), "--out", str(tmp_path / "m"),

@@ -280,8 +280,10 @@ def test_tokenizer_files_are_the_model_first_then_the_json_naming_it(sp) -> None
     assert files["tokenizer.model"] == sp.model_proto
     assert files["tokenizer.json"] == (b'{\n  "name": "sentencepiece",\n'
                                        b'  "model": "tokenizer.model"\n}\n')
-    assert list(tokenizer_files(sp)) == ["sentencepiece.model", "tokenizer.json"]
-    assert tokenizer_files(DefaultTokenizer(lowercase=True, joiners="prefix")) == {
+    assert list(tokenizer_files(sp, SENTENCEPIECE_FILE)) == ["sentencepiece.model",
+                                                             "tokenizer.json"]
+    default = DefaultTokenizer(lowercase=True, joiners="prefix")
+    assert tokenizer_files(default, SENTENCEPIECE_FILE) == {
         "tokenizer.json": b'{\n  "name": "default",\n  "lowercase": true,\n'
                           b'  "joiners": "prefix"\n}\n'}
 
