@@ -54,6 +54,7 @@ import torch
 from bahdanau import (
     BeamSearch,
     CharTokenizer,
+    ModelConfig,
     TokenizerPair,
     TrainConfig,
     Vocab,
@@ -68,11 +69,15 @@ from bahdanau.checkpoint import find_checkpoint
 from bahdanau.error_rates import error_rates, group_references, read_reference_tsv
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import existing
+from bahdanau.settings import declared
 from bahdanau.training import train
 
 BEAM_SIZE = 5            # evaluate's beam
 MAX_PHONEMES = 40        # the longest output searched for (CMUdict's longest word has 20-odd)
 DECAY_PATIENCE = 2       # evaluations without a better dev WER before the learning rate halves
+# The model's dropouts (`bahdanau.ModelConfig` declares and describes each), with the recipe's
+# defaults; each is the option of its name.
+DROPOUTS = {"dropout": 0.2, "dropout_rnn_inputs": 0.0, "dropout_deep_output": 0.0}
 
 
 def strip_stress(phones: str) -> str:
@@ -109,8 +114,7 @@ def _train(args: argparse.Namespace) -> dict[str, object]:
     examples = encode_pairs(list(zip(words, phones, strict=True)), src_vocab, tgt_vocab,
                             tokenizer)
     config = replace(presets.g2p(len(src_vocab), len(tgt_vocab)), init="glorot",
-                     dropout=args.dropout, dropout_rnn_inputs=args.dropout_rnn_inputs,
-                     dropout_deep_output=args.dropout_deep_output)
+                     **{name: getattr(args, name) for name in DROPOUTS})
     cfg = TrainConfig(optimizer="adam", schedule="plateau", decay_patience=DECAY_PATIENCE,
                       batch_size=args.batch_size, eval_every=args.eval_every,
                       save_every=args.eval_every, early_stopping_metric="wer",
@@ -172,12 +176,11 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-every", type=int, default=2000,
                    help="updates between dev evaluations and checkpoints")
     t.add_argument("--batch-size", type=int, default=64, help="words a batch")
-    t.add_argument("--dropout", type=float, default=0.2,
-                   help="dropout on the embeddings and the maxout output (default 0.2)")
-    t.add_argument("--dropout-rnn-inputs", type=float, default=0.0,
-                   help="dropout on every GRU input (default 0)")
-    t.add_argument("--dropout-deep-output", type=float, default=0.0,
-                   help="dropout on the deep output, before the maxout (default 0)")
+    for field, _, spec in declared(ModelConfig):
+        if field.name in DROPOUTS:
+            t.add_argument("--" + field.name.replace("_", "-"), type=float,
+                           default=DROPOUTS[field.name],
+                           help=f"{spec.help} (default {DROPOUTS[field.name]:g})")
     t.add_argument("--limit", type=int, default=None, help="train on the first N words only")
     t.add_argument("--dev-limit", type=int, default=None, help="score the first N dev words")
     t.add_argument("--seed", type=int, default=1234)
