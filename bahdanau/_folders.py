@@ -24,8 +24,8 @@ digest). ``train`` alone writes beside other files (its own names,
 `bahdanau.jobs.run_folder.RUN_FILES`, and ``--overwrite`` removes only those).
 
 The names of the files that writers of several folder kinds share (`CONFIG`, `WEIGHTS`,
-`TOKENIZER_FILE`, ...) are declared here, once, and those writers and readers import them; a
-prepared corpus's own arrays are named by `bahdanau.data.manifest`.
+`TOKENIZER_FILE`, ...) are declared here, once, and those writers and readers import them, as
+are a prepared corpus's own arrays (`ids_file`, `offsets_file`, `LINES_FILE`).
 """
 
 from __future__ import annotations
@@ -50,10 +50,22 @@ PREPARED_SENTENCEPIECE = "sentencepiece.model"    # in a prepared corpus
 ENCODER_PROGRAM, STEP_PROGRAM = "encoder.pt2", "step.pt2"     # an exported folder's programs
 ENCODER_ONNX, STEP_ONNX = "encoder.onnx", "step.onnx"         # and the same as ONNX
 DECODE_FILE = "decode.py"                     # its decoding loops (`bahdanau.serving.decode`)
+LINES_FILE = "lines.npy"                      # a prepared corpus: each kept pair's input line
 RELEASE_FORMAT = "bahdanau-model"             # a model folder (`bahdanau release`)
 PREPARED_FORMAT = "bahdanau prepared corpus"  # a prepared corpus (`bahdanau prepare`)
 EXPORTED_FORMAT = "bahdanau exported model"   # an exported folder (`bahdanau export`)
 _MANIFEST_BYTES = 1 << 20                     # a manifest.json larger than this is none of ours
+SIDES = ("src", "tgt")                        # a prepared corpus's two sides, in this order
+
+
+def ids_file(side: str) -> str:
+    """A prepared corpus's ids of one side ("src" or "tgt"), its sentences end to end."""
+    return f"{side}.ids.npy"
+
+
+def offsets_file(side: str) -> str:
+    """A prepared corpus's sentence offsets into `ids_file` of the same side."""
+    return f"{side}.offsets.npy"
 
 
 class Kind(Enum):
@@ -83,13 +95,13 @@ _FORMATS = {RELEASE_FORMAT: Kind.MODEL, PREPARED_FORMAT: Kind.PREPARED,
 # and every name its writer (`write_release`, `prepare_corpus`, `export_folder`) may write
 # beside the manifest (tests/unit/test_folders.py holds them to the writers' names).
 _SIGNS = {Kind.MODEL: (WEIGHTS, CONFIG),
-          Kind.PREPARED: ("src.ids.npy", "tgt.ids.npy"),
+          Kind.PREPARED: tuple(ids_file(side) for side in SIDES),
           Kind.EXPORTED: (ENCODER_PROGRAM, STEP_PROGRAM)}
 _FILES = {Kind.MODEL: frozenset({WEIGHTS, CONFIG, CARD, SRC_VOCAB_FILE, TGT_VOCAB_FILE,
                                  TOKENIZER_FILE, FOLDER_SENTENCEPIECE}),
-          Kind.PREPARED: frozenset({f"{side}{suffix}" for side in ("src", "tgt")
-                                    for suffix in (".ids.npy", ".offsets.npy")}
-                                   | {SRC_VOCAB_FILE, TGT_VOCAB_FILE, "lines.npy",
+          Kind.PREPARED: frozenset({name(side) for side in SIDES
+                                    for name in (ids_file, offsets_file)}
+                                   | {SRC_VOCAB_FILE, TGT_VOCAB_FILE, LINES_FILE,
                                       TOKENIZER_FILE, PREPARED_SENTENCEPIECE}),
           Kind.EXPORTED: frozenset({ENCODER_PROGRAM, STEP_PROGRAM, SRC_VOCAB_FILE,
                                     TGT_VOCAB_FILE, TOKENIZER_FILE, CARD, FOLDER_SENTENCEPIECE,

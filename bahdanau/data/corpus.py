@@ -58,7 +58,15 @@ from bahdanau._files import (
     sha256_file,
     write_failure,
 )
-from bahdanau._folders import SRC_VOCAB_FILE, TGT_VOCAB_FILE, Kind, check_folder_to_write
+from bahdanau._folders import (
+    LINES_FILE,
+    SRC_VOCAB_FILE,
+    TGT_VOCAB_FILE,
+    Kind,
+    check_folder_to_write,
+    ids_file,
+    offsets_file,
+)
 from bahdanau._progress import progress_bar
 from bahdanau.data.batching import refuse_specials, special_token
 from bahdanau.data.manifest import (
@@ -185,25 +193,26 @@ class _Side:
         return dict(zip(self.words, self.counts.tolist(), strict=True))
 
     def write(self, folder: Path, side: str, vocab: Vocab) -> int:
-        """Write `{side}.ids.npy` (the spooled ids through `vocab`) and `{side}.offsets.npy`;
-        returns the number of tokens."""
+        """Write the side's ids (the spooled ids through `vocab`, `ids_file`) and sentence
+        offsets (`offsets_file`); returns the number of tokens."""
         self.close()
         lengths = np.concatenate(self.lengths) if self.lengths else np.zeros(0, np.int64)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
-        _save(folder / f"{side}.offsets.npy", offsets)
+        _save(folder / offsets_file(side), offsets)
         lookup = np.fromiter((vocab.token_to_id(w) for w in self.words), dtype=np.uint32,
                              count=len(self.words))
         spooled: np.ndarray | list[int] = (
             np.memmap(self.spool_path, dtype=np.uint32, mode="r") if offsets[-1] else [])
-        with _writing(folder / f"{side}.ids.npy"):
-            ids = np.lib.format.open_memmap(folder / f"{side}.ids.npy", mode="w+",
+        path = folder / ids_file(side)
+        with _writing(path):
+            ids = np.lib.format.open_memmap(path, mode="w+",
                                             dtype=_id_dtype(vocab), shape=(int(offsets[-1]),))
             for start in range(0, len(ids), _COPY_IDS):
                 ids[start:start + _COPY_IDS] = lookup[spooled[start:start + _COPY_IDS]]
             ids.flush()
             del ids, spooled
-            fsync_file(folder / f"{side}.ids.npy")
+            fsync_file(path)
         self.spool_path.unlink()
         return int(offsets[-1])
 
@@ -506,7 +515,7 @@ def _write(folder: Path, src: Path, tgt: Path, tokenizer: Tokenizer, vocab_size:
         bar.close()
         for side in sides:
             side.close()
-    _save(folder / "lines.npy", np.concatenate(kept_lines))
+    _save(folder / LINES_FILE, np.concatenate(kept_lines))
     src_vocab.save(folder / SRC_VOCAB_FILE)
     tgt_vocab.save(folder / TGT_VOCAB_FILE)
     save_tokenizer(tokenizer, folder)

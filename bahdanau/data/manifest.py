@@ -25,11 +25,15 @@ from typing import Any
 from bahdanau._checks import JSON_ERRORS, describe, is_finite_number, is_int
 from bahdanau._files import restore_replaced, sha256_file
 from bahdanau._folders import (
+    LINES_FILE,
     MANIFEST,
     PREPARED_SENTENCEPIECE,
+    SIDES,
     SRC_VOCAB_FILE,
     TGT_VOCAB_FILE,
     TOKENIZER_FILE,
+    ids_file,
+    offsets_file,
 )
 from bahdanau._folders import PREPARED_FORMAT as FORMAT
 from bahdanau._sealed import file_digests, manifest_digest, seal
@@ -41,7 +45,6 @@ __all__ = ["FORMAT", "MANIFEST", "SIDES", "VERSION", "check_shipped", "format_fi
            "read_manifest", "seal", "verify_digest"]
 
 VERSION = 2                   # 2: the folder is sealed by a digest (version 1 had none)
-SIDES = ("src", "tgt")
 COUNTS = ("lines", "pairs", "empty", "too_long", "ratio")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -51,8 +54,8 @@ def format_files(manifest: dict[str, Any]) -> list[str]:
     vocabulary, the kept lines, the tokenizer and, when the manifest's tokenizer is
     SentencePiece, its model. The seal must cover them all."""
     names = [name for side, vocab in zip(SIDES, (SRC_VOCAB_FILE, TGT_VOCAB_FILE), strict=True)
-             for name in (f"{side}.ids.npy", f"{side}.offsets.npy", vocab)]
-    names += ["lines.npy", TOKENIZER_FILE]
+             for name in (ids_file(side), offsets_file(side), vocab)]
+    names += [LINES_FILE, TOKENIZER_FILE]
     if manifest["options"]["tokenizer"].get("name") == "sentencepiece":
         names.append(PREPARED_SENTENCEPIECE)
     return names

@@ -25,7 +25,7 @@ from typing import Any, overload
 import numpy as np
 
 from bahdanau._checks import check_optional_positive_int, check_path, describe
-from bahdanau._folders import SRC_VOCAB_FILE, TGT_VOCAB_FILE
+from bahdanau._folders import LINES_FILE, SRC_VOCAB_FILE, TGT_VOCAB_FILE, ids_file, offsets_file
 from bahdanau.config import BOS_ID, EOS_ID, PAD_ID
 from bahdanau.data.batching import Example
 from bahdanau.data.manifest import MANIFEST, SIDES, check_shipped, read_manifest, verify_digest
@@ -82,13 +82,13 @@ class PreparedCorpus(Sequence[Example]):
             if size != len(vocab):
                 raise InputError(f"{self.folder / vocab_file} holds {len(vocab)} "
                                  f"entries; {MANIFEST} says {size}: the folder is damaged")
-            offsets = self._array(f"{side}.offsets.npy", (pairs + 1,), np.int64)
+            offsets = self._array(offsets_file(side), (pairs + 1,), np.int64)
             if offsets[0] != 0 or offsets[-1] != tokens or (pairs and np.diff(offsets).min() < 1):
-                raise InputError(f"{self.folder / f'{side}.offsets.npy'} is damaged: sentence "
+                raise InputError(f"{self.folder / offsets_file(side)} is damaged: sentence "
                                  f"offsets must start at 0, increase and end at {tokens}")
-            self._ids.append(self._array(f"{side}.ids.npy", (tokens,), None))
+            self._ids.append(self._array(ids_file(side), (tokens,), None))
             self._offsets.append(offsets)
-        self._lines = self._array("lines.npy", (pairs,), np.int64)
+        self._lines = self._array(LINES_FILE, (pairs,), np.int64)
         check_shipped(self.manifest["shipped"], self.manifest["inputs"],
                       f"{self.folder / MANIFEST}: shipped")
         if verify:
@@ -201,9 +201,9 @@ def check_ids(folder: Path, vocab_sizes: Sequence[int]) -> None:
         InputError: naming the file, the id and the sentence.
     """
     for side, size in zip(SIDES, vocab_sizes, strict=True):
-        path = folder / f"{side}.ids.npy"
+        path = folder / ids_file(side)
         _check_ids(path, np.load(path, mmap_mode="r"),
-                   np.load(folder / f"{side}.offsets.npy", mmap_mode="r"), size)
+                   np.load(folder / offsets_file(side), mmap_mode="r"), size)
 
 
 def _check_ids(path: Path, ids: np.ndarray, offsets: np.ndarray, vocab_size: int) -> None:
