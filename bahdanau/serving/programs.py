@@ -6,6 +6,7 @@ programs as a folder.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -123,8 +124,7 @@ def interface(model: RNNSearch) -> dict[str, Any]:
     if vocabs.sizes is None:
         raise InputError(f"a {type(model).__name__} with neither a ModelConfig nor vocab_sizes "
                          "says no vocabulary sizes, which an exported folder records")
-    return {"src_vocab_size": vocabs.src_vocab_size, "tgt_vocab_size": vocabs.tgt_vocab_size,
-            **{name: getattr(vocabs, name) for name in SPECIAL_IDS}}
+    return dataclasses.asdict(vocabs)
 
 
 def _example(model: RNNSearch, lengths: list[int]) -> tuple[Tensor, Tensor]:
