@@ -35,6 +35,8 @@ class TestReport:
     beam_size: int
     decode_seconds: float
     translations: list[Translation]
+    length_penalty: str = "none"      # SearchOptions.length_penalty
+    alpha: float = 0.6                # its exponent, for "gnmt"
 
     @property
     def bleu(self) -> float:
@@ -42,16 +44,26 @@ class TestReport:
         return float(self.scores["bleu"])
 
     def metrics(self) -> dict[str, Any]:
-        """The report as JSON values: the scores, the beam size and the decoding time."""
+        """The report as JSON values: the scores, the search (beam size, length penalty and,
+        for gnmt, its alpha) and the decoding time."""
+        alpha = {"alpha": self.alpha} if self.length_penalty == "gnmt" else {}
         return {**self.scores, "beam_size": self.beam_size,
+                "length_penalty": self.length_penalty, **alpha,
                 "decode_seconds": round(self.decode_seconds, 2)}
+
+    def _search(self) -> str:
+        """The search, as the first line says it: "beam 5", "beam 5, average length penalty"."""
+        if self.length_penalty == "none":
+            return f"beam {self.beam_size}"
+        alpha = f" (alpha {self.alpha})" if self.length_penalty == "gnmt" else ""
+        return f"beam {self.beam_size}, {self.length_penalty} length penalty{alpha}"
 
     def lines(self) -> list[str]:
         """The report as the commands print it."""
         m = self.scores
         no_unk = m["bleu_no_unk"]
         lines = [f"BLEU {m['bleu']:.2f}  chrF {m['chrf']:.2f}  ({m['sentences']} sentences, "
-                 f"beam {self.beam_size}, {self.decode_seconds:.1f} s)",
+                 f"{self._search()}, {self.decode_seconds:.1f} s)",
                  f"  {m['bleu_signature']}",
                  f"BLEU without [UNK]: {'-' if no_unk is None else f'{no_unk:.2f}'} "
                  f"({m['sentences_no_unk']} sentences)",
@@ -90,7 +102,8 @@ def score_translations(model: torch.nn.Module, sources: list[str], references: l
     seconds = time.perf_counter() - start
     scores = score_test_set([t.text for t in out], sources, references, src_vocab, tgt_vocab,
                             tokenizer, bleu=bleu)
-    return TestReport(scores, options.beam_size, seconds, out)
+    return TestReport(scores, options.beam_size, seconds, out, options.length_penalty,
+                      options.alpha)
 
 
 def typical_sentence(sources: list[str], tokenizer: Tokenizer) -> int:

@@ -24,8 +24,9 @@
 # `--max-steps 300 --eval-every 100` for a quick look. Rerunning the same command resumes
 # where it stopped: prepare reuses OUT/data, train resumes OUT/run from its last checkpoint
 # (or leaves a finished run alone), and a step whose output is newer than the run's
-# metrics.json is skipped. EVALUATE_OPTIONS (e.g. "--beam-size 1 --max-len 20") is added to
-# every `bahdanau evaluate` call (the defaults: beam 5, at most 100 tokens); PYTHON is the
+# metrics.json is skipped. Steps 3 and 4 decode with beam 5 and scores normalised by length
+# (--length-penalty average, chosen on val); EVALUATE_OPTIONS (e.g. "--beam-size 1 --max-len
+# 20") is added after those to every `bahdanau evaluate` call, so it overrides them; PYTHON is the
 # interpreter that runs bahdanau (default python3). Needs the sentencepiece, moses and yaml
 # extras: pip install 'bahdanau[sentencepiece,moses,yaml]'.
 set -euo pipefail
@@ -38,7 +39,10 @@ OUT=$1
 shift
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-python3}
-read -r -a EVALUATE <<< "${EVALUATE_OPTIONS:-}"
+# Beam search as chosen on val (docs/multi30k.md#decoding): scores normalised by length.
+DECODING=(--length-penalty average)
+read -r -a EXTRA <<< "${EVALUATE_OPTIONS:-}"
+EVALUATE=("${DECODING[@]}" "${EXTRA[@]}")   # EVALUATE_OPTIONS come last, so they win
 CANDIDATES=(1 3)             # best.pt alone, and the average of the 3 best (the file's keep_best)
 
 bahdanau() { "$PYTHON" -m bahdanau "$@"; }

@@ -111,6 +111,26 @@ def test_translate_evaluate(trained, files, capsys, tmp_path) -> None:
     assert json.loads(scores.read_text())["sentences"] == 20
 
 
+@pytest.mark.parametrize("penalty, said, written", [
+    ([], "beam 2,", {"length_penalty": "none"}),
+    (["--length-penalty", "average"], "beam 2, average length penalty,",
+     {"length_penalty": "average"}),
+    (["--length-penalty", "gnmt", "--alpha", "1.0"], "beam 2, gnmt length penalty (alpha 1.0),",
+     {"length_penalty": "gnmt", "alpha": 1.0})])
+def test_evaluate_says_how_it_searched(trained, files, capsys, tmp_path, penalty, said,
+                                       written) -> None:
+    """A score is read with the search that made it: the first line and the JSON name the
+    length penalty (and gnmt's alpha) beside the beam."""
+    scores = tmp_path / "s.json"
+    assert main(["evaluate", "--checkpoint", str(trained), "--src", str(files / "te.en"),
+                 "--ref", str(files / "te.fr"), "--beam-size", "2", "--max-len", "6",
+                 "--threads", "1", "--json", str(scores), *penalty]) == 0
+    assert f"(20 sentences, {said}" in capsys.readouterr().out
+    report = json.loads(scores.read_text())
+    assert {k: report[k] for k in written} == written and report["beam_size"] == 2
+    assert ("alpha" in report) == ("alpha" in written)
+
+
 def test_evaluate_metric_groups_the_references_of_a_source(trained, files, capsys,
                                                            tmp_path) -> None:
     """--metric wer per accuracy: the lines of one source are one item, right when its

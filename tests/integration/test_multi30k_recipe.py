@@ -102,6 +102,12 @@ def test_the_recipe_runs_resumes_and_writes_a_final_model_scored_both_ways(tmp_p
     assert sacre["bleu_text"]["lowercase"] is False and sacre["bleu_text"]["tokenize"] == "13a"
     assert moses["bleu_text"] == {"lowercase": True, "tokenize": "moses", "moses_lang": "fr"}
     assert sacre["sentences"] == moses["sentences"] == 1000
+    # every beam search of steps 3 and 4 normalises scores by length (the recipe's choice on
+    # val); EVALUATE_OPTIONS, given after it, set the beam and lengths of this quick run
+    chosen_on_val = [json.loads((out / "select" / f"best{k}.val.json").read_text())
+                     for k in (1, 3)]
+    assert {(r["length_penalty"], r["beam_size"]) for r in (sacre, moses, *chosen_on_val)} == {
+        ("average", 1)}
     hyps = (out / "test_2016_flickr.hyp.txt").read_text(encoding="utf-8").splitlines()
     assert len(hyps) == 1000
 
