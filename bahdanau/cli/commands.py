@@ -373,9 +373,9 @@ def evaluate(o: EvaluateOptions) -> int:
         src, ref, flags=("--src", "--ref"),
         needed=("a sentence to translate", "the reference translation of its source line"))
     phrases = phrase_files(o)
+    threads = decoding_threads(o, device)           # the model loads at its first count
     t = load_decoder(o, checkpoints, device)
     check_line_phrases(o, phrases, sources, t, beam_search(o))
-    threads = decoding_threads(o, device)
     with precision:
         report = score_translations(t.model, sources, references, t.src_vocab, t.tgt_vocab,
                                     t.tokenizer, o, device, phrases=phrases,
