@@ -145,13 +145,25 @@ def usable_cores() -> int:
 
 
 def default_threads() -> int:
-    """Torch CPU threads when --threads is not given: the usable cores shared by the processes
-    of this machine (LOCAL_WORLD_SIZE, set by torchrun; 1 without it), at least 1.
+    """Torch CPU threads when --threads is not given: OMP_NUM_THREADS where the user set it,
+    else the usable cores shared by the processes of this machine (LOCAL_WORLD_SIZE, set by
+    torchrun; 1 without it), at least 1 and at most the usable cores.
+
+    OMP_NUM_THREADS counts only where this is the machine's one process (LOCAL_WORLD_SIZE
+    unset or 1): torchrun starting several processes on a machine sets it to 1 for each, unless
+    the user set it, and its 1 cannot be told from the user's, so there the cores are shared.
 
     Raises:
-        InputError: LOCAL_WORLD_SIZE is set but is not a positive integer.
+        InputError: OMP_NUM_THREADS or LOCAL_WORLD_SIZE is set but is not a positive integer.
     """
-    return max(1, usable_cores() // launcher_value("LOCAL_WORLD_SIZE"))
+    cores, local = usable_cores(), launcher_value("LOCAL_WORLD_SIZE")
+    omp = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if omp and (not omp.isdigit() or int(omp) < 1):
+        raise InputError(f"OMP_NUM_THREADS must be a positive integer (torch CPU threads), got "
+                         f"{omp!r}: unset it, or give --threads N")
+    if omp and local == 1:
+        return min(int(omp), cores)
+    return max(1, cores // local)
 
 
 def cpu_threads(given: int | None, name: str = "--threads") -> int:

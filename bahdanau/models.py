@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, ClassVar
 
@@ -348,6 +348,7 @@ class RNNSearch(Part, Pretrained, nn.Module):
                   n_best: int = 1, max_len: int = 100, max_len_ratio: float | None = None,
                   min_len: int = 1, length_penalty: LengthPenalty = "none", alpha: float = 0.6,
                   early_stopping: bool = True, check_every: int = 1, cuda_graphs: bool = False,
+                  observe: Callable[[int, float], None] | None = None,
                   constraints: Sequence[Sequence[Sequence[int]]] | None = None,
                   avoid: Sequence[Sequence[Sequence[int]]] | None = None
                   ) -> list[list[Hypothesis]]:
@@ -356,7 +357,7 @@ class RNNSearch(Part, Pretrained, nn.Module):
         Args:
             src, src_lengths: as for `forward`.
             beam_size, n_best, max_len, max_len_ratio, min_len, length_penalty, alpha,
-                early_stopping, check_every, cuda_graphs: the settings of
+                early_stopping, check_every, cuda_graphs, observe: the settings of
                 `bahdanau.BeamSearch` (a search of its own keeps its CUDA graphs between
                 batches; this one records them for each call).
             constraints, avoid: optional, one list of phrases (lists of target ids) per
@@ -373,7 +374,7 @@ class RNNSearch(Part, Pretrained, nn.Module):
                             max_len_ratio=max_len_ratio, min_len=min_len,
                             length_penalty=length_penalty, alpha=alpha,
                             early_stopping=early_stopping, check_every=check_every,
-                            cuda_graphs=cuda_graphs)
+                            cuda_graphs=cuda_graphs, observe=observe)
         return search(self, src, src_lengths, constraints=constraints,  # checked by `encode`
                       avoid=avoid)
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, cast
@@ -222,6 +223,10 @@ class BeamSearch:
             `bahdanau.data.batching.SHAPE_MULTIPLE` and the batch keeps power-of-two groups of
             sentences, so the shapes repeat; CUDA only. The search keeps its graphs, and so the
             models it decoded with, between calls (`captured`): reuse one search per model.
+        observe: called after each run of `check_every` steps with the target tokens they
+            made (beam rows times steps) and the seconds they took (the encoder not counted):
+            `bahdanau.training.threads.AdaptiveThreads.observe` sets torch's CPU threads from
+            them. It changes no hypothesis.
 
     The special ids (bos, eos, pad) are `model.config`'s, which training, loading and
     `translate_corpus` check against the vocabularies; a model built without a config uses the
@@ -239,6 +244,8 @@ class BeamSearch:
     early_stopping: bool = True
     check_every: int = 1
     cuda_graphs: bool = False
+    observe: Callable[[int, float], None] | None = field(default=None, compare=False,
+                                                         repr=False)
 
     def __post_init__(self) -> None:
         for name in ("beam_size", "n_best", "max_len", "min_len", "check_every"):
@@ -260,6 +267,9 @@ class BeamSearch:
                 raise InputError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.check_every < 1:
             raise InputError(f"check_every must be an int >= 1, got {self.check_every}")
+        if self.observe is not None and not callable(self.observe):
+            raise InputError(f"observe must be a function of (tokens, seconds) or None, got "
+                             f"{self.observe!r:.60}")
         if self.max_len > 2**31 - 1:
             raise InputError(f"max_len must be <= 2**31 - 1, got {self.max_len}")
         if self.max_len < max(self.min_len, 1):
@@ -426,8 +436,13 @@ class BeamSearch:
         beams = _Beams.start(self, model, src, src_lengths, step, lexical)
         end = int(beams.caps.max()) + 1                 # step `cap` may only end with eos
         for first in range(0, end, self.check_every):
-            beams.advance(range(first, min(first + self.check_every, end)))
-            if not beams.check(fixed_rows):
+            started, rows = time.perf_counter(), beams.tokens.shape[0]
+            steps = range(first, min(first + self.check_every, end))
+            beams.advance(steps)
+            going = beams.check(fixed_rows)
+            if self.observe is not None:
+                self.observe(rows * len(steps), time.perf_counter() - started)
+            if not going:
                 break
         refuse_nan_scores(beams.nan)
         return self._collect(src.shape[0], src_lengths, beams.history, beams.finished)

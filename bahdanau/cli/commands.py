@@ -67,6 +67,7 @@ from bahdanau.jobs.resolve import (
     beam_search,
     check_line_phrases,
     checkpoint_paths,
+    decoding_threads,
     load_decoder,
     machine,
     phrase_files,
@@ -142,7 +143,7 @@ def translate(o: TranslateOptions) -> int:
     o = stdout_as_dash(o, "alignments")
     device = machine(o)
     precision = autocast(o.amp, device)
-    search = beam_search(o, o.n_best)
+    search = beam_search(o, o.n_best, decoding_threads(o, device))
     path = existing(o.input, "--input")
     checkpoints = checkpoint_paths(o)
     if o.alignments == STDOUT:
@@ -372,12 +373,13 @@ def evaluate(o: EvaluateOptions) -> int:
         src, ref, flags=("--src", "--ref"),
         needed=("a sentence to translate", "the reference translation of its source line"))
     phrases = phrase_files(o)
+    threads = decoding_threads(o, device)           # the model loads at its first count
     t = load_decoder(o, checkpoints, device)
     check_line_phrases(o, phrases, sources, t, beam_search(o))
     with precision:
         report = score_translations(t.model, sources, references, t.src_vocab, t.tgt_vocab,
                                     t.tokenizer, o, device, phrases=phrases,
-                                    bleu=o.bleu)
+                                    bleu=o.bleu, threads=threads)
     lines, metrics = report.lines(), report.metrics()
     if o.metric:
         rates = _error_rates(sources, references, report.translations, t.tokenizer)
@@ -417,7 +419,7 @@ def plot(o: PlotOptions) -> int:
                          "alignment.png or .pdf)")
     device = machine(o)
     precision = autocast(o.amp, device)
-    search = beam_search(o)
+    search = beam_search(o, threads=decoding_threads(o, device))
     path = existing(o.input, "--input")
     checkpoints = checkpoint_paths(o)
     check_outputs({"--output": o.output}, {"--input": path, **checkpoints})

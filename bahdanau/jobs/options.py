@@ -192,8 +192,10 @@ _DEVICE_HELP = "auto (cuda when available, else cpu), cpu, cuda or cuda:N"
 # What --checkpoint takes, for every command that reads a model (`find_checkpoint`).
 _CHECKPOINT_HELP = ("a checkpoint file, a model folder (bahdanau release), or a training output "
                     "folder (its best, else latest checkpoint)")
-_THREADS_HELP = ("torch CPU threads, at most the usable cores (default: the usable cores "
-                 "divided by LOCAL_WORLD_SIZE, the processes on this machine)")
+_THREADS_HELP = ("torch CPU threads, at most the usable cores; fixes the count (default: "
+                 "OMP_NUM_THREADS, else the usable cores divided by LOCAL_WORLD_SIZE, the "
+                 "processes on this machine; on a CPU a lone process then keeps as many as "
+                 "measure fastest beside the machine's other work)")
 # --amp of every command that decodes or scores (`bahdanau.jobs.resolve.autocast`); train's is
 # `TrainConfig.amp`
 _AMP_HELP = ("mixed precision: run the model under torch.autocast in bf16 or fp16 on --device "

@@ -21,6 +21,7 @@ from bahdanau.evaluate import Translation, score_test_set, translate_corpus
 from bahdanau.jobs.options import SearchOptions
 from bahdanau.jobs.resolve import beam_search
 from bahdanau.plot import PlotDependencyError
+from bahdanau.training.threads import AdaptiveThreads
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,8 @@ def score_translations(model: torch.nn.Module, sources: list[str], references: l
                        src_vocab: Vocab, tgt_vocab: Vocab, tokenizer: Tokenizer,
                        options: SearchOptions, device: torch.device,
                        phrases: tuple[Any, Any] = (None, None),
-                       bleu: BleuText | None = None) -> TestReport:
+                       bleu: BleuText | None = None,
+                       threads: AdaptiveThreads | None = None) -> TestReport:
     """Translate `sources` with the search of `options` and score them against `references`.
 
     Args:
@@ -93,11 +95,14 @@ def score_translations(model: torch.nn.Module, sources: list[str], references: l
             (`translate_corpus`'s `constraints` and `avoid`).
         bleu: how BLEU reads the text (default: sacrebleu's 13a, cased unless the tokenizer
             lowercases).
+        threads: the decoding command's `AdaptiveThreads`, which the search's steps feed
+            (`bahdanau.jobs.resolve.beam_search`); None: the threads stay as they are.
     """
     start = time.perf_counter()
     out = translate_corpus(model, sources, src_vocab, tgt_vocab, tokenizer,
-                           search=beam_search(options), batch_size=options.batch_size,
-                           unk_replace=options.unk_replace, device=device,
+                           search=beam_search(options, threads=threads),
+                           batch_size=options.batch_size, unk_replace=options.unk_replace,
+                           device=device,
                            constraints=phrases[0], avoid=phrases[1])
     seconds = time.perf_counter() - start
     scores = score_test_set([t.text for t in out], sources, references, src_vocab, tgt_vocab,

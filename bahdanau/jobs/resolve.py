@@ -1,11 +1,13 @@
 """Options resolved once, before any work: the device and threads, the precision, the search, the
 checkpoints.
 
-`machine` checks --device and sets --threads; `autocast` turns --amp into the `torch.autocast`
-the model runs under; `beam_search` builds the `BeamSearch` of the search options;
-`checkpoint_paths` finds the --checkpoint files and `load_decoder` loads their model (the
-ensemble of several), vocabularies and tokenizer; `phrase_files` reads --constraints and
---avoid, and `check_line_phrases` checks them against the input's lines and the model.
+`machine` checks --device and sets --threads, and `thread_tuner` (`decoding_threads` for the
+decoding commands) follows the machine's load when --threads is not given; `autocast` turns
+--amp into the `torch.autocast` the model runs under; `beam_search` builds the `BeamSearch` of
+the search options; `checkpoint_paths` finds the --checkpoint files and `load_decoder` loads
+their model (the ensemble of several), vocabularies and tokenizer; `phrase_files` reads
+--constraints and --avoid, and `check_line_phrases` checks them against the input's lines and
+the model.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ _LOG = logging.getLogger(__name__)
 
 def machine(o: TrainOptions | DecodeOptions | ScoreOptions) -> torch.device:
     """Check --device (auto: cuda when available, else cpu), and --cuda-graphs and --int8 with
-    it, and set --threads (default: the usable cores divided by LOCAL_WORLD_SIZE; more than the
-    usable cores is refused: `bahdanau._checks.cpu_threads`); returns the device. Under
+    it, and set --threads (default: OMP_NUM_THREADS, else the usable cores divided by
+    LOCAL_WORLD_SIZE: `bahdanau._checks.default_threads`; more than the usable cores is
+    refused: `bahdanau._checks.cpu_threads`); returns the device. Under
     torchrun, cuda is each process's own GPU, cuda:LOCAL_RANK."""
     device = resolve_device(default_device() if o.device == "auto" else o.device, "--device")
     if launcher_value("WORLD_SIZE") > 1 and device.type == "cuda":
@@ -101,40 +104,58 @@ def autocast(amp: str, device: torch.device
     return context
 
 
-def thread_tuner(o: TrainOptions, device: torch.device) -> AdaptiveThreads | None:
-    """The `AdaptiveThreads` of a training run on the CPU whose --threads is not given, which
-    starts at the default count and follows the machine's load; None with --threads, on a GPU,
+def thread_tuner(o: TrainOptions | DecodeOptions, device: torch.device
+                 ) -> AdaptiveThreads | None:
+    """The `AdaptiveThreads` of a run on the CPU whose --threads is not given, which follows
+    the machine's load up to the default count: a training run's observes its updates and
+    starts at that count, a decoding command's (`AdaptiveThreads.for_decoding`) observes its
+    search steps (`beam_search`) and starts at one thread. None with --threads, on a GPU,
     under torchrun (its processes share the cores, LOCAL_WORLD_SIZE each) or on one core."""
     most = torch.get_num_threads()
     if (o.threads is not None or device.type != "cpu" or launcher_value("WORLD_SIZE") > 1
             or most == 1):
         return None
-    return AdaptiveThreads(most)
+    if isinstance(o, TrainOptions):
+        return AdaptiveThreads(most)
+    return AdaptiveThreads.for_decoding(most, log=_LOG.debug)
+
+
+def decoding_threads(o: DecodeOptions, device: torch.device) -> AdaptiveThreads | None:
+    """A decoding command's `thread_tuner`, its choice logged (with --verbose) as the
+    `machine_line`; its changes are logged there too."""
+    tuner = thread_tuner(o, device)
+    _LOG.debug(machine_line(device, tuner, o.amp))
+    return tuner
 
 
 def machine_line(device: torch.device, tuner: AdaptiveThreads | None, amp: str) -> str:
-    """The first line of a training log: the device, the CPU threads and how they were chosen,
-    and the precision --amp `amp` runs in there and why
-    (`bahdanau.training.precision.precision_line`)."""
+    """The first line of a training log (and of a decoding command's, with --verbose): the
+    device, the CPU threads and how they were chosen, and the precision --amp `amp` runs in
+    there and why (`bahdanau.training.precision.precision_line`)."""
     precision = precision_line(amp, device)
     if device.type != "cpu":
         return f"machine: {device} ({torch.cuda.get_device_name(device)}); {precision}"
     if tuner is None:
         n = torch.get_num_threads()
         return f"machine: cpu, {n} thread{'s' if n != 1 else ''}; {precision}"
-    return (f"machine: cpu, {tuner.most} threads at first, then as many as measure fastest "
-            f"beside the machine's other work (--threads N fixes the count); {precision}")
+    most = f" (up to {tuner.most})" if tuner.start < tuner.most else ""
+    return (f"machine: cpu, {tuner.start} thread{'s' if tuner.start != 1 else ''} at first, "
+            f"then as many as measure fastest{most} beside the machine's other work "
+            f"(--threads N fixes the count); {precision}")
 
 
-def beam_search(o: SearchOptions, n_best: int = 1) -> BeamSearch:
+def beam_search(o: SearchOptions, n_best: int = 1,
+                threads: AdaptiveThreads | None = None) -> BeamSearch:
     """The `BeamSearch` of the search options, keeping `n_best` hypotheses per sentence; with
     --cuda-graphs (a decoding command's, or a training run's for its dev and test decoding) its
-    steps replay as CUDA graphs, the host looking at the batch every `CAPTURED_CHECK_EVERY`."""
+    steps replay as CUDA graphs, the host looking at the batch every `CAPTURED_CHECK_EVERY`;
+    with `threads` (`decoding_threads`), its steps set torch's CPU threads as they go."""
     graphs = (o.training.cuda_graphs if isinstance(o, TrainOptions)
               else isinstance(o, DecodeOptions) and o.cuda_graphs)
     return captured(BeamSearch(beam_size=o.beam_size, n_best=n_best, max_len=o.max_len,
                                max_len_ratio=o.max_len_ratio, min_len=o.min_len,
-                               length_penalty=o.length_penalty, alpha=o.alpha), graphs)
+                               length_penalty=o.length_penalty, alpha=o.alpha,
+                               observe=None if threads is None else threads.observe), graphs)
 
 
 def captured(search: BeamSearch, graphs: bool) -> BeamSearch:

@@ -13,7 +13,7 @@ import logging
 import signal
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -293,7 +293,8 @@ def _test_report(o: TrainOptions, data: _Data, run: TrainRun, device: torch.devi
         run.ema.copy_to(run.model)
     run.model.eval()
     sources, references = [s for s, _ in data.test], [t for _, t in data.test]
-    with autocast(o.training.amp, device):                # the run's --amp, as its updates
+    with (autocast(o.training.amp, device),               # the run's --amp, as its updates
+          run.threads.chosen() if run.threads is not None else nullcontext()):  # its threads
         report = score_translations(run.model, sources, references, data.src_vocab,
                                     data.tgt_vocab, data.tokenizer, o, device, bleu=o.test_bleu)
     write_text(out / "test.hyp.txt", "".join(t.text + "\n" for t in report.translations))

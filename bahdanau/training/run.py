@@ -463,9 +463,10 @@ def validate_run(run: TrainRun, validate: Validate) -> tuple[float, bool]:
     rank 0 only, in eval mode (the model is back in train mode afterwards), and the metric is
     broadcast to every rank. With `run.ema`, the model holds the averaged weights while
     `validate` runs (`WeightEMA.applied_to`): what is scored is what the checkpoints translate
-    with. An improvement records the metric and step as the best and resets
-    `state.bad_evals`; otherwise `bad_evals` grows by one, and when the schedule decays after
-    that many (`LRSchedule.decays_after`), `state.lr_decays` too.
+    with; with `run.threads`, it runs at the count the updates chose, never at one on trial
+    (`AdaptiveThreads.chosen`). An improvement records the metric and step as the best and
+    resets `state.bad_evals`; otherwise `bad_evals` grows by one, and when the schedule decays
+    after that many (`LRSchedule.decays_after`), `state.lr_decays` too.
 
     Args:
         run: the run.
@@ -482,7 +483,8 @@ def validate_run(run: TrainRun, validate: Validate) -> tuple[float, bool]:
     if run.is_main:
         run.model.eval()
         try:
-            with run.ema.applied_to(run.model) if run.ema is not None else nullcontext():
+            with (run.ema.applied_to(run.model) if run.ema is not None else nullcontext(),
+                  run.threads.chosen() if run.threads is not None else nullcontext()):
                 returned = validate(run.model)
         finally:
             run.model.train()

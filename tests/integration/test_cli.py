@@ -14,7 +14,7 @@ import sys
 import threading
 
 import pytest
-from training_fixtures import write_multi30k_slice
+from training_fixtures import logged, write_multi30k_slice
 
 import bahdanau
 from bahdanau.checkpoint import find_checkpoint, load_checkpoint
@@ -129,6 +129,31 @@ def test_evaluate_says_how_it_searched(trained, files, capsys, tmp_path, penalty
     report = json.loads(scores.read_text())
     assert {k: report[k] for k in written} == written and report["beam_size"] == 2
     assert ("alpha" in report) == ("alpha" in written)
+
+
+def test_evaluate_without_threads_follows_the_machine_and_translates_as_one_thread(
+        trained, files, capsys, tmp_path, monkeypatch) -> None:
+    """Without --threads a decoding command times its search steps at neighbouring thread
+    counts and keeps the faster (`AdaptiveThreads.for_decoding`), and --verbose says so first;
+    the thread count changes no translation."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(2)), raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    outputs = []
+    for threads in (["--threads", "1"], [], ["--threads", "2"]):
+        out = tmp_path / f"out{len(outputs)}.txt"
+        assert main(["evaluate", "--checkpoint", str(trained), "--src", str(files / "te.en"),
+                     "--ref", str(files / "te.fr"), "--beam-size", "3", "--max-len", "8",
+                     "--output", str(out), "--verbose", *threads]) == 0
+        outputs.append(out.read_text(encoding="utf-8"))
+        lines = [line.removeprefix("DEBUG: ") for line in logged(capsys.readouterr().err)
+                 if line.startswith("DEBUG: machine: ")]
+        assert lines == [{0: "machine: cpu, 1 thread; float32 (--amp none)",
+                          1: "machine: cpu, 1 thread at first, then as many as measure fastest "
+                             "(up to 2) beside the machine's other work (--threads N fixes the "
+                             "count); float32 (--amp none)",
+                          2: "machine: cpu, 2 threads; float32 (--amp none)"}[len(outputs) - 1]]
+    assert len(outputs[0].splitlines()) == 20 and outputs[1] == outputs[0] == outputs[2]
 
 
 def test_evaluate_metric_groups_the_references_of_a_source(trained, files, capsys,

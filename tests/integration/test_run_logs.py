@@ -31,7 +31,7 @@ from bahdanau.jobs.options import (
     resume_changes,
     resumed_options,
 )
-from bahdanau.jobs.resolve import machine
+from bahdanau.jobs.resolve import beam_search, machine, thread_tuner
 from bahdanau.training import precision
 
 BASE = ["--preset", "tiny", "--beam-size", "1", "--max-len", "5", "--threads", "1",
@@ -446,6 +446,7 @@ def test_device_defaults_to_cuda_when_available(monkeypatch) -> None:
 def test_threads_default_to_the_cores_per_local_process(monkeypatch) -> None:
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert default_threads() == 8
     for local, threads in (("3", 2), ("8", 1), ("16", 1), ("", 8)):
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
@@ -463,6 +464,41 @@ def test_threads_default_to_the_cores_per_local_process(monkeypatch) -> None:
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+def test_omp_num_threads_is_the_default_of_one_process_and_the_most_it_adapts_to(
+        monkeypatch) -> None:
+    """OMP_NUM_THREADS, where set, is the default count of a machine's one process, at most
+    its cores; under torchrun's several processes a machine's cores are shared as before (its
+    own OMP_NUM_THREADS=1 cannot be told from a user's); a bad value is one line. A run or a
+    decoding command without --threads adapts up to that count."""
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    for omp, threads in (("3", 3), (" 1 ", 1), ("8", 8), ("64", 8), ("", 8)):
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+        assert default_threads() == threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    for local, threads in (("1", 3), ("2", 4), ("8", 1)):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+        assert default_threads() == threads
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    for bad in ("0", "two", "-1", "1.5", "4,2"):
+        monkeypatch.setenv("OMP_NUM_THREADS", bad)
+        assert one_line_error(default_threads) == (
+            f"OMP_NUM_THREADS must be a positive integer (torch CPU threads), got {bad!r}: "
+            "unset it, or give --threads N")
+    cpu = torch.device("cpu")
+    for options in (TrainOptions(device="cpu"), TranslateOptions(checkpoint=("x",),
+                                                                 device="cpu")):
+        monkeypatch.setenv("OMP_NUM_THREADS", "3")
+        machine(options)
+        tuner = thread_tuner(options, cpu)
+        assert tuner is not None and tuner.most == 3
+        assert beam_search(options, threads=tuner).observe == tuner.observe   # fed each step
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        machine(options)
+        assert torch.get_num_threads() == 1 and thread_tuner(options, cpu) is None
 
 
 def test_under_torchrun_each_process_takes_its_own_gpu(monkeypatch) -> None:

@@ -106,6 +106,7 @@ def test_threads_are_at_most_the_usable_cores(monkeypatch) -> None:
     """--threads 100000 crashed every command (torch's pool of as many threads: rc 139)."""
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(4)), raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert usable_cores() == 4
     assert [cpu_threads(n) for n in (None, 1, 4)] == [4, 1, 4]
     for threads in (5, 100000):

@@ -139,6 +139,37 @@ def test_alone_equals_in_batch(cls, check_every) -> None:
             assert all(h.attention is None for h in alone[0])
 
 
+@pytest.mark.parametrize("check_every", [1, 1000])
+def test_observe_hears_each_run_of_steps_and_changes_no_hypothesis(check_every) -> None:
+    """`observe` is told of each run of `check_every` steps: its target tokens (the beam rows
+    of the sentences still searching, times the steps) and seconds. Torch's thread count
+    changed at every call (as `AdaptiveThreads` changes it) leaves every hypothesis as it is."""
+    model = random_model(seed=3)
+    search = BeamSearch(beam_size=3, n_best=2, max_len=8, check_every=check_every)
+    plain = search(model, SRC, LENGTHS)
+    heard: list[tuple[int, float]] = []
+
+    def observe(tokens: int, seconds: float) -> None:
+        heard.append((tokens, seconds))
+        torch.set_num_threads(2 if torch.get_num_threads() == 1 else 1)
+
+    assert_same_hypotheses(replace(search, observe=observe)(model, SRC, LENGTHS), plain,
+                           tol=TOL64)
+    tokens = [t for t, _ in heard]
+    if check_every == 1000:         # one run: steps 0 to 8 (eos at the cap), 3 x 3 rows each
+        assert tokens == [3 * 3 * 9]
+    else:       # a step at a time: the rows of the sentences still searching, which are
+        steps = []  # those that search as many steps alone
+        for b in range(3):
+            alone: list[int] = []
+            replace(search, observe=lambda t, s, alone=alone: alone.append(t))(
+                model, SRC[b:b + 1, :LENGTHS[b]], LENGTHS[b:b + 1])
+            steps.append(len(alone))
+        assert tokens == [3 * sum(n > i for n in steps) for i in range(max(steps))]
+        assert tokens[-1] < tokens[0]                # seed 3: sentences leave the batch
+    assert all(seconds >= 0 for _, seconds in heard)
+
+
 @pytest.mark.parametrize("check_every", CHECKS)
 def test_min_and_max_length_and_ratio(check_every) -> None:
     model = random_model(seed=3)
@@ -219,6 +250,7 @@ def test_replace_unk() -> None:
     (dict(check_every=0), "check_every must be an int >= 1"),
     (dict(check_every=2.0), "check_every must be an int"),
     (dict(cuda_graphs=1), "cuda_graphs must be True or False"),
+    (dict(observe=3), "observe must be a function of"),
 ])
 def test_config_errors(kwargs, match) -> None:
     with pytest.raises(ValueError, match=match):

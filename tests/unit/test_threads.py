@@ -1,5 +1,6 @@
 """`AdaptiveThreads` on a simulated machine: each thread count has a speed that can change
-during the run (another program starts or stops), and the tuner sees only update times."""
+during the run (another program starts or stops), and the tuner sees only update times (a
+training run's updates, or a search's steps with `AdaptiveThreads.for_decoding`)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,14 @@ BUSY = {1: 1250.0, 2: 550.0}          # ... beside one CPU-bound process
 TOKENS = 1000                          # per update
 
 
-def simulate(speeds, updates: int, most: int = 2, noise: float = 0.0, seed: int = 0
-             ) -> tuple[AdaptiveThreads, list[int], float]:
+def simulate(speeds, updates: int, most: int = 2, noise: float = 0.0, seed: int = 0,
+             make=AdaptiveThreads) -> tuple[AdaptiveThreads, list[int], float]:
     """Run `updates` updates; `speeds(update)` gives that update's speed by thread count.
-    Returns the tuner, the thread count of each update and the total time."""
+    Returns the tuner (`make(most, ...)`), the thread count of each update and the total
+    time."""
     counts: list[int] = []
-    current = [most]
-    tuner = AdaptiveThreads(most, set_threads=lambda n: current.__setitem__(0, n),
-                            log=lambda line: None)
+    current = [0]
+    tuner = make(most, set_threads=lambda n: current.__setitem__(0, n), log=lambda line: None)
     rng, total = random.Random(seed), 0.0
     for update in range(updates):
         rate = speeds(update)[current[0]] * (1 + rng.uniform(-noise, noise))
@@ -107,5 +108,77 @@ def test_a_slow_start_does_not_pass_for_a_slower_count() -> None:
                                     {"most": 2, "trial": 16, "hold": 8},
                                     {"most": 2, "hold": 96, "longest_hold": 64}])
 def test_bad_settings_are_refused(kwargs) -> None:
+    with pytest.raises(ValueError):
+        AdaptiveThreads(set_threads=lambda n: None, **kwargs)
+
+
+# A beam-5 step of the Multi30k recipe's model, target tokens (beam rows) per second, on 2 cores:
+# beside two 1-thread training runs a step of 2 threads took 730 ms, one of 1 thread 35 ms
+STEP_BUSY = {1: 4500.0, 2: 220.0}
+STEP_IDLE = {1: 6000.0, 2: 8000.0}       # one thread at about 0.75 of two
+
+
+def test_decoding_starts_at_one_thread_and_takes_two_on_an_idle_machine() -> None:
+    tuner, counts, total = simulate(lambda u: STEP_IDLE, 600, noise=0.1,
+                                    make=AdaptiveThreads.for_decoding)
+    # a warm-up step and a measurement at 1, a trial at 2, a measurement at 1, then 2
+    assert counts[:9] == [1, 1, 1, 2, 2, 1, 1, 2, 2]
+    assert tuner.threads == 2 and counts[7:].count(1) <= 3 * 2      # trials only
+    assert total <= 1.03 * ideal_time(lambda u: STEP_IDLE, 600)
+
+
+def test_decoding_on_a_busy_machine_pays_one_step_for_each_trial_of_more_threads() -> None:
+    """A trial at 2 threads that is twenty times slower ends after its first step, and the
+    trials double their distance: 600 steps cost little more than one thread's."""
+    tuner, counts, total = simulate(lambda u: STEP_BUSY, 600, noise=0.1,
+                                    make=AdaptiveThreads.for_decoding)
+    assert counts[:6] == [1, 1, 1, 2, 1, 1] and counts[6:6 + 128] == [1] * 128
+    assert tuner.threads == 1 and counts.count(2) == tuner.trials <= 3
+    assert total <= 1.2 * ideal_time(lambda u: STEP_BUSY, 600)
+    assert total < 0.1 * 600 * TOKENS / STEP_BUSY[2]          # a tenth of 2 threads' time
+
+
+def test_a_program_starting_mid_decoding_gets_one_thread_within_a_few_steps() -> None:
+    def speeds(step: int) -> dict[int, float]:
+        return STEP_IDLE if step < 300 else STEP_BUSY
+
+    tuner, counts, _ = simulate(speeds, 400, make=AdaptiveThreads.for_decoding)
+    assert counts[290:300] == [2] * 10
+    # the slow measurement at 2 starts a trial at 1, measured again at 2, then a hold at 1
+    assert counts[300:306] == [2, 1, 1, 2, 2, 1] and tuner.threads == 1
+    assert counts[306:306 + 60] == [1] * 60 and counts[306:].count(2) == 1    # a trial
+
+
+def test_a_slower_machine_at_one_thread_starts_no_trial_of_more() -> None:
+    """At one thread a drop in speed means another program took a core: more threads would
+    be slower still, so the hold goes on (with more threads it would start a trial)."""
+    def speeds(step: int) -> dict[int, float]:
+        slower = 1.0 if step < 100 else 0.2         # under a quarter: the `drop` of 2
+        return {n: rate * slower for n, rate in STEP_BUSY.items()}
+
+    tuner, counts, _ = simulate(speeds, 130, make=AdaptiveThreads.for_decoding)
+    assert tuner.trials == 1 and counts[6:] == [1] * 124
+
+
+def test_work_between_updates_runs_at_the_chosen_count_not_on_trial() -> None:
+    current = [0]
+    tuner = AdaptiveThreads(2, trial=1, warm_up=1, hold=4,
+                            set_threads=lambda n: current.__setitem__(0, n),
+                            log=lambda line: None)
+    for _ in range(2):                      # a warm-up, a measurement at 2: on trial at 1
+        tuner.observe(TOKENS, 1.0)
+    assert current[0] == 1 and tuner.threads == 2
+    with tuner.chosen():
+        assert current[0] == 2
+    assert current[0] == 1                  # back on trial
+    tuner.observe(TOKENS, 2.0)              # the trial: slower; measured again at 2
+    assert current[0] == 2
+    with tuner.chosen():
+        assert current[0] == 2
+    assert current[0] == 2
+
+
+@pytest.mark.parametrize("kwargs", [{"most": 2, "start": 3}, {"most": 2, "start": 0}])
+def test_a_start_outside_the_counts_is_refused(kwargs) -> None:
     with pytest.raises(ValueError):
         AdaptiveThreads(set_threads=lambda n: None, **kwargs)
