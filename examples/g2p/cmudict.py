@@ -10,7 +10,8 @@ copies it anywhere: it reads the folder given on its command line.
 phonemes out (`bahdanau.WhitespaceTokenizer`), the two stored together in every checkpoint as a
 `bahdanau.TokenizerPair`. The stress digits are stripped (39 phonemes) unless --keep-stress.
 --dropout, --dropout-rnn-inputs and --dropout-deep-output are the model's three dropouts
-(`bahdanau.ModelConfig`; 0.2, 0 and 0 by default).
+(`bahdanau.ModelConfig`; 0.2, 0 and 0 by default), --label-smoothing the training loss's
+(`bahdanau.TrainConfig`; 0 by default).
 Every pronunciation of a training word is a training pair. Every --eval-every updates the dev
 words are decoded greedily and scored (`bahdanau.error_rates`: a word is right when its output
 equals any of its pronunciations); the checkpoint of the lowest dev WER is RUN/checkpoints/
@@ -75,9 +76,10 @@ from bahdanau.training import train
 BEAM_SIZE = 5            # evaluate's beam
 MAX_PHONEMES = 40        # the longest output searched for (CMUdict's longest word has 20-odd)
 DECAY_PATIENCE = 2       # evaluations without a better dev WER before the learning rate halves
-# The model's dropouts (`bahdanau.ModelConfig` declares and describes each), with the recipe's
-# defaults; each is the option of its name.
+# The regularisers, with the recipe's defaults; each is the option of its name, declared and
+# described by its config: the model's three dropouts, and the training loss's label smoothing.
 DROPOUTS = {"dropout": 0.2, "dropout_rnn_inputs": 0.0, "dropout_deep_output": 0.0}
+LOSS = {"label_smoothing": 0.0}
 
 
 def strip_stress(phones: str) -> str:
@@ -119,7 +121,8 @@ def _train(args: argparse.Namespace) -> dict[str, object]:
                       batch_size=args.batch_size, eval_every=args.eval_every,
                       save_every=args.eval_every, early_stopping_metric="wer",
                       max_time_s=args.minutes * 60 if args.minutes else None,
-                      max_steps=args.max_steps, seed=args.seed)
+                      max_steps=args.max_steps, seed=args.seed,
+                      **{name: getattr(args, name) for name in LOSS})
     search = BeamSearch(beam_size=1, max_len=MAX_PHONEMES)
 
     def validate(model: torch.nn.Module) -> dict[str, float]:
@@ -176,11 +179,12 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-every", type=int, default=2000,
                    help="updates between dev evaluations and checkpoints")
     t.add_argument("--batch-size", type=int, default=64, help="words a batch")
-    for field, _, spec in declared(ModelConfig):
-        if field.name in DROPOUTS:
-            t.add_argument("--" + field.name.replace("_", "-"), type=float,
-                           default=DROPOUTS[field.name],
-                           help=f"{spec.help} (default {DROPOUTS[field.name]:g})")
+    for config, defaults in ((ModelConfig, DROPOUTS), (TrainConfig, LOSS)):
+        for field, _, spec in declared(config):
+            if field.name in defaults:
+                t.add_argument("--" + field.name.replace("_", "-"), type=float,
+                               default=defaults[field.name],
+                               help=f"{spec.help} (default {defaults[field.name]:g})")
     t.add_argument("--limit", type=int, default=None, help="train on the first N words only")
     t.add_argument("--dev-limit", type=int, default=None, help="score the first N dev words")
     t.add_argument("--seed", type=int, default=1234)
