@@ -57,6 +57,7 @@ from bahdanau.captured_step import CapturedStep, pad_to_bucket
 from bahdanau.config import ModelConfig, model_vocabs
 from bahdanau.constraints import LexicalBeams, compile_constraints
 from bahdanau.errors import InputError
+from bahdanau.kernels.grouped_topk import top_k
 
 if TYPE_CHECKING:
     from bahdanau.decoder import StepOutput
@@ -162,7 +163,7 @@ def select_candidates(scores: Tensor, log_probs: Tensor, eos_id: int, *,
     """
     n_live, beams, vocab = log_probs.shape
     width = min(2 * beams, vocab)
-    beam_best, beam_token = log_probs.topk(width, dim=2)                   # (B', K, w)
+    beam_best, beam_token = top_k(log_probs, width)                        # (B', K, w)
     if only_eos is not None:                  # eos first, then -inf: the top of eos alone
         first = torch.arange(width, device=scores.device) == 0                # (w,)
         capped = only_eos[:, None, None]                                      # (B', 1, 1)

@@ -16,6 +16,8 @@
   `bahdanau.RNNSearch.int8_copy`): `int8_linear.quantize`, an `int8_linear.Int8Linear`, twin
   of `torch.nn.functional.linear` of the dequantised input and weight,
   `int8_linear.dequantized_linear` (tests/unit/test_int8_linear.py).
+* Each beam's best next tokens in two stages on a CPU (every beam step's per-beam top 2K):
+  `grouped_topk.top_k`, twin of `torch.topk` (tests/unit/test_grouped_topk.py).
 
 Triton is imported lazily: `import bahdanau` never loads it (`availability` says whether it
 can run, without importing it). `resolve_impl` maps a requested
