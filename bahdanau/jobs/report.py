@@ -33,31 +33,35 @@ class TestReport:
     """
 
     scores: dict[str, Any]
-    beam_size: int
+    search: SearchOptions             # what decoded the translations
     decode_seconds: float
     translations: list[Translation]
-    length_penalty: str = "none"      # SearchOptions.length_penalty
-    alpha: float = 0.6                # its exponent, for "gnmt"
 
     @property
     def bleu(self) -> float:
         """Corpus BLEU (sacrebleu)."""
         return float(self.scores["bleu"])
 
+    def _search_settings(self) -> dict[str, Any]:
+        """The search's settings that change its outputs' scores: the beam size, the length
+        penalty and, for gnmt, its alpha."""
+        s = self.search
+        alpha = {"alpha": s.alpha} if s.length_penalty == "gnmt" else {}
+        return {"beam_size": s.beam_size, "length_penalty": s.length_penalty, **alpha}
+
     def metrics(self) -> dict[str, Any]:
-        """The report as JSON values: the scores, the search (beam size, length penalty and,
-        for gnmt, its alpha) and the decoding time."""
-        alpha = {"alpha": self.alpha} if self.length_penalty == "gnmt" else {}
-        return {**self.scores, "beam_size": self.beam_size,
-                "length_penalty": self.length_penalty, **alpha,
+        """The report as JSON values: the scores, the search's settings and the decoding
+        time."""
+        return {**self.scores, **self._search_settings(),
                 "decode_seconds": round(self.decode_seconds, 2)}
 
     def _search(self) -> str:
-        """The search, as the first line says it: "beam 5", "beam 5, average length penalty"."""
-        if self.length_penalty == "none":
-            return f"beam {self.beam_size}"
-        alpha = f" (alpha {self.alpha})" if self.length_penalty == "gnmt" else ""
-        return f"beam {self.beam_size}, {self.length_penalty} length penalty{alpha}"
+        """The search, as the first line says it: "beam 5", "beam 5, average length penalty",
+        "beam 5, gnmt length penalty (alpha 0.6)"."""
+        s = self._search_settings()
+        penalty = "" if s["length_penalty"] == "none" else f", {s['length_penalty']} length penalty"
+        alpha = f" (alpha {s['alpha']})" if "alpha" in s else ""
+        return f"beam {s['beam_size']}{penalty}{alpha}"
 
     def lines(self) -> list[str]:
         """The report as the commands print it."""
@@ -107,8 +111,7 @@ def score_translations(model: torch.nn.Module, sources: list[str], references: l
     seconds = time.perf_counter() - start
     scores = score_test_set([t.text for t in out], sources, references, src_vocab, tgt_vocab,
                             tokenizer, bleu=bleu)
-    return TestReport(scores, options.beam_size, seconds, out, options.length_penalty,
-                      options.alpha)
+    return TestReport(scores, options, seconds, out)
 
 
 def typical_sentence(sources: list[str], tokenizer: Tokenizer) -> int:
