@@ -36,8 +36,10 @@ from bahdanau.training import (
     stop_reason,
     train,
     train_step,
+    validate_run,
 )
 from bahdanau.training.state import TrainState, checkpoint_payload, restore
+from bahdanau.training.threads import AdaptiveThreads
 
 VOCAB = TINY_VOCAB
 
@@ -672,6 +674,31 @@ def test_run_step_takes_accumulation_batches_per_update(tmp_path) -> None:
     for group in (batches[:3], batches[3:6]):
         train_step(by_hand, group, optimizer)
     assert _equal_weights(mine, by_hand)
+
+
+def test_a_dev_evaluation_runs_at_the_chosen_thread_count_not_at_one_on_trial() -> None:
+    """The updates try thread counts (`AdaptiveThreads`); a dev evaluation between two of them
+    runs at the count chosen so far, and the trial goes on after it."""
+    threads = [0]                                   # what the run has set, as torch would
+    cfg = TrainConfig(batch_size=8, max_steps=3, eval_every=2, save_every=100, log_every=100)
+    run = setup_run(tiny_model(), random_examples(40), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB)
+    run.threads = AdaptiveThreads(2, trial=1, warm_up=1, hold=4,
+                                  set_threads=lambda n: threads.__setitem__(0, n),
+                                  log=lambda line: None)
+    during: list[int] = []
+
+    def validate(model) -> float:
+        during.append(threads[0])
+        return 1.0
+
+    seen: list[int] = []
+    for _ in range(3):
+        run_step(run)             # update 1 warms up, update 2 measures at 2, then a trial at 1
+        seen.append(threads[0])
+        if run.state.step % cfg.eval_every == 0:
+            validate_run(run, validate)
+            seen.append(threads[0])
+    assert seen[:3] == [2, 1, 1] and during == [2]
 
 
 @pytest.mark.parametrize("schedule", ["inverse_sqrt", "plateau"])
