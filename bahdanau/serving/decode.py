@@ -18,9 +18,11 @@ to at least `MIN_SRC_LEN` positions (`pad_source`).
 
 `greedy_decode` gives the tokens of `bahdanau translate --beam-size 1` and `beam_decode` those
 of ``bahdanau translate`` (`bahdanau.search.BeamSearch` with n_best 1, early stopping, no
-max_len_ratio): the same candidates in the same order, ties included, with the same length
-normalisation, so the same hypotheses win. Both raise `NaNScores` for a step whose
-log-probabilities hold NaN (a diverged model), where a NaN would win the argmax.
+max_len_ratio): the same candidates in the same order, with the same length normalisation, so
+the same hypotheses win. (Of exactly equal log-probabilities of one beam's next tokens, which a
+trained model all but never gives, the two may keep different ones: on a CPU the library finds a
+beam's best tokens in two stages, `bahdanau.kernels.grouped_topk`.) Both raise `NaNScores`
+for a step whose log-probabilities hold NaN (a diverged model), where a NaN would win the argmax.
 """
 
 from __future__ import annotations
