@@ -1,7 +1,8 @@
 """The k largest values of each row in two stages on a CPU: twin of ``torch.topk(x, k, dim=-1)``.
 
 A beam step picks each beam's best 2K next tokens out of a vocabulary of thousands, and on a
-CPU `torch.topk` costs about 10 ns a value, as much as the log-softmax before it. `top_k` first
+CPU `torch.topk` took twice the time of the log-softmax before it (14% of a beam-5 search of the
+default job's model, one thread; 6% once grouped, as measured with torch.profiler). `top_k` first
 takes the maximum of each of G groups of a row's values (token t is in group t mod G: a strided
 maximum, vectorised across the groups), then the k best groups by their maxima, then the k best
 values of those k groups (and the few tokens past the last whole group). The answer is exact:
@@ -31,7 +32,7 @@ def top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
         k: how many to keep, at least 1.
     """
     *lead, n = values.shape
-    group_size = max(1, math.isqrt(n // k))     # about k groups' worth of values in the end
+    group_size = max(1, math.isqrt(n // k))     # about sqrt(nk) groups and as many candidates
     groups = n // group_size
     if values.device.type != "cpu" or groups < MIN_GROUPS_PER_K * k:
         return values.topk(k, dim=-1)
