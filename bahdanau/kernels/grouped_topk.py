@@ -24,6 +24,14 @@ from torch import Tensor
 MIN_GROUPS_PER_K = 4     # fewer groups than this many times k: a plain topk is as fast
 
 
+def grouping(n: int, k: int) -> tuple[int, int] | None:
+    """(group size, groups) of `top_k`'s two stages for rows of n values, or None where a plain
+    `torch.topk` is as fast (fewer than MIN_GROUPS_PER_K * k groups)."""
+    group_size = max(1, math.isqrt(n // k))     # about sqrt(nk) groups and as many candidates
+    groups = n // group_size
+    return (group_size, groups) if groups >= MIN_GROUPS_PER_K * k else None
+
+
 def top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """(the k largest of each row of `values` along its last dim, largest first; their indices).
 
@@ -32,10 +40,10 @@ def top_k(values: Tensor, k: int) -> tuple[Tensor, Tensor]:
         k: how many to keep, at least 1.
     """
     *lead, n = values.shape
-    group_size = max(1, math.isqrt(n // k))     # about sqrt(nk) groups and as many candidates
-    groups = n // group_size
-    if values.device.type != "cpu" or groups < MIN_GROUPS_PER_K * k:
+    stages = grouping(n, k)
+    if values.device.type != "cpu" or stages is None:
         return values.topk(k, dim=-1)
+    group_size, groups = stages
     rows = values.reshape(-1, n)
     whole = rows[:, : groups * group_size].view(rows.shape[0], group_size, groups)
     best_groups = whole.amax(dim=1).topk(k, dim=1).indices                      # (R, k)

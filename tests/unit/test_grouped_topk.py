@@ -3,18 +3,11 @@ the same indices where no two values tie, and always indices that hold those val
 
 from __future__ import annotations
 
-import math
-
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bahdanau.kernels.grouped_topk import MIN_GROUPS_PER_K, top_k
-
-
-def _grouped(n: int, k: int) -> bool:
-    """Whether `top_k` takes its two-stage path for rows of n values (else it is torch.topk)."""
-    return n // max(1, math.isqrt(n // k)) >= MIN_GROUPS_PER_K * k
+from bahdanau.kernels.grouped_topk import grouping, top_k
 
 
 def _values(seed: int, shape: tuple[int, ...], kind: str, dtype: torch.dtype) -> torch.Tensor:
@@ -46,7 +39,7 @@ def test_top_k_is_torch_topk(seed, rows, n, k, kind, dtype) -> None:
 def test_a_beam_step_takes_the_grouped_path_and_finds_the_same_tokens() -> None:
     # a beam of 5 over a 10,004-token vocabulary: each beam's best 10 of its log-probabilities
     n, k = 10_004, 10
-    assert _grouped(n, k)
+    assert grouping(n, k) is not None
     log_probs = torch.log_softmax(torch.randn(7, 5, n, generator=torch.Generator().manual_seed(3))
                                   * 4, dim=-1)
     log_probs[..., 0:2] = float("-inf")                                   # pad and bos
@@ -57,7 +50,8 @@ def test_a_beam_step_takes_the_grouped_path_and_finds_the_same_tokens() -> None:
 
 def test_the_best_values_in_the_tail_past_the_last_whole_group_are_found() -> None:
     n, k = 1_000, 3                      # groups of 18: 55 of them, the last 10 values a tail
-    assert _grouped(n, k) and n % math.isqrt(n // k) != 0
+    size, groups = grouping(n, k)
+    assert (size, groups) == (18, 55) and n - size * groups == 10
     values = torch.zeros(2, n)
     values[0, -3:] = torch.tensor([5.0, 7.0, 6.0])
     values[1, [0, -1, 500]] = torch.tensor([1.0, 9.0, 2.0])
