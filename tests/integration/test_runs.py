@@ -21,7 +21,10 @@ from training_fixtures import interrupt_after, logged, write_multi30k_slice
 from bahdanau import InputError, TrainConfig, Vocab, build_model, presets
 from bahdanau.cli import main
 from bahdanau.data import DefaultTokenizer, encode_pairs, read_lines
+from bahdanau.jobs import train_job
+from bahdanau.jobs.report import score_translations
 from bahdanau.training import setup_run, train
+from bahdanau.training.threads import AdaptiveThreads
 
 BASE = ["--preset", "tiny", "--time-budget", "0", "--beam-size", "1", "--max-len", "5",
         "--threads", "1", "--log-every", "1"]
@@ -59,6 +62,28 @@ def test_rerunning_a_finished_run_does_nothing(data, tmp_path, capsys) -> None:
     said = logged(capsys.readouterr().err)
     assert said[0].startswith("nothing to do") and "step 2" in said[0]
     assert _files(out) == before
+
+
+def test_the_test_set_is_decoded_at_the_chosen_thread_count_not_at_one_on_trial(
+        data, tmp_path, monkeypatch) -> None:
+    """Without --threads the updates try thread counts (`AdaptiveThreads`); a run that ends
+    during a trial decodes its test set at the count chosen, not at the one on trial."""
+    threads = [0]                                   # what the run has set, as torch would
+    tuner = AdaptiveThreads(2, trial=1, warm_up=1, hold=4, log=lambda line: None,
+                            set_threads=lambda n: threads.__setitem__(0, n))
+    monkeypatch.setattr(train_job, "thread_tuner", lambda o, device: tuner)
+    during: list[int] = []
+
+    def scored(*args, **kwargs):
+        during.append(threads[0])
+        return score_translations(*args, **kwargs)
+
+    monkeypatch.setattr(train_job, "score_translations", scored)
+    argv = _argv(data, tmp_path / "run", "--max-steps", "2")
+    at = argv.index("--threads")
+    del argv[at:at + 2]
+    assert main(argv) == 0       # update 1 warms up, update 2 measures 2 threads, then 1 on trial
+    assert tuner.trials == 1 and during == [2]
 
 
 def test_a_finished_run_is_left_alone_unless_asked_for_more(data, tmp_path, capsys) -> None:
