@@ -35,7 +35,7 @@ from bahdanau.errors import InputError
 from bahdanau.evaluate import corpus_scores, translate_corpus
 from bahdanau.jobs.files import existing, write_text
 from bahdanau.jobs.init_from import InitModel, check_fit, init_weights, read_init_model
-from bahdanau.jobs.options import TrainOptions, resume_changes, resumed_options
+from bahdanau.jobs.options import TrainOptions, flag, resume_changes, resumed_options
 from bahdanau.jobs.report import (
     TestReport,
     alignment_labels,
@@ -397,7 +397,8 @@ def _limit_reached(o: TrainOptions, cfg: TrainConfig, finished: str) -> str:
 def _left_as_it_is(o: TrainOptions, run: TrainRun, finished: str,
                    changes: list[str] | None) -> str:
     """What a start says that finds its run finished and asks for no more training; the run
-    is left as it is. With the run's own options, one line saying so and what to do next.
+    is left as it is. With the run's own options (or its updates on another number of
+    processes), one line saying so and what to do next.
 
     Raises:
         InputError: the command changes other options (`changes`, in the command line's
@@ -406,6 +407,9 @@ def _left_as_it_is(o: TrainOptions, run: TrainRun, finished: str,
     """
     where = (f"the run in {o.out} finished at step {run.state.step} "
              f"({_limit_reached(o, run.cfg, finished)})")
+    # setup_run has held the updates to the run's batches (processes x accumulation), so
+    # another --accumulation only shares the same updates out over another number of processes
+    changes = [line for line in changes or [] if not line.startswith(f"{flag('accumulation')} ")]
     if changes:
         raise InputError(f"{where}, and this command changes {'; '.join(changes)} without "
                          "training it further: give a larger --max-steps, --max-epochs or "

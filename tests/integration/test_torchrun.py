@@ -1,7 +1,8 @@
 """`bahdanau train` under torchrun: two gloo processes on the CPU train one run, rank 0 alone
 writes the run folder, SIGTERM stops both at the same step with one checkpoint, and the run
 resumes in one process with twice the accumulation, ending with the weights that one process
-with that accumulation trains from the start."""
+with that accumulation trains from the start (and, finished, one process with it leaves the
+run as it is)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,10 @@ def test_torchrun_trains_one_run_and_resumes_in_one_process(tmp_path, capsys) ->
     assert sum(line.startswith("# bahdanau train") for line in log) == 1
     assert "trained 2 updates" in "\n".join(log)
     assert (out / "metrics.json").is_file() and (out / "options.json").is_file()
+    # Finished, it is left as it is by one process asked for the same updates.
+    capsys.readouterr()
+    assert main(_argv(data, out, "--max-steps", "2", "--accumulation", "2")) == 0
+    assert logged(capsys.readouterr().err)[0].startswith("nothing to do: the run in")
 
     # SIGTERM to torchrun reaches both processes; they agree on one step and rank 0 saves it.
     proc = subprocess.Popen([*TORCHRUN, *_argv(data, out, "--max-steps", "100000")],
