@@ -11,7 +11,7 @@ phonemes out (`bahdanau.WhitespaceTokenizer`), the two stored together in every 
 `bahdanau.TokenizerPair`. The stress digits are stripped (39 phonemes) unless --keep-stress.
 --dropout, --dropout-rnn-inputs and --dropout-deep-output are the model's three dropouts
 (`bahdanau.ModelConfig`; 0.2, 0 and 0 by default), --label-smoothing the training loss's
-(`bahdanau.TrainConfig`; 0 by default).
+(`bahdanau.TrainConfig`; 0.1 by default).
 Every pronunciation of a training word is a training pair. Every --eval-every updates the dev
 words are decoded greedily and scored (`bahdanau.error_rates`: a word is right when its output
 equals any of its pronunciations); the checkpoint of the lowest dev WER is RUN/checkpoints/
@@ -79,7 +79,7 @@ DECAY_PATIENCE = 2       # evaluations without a better dev WER before the learn
 # The regularisers, with the recipe's defaults; each is the option of its name, declared and
 # described by its config: the model's three dropouts, and the training loss's label smoothing.
 DROPOUTS = {"dropout": 0.2, "dropout_rnn_inputs": 0.0, "dropout_deep_output": 0.0}
-LOSS = {"label_smoothing": 0.0}
+LOSS = {"label_smoothing": 0.1}     # chosen on dev: docs/guides/characters.md
 
 
 def strip_stress(phones: str) -> str:
