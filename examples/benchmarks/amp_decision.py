@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 
 import torch
-from default_job_variants import means, run_one
+from default_job_variants import means, print_runs, run_one
 
 from bahdanau.training.precision import QUALITY_MARGIN, bf16_unit
 
@@ -64,10 +64,7 @@ def main() -> None:
                                max_steps=args.max_steps, dry_run=args.dry_run)) is not None]
     if args.dry_run:
         return
-    for row in rows:
-        print(f"{row['variant']:>5} seed {row['seed']}: {row['updates']} updates, "
-              f"{row['train_minutes']:.1f} min, val BLEU {row['val_bleu']:.2f}, "
-              f"test BLEU {row['test_bleu']:.2f}")
+    print_runs(rows)
     decision = decide(rows)
     print(json.dumps(decision))
     evidence = (f"val BLEU {decision['val_bleu_bf16']} against {decision['val_bleu_float32']} "

@@ -60,6 +60,15 @@ def run_one(root: Path, name: str, seed: int, *, threads: int, train_options: li
             "test_bleu": metrics["bleu"]}
 
 
+def print_runs(rows: list[dict]) -> None:
+    """One line a run: its variant, seed, updates, training minutes, val and test BLEU."""
+    width = 1 + max(len(row["variant"]) for row in rows)
+    for row in rows:
+        print(f"{row['variant']:>{width}} seed {row['seed']}: {row['updates']} updates, "
+              f"{row['train_minutes']:.1f} min, val BLEU {row['val_bleu']:.2f}, "
+              f"test BLEU {row['test_bleu']:.2f}")
+
+
 def means(rows: list[dict], name: str) -> dict:
     """A variant's mean val BLEU and training minutes over its seeds."""
     mine = [row for row in rows if row["variant"] == name]
@@ -89,18 +98,16 @@ def main() -> None:
                                max_steps=args.max_steps, dry_run=args.dry_run)) is not None]
     if args.dry_run:
         return
-    for row in rows:
-        print(f"{row['variant']:>12} seed {row['seed']}: {row['updates']} updates, "
-              f"{row['train_minutes']:.1f} min, val BLEU {row['val_bleu']:.2f}, "
-              f"test BLEU {row['test_bleu']:.2f}")
+    print_runs(rows)
     base = means(rows, names[0])
+    width = 1 + max(map(len, names))
     comparison = {}
     for name in names:
         mine = means(rows, name)
         comparison[name] = {"val_bleu": round(mine["val_bleu"], 2),
                             "val_bleu_gained": round(mine["val_bleu"] - base["val_bleu"], 2),
                             "time_ratio": round(mine["train_minutes"] / base["train_minutes"], 3)}
-        print(f"{name:>12}: mean val BLEU {mine['val_bleu']:.2f} "
+        print(f"{name:>{width}}: mean val BLEU {mine['val_bleu']:.2f} "
               f"({comparison[name]['val_bleu_gained']:+.2f}), training time "
               f"{comparison[name]['time_ratio']:.3f}x {names[0]}'s "
               f"({len(args.seeds)} seeds, equal updates: {len({r['updates'] for r in rows}) == 1})")
