@@ -27,13 +27,14 @@ the output layer is the paper's deep maxout (Nematus: $\tanh$ of the same sum), 
 is whichever `bahdanau.attention.Attention` the model has (additive by default, without layer
 normalisation of its own).
 
-The fast engine (`bahdanau.engine`) reorders the paper's step only: this decoder sets
-`has_fast_twin` False, so models decode and train it on the reference path, a loop of `step`.
+This module is the reference: `step` computes these equations, and teacher forcing is a loop of
+`step`. Its fast twin, `bahdanau.engine.ConditionalEngine`, computes the same function with the
+same parameters, through the paper decoder's fusion seam and the methods below
+(`first_input_norm`, `first_update`, `second_recurrent_weights`, `second_update`); it is
+tested against this one in float64.
 """
 
 from __future__ import annotations
-
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -56,9 +57,11 @@ class ConditionalGRUDecoder(AttentiveDecoder):
     (on c_i), and `gate_norms`, `gate_norms2` their layer norms (with ``layer_norm``). Dropout on
     the GRU inputs (`dropout_rnn_inputs`) drops E y_{i-1} where it enters GRU_1 and c_i where it
     enters GRU_2.
-    """
 
-    has_fast_twin: ClassVar[bool] = False
+    Its fast twin (`bahdanau.engine.ConditionalEngine`) reads `AttentiveDecoder`'s fusion seam,
+    where `recurrent_weights` are GRU_1's U and `value_weight` GRU_2's C with C_o, and the GRUs
+    through the methods of this class. A subclass whose step differs sets `has_fast_twin` False.
+    """
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, context_size: int,
                  maxout_size: int, *, attention: Attention | None, pad_id: int = 0,
@@ -104,23 +107,39 @@ class ConditionalGRUDecoder(AttentiveDecoder):
             `StepOutput` with (N, V) logits of y_i, the state s_i and (N, S) weights a_ij.
         """
         embedded = self.dropout(self.embedding(prev_tokens))      # (N, E) E y_{i-1}
-        s_first = _gru(self.input_gates(self.rnn_input_dropout(embedded)),
-                       F.linear(state.hidden, self.weight_hh, self.bias_hh), state.hidden,
-                       self.gate_norms)                           # (N, D) s'_i
+        x_gates = self.first_input_norm(self.input_gates(self.rnn_input_dropout(embedded)))
+        s_first = self.first_update(x_gates, F.linear(state.hidden, self.weight_hh, self.bias_hh),
+                                    state.hidden)                 # (N, D) s'_i
         context, weights, attention_state = self.context(
             DecoderState(s_first, state.attention), memory)       # (N, 2H) c_i from s'_i
-        hidden = _gru(self.context_gates(self.rnn_input_dropout(context)),
-                      F.linear(s_first, self.weight_hh2, self.bias_hh2), s_first,
-                      self.gate_norms2)                           # (N, D) s_i
+        hidden = self.second_update(self.context_gates(self.rnn_input_dropout(context)),
+                                    F.linear(s_first, *self.second_recurrent_weights()),
+                                    s_first)                      # (N, D) s_i
         features = self.readout(hidden, embedded, self.readout_context(context))
         return StepOutput(self.output(features), DecoderState(hidden, attention_state), weights)
 
+    # ------------------------------------------------------------------ the two GRUs
+    def first_input_norm(self, x_gates: Tensor) -> Tensor:
+        """GRU_1's input pre-activations [W_r; W_z; W] E y_{i-1} + b, layer-normalised with
+        ``layer_norm`` (else as they are); any leading shape, so a twin may normalise every
+        position at once."""
+        return x_gates if self.gate_norms is None else self.gate_norms[0](x_gates)
 
-def _gru(x_gates: Tensor, h_gates: Tensor, hidden: Tensor, norms: nn.ModuleList | None
-         ) -> Tensor:
-    """A torch-form GRU update from its input and recurrent pre-activations, each normalised
-    apart when `norms` (their two `GateNorm`s) is given."""
-    if norms is not None:
-        x_norm, h_norm = norms
-        x_gates, h_gates = x_norm(x_gates), h_norm(h_gates)
-    return functional.gru_update(x_gates, h_gates, hidden)
+    def first_update(self, x_gates: Tensor, h_gates: Tensor, hidden: Tensor) -> Tensor:
+        """s'_i = GRU_1(s_{i-1}, E y_{i-1}) from `first_input_norm`'s (N, 3D) input
+        pre-activations and the (N, 3D) U s_{i-1} + b_h (normalised here)."""
+        if self.gate_norms is not None:
+            h_gates = self.gate_norms[1](h_gates)
+        return functional.gru_update(x_gates, h_gates, hidden)
+
+    def second_recurrent_weights(self) -> tuple[Tensor, Tensor]:
+        """GRU_2's (3D, D) [U'_r; U'_z; U'] and its (3D,) bias: they multiply s'_i."""
+        return self.weight_hh2, self.bias_hh2
+
+    def second_update(self, c_gates: Tensor, h_gates: Tensor, hidden: Tensor) -> Tensor:
+        """s_i = GRU_2(s'_i, c_i) from the (N, 3D) [C_r; C_z; C] c_i and U' s'_i + b', each
+        normalised apart with ``layer_norm``; `hidden` is s'_i."""
+        if self.gate_norms2 is not None:
+            x_norm, h_norm = self.gate_norms2
+            c_gates, h_gates = x_norm(c_gates), h_norm(h_gates)
+        return functional.gru_update(c_gates, h_gates, hidden)

@@ -127,8 +127,8 @@ class AttentiveDecoder(Part, nn.Module):
                               U_o s_{i-1} + b + V_o E y_{i-1} + C_o c_i
 
     `has_fast_twin` says that the engine may run this decoder: its step is the one above, in
-    these parts. A subclass whose step differs (`bahdanau.conditional_decoder`) sets it False,
-    and models decode and train it on the reference path.
+    these parts (`bahdanau.conditional_decoder`'s is its own, with its own twin). A subclass
+    whose step differs sets it False, and models decode and train it on the reference path.
 
     The weights are offered only while their layers are plain `nn.Linear`s
     (`bahdanau.attention.linear_weights`), and None otherwise: a wrapper (LoRA, quantisation) may

@@ -30,7 +30,7 @@ from bahdanau.conditional_decoder import ConditionalGRUDecoder
 from bahdanau.config import ENGINES, EOS_ID, Arch, ModelConfig
 from bahdanau.decoder import AttentiveDecoder, DecoderState, StepOutput
 from bahdanau.encoder import BiRNNEncoder
-from bahdanau.engine import DecoderEngine
+from bahdanau.engine import fast_twin
 from bahdanau.errors import InputError
 from bahdanau.layer_norm import reset_gate_norms_
 from bahdanau.model_folder import Pretrained
@@ -49,10 +49,10 @@ class RNNSearch(Part, Pretrained, nn.Module):
     Args:
         encoder: produces (B, S, 2H) annotations and the (B, S) mask.
         decoder: an `AttentiveDecoder` whose context size is the encoder's output size.
-        engine: "fast" (decoding and training through `bahdanau.engine.DecoderEngine`, the same
-            function computed faster, for a decoder that has that twin: `has_fast_twin`; the
-            conditional GRU decoder has none and takes the reference path) or "reference"
-            (the paper-shaped decoder alone).
+        engine: "fast" (decoding and training through the decoder's twin in `bahdanau.engine`,
+            the same function computed faster: `DecoderEngine` for the paper's decoder,
+            `ConditionalEngine` for the conditional GRU; a decoder whose `has_fast_twin` is False
+            takes the reference path) or "reference" (the decoder alone).
         config: the `ModelConfig` the model was built from (kept for checkpoints), if any.
 
     `save_pretrained` writes the model as a folder of its own and `from_pretrained` reads it
@@ -73,10 +73,9 @@ class RNNSearch(Part, Pretrained, nn.Module):
         if engine not in ENGINES:
             raise InputError(f"engine must be one of {ENGINES}, got {engine!r}")
         self.encoder, self.decoder, self.config = encoder, decoder, config
-        # "fast" where the engine can run the decoder (`AttentiveDecoder.has_fast_twin`): the
-        # conditional GRU decoder has no fast twin and takes the reference path
-        fast = engine == "fast" and getattr(decoder, "has_fast_twin", True)
-        self.engine = DecoderEngine(decoder) if fast else None
+        # "fast" where the decoder has a twin (`bahdanau.engine.fast_twin`); a decoder whose
+        # `has_fast_twin` is False takes the reference path
+        self.engine = fast_twin(decoder) if engine == "fast" else None
         # Resolved once: an encoder of the user's own needs neither `check_inputs` (the model
         # then checks the lengths against the padding itself) nor a `check` argument (which
         # lets the model skip the value checks it has made at its door).
@@ -98,8 +97,8 @@ class RNNSearch(Part, Pretrained, nn.Module):
         float model's. The model itself is left as it is.
 
         Raises:
-            InputError: a model without the fast engine (`engine="reference"`, the conditional
-                GRU decoder), weights that are not float32 on a CPU, or a machine where int8
+            InputError: a model without the fast engine (`engine="reference"`, or a decoder
+                with no fast twin), weights that are not float32 on a CPU, or a machine where int8
                 matmuls cannot run (`bahdanau.kernels.int8_linear.unavailable_reason`).
         """
         if self.engine is None:
@@ -107,8 +106,8 @@ class RNNSearch(Part, Pretrained, nn.Module):
                              "through the reference decoder (engine='reference', or a decoder "
                              "with no fast twin): decode it in float32")
         model = copy.deepcopy(self).eval()
-        model.engine = DecoderEngine(model.decoder, sequence_grads=self.engine.sequence_grads,
-                                     int8=True)
+        model.engine = type(self.engine)(model.decoder,
+                                         sequence_grads=self.engine.sequence_grads, int8=True)
         return model
 
     @property

@@ -5,6 +5,9 @@ Each trick, where it lives, the reference it must equal, and the tests that hold
 * The fused step weight [W_a; U], the precomputed values [C; C_o] h_j and hoisted teacher
   forcing: `decoding.DecoderEngine`, twin of `bahdanau.decoder.AttentiveDecoder`
   (tests/unit/test_engine.py).
+* The same tricks on the conditional GRU's step: `conditional.ConditionalEngine`, twin of
+  `bahdanau.conditional_decoder.ConditionalGRUDecoder` (tests/unit/test_engine.py,
+  tests/unit/test_conditional_decoder.py).
 * Sequence-level gradient sums of the step weight and the values: `sequence_grads.SequenceGrads`,
   twin of plain per-step autograd, `DecoderEngine(sequence_grads=False)`
   (tests/unit/test_engine.py).
@@ -14,15 +17,32 @@ or in int8, the sigmoid form of the additive attention, the fused Triton attenti
 `bahdanau.kernels`, each beside the reference it must equal.
 
 Models choose once, at construction: `ModelConfig(engine="fast")` (the default) decodes and
-trains through `DecoderEngine`; `engine="reference"` runs the paper-shaped decoder alone.
+trains through the decoder's twin (`fast_twin`); `engine="reference"` runs the decoder alone.
 """
 
+from __future__ import annotations
+
+from bahdanau.conditional_decoder import ConditionalGRUDecoder
+from bahdanau.engine.conditional import ConditionalEngine
 from bahdanau.engine.decoding import DecoderEngine, EngineMemory, PackedWeights
 from bahdanau.engine.sequence_grads import SequenceGrads
 
 __all__ = [
+    "ConditionalEngine",
     "DecoderEngine",
     "EngineMemory",
     "PackedWeights",
     "SequenceGrads",
+    "fast_twin",
 ]
+
+
+def fast_twin(decoder: object) -> DecoderEngine | None:
+    """The engine that runs `decoder` fast: `ConditionalEngine` for the conditional GRU,
+    `DecoderEngine` for the paper's decoder, None for a decoder whose `has_fast_twin` is False
+    (a subclass whose step differs), which models run on the reference path."""
+    if not getattr(decoder, "has_fast_twin", True):
+        return None
+    if isinstance(decoder, ConditionalGRUDecoder):
+        return ConditionalEngine(decoder)
+    return DecoderEngine(decoder)  # type: ignore[arg-type]

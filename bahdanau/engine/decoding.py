@@ -122,13 +122,17 @@ class DecoderEngine:
     def __deepcopy__(self, memo: dict[int, Any]) -> DecoderEngine:
         """The engine of a copied model: of the copied decoder, quantised again from its
         weights where this one is int8 (oneDNN's packed tensors cannot be copied)."""
-        return DecoderEngine(copy.deepcopy(self.decoder, memo),
-                             sequence_grads=self.sequence_grads, int8=self.int8 is not None)
+        return type(self)(copy.deepcopy(self.decoder, memo),
+                          sequence_grads=self.sequence_grads, int8=self.int8 is not None)
+
+    def _recurrent_weights(self) -> tuple[Tensor, Tensor]:
+        """The GRU rows that multiply the attention's query state, and their bias: U's."""
+        return self.decoder.recurrent_weights()
 
     def _step_weights(self) -> tuple[Tensor, Tensor]:
         """The fused step weight [query_weight; U] and its bias (`EngineMemory.step_weight`)."""
         dec = self.decoder
-        weight, bias = dec.recurrent_weights()
+        weight, bias = self._recurrent_weights()
         query_weight = None if dec.attention is None else dec.attention.query_weight()
         if query_weight is not None:
             weight = torch.cat([query_weight, weight])
@@ -197,16 +201,26 @@ class DecoderEngine:
         embedded = dec.dropout(dec.embedding(prev_tokens))        # (N, E)
         h_gates, gate_terms, readout_terms, weights, attention_state = self._attend(
             state, memory, None)
-        x = dec.rnn_input_dropout(embedded)
-        x_gates = (dec.input_gates(x) if packed.input is None else packed.input(x)) + gate_terms
+        x_gates = self._input_gates(dec.rnn_input_dropout(embedded), packed) + gate_terms
         hidden = dec.update(x_gates, h_gates, state.hidden)
-        if packed.readout_state is None or packed.readout_embed is None:
-            features = dec.readout(state.hidden, embedded, readout_terms)
-        else:                                                     # `dec.readout`, packed
-            features = dec.deep_output(packed.readout_state(state.hidden)
-                                       + packed.readout_embed(embedded) + readout_terms)
-        logits = dec.output(features) if packed.output is None else packed.output(features)
+        logits = self._step_logits(state.hidden, embedded, readout_terms, packed)
         return StepOutput(logits, DecoderState(hidden, attention_state), weights)
+
+    def _input_gates(self, x: Tensor, packed: PackedWeights) -> Tensor:
+        """[W_r; W_z; W] x + b of a step's (N, E) dropped E y_{i-1}, packed where it is."""
+        return self.decoder.input_gates(x) if packed.input is None else packed.input(x)
+
+    def _step_logits(self, hidden: Tensor, embedded: Tensor, readout_terms: Tensor,
+                     packed: PackedWeights) -> Tensor:
+        """A step's (N, V) logits W_o t_i + b_o from the state the readout reads, E y_{i-1} and
+        C_o c_i, through the packed weights where they are."""
+        dec = self.decoder
+        if packed.readout_state is None or packed.readout_embed is None:
+            features = dec.readout(hidden, embedded, readout_terms)
+        else:                                                     # `dec.readout`, packed
+            features = dec.deep_output(packed.readout_state(hidden)
+                                       + packed.readout_embed(embedded) + readout_terms)
+        return dec.output(features) if packed.output is None else packed.output(features)
 
     def features(self, tgt_in: Tensor, state: DecoderState, memory: EngineMemory, *,
                  select: Tensor | None = None, return_attention: bool = False
@@ -239,14 +253,21 @@ class DecoderEngine:
             if i < last:                                          # s_T is never used
                 hidden = dec.update(x_step + gate_terms, h_gates, state.hidden)
                 state = DecoderState(hidden, attention_state)
+        return self._hoisted_features(hiddens, embedded, readouts, weights, select)
+
+    def _hoisted_features(self, hiddens: list[Tensor], embedded: Tensor, readouts: list[Tensor],
+                          weights: list[Tensor], select: Tensor | None
+                          ) -> tuple[Tensor, Tensor | None]:
+        """`features`' result from its loop's T (B, D) states the readout reads, the (B, T, E)
+        embeddings, the T (B, 2L) C_o c_i and the (B, S) weights it kept: the deep output of
+        every position (or of `select`'s) in one go, and the (B, T, S) weights or None."""
+        dec = self.decoder
         hidden_all, readout_all = torch.stack(hiddens, 1), torch.stack(readouts, 1)
         if select is not None:
             hidden_all, embedded, readout_all = (
                 hidden_all[select], embedded[select], readout_all[select])
         features = dec.readout(hidden_all, embedded, readout_all)
-        attention = None
-        if return_attention and dec.attention is not None:
-            attention = torch.stack(weights, 1)                   # (B, T, S)
+        attention = torch.stack(weights, 1) if weights else None  # (B, T, S)
         return features, attention
 
     def loss(self, tgt_in: Tensor, tgt_out: Tensor, state: DecoderState, memory: EngineMemory, *,

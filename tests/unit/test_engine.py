@@ -3,8 +3,9 @@
 A user-defined, stateful attention (coverage, written below as a user would) and Luong's
 attention go through training, beam search and alignments with no change to the decoder. For
 every attention (additive in each CPU impl, Luong general and dot, coverage, none for RNNencdec)
-and both GRU forms, the engine and the reference agree in float64: losses, every gradient,
-logits, weights, decoded tokens and scores.
+and every decoder (the paper's in both GRU forms, the conditional GRU with and without layer
+norm), the engine and the reference agree in float64: losses, every gradient, logits, weights,
+decoded tokens and scores.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from bahdanau import (
     presets,
     train_step,
 )
+from bahdanau.conditional_decoder import ConditionalGRUDecoder
 from bahdanau.data import Batch
-from bahdanau.engine import DecoderEngine
+from bahdanau.engine import ConditionalEngine, DecoderEngine
 
 
 class CoverageMemory(NamedTuple):
@@ -79,12 +81,20 @@ class CoverageAttention(Attention):
 V = 16
 ATTENTIONS = ["additive/reference", "additive/sigmoid", "luong_general", "luong_dot", "coverage",
               "none"]
-FORMS = ["torch", "paper"]
+# the paper's decoder in each GRU form, and the conditional GRU (torch form) without and with
+# layer norm
+DECODERS = ["torch", "paper", "cgru", "cgru/layer-norm"]
+# every pair but RNNencdec's fixed context with the cGRU, which attends
+CASES = [(attention, decoder) for attention in ATTENTIONS for decoder in DECODERS
+         if not (attention == "none" and decoder.startswith("cgru"))]
 
 
-def build(attention: str, form: str, engine: str, seed: int = 0) -> RNNSearch:
+def build(attention: str, decoder: str, engine: str, seed: int = 0) -> RNNSearch:
     """A tiny float64 model with weights large enough that any mistake shows in the output."""
-    cfg = replace(presets.tiny(V, V), gru_form=form, engine=engine, decoder_size=16)
+    conditional, form = decoder.startswith("cgru"), "paper" if decoder == "paper" else "torch"
+    cfg = replace(presets.tiny(V, V), gru_form=form, engine=engine, decoder_size=16,
+                  decoder="cgru" if conditional else "paper",
+                  layer_norm=decoder == "cgru/layer-norm")
     if attention.startswith("additive/"):
         cfg = replace(cfg, attention_impl=attention.split("/")[1])
     elif attention.startswith("luong"):
@@ -93,9 +103,10 @@ def build(attention: str, form: str, engine: str, seed: int = 0) -> RNNSearch:
         model = RNNEncDec.from_config(cfg)
     elif attention == "coverage":
         encoder = BiRNNEncoder(V, 8, 8, gru_form=form)
-        decoder = AttentiveDecoder(V, 8, 16, 16, 6, gru_form=form,
-                                   attention=CoverageAttention(16, 16, 10))
-        model = RNNSearch(encoder, decoder, engine=engine)
+        decoder_class = ConditionalGRUDecoder if conditional else AttentiveDecoder
+        model = RNNSearch(encoder, decoder_class(V, 8, 16, 16, 6, gru_form=form,
+                                                 attention=CoverageAttention(16, 16, 10),
+                                                 layer_norm=cfg.layer_norm), engine=engine)
     else:
         model = RNNSearch.from_config(cfg)
     model = model.double()
@@ -105,9 +116,9 @@ def build(attention: str, form: str, engine: str, seed: int = 0) -> RNNSearch:
     return model
 
 
-def twins(attention: str, form: str) -> tuple[RNNSearch, RNNSearch]:
+def twins(attention: str, decoder: str) -> tuple[RNNSearch, RNNSearch]:
     """The fast and the reference model with the same weights."""
-    return build(attention, form, "fast"), build(attention, form, "reference")
+    return build(attention, decoder, "fast"), build(attention, decoder, "reference")
 
 
 def batch(seed: int = 1):
@@ -162,16 +173,14 @@ def assert_steps_equal_teacher_forcing(model, src, src_lengths, tgt_in, logits):
     return memory
 
 
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("attention", ATTENTIONS)
-def test_engine_loss_and_gradients_equal_the_reference(attention, form) -> None:
-    assert_same_loss_and_gradients(*twins(attention, form))
+@pytest.mark.parametrize(("attention", "decoder"), CASES)
+def test_engine_loss_and_gradients_equal_the_reference(attention, decoder) -> None:
+    assert_same_loss_and_gradients(*twins(attention, decoder))
 
 
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("attention", ATTENTIONS)
-def test_engine_logits_steps_and_search_equal_the_reference(attention, form) -> None:
-    fast, reference = twins(attention, form)
+@pytest.mark.parametrize(("attention", "decoder"), CASES)
+def test_engine_logits_steps_and_search_equal_the_reference(attention, decoder) -> None:
+    fast, reference = twins(attention, decoder)
     fast.eval(), reference.eval()
     src, src_lengths, tgt_in, _ = batch()
     logits, weights = fast(src, src_lengths, tgt_in, return_attention=True)
@@ -186,13 +195,12 @@ def test_engine_logits_steps_and_search_equal_the_reference(attention, form) -> 
                            tol=1e-10)
 
 
-@pytest.mark.parametrize("form", FORMS)
-@pytest.mark.parametrize("attention", ATTENTIONS)
-def test_sequence_level_gradients_equal_per_step_autograd(attention, form) -> None:
+@pytest.mark.parametrize(("attention", "decoder"), CASES)
+def test_sequence_level_gradients_equal_per_step_autograd(attention, decoder) -> None:
     """The engine's per-sequence gradient sums against the same engine with them switched off."""
-    model = build(attention, form, "fast").train()
+    model = build(attention, decoder, "fast").train()
     per_step = RNNSearch(model.encoder, model.decoder)
-    per_step.engine = DecoderEngine(model.decoder, sequence_grads=False)
+    per_step.engine = type(model.engine)(model.decoder, sequence_grads=False)
     _, _, summed = gradients(model)
     _, _, plain = gradients(per_step)
     assert_same_gradients(model, summed, plain)
@@ -221,12 +229,13 @@ class FixedMask(nn.Module):
         return x * torch.linspace(0.0, 2.0, x.shape[-1], dtype=x.dtype)
 
 
-@pytest.mark.parametrize("attention", ATTENTIONS)
-def test_engine_with_gru_input_dropout_equals_the_reference(attention) -> None:
+@pytest.mark.parametrize(("attention", "decoder"),
+                         [case for case in CASES if case[1] in ("torch", "cgru/layer-norm")])
+def test_engine_with_gru_input_dropout_equals_the_reference(attention, decoder) -> None:
     """While the GRU-input dropout is active the engine mixes h_j, not C h_j, and applies C to
     the dropped c_i (and C_o to c_i) at each step: losses, gradients, logits and its own steps
     still agree."""
-    fast, reference = twins(attention, "torch")
+    fast, reference = twins(attention, decoder)
     for model in (fast, reference):
         model.decoder.rnn_input_dropout = FixedMask()
         model.train()
@@ -245,8 +254,17 @@ def test_engine_with_gru_input_dropout_equals_the_reference(attention) -> None:
 
 def test_engine_is_chosen_once_at_construction() -> None:
     fast, reference = twins("additive/reference", "torch")
-    assert isinstance(fast.engine, DecoderEngine) and fast.engine.decoder is fast.decoder
+    assert type(fast.engine) is DecoderEngine and fast.engine.decoder is fast.decoder
     assert reference.engine is None
+    conditional = build("additive/reference", "cgru", "fast")
+    assert type(conditional.engine) is ConditionalEngine
+    assert conditional.engine.decoder is conditional.decoder
+
+    class OwnStep(ConditionalGRUDecoder):          # a step of its own: no twin runs it
+        has_fast_twin = False
+
+    own = OwnStep(V, 8, 16, 16, 6, attention=AdditiveAttention(16, 16, 10))
+    assert RNNSearch(conditional.encoder.float(), own).engine is None
     with pytest.raises(ValueError, match="engine must be one of"):
         RNNSearch(fast.encoder, fast.decoder, engine="quick")
     with pytest.raises(ValueError, match="engine must be one of"):

@@ -97,9 +97,9 @@ def test_the_int8_product_is_the_dequantised_product(bias) -> None:
         torch.testing.assert_close(layer(x.bfloat16()), layer(x.bfloat16().float()))
 
 
-def model(engine: str = "fast") -> RNNSearch:
+def model(engine: str = "fast", decoder: str = "paper") -> RNNSearch:
     cfg = replace(presets.tiny(40, 40), engine=engine, decoder_size=32, align_size=24,
-                  maxout_size=16)
+                  maxout_size=16, decoder=decoder)
     torch.manual_seed(0)
     net = RNNSearch.from_config(cfg).eval()
     with torch.no_grad():
@@ -109,8 +109,9 @@ def model(engine: str = "fast") -> RNNSearch:
 
 
 @needs_int8
-def test_an_int8_copy_finds_the_float_tokens_on_most_sentences() -> None:
-    net = model()
+@pytest.mark.parametrize("decoder", ["paper", "cgru"])
+def test_an_int8_copy_finds_the_float_tokens_on_most_sentences(decoder) -> None:
+    net = model(decoder=decoder)
     before = {k: v.clone() for k, v in net.state_dict().items()}
     quantized = net.int8_copy()
     assert quantized.int8 and not net.int8
