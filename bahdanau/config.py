@@ -160,7 +160,7 @@ class ModelConfig(DictConfig):
     decoder: DecoderKind = setting(
         "paper", "decoder: paper (attention from s_{i-1}, one GRU on [E y_{i-1}; c_i]) or cgru "
         "(Nematus' conditional GRU: a GRU on E y_{i-1}, attention from its state, a second GRU "
-        "on c_i; decodes on the reference path)", on_resume="fixed")
+        "on c_i)", on_resume="fixed")
     layer_norm: bool = setting(
         False, "layer normalisation of every GRU's input and recurrent projections, encoder and "
         "decoder (Ba et al. 2016, as Nematus; needs --gru-form torch)", on_resume="fixed")

@@ -11,7 +11,8 @@ phonemes out (`bahdanau.WhitespaceTokenizer`), the two stored together in every 
 `bahdanau.TokenizerPair`. The stress digits are stripped (39 phonemes) unless --keep-stress.
 --dropout, --dropout-rnn-inputs and --dropout-deep-output are the model's three dropouts
 (`bahdanau.ModelConfig`; 0.2, 0 and 0 by default), --label-smoothing the training loss's
-(`bahdanau.TrainConfig`; 0.1 by default).
+(`bahdanau.TrainConfig`; 0.1 by default), and --decoder its decoder form (the paper's by
+default, or cgru: Nematus' conditional GRU).
 Every pronunciation of a training word is a training pair. Every --eval-every updates the dev
 words are decoded greedily and scored (`bahdanau.error_rates`: a word is right when its output
 equals any of its pronunciations); the checkpoint of the lowest dev WER is RUN/checkpoints/
@@ -46,6 +47,7 @@ import json
 import logging
 import sys
 import time
+import typing
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -67,6 +69,7 @@ from bahdanau import (
     translate_corpus,
 )
 from bahdanau.checkpoint import find_checkpoint
+from bahdanau.config import DecoderKind
 from bahdanau.error_rates import error_rates, group_references, read_reference_tsv
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import existing
@@ -80,6 +83,7 @@ DECAY_PATIENCE = 2       # evaluations without a better dev WER before the learn
 # described by its config: the model's three dropouts, and the training loss's label smoothing.
 DROPOUTS = {"dropout": 0.2, "dropout_rnn_inputs": 0.0, "dropout_deep_output": 0.0}
 LOSS = {"label_smoothing": 0.1}     # chosen on dev: docs/guides/characters.md
+DECODER = "paper"                   # the decoder form (--decoder)
 
 
 def strip_stress(phones: str) -> str:
@@ -116,7 +120,7 @@ def _train(args: argparse.Namespace) -> dict[str, object]:
     examples = encode_pairs(list(zip(words, phones, strict=True)), src_vocab, tgt_vocab,
                             tokenizer)
     config = replace(presets.g2p(len(src_vocab), len(tgt_vocab)), init="glorot",
-                     **{name: getattr(args, name) for name in DROPOUTS})
+                     decoder=args.decoder, **{name: getattr(args, name) for name in DROPOUTS})
     cfg = TrainConfig(optimizer="adam", schedule="plateau", decay_patience=DECAY_PATIENCE,
                       batch_size=args.batch_size, eval_every=args.eval_every,
                       save_every=args.eval_every, early_stopping_metric="wer",
@@ -185,6 +189,9 @@ def parser() -> argparse.ArgumentParser:
                 t.add_argument("--" + field.name.replace("_", "-"), type=float,
                                default=defaults[field.name],
                                help=f"{spec.help} (default {defaults[field.name]:g})")
+            elif field.name == "decoder":
+                t.add_argument("--decoder", choices=typing.get_args(DecoderKind),
+                               default=DECODER, help=f"{spec.help} (default {DECODER})")
     t.add_argument("--limit", type=int, default=None, help="train on the first N words only")
     t.add_argument("--dev-limit", type=int, default=None, help="score the first N dev words")
     t.add_argument("--seed", type=int, default=1234)

@@ -94,13 +94,15 @@ def test_the_g2p_recipe_trains_resumes_and_evaluates(tmp_path, capsys) -> None:
               "2", "--batch-size", "16", "--threads", "1"]
     assert recipe.main([*common, "--max-steps", "2", "--dropout", "1.5"]) == 2
     assert "dropout" in capsys.readouterr().err and not run.exists()   # one line, no run
-    regularisers = ["--dropout-deep-output", "0.5", "--label-smoothing", "0.2"]   # not defaults
-    assert recipe.main([*common, "--max-steps", "2", *regularisers]) == 0
+    options = ["--dropout-deep-output", "0.5", "--label-smoothing", "0.2",
+               "--decoder", "cgru"]                                 # none of them the defaults
+    assert recipe.main([*common, "--max-steps", "2", *options]) == 0
     first = json.loads(capsys.readouterr().out)
     assert (first["step"], first["train_pairs"], first["dev_words"]) == (2, 60, 20)
-    assert load(run).model.config.dropout_deep_output == 0.5
+    config = load(run).model.config
+    assert (config.dropout_deep_output, config.decoder) == (0.5, "cgru")
     assert read_checkpoint(run).train_config["label_smoothing"] == 0.2
-    assert recipe.main([*common, "--max-steps", "4", *regularisers]) == 0
+    assert recipe.main([*common, "--max-steps", "4", *options]) == 0
     # the same command resumes
     resumed = json.loads(capsys.readouterr().out)
     assert (resumed["start_step"], resumed["step"]) == (2, 4)
