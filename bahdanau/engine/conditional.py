@@ -67,10 +67,11 @@ class ConditionalEngine(DecoderEngine):
         x_gates = dec.first_input_norm(
             dec.input_gates(dec.rnn_input_dropout(embedded)))     # (B, T, 3D) hoisted
         grads = self._sequence_grads(memory)
-        first = None if grads is None else SequenceGrads(*dec.recurrent_weights(), None)
+        first_weights = dec.recurrent_weights()                   # GRU_1's U and b_h
+        first = None if grads is None else SequenceGrads(*first_weights, None)
         hiddens, readouts, weights = [], [], []
         for x_step in x_gates.unbind(1):                          # unbind: one backward op
-            h_first = (F.linear(state.hidden, *dec.recurrent_weights()) if first is None
+            h_first = (F.linear(state.hidden, *first_weights) if first is None
                        else first.project(state.hidden))          # U s_{i-1} + b_h
             s_first = dec.first_update(x_step, h_first, state.hidden)
             h_gates, gate_terms, readout_terms, step_weights, attention_state = self._attend(
