@@ -108,7 +108,7 @@ class ConditionalGRUDecoder(AttentiveDecoder):
         """
         embedded = self.dropout(self.embedding(prev_tokens))      # (N, E) E y_{i-1}
         x_gates = self.first_input_norm(self.input_gates(self.rnn_input_dropout(embedded)))
-        s_first = self.first_update(x_gates, F.linear(state.hidden, self.weight_hh, self.bias_hh),
+        s_first = self.first_update(x_gates, F.linear(state.hidden, *self.recurrent_weights()),
                                     state.hidden)                 # (N, D) s'_i
         context, weights, attention_state = self.context(
             DecoderState(s_first, state.attention), memory)       # (N, 2H) c_i from s'_i

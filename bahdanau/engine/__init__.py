@@ -22,7 +22,7 @@ trains through the decoder's twin (`fast_twin`); `engine="reference"` runs the d
 
 from __future__ import annotations
 
-from bahdanau.conditional_decoder import ConditionalGRUDecoder
+from bahdanau.decoder import AttentiveDecoder
 from bahdanau.engine.conditional import ConditionalEngine
 from bahdanau.engine.decoding import DecoderEngine, EngineMemory, PackedWeights
 from bahdanau.engine.sequence_grads import SequenceGrads
@@ -37,12 +37,10 @@ __all__ = [
 ]
 
 
-def fast_twin(decoder: object) -> DecoderEngine | None:
-    """The engine that runs `decoder` fast: `ConditionalEngine` for the conditional GRU,
-    `DecoderEngine` for the paper's decoder, None for a decoder whose `has_fast_twin` is False
-    (a subclass whose step differs), which models run on the reference path."""
-    if not getattr(decoder, "has_fast_twin", True):
-        return None
-    if isinstance(decoder, ConditionalGRUDecoder):
-        return ConditionalEngine(decoder)
-    return DecoderEngine(decoder)  # type: ignore[arg-type]
+def fast_twin(decoder: AttentiveDecoder) -> DecoderEngine | None:
+    """The engine that runs `decoder` fast (`DecoderEngine.twin_class`): `ConditionalEngine` for
+    the conditional GRU, `DecoderEngine` for the paper's decoder, None for a decoder whose
+    `has_fast_twin` is False (a subclass whose step differs), which models run on the reference
+    path."""
+    twin = DecoderEngine.twin_class(decoder)
+    return None if twin is None else twin(decoder)

@@ -48,7 +48,7 @@ tests/unit/test_packed_linear.py the packed search to it in float32.
 from __future__ import annotations
 
 import copy
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,9 @@ from bahdanau.kernels import int8_linear, linear_cross_entropy, packed_linear
 from bahdanau.kernels.int8_linear import Int8Linear
 from bahdanau.kernels.packed_linear import PackedLinear
 
+# the engine written for each decoder class that has one (`DecoderEngine.twin_class`)
+_TWINS: dict[type[AttentiveDecoder], type[DecoderEngine]] = {}
+
 # a linear map a search step calls on (N, in) rows: packed in float32, or in int8
 StepLinear = PackedLinear | Int8Linear
 
@@ -72,9 +75,10 @@ class PackedWeights(NamedTuple):
     search, or a layer the decoder does not offer as weights): the step then calls `F.linear`
     or the layer."""
 
-    step: StepLinear | None = None              # [W_a; U] s_{i-1} (`EngineMemory.step_weight`)
+    step: StepLinear | None = None              # [W_a; U] s_{i-1} (`EngineMemory.step_weight`;
+                                                # the cGRU's [W_a; U'] s'_i)
     input: StepLinear | None = None             # [W_r; W_z; W] E y_{i-1} + b
-    readout_state: StepLinear | None = None     # U_o s_{i-1} + b
+    readout_state: StepLinear | None = None     # U_o s_{i-1} + b (the cGRU's U_o s_i + b)
     readout_embed: StepLinear | None = None     # V_o E y_{i-1}
     output: StepLinear | None = None            # W_o t_i + b_o
 
@@ -87,6 +91,7 @@ class EngineMemory(NamedTuple):
     values: Tensor                # (B, S, 3D + 2L) [C; C_o] h_j; RNNencdec: (B, 3D + 2L) [C; C_o] c
     step_weight: Tensor           # (P + R, D) [query_weight; U] (P = 0 without one), R = 3D | 2D
     step_bias: Tensor             # (P + R,) 0 for the query rows, then the GRU's recurrent bias
+    query_rows: int               # P
     calls_context: bool = False   # values are h_j (RNNencdec: c), and C, C_o are called on c_i
     packed: PackedWeights = PackedWeights()     # for a search (`prepare(for_search=True)`)
 
@@ -109,12 +114,38 @@ class DecoderEngine:
             decoder's weights as they are, for decoding on a CPU only.
 
     Raises:
-        InputError: `int8` where int8 matmuls cannot run (`int8_linear.unavailable_reason`),
-            or for weights that are not float32 on a CPU.
+        InputError: a decoder whose step this engine does not compute (`twin_class` names the
+            one that does); `int8` where int8 matmuls cannot run
+            (`int8_linear.unavailable_reason`), or for weights that are not float32 on a CPU.
+
+    An engine for a decoder form of its own subclasses this one and names that decoder class
+    its `twin_of` (as `bahdanau.engine.ConditionalEngine` does): `twin_class` then chooses it
+    for that class and its subclasses.
     """
+
+    twin_of: ClassVar[type[AttentiveDecoder]] = AttentiveDecoder
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "twin_of" in vars(cls):
+            _TWINS[cls.twin_of] = cls
+
+    @staticmethod
+    def twin_class(decoder: object) -> type[DecoderEngine] | None:
+        """The engine written for `decoder`'s step: the one whose `twin_of` is the nearest class
+        of the decoder's MRO that has an engine; None for a decoder whose `has_fast_twin` is
+        False (its step is its own) or that is no `AttentiveDecoder`."""
+        if not getattr(decoder, "has_fast_twin", False):
+            return None
+        return next((_TWINS[c] for c in type(decoder).__mro__ if c in _TWINS), None)
 
     def __init__(self, decoder: AttentiveDecoder, *, sequence_grads: bool = True,
                  int8: bool = False) -> None:
+        twin = self.twin_class(decoder)
+        if twin is None or twin.twin_of is not self.twin_of:
+            raise InputError(f"{type(self).__name__} computes the step of "
+                             f"{self.twin_of.__name__}, not of {type(decoder).__name__}: "
+                             "bahdanau.engine.fast_twin(decoder) builds a decoder's engine")
         self.decoder = decoder
         self.sequence_grads = sequence_grads
         self.int8 = self._quantized() if int8 else None
@@ -125,26 +156,28 @@ class DecoderEngine:
         return type(self)(copy.deepcopy(self.decoder, memo),
                           sequence_grads=self.sequence_grads, int8=self.int8 is not None)
 
-    def _recurrent_weights(self) -> tuple[Tensor, Tensor]:
-        """The GRU rows that multiply the attention's query state, and their bias: U's."""
+    def _fused_recurrent_weights(self) -> tuple[Tensor, Tensor]:
+        """The GRU rows fused with the attention's query projection, those that multiply the
+        state the attention reads, and their bias: U's, of s_{i-1}."""
         return self.decoder.recurrent_weights()
 
-    def _step_weights(self) -> tuple[Tensor, Tensor]:
-        """The fused step weight [query_weight; U] and its bias (`EngineMemory.step_weight`)."""
+    def _step_weights(self) -> tuple[Tensor, Tensor, int]:
+        """The fused step weight [query_weight; U], its bias (`EngineMemory.step_weight`) and
+        the number of query rows."""
         dec = self.decoder
-        weight, bias = self._recurrent_weights()
+        weight, bias = self._fused_recurrent_weights()
         query_weight = None if dec.attention is None else dec.attention.query_weight()
-        if query_weight is not None:
-            weight = torch.cat([query_weight, weight])
-            bias = torch.cat([bias.new_zeros(query_weight.shape[0]), bias])
-        return weight, bias
+        if query_weight is None:
+            return weight, bias, 0
+        return (torch.cat([query_weight, weight]),
+                torch.cat([bias.new_zeros(query_weight.shape[0]), bias]), query_weight.shape[0])
 
     def _quantized(self) -> PackedWeights:
         """The int8 maps of `DecoderEngine(int8=True)`; the input gates stay float."""
         reason = int8_linear.unavailable_reason()
         if reason is not None:
             raise InputError(f"int8 decoding cannot run here: {reason}; decode in float32")
-        weight, bias = self._step_weights()
+        weight, bias, _ = self._step_weights()
         if weight.device.type != "cpu" or weight.dtype != torch.float32:
             raise InputError(f"int8 decoding quantises float32 weights on a CPU, not "
                              f"{weight.dtype} on {weight.device}: move the model with "
@@ -178,8 +211,8 @@ class DecoderEngine:
         assert source is not None   # init_state builds the context exactly without attention
         value_weight = None if dec.drops_rnn_inputs() else dec.value_weight()
         values = source if value_weight is None else F.linear(source, value_weight)
-        weight, bias = self._step_weights()
-        prepared = EngineMemory(memory, values, weight, bias, value_weight is None)
+        weight, bias, query_rows = self._step_weights()
+        prepared = EngineMemory(memory, values, weight, bias, query_rows, value_weight is None)
         if not for_search:
             return prepared
         rows = memory.mask.shape[0]                               # B sentences
@@ -297,7 +330,8 @@ class DecoderEngine:
     # ------------------------------------------------------------------ one step's attention
     def _attend(self, state: DecoderState, memory: EngineMemory, grads: SequenceGrads | None
                 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None, Tensor | None]:
-        """From s_{i-1} (N rows): U s_{i-1}, C c_i (N, 3D), C_o c_i (N, 2L), a_ij and the
+        """From the state the attention reads (N rows: s_{i-1}; the cGRU's s'_i): its product
+        with the fused recurrent rows (U s_{i-1}), C c_i (N, 3D), C_o c_i (N, 2L), a_ij and the
         attention's next state. With `grads`, the step matmul and the value mix go through it.
         With `memory.calls_context`, C and C_o are called on c_i."""
         dec, hidden, packed_step = self.decoder, state.hidden, memory.packed.step
@@ -312,7 +346,7 @@ class DecoderEngine:
             beams = hidden.shape[0] // memory.values.shape[0]
             h_gates, context_terms = projected, memory.values.repeat_interleave(beams, 0)
         else:
-            query_rows = projected.shape[1] - dec.recurrent_rows
+            query_rows = memory.query_rows
             if query_rows:                                        # W_a s_{i-1} came fused
                 query, h_gates = projected.split([query_rows, projected.shape[1] - query_rows],
                                                  1)
@@ -348,3 +382,6 @@ class DecoderEngine:
                  and not attention.mixes_values(memory.decoder.attention))
         return SequenceGrads(memory.step_weight, memory.step_bias,
                              memory.values if mixes else None)
+
+
+_TWINS[AttentiveDecoder] = DecoderEngine

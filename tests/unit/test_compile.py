@@ -105,7 +105,7 @@ class DecoderStep(nn.Module):
 def step_dynamic_shapes(memory, batch: Dim, src_len: Dim):
     """Dynamic dims of `encode`'s memory: every per-sentence tensor has B rows, and those over
     source positions have S columns; the engine's step weight and bias have neither (nor its
-    drop_context flag, a bool)."""
+    query_rows and calls_context, an int and a bool)."""
     def dims(tensor: Tensor | None, over_source: bool) -> dict[int, Dim] | None:
         if tensor is None:
             return None
@@ -121,7 +121,8 @@ def step_dynamic_shapes(memory, batch: Dim, src_len: Dim):
     if not hasattr(memory, "step_weight"):
         return decoder_memory(memory)
     return type(memory)(decoder_memory(memory.decoder),
-                        dims(memory.values, memory.values.dim() == 3), None, None, None)
+                        dims(memory.values, memory.values.dim() == 3), step_weight=None,
+                        step_bias=None, query_rows=None, calls_context=None)
 
 
 @pytest.mark.parametrize(("engine", "attention"), SETUPS)

@@ -35,6 +35,7 @@ from bahdanau import (
 from bahdanau.conditional_decoder import ConditionalGRUDecoder
 from bahdanau.data import Batch
 from bahdanau.engine import ConditionalEngine, DecoderEngine
+from bahdanau.errors import InputError
 
 
 class CoverageMemory(NamedTuple):
@@ -265,6 +266,28 @@ def test_engine_is_chosen_once_at_construction() -> None:
 
     own = OwnStep(V, 8, 16, 16, 6, attention=AdditiveAttention(16, 16, 10))
     assert RNNSearch(conditional.encoder.float(), own).engine is None
+    # an engine refuses a decoder whose step it does not compute, rather than run its own
+    for engine, decoder in ((DecoderEngine, conditional.decoder), (ConditionalEngine, own),
+                            (ConditionalEngine, fast.decoder)):
+        with pytest.raises(InputError, match=f"computes the step of .*not of "
+                                             f"{type(decoder).__name__}: .*fast_twin"):
+            engine(decoder)
+
+    class Subclassed(ConditionalGRUDecoder):       # the same step: the cGRU's twin
+        pass
+
+    class OwnForm(AttentiveDecoder):               # a form with an engine of its own
+        pass
+
+    class OwnFormEngine(DecoderEngine):
+        twin_of = OwnForm
+
+    decoder = Subclassed(V, 8, 16, 16, 6, attention=AdditiveAttention(16, 16, 10))
+    assert type(RNNSearch(conditional.encoder, decoder).engine) is ConditionalEngine
+    decoder = OwnForm(V, 8, 16, 16, 6, attention=AdditiveAttention(16, 16, 10))
+    assert type(RNNSearch(conditional.encoder, decoder).engine) is OwnFormEngine
+    with pytest.raises(InputError, match="DecoderEngine computes the step of AttentiveDecoder"):
+        DecoderEngine(decoder)
     with pytest.raises(ValueError, match="engine must be one of"):
         RNNSearch(fast.encoder, fast.decoder, engine="quick")
     with pytest.raises(ValueError, match="engine must be one of"):

@@ -129,6 +129,10 @@ def test_an_int8_copy_finds_the_float_tokens_on_most_sentences(decoder) -> None:
     same = sum(a[0].tokens == b[0].tokens for a, b in zip(floats, int8s, strict=True))
     assert same >= 32, f"{same} of 40 sentences decoded to the float tokens"
     assert not all(a[0].score == b[0].score for a, b in zip(floats, int8s, strict=True))
+    again = copy.deepcopy(quantized)                   # quantised again, by the same engine
+    assert type(again.engine) is type(net.engine)
+    assert ([h[0].tokens for h in search(again, src, src_lengths)]
+            == [h[0].tokens for h in int8s])
     # teacher forcing is the float model's
     torch.testing.assert_close(quantized(src, src_lengths, src[:, :4]),
                                net(src, src_lengths, src[:, :4]))

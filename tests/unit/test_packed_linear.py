@@ -63,8 +63,8 @@ def test_nothing_is_packed_outside_inference_mode_or_for_float64(monkeypatch) ->
     torch.testing.assert_close(x.grad, weight.sum(0).expand(3, 4))
 
 
-def model(engine: str) -> RNNSearch:
-    cfg = replace(presets.tiny(30, 30), engine=engine, decoder_size=16)
+def model(engine: str, decoder: str = "paper") -> RNNSearch:
+    cfg = replace(presets.tiny(30, 30), engine=engine, decoder_size=16, decoder=decoder)
     torch.manual_seed(0)
     net = RNNSearch.from_config(cfg).eval()
     with torch.no_grad():
@@ -74,8 +74,9 @@ def model(engine: str) -> RNNSearch:
 
 
 @needs_onednn
-def test_search_through_packed_weights_equals_the_reference_decoder() -> None:
-    fast, reference = model("fast"), model("reference")
+@pytest.mark.parametrize("decoder", ["paper", "cgru"])
+def test_search_through_packed_weights_equals_the_reference_decoder(decoder) -> None:
+    fast, reference = model("fast", decoder), model("reference", decoder)
     reference.load_state_dict(fast.state_dict())
     gen = torch.Generator().manual_seed(1)
     src_lengths = torch.tensor([7, 3, 5, 6])
