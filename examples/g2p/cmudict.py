@@ -183,15 +183,13 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--eval-every", type=int, default=2000,
                    help="updates between dev evaluations and checkpoints")
     t.add_argument("--batch-size", type=int, default=64, help="words a batch")
-    for config, defaults in ((ModelConfig, DROPOUTS), (TrainConfig, LOSS)):
-        for field, _, spec in declared(config):
-            if field.name in defaults:
-                t.add_argument("--" + field.name.replace("_", "-"), type=float,
-                               default=defaults[field.name],
-                               help=f"{spec.help} (default {defaults[field.name]:g})")
-            elif field.name == "decoder":
-                t.add_argument("--decoder", choices=typing.get_args(DecoderKind),
-                               default=DECODER, help=f"{spec.help} (default {DECODER})")
+    helps = {field.name: spec.help for config in (ModelConfig, TrainConfig)
+             for field, _, spec in declared(config)}
+    for name, default in {**DROPOUTS, **LOSS}.items():
+        t.add_argument("--" + name.replace("_", "-"), type=float, default=default,
+                       help=f"{helps[name]} (default {default:g})")
+    t.add_argument("--decoder", choices=typing.get_args(DecoderKind), default=DECODER,
+                   help=f"{helps['decoder']} (default {DECODER})")
     t.add_argument("--limit", type=int, default=None, help="train on the first N words only")
     t.add_argument("--dev-limit", type=int, default=None, help="score the first N dev words")
     t.add_argument("--seed", type=int, default=1234)

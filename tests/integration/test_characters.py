@@ -102,6 +102,10 @@ def test_the_g2p_recipe_trains_resumes_and_evaluates(tmp_path, capsys) -> None:
     config = load(run).model.config
     assert (config.dropout_deep_output, config.decoder) == (0.5, "cgru")
     assert read_checkpoint(run).train_config["label_smoothing"] == 0.2
+    assert recipe.main([*common, "--max-steps", "4", *options[:-1], "paper"]) == 2
+    error = capsys.readouterr().err                     # another decoder: refused, one line
+    assert "decoder" in error and len(error.strip().splitlines()) == 1
+    assert read_checkpoint(run).step == 2
     assert recipe.main([*common, "--max-steps", "4", *options]) == 0
     # the same command resumes
     resumed = json.loads(capsys.readouterr().out)
