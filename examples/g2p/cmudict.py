@@ -11,8 +11,9 @@ phonemes out (`bahdanau.WhitespaceTokenizer`), the two stored together in every 
 `bahdanau.TokenizerPair`. The stress digits are stripped (39 phonemes) unless --keep-stress.
 --dropout, --dropout-rnn-inputs and --dropout-deep-output are the model's three dropouts
 (`bahdanau.ModelConfig`; 0.2, 0 and 0 by default), --label-smoothing the training loss's
-(`bahdanau.TrainConfig`; 0.1 by default), and --decoder its decoder form (the paper's by
-default, or cgru: Nematus' conditional GRU).
+(`bahdanau.TrainConfig`; 0.1 by default), --decoder its decoder form (the paper's by
+default, or cgru: Nematus' conditional GRU), and --layer-norm layer-normalises its GRU cells
+(off by default).
 Every pronunciation of a training word is a training pair. Every --eval-every updates the dev
 words are decoded greedily and scored (`bahdanau.error_rates`: a word is right when its output
 equals any of its pronunciations); the checkpoint of the lowest dev WER is RUN/checkpoints/
@@ -84,6 +85,7 @@ DECAY_PATIENCE = 2       # evaluations without a better dev WER before the learn
 DROPOUTS = {"dropout": 0.2, "dropout_rnn_inputs": 0.0, "dropout_deep_output": 0.0}
 LOSS = {"label_smoothing": 0.1}     # chosen on dev: docs/guides/characters.md
 DECODER = "paper"                   # the decoder form (--decoder)
+LAYER_NORM = False                  # layer-normalised GRU cells (--layer-norm)
 
 
 def strip_stress(phones: str) -> str:
@@ -120,7 +122,8 @@ def _train(args: argparse.Namespace) -> dict[str, object]:
     examples = encode_pairs(list(zip(words, phones, strict=True)), src_vocab, tgt_vocab,
                             tokenizer)
     config = replace(presets.g2p(len(src_vocab), len(tgt_vocab)), init="glorot",
-                     decoder=args.decoder, **{name: getattr(args, name) for name in DROPOUTS})
+                     decoder=args.decoder, layer_norm=args.layer_norm,
+                     **{name: getattr(args, name) for name in DROPOUTS})
     cfg = TrainConfig(optimizer="adam", schedule="plateau", decay_patience=DECAY_PATIENCE,
                       batch_size=args.batch_size, eval_every=args.eval_every,
                       save_every=args.eval_every, early_stopping_metric="wer",
@@ -190,6 +193,8 @@ def parser() -> argparse.ArgumentParser:
                        help=f"{helps[name]} (default {default:g})")
     t.add_argument("--decoder", choices=typing.get_args(DecoderKind), default=DECODER,
                    help=f"{helps['decoder']} (default {DECODER})")
+    t.add_argument("--layer-norm", action=argparse.BooleanOptionalAction, default=LAYER_NORM,
+                   help=f"{helps['layer_norm']} (default {'on' if LAYER_NORM else 'off'})")
     t.add_argument("--limit", type=int, default=None, help="train on the first N words only")
     t.add_argument("--dev-limit", type=int, default=None, help="score the first N dev words")
     t.add_argument("--seed", type=int, default=1234)

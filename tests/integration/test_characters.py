@@ -94,13 +94,13 @@ def test_the_g2p_recipe_trains_resumes_and_evaluates(tmp_path, capsys) -> None:
               "2", "--batch-size", "16", "--threads", "1"]
     assert recipe.main([*common, "--max-steps", "2", "--dropout", "1.5"]) == 2
     assert "dropout" in capsys.readouterr().err and not run.exists()   # one line, no run
-    options = ["--dropout-deep-output", "0.5", "--label-smoothing", "0.2",
+    options = ["--dropout-deep-output", "0.5", "--label-smoothing", "0.2", "--layer-norm",
                "--decoder", "cgru"]                                 # none of them the defaults
     assert recipe.main([*common, "--max-steps", "2", *options]) == 0
     first = json.loads(capsys.readouterr().out)
     assert (first["step"], first["train_pairs"], first["dev_words"]) == (2, 60, 20)
     config = load(run).model.config
-    assert (config.dropout_deep_output, config.decoder) == (0.5, "cgru")
+    assert (config.dropout_deep_output, config.layer_norm, config.decoder) == (0.5, True, "cgru")
     assert read_checkpoint(run).train_config["label_smoothing"] == 0.2
     assert recipe.main([*common, "--max-steps", "4", *options[:-1], "paper"]) == 2
     error = capsys.readouterr().err                     # another decoder: refused, one line
