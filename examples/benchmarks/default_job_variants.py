@@ -13,9 +13,9 @@ when the times matter; the val BLEU of a run does not depend on the machine's lo
 last bits that the thread count changes (`--threads` fixes it).
 
     python examples/benchmarks/default_job_variants.py --root runs/ls-default \\
-        --variant plain "" --variant ls "--label-smoothing 0.1"
+        --variant plain "--label-smoothing 0" --variant ls "--label-smoothing 0.1"
     python examples/benchmarks/default_job_variants.py --root runs/ls-default --dry-run \\
-        --variant plain "" --variant ls "--label-smoothing 0.1"        # the commands only
+        --variant plain "--label-smoothing 0" --variant ls "--label-smoothing 0.1"  # commands only
 """
 
 from __future__ import annotations

@@ -89,7 +89,7 @@ class Model:
     stops_early: bool = True
 
 
-# How the weights are initialised and optimised. "adam-glorot" is the library's default job
+# How the weights are initialised and optimised. "adam-glorot" is the library's default job's
 # (it learns about three times faster, docs/reproduction.md); "paper" is the paper's own recipe
 # (appendix B: N(0, 0.01^2) and orthogonal initialisation, Adadelta with rho 0.95, eps 1e-6).
 RECIPES: dict[str, dict[str, Any]] = {
@@ -173,6 +173,7 @@ def job_options(args: argparse.Namespace, name: str) -> TrainOptions:
         "patience": args.patience if model.stops_early else None,
         "save_every": args.eval_every, "log_every": args.log_every, "seed": args.seed,
         "threads": args.threads,
+        "label_smoothing": 0.0,    # the paper has none (the default job's 0.1 came later)
     })
 
 

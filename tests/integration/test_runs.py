@@ -151,14 +151,14 @@ def test_optimisation_and_dropout_options_reach_the_run(data, tmp_path, capsys) 
     go from the command line into the run's TrainConfig and ModelConfig; on resume the
     schedule may change, the accumulation (in one process) and the dropout may not."""
     out = tmp_path / "run"
-    options = ["--label-smoothing", "0.1", "--max-tokens", "120", "--accumulation", "2",
+    options = ["--label-smoothing", "0.2", "--max-tokens", "120", "--accumulation", "2",
                "--schedule", "inverse_sqrt", "--warmup-steps", "4", "--min-lr", "0.0001",
                "--dropout-rnn-inputs", "0.2", "--dropout-deep-output", "0.3"]
     assert main(_argv(data, out, "--max-steps", "2", *options, test=False)) == 0
     payload = torch.load(out / "checkpoints" / "step_00000002.pt", weights_only=True)
     assert {k: payload["train_config"][k] for k in (
         "label_smoothing", "max_tokens", "accumulation", "schedule", "warmup_steps", "min_lr")
-            } == {"label_smoothing": 0.1, "max_tokens": 120, "accumulation": 2,
+            } == {"label_smoothing": 0.2, "max_tokens": 120, "accumulation": 2,
                   "schedule": "inverse_sqrt", "warmup_steps": 4, "min_lr": 1e-4}
     assert (payload["model_config"]["dropout_rnn_inputs"],
             payload["model_config"]["dropout_deep_output"]) == (0.2, 0.3)
