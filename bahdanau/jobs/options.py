@@ -63,9 +63,9 @@ __all__ = ["AverageOptions", "EvaluateOptions", "ExportOptions", "JOB_TRAINING",
            "resumed_options"]
 
 # Epochs of a default job (the shipped Multi30k, no limit given): about 453 updates of 64
-# sentences each over its 28,999 pairs, at about 3.1 updates/s with the small preset on a
-# 2-core CPU, so 5 epochs (2,270 updates) take about 12 minutes there (11.6 measured; 18.3 on
-# another idle 2-core CPU, at 2.1 updates/s).
+# sentences each over its 28,999 pairs, at 2.1 to 3.1 updates/s with the small preset on an
+# idle 2-core CPU, so 5 epochs (2,270 updates) take 12 to 18 minutes there (11.6 and 18.3
+# measured on two machines).
 DEFAULT_EPOCHS = 5
 # The default job's training settings where they are not the paper's: Adam (converges within a
 # short budget), batches of 64, label smoothing 0.1 (2.87 val BLEU more at equal updates, over
