@@ -24,9 +24,9 @@ Protocol
   here, plus the setting's flags). Its training wall time is measured here the same way: from
   starting the process to the ``trained N updates`` line (after the last checkpoint is
   written), i.e. start-up, data loading, vocabularies and dev evaluations included, test
-  decoding excluded. ``--time-budget`` only counts the training loop,
-  so it is set to the target wall time minus the start-up overhead (``--overhead-s``; by default
-  the median overhead of our earlier runs in the table, else 5 s). The protocol asks for our
+  decoding excluded. ``--time-budget`` only counts the training loop, so it is set to the
+  target wall time minus the start-up overhead (``--overhead-s``; by default the median
+  overhead of our earlier runs in the table, else 5 s). The protocol asks for our
   training wall time within +-3 % of OpenNMT-py's: ``ours --match-opennmt UPDATES`` aims at the
   mean training wall time of the OpenNMT-py runs with that many updates in the table, and prints
   and records the difference (``wall_vs_opennmt_pct``).
