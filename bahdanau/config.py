@@ -189,13 +189,15 @@ class ModelConfig(DictConfig):
                 raise InputError(f"{name} must be an int >= 5 (4 specials + 1 word), got {value!r}")
         check_settings(self)     # every declared setting: sizes, arch, attention, decoder, ...
         named = {f.name: field_name(f) for f, _, _ in declared(type(self))}  # flags, in a job
-        if self.layer_norm and self.gru_form != "torch":
-            raise InputError(f"{named['layer_norm']} normalises U h, the torch form's recurrent "
-                             f"projection: it needs {named['gru_form']} torch (the paper form "
-                             "computes U (r * h))")
         if self.decoder == "cgru" and self.gru_form != "torch":
             raise InputError(f"{named['decoder']} cgru is built of the torch form's GRUs: it "
                              f"needs {named['gru_form']} torch")
+        if self.layer_norm and self.gru_form != "torch":
+            flag = named["layer_norm"]
+            off = f"--no-{flag[2:]}" if flag.startswith("--") else f"{flag}=False"
+            raise InputError(f"{flag} normalises U h, the torch form's recurrent projection: it "
+                             f"needs {named['gru_form']} torch, or {off} (the paper form "
+                             "computes U (r * h))")
         if self.decoder == "cgru" and self.arch != "rnnsearch":
             raise InputError(f"{named['decoder']} cgru attends from its first GRU's state: it "
                              f"needs {named['arch']} rnnsearch (rnnencdec has no attention)")

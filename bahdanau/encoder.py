@@ -10,7 +10,8 @@ Two paths compute the same annotations:
 * eager: `torch.nn.GRU` over a `PackedSequence` (torch form), or one loop over positions that
   keeps each direction's state at padding (paper form);
 * layer-normalised (``layer_norm=True``, `bahdanau.layer_norm`): one loop over positions,
-  both directions at once, on every path (`BiRNNEncoder._norm_gru`);
+  both directions at once, on every path (`BiRNNEncoder._norm_gru`), a `scan` under
+  `torch.export`;
 * traced (`torch.compile`, `torch.export`): no `PackedSequence`. Each direction is one node
   of the graph over the padded batch, so B and S stay dynamic; the backward direction reads
   each sentence reversed in place by a gather (position j reads len-1-j, padding stays) and is
@@ -374,23 +375,35 @@ class BiRNNEncoder(Part, nn.Module):
 
     def _norm_gru(self, embedded: Tensor, mask: Tensor) -> Tensor:
         """Both directions of the layer-normalised GRU in one loop (fwd at position t, bwd at
-        S-1-t), each direction's state kept at padding: (B, S, E) -> (B, S, 2H), 0 at padding."""
+        S-1-t), each direction's state kept at padding: (B, S, E) -> (B, S, 2H), 0 at padding.
+
+        Eager, the loop is Python's; under `torch.export` it is one `scan` of the same
+        `position` function (S stays dynamic, as `_gru_layer_scan`)."""
         assert self.norms is not None
-        src_len = embedded.shape[1]
-        directions = []
+        inputs, recurrent = [], []
         for d, (w_ih, w_hh, b_ih, b_hh) in enumerate(self.rnn.all_weights):
-            x_norm, h_norm = self.norms[2 * d], self.norms[2 * d + 1]
-            directions.append((x_norm(F.linear(embedded, w_ih, b_ih)), w_hh, b_hh, h_norm))
-        h = [embedded.new_zeros(embedded.shape[0], self.hidden_size) for _ in range(2)]
-        outputs: list[list[Tensor]] = [[], []]
-        for t in range(src_len):
-            for d, (x_gates, w_hh, b_hh, h_norm) in enumerate(directions):
-                position = t if d == 0 else src_len - 1 - t
-                real = mask[:, position, None]
-                new = functional.gru_update(x_gates[:, position], h_norm(F.linear(h[d], w_hh,
-                                                                                 b_hh)), h[d])
-                h[d] = torch.where(real, new, h[d])                     # padding keeps the state
-                outputs[d].append(torch.where(real, new, torch.zeros_like(new)))
-        fwd = torch.stack(outputs[0], dim=1)                       # (B, S, H)
-        bwd = torch.stack(outputs[1][::-1], dim=1)                 # (B, S, H)
-        return torch.cat([fwd, bwd], dim=-1)
+            x_gates = self.norms[2 * d](F.linear(embedded, w_ih, b_ih)).transpose(0, 1)
+            inputs.append(x_gates if d == 0 else x_gates.flip(0))         # (S, B, 3H)
+            recurrent.append((w_hh, b_hh, self.norms[2 * d + 1]))
+        real = mask.transpose(0, 1)[..., None]                             # (S, B, 1)
+        inputs += [real, real.flip(0)]
+
+        def position(h: tuple[Tensor, Tensor], x: list[Tensor]
+                     ) -> tuple[tuple[Tensor, Tensor], tuple[Tensor, Tensor]]:
+            states, outputs = [], []
+            for d, (w_hh, b_hh, h_norm) in enumerate(recurrent):
+                new = functional.gru_update(x[d], h_norm(F.linear(h[d], w_hh, b_hh)), h[d])
+                states.append(torch.where(x[2 + d], new, h[d]))         # padding keeps the state
+                outputs.append(torch.where(x[2 + d], new, torch.zeros_like(new)))
+            return (states[0], states[1]), (outputs[0], outputs[1])
+
+        h0 = inputs[0].new_zeros(embedded.shape[0], self.hidden_size)   # autocast: the gates'
+        if torch.compiler.is_exporting():
+            _, (fwd, bwd) = scan(position, (h0, h0.clone()), inputs)      # (S, B, H) each
+        else:
+            h, steps = (h0, h0), []
+            for t in range(embedded.shape[1]):
+                h, out = position(h, [x[t] for x in inputs])
+                steps.append(out)
+            fwd, bwd = (torch.stack(direction) for direction in zip(*steps, strict=True))
+        return torch.cat([fwd, bwd.flip(0)], dim=-1).transpose(0, 1)     # (B, S, 2H)

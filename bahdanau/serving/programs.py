@@ -167,15 +167,10 @@ def export_programs(model: nn.Module) -> ServingPrograms:
     Returns:
         The two programs and their manifest (what `export_folder` writes as JSON).
     Raises:
-        InputError: not a single model (an `Ensemble` is several), an attention that keeps
-            a per-row state (the programs carry s_i alone), or layer-normalised GRUs (the
-            encoder's loop over positions would fix the source length).
+        InputError: not a single model (an `Ensemble` is several), or an attention that keeps
+            a per-row state (the programs carry s_i alone).
     """
     model = one_model(model)
-    if getattr(getattr(model, "encoder", None), "norms", None) is not None:
-        raise InputError("a model with layer-normalised GRUs cannot be exported yet: its "
-                         "encoder loops over the source positions, which tracing would fix to "
-                         "one length; serve it with bahdanau.load instead")
     was_training = model.training
     model.eval()
     try:

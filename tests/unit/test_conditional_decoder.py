@@ -241,7 +241,8 @@ def test_config_rebuilds_the_decoder_and_old_configs_are_the_paper_s() -> None:
 
 
 @pytest.mark.parametrize(("changes", "match"), [
-    ({"layer_norm": True, "gru_form": "paper"}, "^layer_norm normalises U h.*gru_form torch"),
+    ({"layer_norm": True, "gru_form": "paper"},
+     "^layer_norm normalises U h.*gru_form torch, or layer_norm=False "),
     ({"decoder": "cgru", "arch": "rnnencdec"}, "^decoder cgru attends.*arch rnnsearch"),
     ({"decoder": "cgru", "gru_form": "paper"}, "^decoder cgru is built of the torch form's "
      "GRUs: it needs gru_form torch$"),
@@ -253,26 +254,16 @@ def test_bad_settings_are_one_line(changes, match) -> None:
         replace(presets.tiny(V, V), **changes)
 
 
-def test_the_cgru_exports_and_its_programs_decode_as_greedy() -> None:
-    """`bahdanau export`'s programs of a cGRU model: greedy decoding over them gives
-    `greedy_search`'s tokens (float64, random weights, a batch of several lengths)."""
+@pytest.mark.parametrize("layer_norm", [False, True])
+def test_the_cgru_exports_and_its_programs_decode_as_greedy(layer_norm) -> None:
+    """`bahdanau export`'s programs of a cGRU model, layer-normalised or not: greedy decoding
+    over them gives `greedy_search`'s tokens (float64, random weights, a batch of several
+    lengths)."""
     from bahdanau.serving import export_programs, greedy_decode
 
-    model = random_model(layer_norm=False)
+    model = random_model(layer_norm=layer_norm)
     programs = export_programs(model)
     src, src_lengths, _, _ = batch()
     got = greedy_decode(programs.encoder.module(), programs.step.module(), src, src_lengths,
                         bos_id=1, eos_id=2, pad_id=0, max_len=8, min_len=1)
     assert got == [h.tokens for h in greedy_search(model, src, src_lengths, max_len=8)]
-
-
-def test_layer_normalised_models_are_not_exported_but_refused_in_one_line() -> None:
-    from bahdanau.serving import export_programs
-
-    with pytest.raises(InputError, match="^a model with layer-normalised GRUs cannot be exported "
-                                         "yet: .*serve it with bahdanau.load instead$"):
-        export_programs(random_model("paper", True))
-    assembled = random_model("paper", True)        # assembled by hand: the encoder says so
-    assembled.config = None
-    with pytest.raises(InputError, match="^a model with layer-normalised GRUs cannot be"):
-        export_programs(assembled)

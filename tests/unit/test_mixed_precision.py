@@ -1,11 +1,12 @@
 """bfloat16 and float16 autocast on every path, against float64, within bounds from the rounding.
 
 Paths: RNNsearch with each attention implementation (reference, sigmoid, and the Triton kernel
-under TRITON_INTERPRET=1) and each engine (fast, reference); Luong attention and RNNencdec with
-each engine. For each, on the CPU, the loss and every parameter's gradient (by `model.loss` and
-by `train_step`, float16 with a GradScaler), a greedy translation and an exhaustive beam search
-under `torch.autocast` are held to the float64 result of the same weights; float32 without
-autocast is held to the same standard, which checks the bounds themselves.
+under TRITON_INTERPRET=1) and each engine (fast, reference); Luong attention, RNNencdec and
+layer-normalised GRUs with each engine. For each, on the CPU, the loss and every parameter's
+gradient (by `model.loss` and by `train_step`, float16 with a GradScaler), a greedy translation
+and an exhaustive beam search under `torch.autocast` are held to the float64 result of the same
+weights; float32 without autocast is held to the same standard, which checks the bounds
+themselves.
 
 Every bound is that of `rounding_bounds`: the first-order effect on the checked scalar of a
 rounding error of the unit roundoff of its dtype in every value the run materialises (forward
@@ -52,15 +53,17 @@ _SKIP_TRITON = pytest.mark.skipif(
     reason="Triton is not installed" if not HAS_TRITON else
     "the kernel takes these CPU tensors under TRITON_INTERPRET=1 (the README's test command)")
 
-# (arch, attention, attention_impl, engine)
+# The model's choices of each path (`ModelConfig` fields over `presets.tiny`)
 PATHS = [
-    *(pytest.param("rnnsearch", "additive", impl, engine, id=f"{impl}-{engine}",
+    *(pytest.param({"attention_impl": impl, "engine": engine}, id=f"{impl}-{engine}",
                    marks=[_SKIP_TRITON] if impl == "triton" else [])
       for impl, engine in itertools.product(("reference", "sigmoid", "triton"),
                                             ("fast", "reference"))),
-    *(pytest.param("rnnsearch", "luong_general", "reference", engine, id=f"luong-{engine}")
-      for engine in ("fast", "reference")),
-    *(pytest.param("rnnencdec", "additive", "reference", engine, id=f"encdec-{engine}")
+    *(pytest.param({**choices, "attention_impl": "reference", "engine": engine},
+                   id=f"{name}-{engine}")
+      for name, choices in (("luong", {"attention": "luong_general"}),
+                            ("encdec", {"arch": "rnnencdec"}),
+                            ("layer-norm", {"layer_norm": True}))
       for engine in ("fast", "reference")),
 ]
 # float32: no autocast (the bounds' own check); the others: autocast to them
@@ -68,11 +71,11 @@ DTYPES = [pytest.param(torch.float32, id="fp32"), pytest.param(torch.bfloat16, i
           pytest.param(torch.float16, id="fp16")]
 
 
-def _model(arch: str, attention: str, impl: str, engine: str, tgt_vocab: int = 16):
-    """A float32 `presets.tiny` model whose every parameter is drawn (biases and v_a too, which
-    the initialisation leaves 0): N(0, 1/fan_in) matrices, N(0, 1/4) vectors."""
-    cfg = dataclasses.replace(tiny(16, tgt_vocab), arch=arch, attention=attention,
-                              attention_impl=impl, engine=engine)
+def _model(path: dict, tgt_vocab: int = 16):
+    """A float32 `presets.tiny` model with the choices of `path` whose every parameter is drawn
+    (biases and v_a too, which the initialisation leaves 0): N(0, 1/fan_in) matrices,
+    N(0, 1/4) vectors."""
+    cfg = dataclasses.replace(tiny(16, tgt_vocab), **path)
     model = build_model(cfg)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -150,13 +153,12 @@ def _applied_update(model, batch, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("arch", "attention", "impl", "engine"), PATHS)
-def test_loss_and_gradients_within_the_rounding_bound(arch, attention, impl, engine,
-                                                      dtype) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_loss_and_gradients_within_the_rounding_bound(path, dtype) -> None:
     """The loss and each parameter's gradient, by `model.loss` under autocast and by the first
     update `train_step` applies (float16: with a GradScaler), within their rounding bounds of
     float64's."""
-    model = _model(arch, attention, impl, engine)
+    model = _model(path)
     exact, batch = _exact(model), _batch()
     want = _loss_and_gradients(exact, batch)          # float64, autocast off: the truth
     with _autocast(dtype):
@@ -224,12 +226,12 @@ SOURCES = [[5, 6, 7, 8, 9, 10], [11, 12, 13]]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("arch", "attention", "impl", "engine"), PATHS)
-def test_greedy_tokens_within_the_rounding_bound(arch, attention, impl, engine, dtype) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_greedy_tokens_within_the_rounding_bound(path, dtype) -> None:
     """Each token of the greedy translation is float64's best next token, or one whose
     float64 log-probability is within the bound of that difference below it; the translation's
     log-probability is float64's of its tokens within its bound."""
-    model = _model(arch, attention, impl, engine)
+    model = _model(path)
     exact = _exact(model)
     src = torch.tensor([s + [0] * (len(SOURCES[0]) - len(s)) for s in SOURCES])
     lengths = torch.tensor([len(s) for s in SOURCES])
@@ -267,12 +269,12 @@ SMALL_VOCAB, WORDS, BEAM, MAX_LEN = 6, (3, 4, 5), 9, 2
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("arch", "attention", "impl", "engine"), PATHS)
-def test_beam_search_within_the_rounding_bound(arch, attention, impl, engine, dtype) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_beam_search_within_the_rounding_bound(path, dtype) -> None:
     """An exhaustive beam search finds a hypothesis whose float64 log-probability is within
     the two hypotheses' bounds of the float64 best's (so it is the best unless the two are that
     close), and reports its log-probability within its bound."""
-    model = _model(arch, attention, impl, engine, tgt_vocab=SMALL_VOCAB)
+    model = _model(path, tgt_vocab=SMALL_VOCAB)
     exact = _exact(model)
     sentence = torch.tensor(SOURCES[0])
     eos = model.config.eos_id
@@ -303,9 +305,8 @@ def test_beam_search_within_the_rounding_bound(arch, attention, impl, engine, dt
 # Training with a GradScaler
 
 
-@pytest.mark.parametrize(("arch", "attention", "impl", "engine"), PATHS)
-def test_float16_training_with_a_grad_scaler_lowers_the_loss_like_float32(arch, attention, impl,
-                                                                          engine) -> None:
+@pytest.mark.parametrize("path", PATHS)
+def test_float16_training_with_a_grad_scaler_lowers_the_loss_like_float32(path) -> None:
     """A few float16 updates with a GradScaler: finite weights after each; each skipped update
     halves the scale; the float64 loss of the weights falls, as float32's does."""
     batch = _batch()
@@ -315,9 +316,9 @@ def test_float16_training_with_a_grad_scaler_lowers_the_loss_like_float32(arch, 
             twin = _exact(model)
             return float(twin.loss(batch.src, batch.src_lengths, batch.tgt_in, batch.tgt_out)[0])
 
-    start = exact_loss(_model(arch, attention, impl, engine))
+    start = exact_loss(_model(path))
     for amp in (None, torch.float16):
-        model = _model(arch, attention, impl, engine)
+        model = _model(path)
         scaler = torch.amp.GradScaler("cpu") if amp is not None else None
         optimizer = torch.optim.SGD(model.parameters(), lr=LR)
         for _ in range(4):
@@ -347,7 +348,7 @@ def test_library_calls_run_the_model_in_the_autocast_dtype() -> None:
     from bahdanau.evaluate import score_corpus, translate_corpus
     from bahdanau.translate import Translator
 
-    model = _model("rnnsearch", "additive", "reference", "fast").eval()
+    model = _model({"attention_impl": "reference", "engine": "fast"}).eval()
     tokenizer = DefaultTokenizer()
     translator = Translator(model, tokenizer, TINY_VOCAB, TINY_VOCAB)
     search = BeamSearch(beam_size=2, max_len=4)

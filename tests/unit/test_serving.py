@@ -171,10 +171,12 @@ def test_readme_names_the_models_dtype_and_its_sentencepiece_model() -> None:
     {"engine": "reference", "attention": "luong_general"},
     {"arch": "rnnencdec"},
     {"gru_form": "paper"},
+    {"layer_norm": True},
 ])
 def test_other_models_export(changes) -> None:
-    """Every engine, attention, architecture and GRU form exports, and greedy decoding from
-    the programs equals `greedy_search` (float64, random weights, a batch of other lengths)."""
+    """Every engine, attention, architecture and GRU form, layer-normalised or not, exports,
+    and greedy decoding from the programs equals `greedy_search` (float64, random weights, a
+    batch of other lengths)."""
     torch.manual_seed(0)
     model = build_model(replace(presets.tiny(), **changes)).double().eval()
     for p in model.parameters():
