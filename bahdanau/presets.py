@@ -72,7 +72,8 @@ def tiny(src_vocab_size: int = 16, tgt_vocab_size: int = 16) -> ModelConfig:
 class ModelChoices:
     """The model of a training job: a preset's sizes, any of them overridden, and `ModelConfig`'s
     choices (each declared there, with the job's defaults: `init` is glorot, which Adam trains
-    much faster; a size left None is the preset's)."""
+    much faster, and `layer_norm` on, which learns faster still (docs/default-job.md); a size
+    left None is the preset's)."""
 
     preset: Literal["tiny", "small", "g2p", "rnnsearch_50"] = setting(
         "small", "model sizes (small: E=256, H=256, D=512, A=512, maxout 256; g2p, for "
@@ -90,7 +91,7 @@ class ModelChoices:
     engine: Engine = like(ModelConfig, "engine")
     gru_form: GRUForm = like(ModelConfig, "gru_form")
     decoder: DecoderKind = like(ModelConfig, "decoder")
-    layer_norm: bool = like(ModelConfig, "layer_norm")
+    layer_norm: bool = like(ModelConfig, "layer_norm", default=True)
     dropout: float = like(ModelConfig, "dropout")
     dropout_rnn_inputs: float = like(ModelConfig, "dropout_rnn_inputs")
     dropout_deep_output: float = like(ModelConfig, "dropout_deep_output")

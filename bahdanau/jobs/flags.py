@@ -35,6 +35,14 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+def flag_words(name: str, value: Any) -> str:
+    """The command-line words that give the option `name` this value: ``--no-layer-norm``,
+    ``--decoder-size 256``."""
+    if isinstance(value, bool):
+        return flag(name) if value else flag(f"no_{name}")
+    return f"{flag(name)} {value}"
+
+
 def _key(field: dataclasses.Field) -> str:
     """An option's name on the command line and in config files (without the dashes)."""
     spec: Setting = field.metadata["setting"]

@@ -22,6 +22,7 @@ from bahdanau.config import ModelConfig
 from bahdanau.data.tokenizers import Tokenizer, comparable_payload, tokenizer_to_payload
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
+from bahdanau.jobs.flags import flag_words
 from bahdanau.model_folder import check_weights
 
 # ModelConfig fields a fine-tuning run may choose anew: regularisation and how the same weights
@@ -81,9 +82,10 @@ def check_fit(init: InitModel, config: ModelConfig, src_vocab: Vocab, tgt_vocab:
     for field in fields(ModelConfig):
         ours, theirs = getattr(config, field.name), getattr(init.config, field.name)
         if field.name not in FREE_FIELDS and ours != theirs:
+            give = (flag_words(field.name, theirs) if isinstance(theirs, bool) else
+                    "the model's preset and sizes (--preset, --arch, --hidden-size, ...)")
             raise InputError(f"{where}: its model has {field.name} {theirs!r}, this run's "
-                             f"{ours!r}: give the model's preset and sizes (--preset, --arch, "
-                             "--hidden-size, ...)")
+                             f"{ours!r}: give {give}")
 
 
 def init_weights(model: nn.Module, init: InitModel) -> None:

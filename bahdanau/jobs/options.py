@@ -50,6 +50,7 @@ from bahdanau.jobs.flags import (
     Options,
     add_arguments,
     flag,
+    flag_words,
     flat_settings,
     section,
     value_of,
@@ -63,9 +64,9 @@ __all__ = ["AverageOptions", "EvaluateOptions", "ExportOptions", "JOB_TRAINING",
            "resumed_options"]
 
 # Epochs of a default job (the shipped Multi30k, no limit given): about 453 updates of 64
-# sentences each over its 28,999 pairs, at 2.1 to 3.1 updates/s with the small preset on an
-# idle 2-core CPU, so 5 epochs (2,270 updates) take 12 to 18 minutes there (11.6 and 18.3
-# measured on two machines).
+# sentences each over its 28,999 pairs, at 2 to 3 updates/s with the small preset on an idle
+# 2-core CPU, so 5 epochs (2,270 updates) take 13 to 20 minutes there (19.1 measured on one
+# machine; the other took 11.6 before layer norm, which costs up to 1.1 times an update).
 DEFAULT_EPOCHS = 5
 # The default job's training settings where they are not the paper's: Adam (converges within a
 # short budget), batches of 64, label smoothing 0.1 (2.87 val BLEU more at equal updates, over
@@ -85,10 +86,10 @@ class Limits(typing.TypedDict):
 
 # Options that options.json records only since a later version, and the value that the runs
 # written before then had: a missing one is compared as that (any other missing option is not).
-# The model's attention and how it is computed became options later too: before, every run
-# trained ModelConfig's defaults.
+# The model's attention, how it is computed and layer norm became options later too: before,
+# every run trained ModelConfig's defaults (no layer norm, now the job's default).
 _BEFORE_RECORDED = {"early_stopping_metric": UNNAMED_METRIC, "attention": "additive",
-                    "attention_impl": "auto", "engine": "fast"}
+                    "attention_impl": "auto", "engine": "fast", "layer_norm": False}
 
 
 def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
@@ -115,9 +116,10 @@ def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
                              "weights from its own checkpoints: leave --init-from out (or give "
                              f"{old} again) to resume it, or start a new run with another --out")
         if s.spec.on_resume == "fixed":
+            again = "" if old is None else f"{flag_words(s.key, old)} resumes it; "
             raise InputError(f"{flag(s.key)} was {old!r} when this run began and is {new!r} "
-                             "now; a resumed run keeps it (start a new run with another --out, "
-                             "or --overwrite this one)")
+                             f"now; a resumed run keeps it ({again}start a new run with another "
+                             "--out, or --overwrite this one)")
         changes.append(f"{flag(s.key)} {_shown(old)} -> {_shown(new)}")
     return changes
 

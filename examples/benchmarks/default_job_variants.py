@@ -12,10 +12,10 @@ Resumable: a finished run or evaluation is read back, not redone; an interrupted
 when the times matter; the val BLEU of a run does not depend on the machine's load beyond the
 last bits that the thread count changes (`--threads` fixes it).
 
-    python examples/benchmarks/default_job_variants.py --root runs/ls-default \\
-        --variant plain "--label-smoothing 0" --variant ls "--label-smoothing 0.1"
-    python examples/benchmarks/default_job_variants.py --root runs/ls-default --dry-run \\
-        --variant plain "--label-smoothing 0" --variant ls "--label-smoothing 0.1"  # commands only
+    python examples/benchmarks/default_job_variants.py --root runs/ln-default \\
+        --variant plain "--no-layer-norm" --variant ln "--layer-norm"
+    python examples/benchmarks/default_job_variants.py --root runs/ln-default --dry-run \\
+        --variant plain "--no-layer-norm" --variant ln "--layer-norm"      # commands only
 """
 
 from __future__ import annotations

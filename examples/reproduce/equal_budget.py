@@ -116,14 +116,15 @@ def _decode_only(base: str, penalty: str, alpha: str | None = None) -> dict[str,
     return {"base": base, "decode": ours, "opennmt": onmt}
 
 
-# Every training setting of ours trains without label smoothing: OpenNMT-py's configuration here
-# has none (run_opennmt.sh: label_smoothing 0.0), and every record in the table was made before
-# the default job took 0.1 (docs/default-job.md#label-smoothing).
-NO_LABEL_SMOOTHING = ["--label-smoothing", "0"]
+# Every training setting of ours trains without label smoothing and layer norm: OpenNMT-py's
+# configuration here has neither (run_opennmt.sh: label_smoothing 0.0, an RNN without layer
+# norm), and every record in the table was made before the default job took them
+# (docs/default-job.md#label-smoothing, docs/default-job.md#layer-norm).
+AS_RECORDED = ["--label-smoothing", "0", "--no-layer-norm"]
 SETTINGS: dict[str, dict[str, Any]] = {
     "default": {"train": [], "note": "the command line's defaults at the recorded commit "
                                      "(Glorot initialisation since the default changed), "
-                                     "without label smoothing"},
+                                     "without label smoothing and layer norm"},
     "glorot": {"train": ["--init", "glorot"],
                "note": "OpenNMT-py's initialisation (param_init_glorot), the default now"},
     "paper-init": {"train": ["--init", "paper"],
@@ -495,7 +496,7 @@ def cmd_ours(args: argparse.Namespace) -> None:
                     "--test-src", str(d / "test.src"), "--test-tgt", str(d / "test.tgt")]
         cmd = [sys.executable, "-m", "bahdanau", "train", "--seed", str(args.seed),
                "--time-budget", f"{time_budget:.4f}", "--out", str(run_dir), "--overwrite",
-               *data, *NO_LABEL_SMOOTHING, *setting["train"], *setting.get("decode", []),
+               *data, *AS_RECORDED, *setting["train"], *setting.get("decode", []),
                *shlex.split(args.extra_flags)]
         commands.append(shlex.join(cmd))
         log(f"running: {commands[0]}")

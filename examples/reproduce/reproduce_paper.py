@@ -173,7 +173,8 @@ def job_options(args: argparse.Namespace, name: str) -> TrainOptions:
         "patience": args.patience if model.stops_early else None,
         "save_every": args.eval_every, "log_every": args.log_every, "seed": args.seed,
         "threads": args.threads,
-        "label_smoothing": 0.0,    # the paper has none (the default job's 0.1 came later)
+        # the paper has neither (the default job took label smoothing 0.1 and layer norm later)
+        "label_smoothing": 0.0, "layer_norm": False,
     })
 
 

@@ -191,6 +191,8 @@ def test_another_init_from_on_resume_says_what_the_run_began_with(base, corpora,
 
 @pytest.mark.parametrize("given, fragments", [
     ({}, ["its model has embed_size", "give the model's preset and sizes"]),   # small, not tiny
+    ({"preset": "tiny", "layer_norm": False},
+     ["its model has layer_norm True, this run's False: give --layer-norm"]),
     ({"preset": "tiny", "init_vocab": False},
      ["its source vocabulary", "is not this run's", "keeps the model's vocabularies"]),
     ({"preset": "tiny", "vocab_size": 50}, ["--vocab-size is fixed by the --init-from model"]),

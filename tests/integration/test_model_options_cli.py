@@ -68,7 +68,10 @@ def test_an_unknown_decoder_is_one_line(tmp_path, capsys) -> None:
 @pytest.mark.parametrize(("flags", "error"), [
     (["--layer-norm", "--gru-form", "paper"],
      "--layer-norm normalises U h, the torch form's recurrent projection: it needs --gru-form "
-     "torch (the paper form computes U (r * h))"),
+     "torch, or --no-layer-norm (the paper form computes U (r * h))"),
+    (["--gru-form", "paper"],                      # layer norm is the job's default
+     "--layer-norm normalises U h, the torch form's recurrent projection: it needs --gru-form "
+     "torch, or --no-layer-norm (the paper form computes U (r * h))"),
     (["--decoder", "cgru", "--arch", "rnnencdec"],
      "--decoder cgru attends from its first GRU's state: it needs --arch rnnsearch (rnnencdec "
      "has no attention)"),

@@ -74,7 +74,7 @@ def test_main_job_section_states_the_defaults() -> None:
     page = " ".join(DEFAULT_JOB.read_text(encoding="utf-8").split())
     assert TrainOptions().limits["max_epochs"] == DEFAULT_EPOCHS
     for words in (section, page):
-        assert f"for {DEFAULT_EPOCHS} epochs" in words and "12 to 18 minutes" in words
+        assert f"for {DEFAULT_EPOCHS} epochs" in words and "13 to 20 minutes" in words
         assert "`train.log`" in words and "`options.json`" in words
     assert "--tensorboard" in page
 

@@ -110,7 +110,7 @@ def test_model_choices_take_model_config_declarations() -> None:
     assert set(model_fields) <= keys
     assert ModelChoices(dropout=0.25).config(10, 12) == dataclasses.replace(
         ModelConfig(10, 12, embed_size=256, hidden_size=256, decoder_size=512, align_size=512,
-                    maxout_size=256), dropout=0.25, init="glorot")
+                    maxout_size=256), dropout=0.25, init="glorot", layer_norm=True)
 
 
 def test_model_sizes_override_the_preset() -> None:
@@ -122,7 +122,7 @@ def test_model_sizes_override_the_preset() -> None:
                                         align_size=32, maxout_size=16, arch="rnnencdec")
     assert ModelChoices(preset="tiny", align_size=7).config(10, 12) == dataclasses.replace(
         ModelConfig(10, 12, embed_size=8, hidden_size=8, decoder_size=12, align_size=7,
-                    maxout_size=6), init="glorot")
+                    maxout_size=6), init="glorot", layer_norm=True)
     assert ModelChoices(preset="tiny", align_size=7).name == "tiny, align_size=7"
 
 
@@ -138,9 +138,25 @@ def test_model_size_flags_are_checked_and_fixed_on_resume() -> None:
         TrainOptions.from_mapping({"hidden_size": "1.5"}, text=True)
     with pytest.raises(InputError, match="^align_size must be >= 1, got 0$"):
         ModelChoices(align_size=0)
-    with pytest.raises(InputError, match="--decoder-size was 256 when this run began"):
+    with pytest.raises(InputError, match=r"--decoder-size was 256 when this run began.*keeps it "
+                                         r"\(--decoder-size 256 resumes it; start a new run"):
         resume_changes(TrainOptions.from_mapping({"decoder_size": 256}).to_record(),
                        TrainOptions.from_mapping({"decoder_size": 512}))
+
+
+def test_a_run_begun_without_layer_norm_resumes_with_no_layer_norm() -> None:
+    """Layer norm became the job's default later: a run recorded without it (or from before it
+    was an option, when none had it) is refused under the new default in one line that says
+    how to resume it, and resumes unchanged with --no-layer-norm."""
+    without = TrainOptions.from_mapping({"layer_norm": False})
+    recorded = without.to_record()
+    recorded_before = {k: v for k, v in recorded.items() if k != "layer_norm"}
+    for stored in (recorded, recorded_before):
+        with pytest.raises(InputError, match=r"^--layer-norm was False when this run began and "
+                                             r"is True now; a resumed run keeps it "
+                                             r"\(--no-layer-norm resumes it; "):
+            resume_changes(stored, TrainOptions())
+        assert resume_changes(stored, without) == []
 
 
 def test_model_attention_flags_choose_the_model_s_attention() -> None:
