@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import typing
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
@@ -40,7 +41,7 @@ def flag_words(name: str, value: Any) -> str:
     ``--decoder-size 256``."""
     if isinstance(value, bool):
         return flag(name) if value else flag(f"no_{name}")
-    return f"{flag(name)} {value}"
+    return f"{flag(name)} {shlex.quote(str(value))}"
 
 
 def _key(field: dataclasses.Field) -> str:

@@ -11,6 +11,7 @@ import pytest
 from bahdanau.cli import build_parser
 from bahdanau.config import ModelConfig, TrainConfig
 from bahdanau.errors import InputError
+from bahdanau.jobs.flags import flag_words
 from bahdanau.jobs.options import (
     GROUPS,
     JOB_TRAINING,
@@ -142,6 +143,12 @@ def test_model_size_flags_are_checked_and_fixed_on_resume() -> None:
                                          r"\(--decoder-size 256 resumes it; start a new run"):
         resume_changes(TrainOptions.from_mapping({"decoder_size": 256}).to_record(),
                        TrainOptions.from_mapping({"decoder_size": 512}))
+
+
+def test_flag_words_give_a_value_as_typed() -> None:
+    assert flag_words("layer_norm", True) == "--layer-norm"
+    assert flag_words("layer_norm", False) == "--no-layer-norm"
+    assert flag_words("train_src", "my corpus.en") == "--train-src 'my corpus.en'"
 
 
 def test_a_run_begun_without_layer_norm_resumes_with_no_layer_norm() -> None:
