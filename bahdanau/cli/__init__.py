@@ -94,6 +94,7 @@ from bahdanau.cli.export import export
 from bahdanau.cli.score import score
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import StdoutClosed, existing
+from bahdanau.jobs.flags import NONE
 from bahdanau.jobs.options import (
     AverageOptions,
     EvaluateOptions,
@@ -290,7 +291,11 @@ def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
     unknown = sorted(set(values) - known)
     if unknown:
         raise InputError(f"--config {path}: unknown option {unknown[0]!r}")
-    return values
+    # In a file a null is a value, not an option left out: an optional number's None, as a
+    # run's options.json records a moving average turned off (--ema-decay none)
+    takes_none = {setting.key for setting in flat_settings(options) if setting.takes_none}
+    return {key: NONE if value is None and key in takes_none else value
+            for key, value in values.items()}
 
 
 class _ConsoleHandler(logging.StreamHandler):

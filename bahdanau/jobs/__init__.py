@@ -4,6 +4,7 @@
 * `flags`: how an options class becomes command-line flags (`--help` groups) and back;
 * `train_job`: the default job, `run_train_job` (data, vocabularies, model, run, test report);
 * `run_folder`: a run folder's options file, lock, overwrite and results;
+* `resume`: what a resumed run keeps of its recorded options, and which changes it refuses;
 * `report`: a model's test-set report (`TestReport`);
 * `release`: ``bahdanau release``, a model folder to share with its model card (`release_model`);
 * `init_from`: ``train --init-from``, a new run from a trained model's weights (fine-tuning);

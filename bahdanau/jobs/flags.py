@@ -36,12 +36,18 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
+# What an optional number is given as, on the command line or in a config file, to be None:
+# ``--ema-decay none`` (no moving average), ``--clip-norm none`` (no clipping). A None in a
+# mapping means "not given", the declared default.
+NONE = "none"
+
+
 def flag_words(name: str, value: Any) -> str:
     """The command-line words that give the option `name` this value: ``--no-layer-norm``,
-    ``--decoder-size 256``."""
+    ``--decoder-size 256``, ``--ema-decay none``."""
     if isinstance(value, bool):
         return flag(name) if value else flag(f"no_{name}")
-    return f"{flag(name)} {shlex.quote(str(value))}"
+    return f"{flag(name)} {NONE if value is None else shlex.quote(str(value))}"
 
 
 def _key(field: dataclasses.Field) -> str:
@@ -87,6 +93,13 @@ class FlatSetting(typing.NamedTuple):
     spec: Setting
     section: str | None           # the options' field holding its section; None: its own
     group: str | None             # its section of --help (`GROUPS`); None: none
+    default: Any                  # its value when not given (a section's default's)
+
+    @property
+    def takes_none(self) -> bool:
+        """An optional number: `NONE` gives it None."""
+        base, optional = base_type(self.annotation)
+        return optional and base in (int, float)
 
 
 def flat_settings(cls: type) -> Iterator[FlatSetting]:
@@ -98,10 +111,12 @@ def flat_settings(cls: type) -> Iterator[FlatSetting]:
                 if spec.flag != "":                    # "": kept off the command line
                     yield FlatSetting(field.metadata["prefix"] + _key(inner), inner,
                                       annotation, spec, field.name,
-                                      spec.group or field.metadata["group"])
+                                      spec.group or field.metadata["group"],
+                                      getattr(field.default, inner.name))
         else:
             spec = field.metadata["setting"]
-            yield FlatSetting(field.name, field, hints[field.name], spec, None, spec.group)
+            yield FlatSetting(field.name, field, hints[field.name], spec, None, spec.group,
+                              field.default)
 
 
 def value_of(options: Any, s: FlatSetting) -> Any:
@@ -145,7 +160,9 @@ class Options:
             s = settings[key]
             if isinstance(value, list) and is_list(base_type(s.annotation)[0]):
                 value = tuple(value)                        # argparse's nargs, a JSON list
-            if text:
+            if value == NONE and s.takes_none:
+                value = None
+            elif text:
                 value = _from_text(key, s.annotation, value)
             target = own if s.section is None else sections.setdefault(s.section, {})
             target[s.field.name] = value
@@ -186,10 +203,9 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[Options]) -> None:
     (`GROUPS`, in that order; the options of no group first).
 
     Every option's argparse default is None ("not given"), so that `from_mapping` fills in the
-    declared default and a config file can be overridden only by what was given.
+    declared default and a config file can be overridden only by what was given; an optional
+    number is given None as `NONE`.
     """
-    # Options is a mixin of dataclasses, which mypy cannot see from here
-    sections = {f.name: f.default for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     order: dict[str | None, int] = {name: i for i, name in enumerate(GROUPS)}
     settings = sorted(flat_settings(cls), key=lambda s: order.get(s.group, -1))  # ungrouped first
     used = {s.group for s in settings}
@@ -198,10 +214,11 @@ def add_arguments(parser: argparse.ArgumentParser, cls: type[Options]) -> None:
         if name in used:
             groups[name] = parser.add_argument_group(name, title)
     for s in settings:
-        default = (s.field.default if s.section is None
-                   else getattr(sections[s.section], s.field.name))
+        default = s.default
         base, _ = base_type(s.annotation)
         shown = "" if default is None else f" (default {default})"
+        if default is not None and s.takes_none:
+            shown = f" (default {default}; {NONE} turns it off)"
         kwargs: dict[str, Any] = {"default": None, "help": s.spec.help + shown}
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction

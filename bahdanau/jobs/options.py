@@ -16,11 +16,8 @@ flags take the prefix ``--test-``, beside train's own --lowercase). From these d
 - `from_mapping` turns what argparse parsed (strings) or what a file holds (JSON / YAML values)
   into the dataclass, and construction validates every field, once, in the dataclasses, with
   one `InputError` naming the flag;
-- a run folder stores `TrainOptions.to_record()` as its ``options.json``, and `resume_changes`
-  sorts the options a resumed run changes into those it must refuse (declared
-  ``on_resume="fixed"``: the model, the data and its tokenisation, the batches, the seed, the
-  optimizer type) and those it applies and records ("applied"); `resumed_options` keeps a run's
-  own --time-budget when none is given, and a fine-tuned run's --init-from when it is left out.
+- a run folder stores `TrainOptions.to_record()` as its ``options.json``, which
+  `bahdanau.jobs.resume` compares with the options of a resumed run.
 
 Adding a training setting is one declaration in `TrainConfig` (and its use): the flag, the
 config file key, the resume rule and the checks follow from it.
@@ -33,15 +30,13 @@ device in `bahdanau.jobs.resolve.autocast`.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import typing
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from bahdanau.bleu_text import BleuText
-from bahdanau.config import UNNAMED_METRIC, Amp, TrainConfig
+from bahdanau.config import Amp, TrainConfig
 from bahdanau.data.text import MULTI30K_LANGS
 from bahdanau.error_rates import METRICS
 from bahdanau.errors import InputError
@@ -50,30 +45,28 @@ from bahdanau.jobs.flags import (
     Options,
     add_arguments,
     flag,
-    flag_words,
     flat_settings,
     section,
-    value_of,
 )
 from bahdanau.presets import ModelChoices
 from bahdanau.settings import setting as option
 
 __all__ = ["AverageOptions", "EvaluateOptions", "ExportOptions", "JOB_TRAINING", "PlotOptions",
            "PrepareOptions", "ReleaseOptions", "ScoreOptions", "TrainOptions", "TranslateOptions",
-           "TrustOptions", "GROUPS", "add_arguments", "flag", "flat_settings", "resume_changes",
-           "resumed_options"]
+           "TrustOptions", "GROUPS", "add_arguments", "flag", "flat_settings"]
 
 # Epochs of a default job (the shipped Multi30k, no limit given): about 453 updates of 64
 # sentences each over its 28,999 pairs, at 2 to 3 updates/s with the small preset on an idle
-# 2-core CPU, so 5 epochs (2,270 updates) take 13 to 20 minutes there (19.1 measured on one
+# 2-core CPU, so 5 epochs (2,270 updates) take 13 to 20 minutes there (19.3 measured on one
 # machine; the other took 11.6 before layer norm, which costs up to 1.1 times an update).
 DEFAULT_EPOCHS = 5
 # The default job's training settings where they are not the paper's: Adam (converges within a
 # short budget), batches of 64, label smoothing 0.1 (2.87 val BLEU more at equal updates, over
-# three seeds: docs/default-job.md#label-smoothing), no dev evaluation unless asked, a checkpoint
-# every 500 updates.
-JOB_TRAINING = TrainConfig(optimizer="adam", batch_size=64, label_smoothing=0.1, eval_every=0,
-                           save_every=500)
+# three seeds: docs/default-job.md#label-smoothing), a moving average of the weights (3.01 val
+# BLEU more, over three seeds: docs/default-job.md#a-moving-average-of-the-weights), no dev
+# evaluation unless asked, a checkpoint every 500 updates.
+JOB_TRAINING = TrainConfig(optimizer="adam", batch_size=64, label_smoothing=0.1,
+                           ema_decay=0.998, eval_every=0, save_every=500)
 
 
 class Limits(typing.TypedDict):
@@ -82,79 +75,6 @@ class Limits(typing.TypedDict):
     max_steps: int | None
     max_epochs: int | None
     max_time_s: float | None
-
-
-# Options that options.json records only since a later version, and the value that the runs
-# written before then had: a missing one is compared as that (any other missing option is not).
-# The model's attention, how it is computed and layer norm became options later too: before,
-# every run trained ModelConfig's defaults (no layer norm, now the job's default).
-_BEFORE_RECORDED = {"early_stopping_metric": UNNAMED_METRIC, "attention": "additive",
-                    "attention_impl": "auto", "engine": "fast", "layer_norm": False}
-
-
-def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
-    """What a resumed run changes, as "--flag old -> new" lines; refuses fixed options.
-
-    Args:
-        stored: the options the run was last started with (its ``options.json``).
-        given: the options of this start.
-    Returns:
-        One line per changed "applied" option, to log ("--threads 2 -> default" when it is
-        no longer given).
-    Raises:
-        InputError: a "fixed" option differs (named, with both values).
-    """
-    changes = []
-    for s in flat_settings(type(given)):
-        if s.spec.on_resume == "not_recorded" or s.key not in {*stored, *_BEFORE_RECORDED}:
-            continue
-        old, new = stored.get(s.key, _BEFORE_RECORDED.get(s.key)), value_of(given, s)
-        if old == new:
-            continue
-        if s.key == "init_from" and old is not None:
-            raise InputError(f"this run began with --init-from {old}, and resuming takes its "
-                             "weights from its own checkpoints: leave --init-from out (or give "
-                             f"{old} again) to resume it, or start a new run with another --out")
-        if s.spec.on_resume == "fixed":
-            again = "" if old is None else f"{flag_words(s.key, old)} resumes it; "
-            raise InputError(f"{flag(s.key)} was {old!r} when this run began and is {new!r} "
-                             f"now; a resumed run keeps it ({again}start a new run with another "
-                             "--out, or --overwrite this one)")
-        changes.append(f"{flag(s.key)} {_shown(old)} -> {_shown(new)}")
-    return changes
-
-
-def _shown(value: Any) -> str:
-    """An option's value in a resume change: "default" for an option left unset."""
-    return "default" if value is None else repr(value)
-
-
-def resumed_options(stored: Mapping[str, Any], given: TrainOptions) -> TrainOptions:
-    """`given` as it resumes the run that recorded `stored`, with the run's own values of what
-    it leaves out and the run's start alone needed: its limits when `given` names none
-    (--max-steps, --max-epochs, a non-zero --time-budget: ``bahdanau train --out RUN``
-    continues an interrupted ``--max-steps 200`` run to step 200, not for the default job's
-    length), a --time-budget not given (so that a run begun under an older default, 12
-    minutes, keeps the length it had), and the --init-from model of a fine-tuned run, with its
-    --init-vocab (its checkpoints hold the weights now: ``bahdanau train --out RUN ...``
-    resumes it without naming the model again).
-
-    Raises:
-        InputError: a stored value is not a valid one (a damaged options.json).
-    """
-    kept: dict[str, Any] = {}
-    training: dict[str, Any] = {}
-    if not any(given.limits_given.values()):
-        training = {name: stored[name] for name in ("max_steps", "max_epochs")
-                    if stored.get(name) is not None}
-    if given.time_budget is None and stored.get("time_budget") is not None:
-        kept["time_budget"] = stored["time_budget"]
-    if given.init_from is None and stored.get("init_from") is not None:
-        kept["init_from"] = stored["init_from"]
-        kept["init_vocab"] = stored.get("init_vocab", True)
-    if training:
-        kept["training"] = dataclasses.replace(given.training, **training)
-    return dataclasses.replace(given, **kept) if kept else given
 
 
 def _needs(needed: str, rules: list[tuple[bool, str, str]]) -> None:

@@ -35,7 +35,7 @@ from bahdanau.errors import InputError
 from bahdanau.evaluate import corpus_scores, translate_corpus
 from bahdanau.jobs.files import existing, write_text
 from bahdanau.jobs.init_from import InitModel, check_fit, init_weights, read_init_model
-from bahdanau.jobs.options import TrainOptions, flag, resume_changes, resumed_options
+from bahdanau.jobs.options import TrainOptions, flag
 from bahdanau.jobs.report import (
     TestReport,
     alignment_labels,
@@ -52,6 +52,7 @@ from bahdanau.jobs.resolve import (
     machine_line,
     thread_tuner,
 )
+from bahdanau.jobs.resume import resume_changes, resumed_options
 from bahdanau.jobs.run_folder import (
     OLD_RUN_CONFIG,
     RUN_CONFIG,

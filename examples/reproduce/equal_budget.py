@@ -116,11 +116,12 @@ def _decode_only(base: str, penalty: str, alpha: str | None = None) -> dict[str,
     return {"base": base, "decode": ours, "opennmt": onmt}
 
 
-# Every training setting of ours trains without label smoothing and layer norm: OpenNMT-py's
-# configuration here has neither (run_opennmt.sh: label_smoothing 0.0, an RNN without layer
-# norm), and every record in the table was made before the default job took them
-# (docs/default-job.md#label-smoothing, docs/default-job.md#layer-norm).
-AS_RECORDED = ["--label-smoothing", "0", "--no-layer-norm"]
+# Every training setting of ours trains without label smoothing, layer norm and a moving average
+# of the weights: OpenNMT-py's configuration here has none of them (run_opennmt.sh:
+# label_smoothing 0.0, an RNN without layer norm, no average), and every record in the table was
+# made before the default job took them (docs/default-job.md#label-smoothing,
+# docs/default-job.md#layer-norm, docs/default-job.md#a-moving-average-of-the-weights).
+AS_RECORDED = ["--label-smoothing", "0", "--no-layer-norm", "--ema-decay", "none"]
 SETTINGS: dict[str, dict[str, Any]] = {
     "default": {"train": [], "note": "the command line's defaults at the recorded commit "
                                      "(Glorot initialisation since the default changed), "

@@ -72,6 +72,7 @@ from bahdanau.data import Tokenizer, Vocab, normalize_whitespace, read_lines, re
 from bahdanau.evaluate import LengthBucket, Translation, has_unk, score_test_set, translate_corpus
 from bahdanau.jobs import TrainOptions, run_train_job
 from bahdanau.jobs.files import write_text
+from bahdanau.jobs.flags import NONE
 from bahdanau.jobs.report import alignment_title, plot_alignment_file
 from bahdanau.search import BeamSearch
 from bahdanau.training.runlog import LOGGER, LogFormatter
@@ -173,8 +174,9 @@ def job_options(args: argparse.Namespace, name: str) -> TrainOptions:
         "patience": args.patience if model.stops_early else None,
         "save_every": args.eval_every, "log_every": args.log_every, "seed": args.seed,
         "threads": args.threads,
-        # the paper has neither (the default job took label smoothing 0.1 and layer norm later)
-        "label_smoothing": 0.0, "layer_norm": False,
+        # the paper has none of them (the default job took label smoothing 0.1, layer norm and
+        # a moving average of the weights later)
+        "label_smoothing": 0.0, "layer_norm": False, "ema_decay": NONE,
     })
 
 

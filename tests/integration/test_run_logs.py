@@ -24,14 +24,9 @@ import bahdanau
 from bahdanau import InputError, load_checkpoint
 from bahdanau._checks import default_device, default_threads
 from bahdanau.cli import main
-from bahdanau.jobs.options import (
-    DEFAULT_EPOCHS,
-    TrainOptions,
-    TranslateOptions,
-    resume_changes,
-    resumed_options,
-)
+from bahdanau.jobs.options import DEFAULT_EPOCHS, TrainOptions, TranslateOptions
 from bahdanau.jobs.resolve import beam_search, machine, thread_tuner
+from bahdanau.jobs.resume import resume_changes, resumed_options
 from bahdanau.training import precision
 
 BASE = ["--preset", "tiny", "--beam-size", "1", "--max-len", "5", "--threads", "1",
@@ -597,3 +592,24 @@ def test_a_run_folder_of_the_old_defaults_resumes(data, tmp_path, capsys) -> Non
     assert not (out / "config.yaml").exists()
     payload = torch.load(out / "checkpoints" / "step_00000002.pt", weights_only=True)
     assert payload["train_config"]["max_time_s"] == 720.0
+
+
+def test_the_default_job_keeps_a_moving_average_from_where_a_run_without_one_resumes(
+        data, tmp_path, capsys) -> None:
+    """The job's weights are a moving average (decay 0.998): a run begun with --ema-decay none
+    (as every default job was before) resumes with it, says so, and its average starts at the
+    resumed weights; its checkpoints before hold none."""
+    out = tmp_path / "run"
+    argv = ["train", "--train-src", str(data / "tr.en"), "--train-tgt", str(data / "tr.fr"),
+            *BASE, "--save-every", "1", "--time-budget", "0", "--out", str(out)]
+    assert main([*argv, "--max-steps", "1", "--ema-decay", "none"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--max-steps", "2"]) == 0
+    assert "changed on resume: --ema-decay none -> 0.998" in capsys.readouterr().err
+    folder = out / "checkpoints"
+    before, after = (torch.load(folder / f"step_{s:08d}.pt", weights_only=True) for s in (1, 2))
+    assert "ema" not in before and before["train_config"]["ema_decay"] is None
+    assert after["train_config"]["ema_decay"] == 0.998
+    for key, start in before["model"].items():        # e = 0.998 w_1 + 0.002 w_2
+        expected = 0.998 * start.double() + 0.002 * after["model"][key].double()
+        torch.testing.assert_close(after["ema"][key].double(), expected, rtol=1e-6, atol=1e-7)

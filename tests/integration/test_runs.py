@@ -344,9 +344,12 @@ def _weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def test_a_run_config_reproduces_the_run(data, tmp_path, capsys) -> None:
-    """`--config RUN/options.json --out NEW` trains the same weights; flags override the file."""
+    """`--config RUN/options.json --out NEW` trains the same weights; flags override the file.
+    An optional number turned off (no moving average) is recorded as null, and a null in the
+    file turns it off again rather than leaving it to its default."""
     first = tmp_path / "first"
-    assert main(_argv(data, first, "--max-steps", "2", "--lr", "0.003", test=False)) == 0
+    assert main(_argv(data, first, "--max-steps", "2", "--lr", "0.003", "--ema-decay", "none",
+                      test=False)) == 0
     again = tmp_path / "again"
     assert main(["train", "--config", str(first / "options.json"), "--out", str(again)]) == 0
     [a], [b] = (sorted((d / "checkpoints").glob("step_*.pt")) for d in (first, again))
@@ -354,6 +357,8 @@ def test_a_run_config_reproduces_the_run(data, tmp_path, capsys) -> None:
     assert all(torch.equal(x, y) for x, y in zip(_weights(a).values(), _weights(b).values(),
                                                   strict=True))
     assert (again / "options.json").read_text() == (first / "options.json").read_text()
+    assert json.loads((again / "options.json").read_text())["ema_decay"] is None
+    assert "ema" not in torch.load(b, weights_only=True)
     longer = tmp_path / "longer"
     assert main(["train", "--config", str(first / "options.json"), "--out", str(longer),
                  "--max-steps", "3"]) == 0

@@ -18,8 +18,8 @@ from bahdanau.jobs.options import (
     TrainOptions,
     flag,
     flat_settings,
-    resume_changes,
 )
+from bahdanau.jobs.resume import resume_changes
 from bahdanau.presets import ModelChoices, tiny
 from bahdanau.settings import declared
 
@@ -29,10 +29,14 @@ BASE = dataclasses.replace(JOB_TRAINING, eval_every=100, schedule="plateau",
 TRAIN_SETTINGS = [(field, spec) for field, _, spec in declared(TrainConfig)]
 
 
-def _train_flags() -> set[str]:
+def _train_actions() -> list:
     parser = build_parser()
     train = parser._subparsers._group_actions[0].choices["train"]  # noqa: SLF001 (argparse)
-    return {option for action in train._actions for option in action.option_strings}
+    return train._actions
+
+
+def _train_flags() -> set[str]:
+    return {option for action in _train_actions() for option in action.option_strings}
 
 
 def test_every_training_setting_is_a_train_flag_and_a_record_key() -> None:
@@ -149,6 +153,38 @@ def test_flag_words_give_a_value_as_typed() -> None:
     assert flag_words("layer_norm", True) == "--layer-norm"
     assert flag_words("layer_norm", False) == "--no-layer-norm"
     assert flag_words("train_src", "my corpus.en") == "--train-src 'my corpus.en'"
+    assert flag_words("ema_decay", None) == "--ema-decay none"
+
+
+def test_none_turns_off_an_optional_number() -> None:
+    """An optional number with a default (the job's moving average, gradient clipping) is
+    turned off as ``none``, on the command line and in a config file; where None is no value
+    (--label-smoothing) or a string (--init-from), "none" is an ordinary value."""
+    assert TrainOptions().training.ema_decay == JOB_TRAINING.ema_decay == 0.998
+    for text in (True, False):
+        options = TrainOptions.from_mapping({"ema_decay": "none", "clip_norm": "none"},
+                                            text=text)
+        assert (options.training.ema_decay, options.training.clip_norm) == (None, None)
+        assert options.to_record()["ema_decay"] is None
+    assert TrainOptions.from_mapping({"ema_decay": None}).training.ema_decay == 0.998
+    with pytest.raises(InputError, match="^--label-smoothing must be a number, got 'none'$"):
+        TrainOptions.from_mapping({"label_smoothing": "none"}, text=True)
+    assert TrainOptions.from_mapping({"init_from": "none"}).init_from == "none"
+    shown = {action.dest: action.help for action in _train_actions()}
+    assert shown["ema_decay"].endswith("(default 0.998; none turns it off)")
+    assert shown["label_smoothing"].endswith("(default 0.1)")
+
+
+def test_a_run_begun_without_a_moving_average_takes_the_default_one_on_resume() -> None:
+    """The job's moving average is an applied option: a run recorded without one (as every
+    run of the default job was before it took one) resumes with it, and the change is logged;
+    --ema-decay none resumes it unchanged."""
+    without = TrainOptions.from_mapping({"ema_decay": "none"}).to_record()
+    assert without["ema_decay"] is None
+    assert resume_changes(without, TrainOptions()) == ["--ema-decay none -> 0.998"]
+    assert resume_changes(without, TrainOptions.from_mapping({"ema_decay": "none"})) == []
+    assert resume_changes(TrainOptions().to_record(), TrainOptions.from_mapping(
+        {"ema_decay": "none"})) == ["--ema-decay 0.998 -> none"]
 
 
 def test_a_run_begun_without_layer_norm_resumes_with_no_layer_norm() -> None:
