@@ -12,8 +12,9 @@ phonemes out (`bahdanau.WhitespaceTokenizer`), the two stored together in every 
 --dropout, --dropout-rnn-inputs and --dropout-deep-output are the model's three dropouts
 (`bahdanau.ModelConfig`; 0.2, 0 and 0 by default), --label-smoothing the training loss's
 (`bahdanau.TrainConfig`; 0.1 by default), --decoder its decoder form (the paper's by
-default, or cgru: Nematus' conditional GRU), and --layer-norm layer-normalises its GRU cells
-(off by default).
+default, or cgru: Nematus' conditional GRU), --layer-norm layer-normalises its GRU cells
+(off by default), and --ema-decay D keeps a moving average of the weights, which the dev
+evaluations score and the checkpoints translate with (`bahdanau.TrainConfig`; none by default).
 Every pronunciation of a training word is a training pair. Every --eval-every updates the dev
 words are decoded greedily and scored (`bahdanau.error_rates`: a word is right when its output
 equals any of its pronunciations); the checkpoint of the lowest dev WER is RUN/checkpoints/
@@ -86,6 +87,7 @@ DROPOUTS = {"dropout": 0.2, "dropout_rnn_inputs": 0.0, "dropout_deep_output": 0.
 LOSS = {"label_smoothing": 0.1}     # chosen on dev: docs/guides/characters.md
 DECODER = "paper"                   # the decoder form (--decoder)
 LAYER_NORM = False                  # layer-normalised GRU cells (--layer-norm)
+EMA_DECAY = None                    # a moving average of the weights (--ema-decay)
 
 
 def strip_stress(phones: str) -> str:
@@ -128,7 +130,7 @@ def _train(args: argparse.Namespace) -> dict[str, object]:
                       batch_size=args.batch_size, eval_every=args.eval_every,
                       save_every=args.eval_every, early_stopping_metric="wer",
                       max_time_s=args.minutes * 60 if args.minutes else None,
-                      max_steps=args.max_steps, seed=args.seed,
+                      max_steps=args.max_steps, seed=args.seed, ema_decay=args.ema_decay,
                       **{name: getattr(args, name) for name in LOSS})
     search = BeamSearch(beam_size=1, max_len=MAX_PHONEMES)
 
@@ -195,6 +197,8 @@ def parser() -> argparse.ArgumentParser:
                    help=f"{helps['decoder']} (default {DECODER})")
     t.add_argument("--layer-norm", action=argparse.BooleanOptionalAction, default=LAYER_NORM,
                    help=f"{helps['layer_norm']} (default {'on' if LAYER_NORM else 'off'})")
+    t.add_argument("--ema-decay", type=float, default=EMA_DECAY,
+                   help=f"{helps['ema_decay']} (default {EMA_DECAY or 'none'})")
     t.add_argument("--limit", type=int, default=None, help="train on the first N words only")
     t.add_argument("--dev-limit", type=int, default=None, help="score the first N dev words")
     t.add_argument("--seed", type=int, default=1234)
