@@ -92,6 +92,24 @@ def _format_eta(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+# A moving average that ends its run still holding more than this share of the initial
+# weights is noted when the run starts (0.998 over the default job's 2,270 updates: 1%).
+EMA_INITIAL_SHARE = 0.05
+
+
+def ema_note(decay: float, updates: float | None) -> str | None:
+    """The note for a moving average of `decay` over a run of `updates` (None: unknown) that
+    would end holding more than `EMA_INITIAL_SHARE` of the initial weights (decay ** updates),
+    with the decay that would hold that share; None for a run long enough."""
+    if not updates or decay ** updates <= EMA_INITIAL_SHARE:
+        return None
+    shorter = math.floor(EMA_INITIAL_SHARE ** (1 / updates) * 1000) / 1000
+    return (f"note: after this run's {updates:.0f} updates the moving average of the weights "
+            f"(ema_decay {decay:g}) still holds {decay ** updates:.0%} of the initial weights, "
+            f"which every translation from its checkpoints uses; ema_decay {shorter:g} or "
+            "less suits a run this short (or none)")
+
+
 def _eta(run: TrainRun, seconds_per_step: float) -> str:
     """Time left until the nearest limit, as h:mm:ss."""
     updates = updates_left(run)
@@ -176,7 +194,8 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
     """The loop of `train` over a run from `setup_run`.
 
     It first logs where a resumed run starts and what the resume changed
-    (`run.resume_changes`, which a caller may reword). SIGINT, SIGTERM and SIGHUP (in the main
+    (`run.resume_changes`, which a caller may reword), or, for a new run too short for its
+    moving average of the weights, a note saying so (`ema_note`). SIGINT, SIGTERM and SIGHUP (in the main
     thread) do not kill it: the step under way finishes, a checkpoint is saved and the result's
     `stopped` is "sigint", "sigterm" or "sighup"; a second signal acts as usual. A run that has
     already reached a limit trains nothing and writes nothing. While it trains, rank 0 draws
@@ -201,6 +220,10 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
             log(f"changed on resume: {change}")
         for note in run.resume_notes:
             log(f"on resume: {note}")
+    if run.ema is not None and state.step == 0 and run.is_main:
+        short = ema_note(run.ema.decay, updates_left(run))
+        if short:
+            log(short)
     result = TrainResult(step=state.step, epoch=state.epoch, stopped="",
                          elapsed_s=state.elapsed_s, start_step=state.step)
     bar = TrainBar(run)

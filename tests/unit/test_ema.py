@@ -17,6 +17,7 @@ from bahdanau.checkpoint import load_checkpoint, model_from_checkpoint, save_che
 from bahdanau.config import TrainConfig
 from bahdanau.errors import InputError
 from bahdanau.training import WeightEMA, run_step, setup_run, train, validate_run
+from bahdanau.training.loop import ema_note
 from bahdanau.training.state import checkpoint_payload, restore
 from bahdanau.translate import load
 
@@ -141,6 +142,23 @@ def test_a_bad_ema_section_is_refused_before_anything_changes() -> None:
     with pytest.raises(InputError, match="checkpoint ema weights do not fit"):
         model_from_checkpoint(payload)
     assert model_from_checkpoint(payload, ema=False)[0] is not None
+
+
+def test_a_run_too_short_for_its_average_is_noted_at_the_start() -> None:
+    """0.9 over 5 updates keeps 0.9^5 = 59% of the initial weights; the note names the decay
+    that keeps at most 5% (0.05^(1/5) = 0.5493, rounded down) and is not repeated on resume.
+    Over 40 updates (1.5%) there is none."""
+    lines: list[str] = []
+    cfg = replace(CFG, max_steps=5, ema_decay=0.9)
+    train(tiny_model(0), random_examples(40), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+          log=lines.append)
+    notes = [line for line in lines if line.startswith("note:")]
+    assert notes == ["note: after this run's 5 updates the moving average of the weights "
+                     "(ema_decay 0.9) still holds 59% of the initial weights, which every "
+                     "translation from its checkpoints uses; ema_decay 0.549 or less suits a "
+                     "run this short (or none)"]
+    assert ema_note(0.9, 40) is None and ema_note(0.9, None) is None
+    assert ema_note(0.998, 2270) is None and ema_note(0.998, 1000) is not None
 
 
 @pytest.mark.parametrize("decay", [0, 1, 1.5, -0.1, float("nan"), True, "0.9"])
