@@ -195,11 +195,12 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
 
     It first logs where a resumed run starts and what the resume changed
     (`run.resume_changes`, which a caller may reword), or, for a new run too short for its
-    moving average of the weights, a note saying so (`ema_note`). SIGINT, SIGTERM and SIGHUP (in the main
-    thread) do not kill it: the step under way finishes, a checkpoint is saved and the result's
-    `stopped` is "sigint", "sigterm" or "sighup"; a second signal acts as usual. A run that has
-    already reached a limit trains nothing and writes nothing. While it trains, rank 0 draws
-    a progress bar on stderr when bars are shown (`bahdanau.training.progress.TrainBar`).
+    moving average of the weights, a note saying so (`ema_note`). SIGINT, SIGTERM and SIGHUP
+    (in the main thread) do not kill it: the step under way finishes, a checkpoint is saved
+    and the result's `stopped` is "sigint", "sigterm" or "sighup"; a second signal acts as
+    usual. A run that has already reached a limit trains nothing and writes nothing. While it
+    trains, rank 0 draws a progress bar on stderr when bars are shown
+    (`bahdanau.training.progress.TrainBar`).
 
     Args:
         run: the run.
