@@ -124,16 +124,22 @@ def bad_checkpoints(run, files) -> Path:
         change(copy)
         torch.save(copy, root / name)
 
+    weights = [name for name in ("model", "ema") if payload.get(name) is not None]
+    assert "ema" in weights                      # the default job's average translates
+
     def nan_weight(p):
-        p["model"] = {k: v.clone() for k, v in p["model"].items()}
-        next(v for v in p["model"].values() if v.is_floating_point()).view(-1)[0] = float("nan")
+        for name in weights:
+            p[name] = {k: v.clone() for k, v in p[name].items()}
+            next(v for v in p[name].values() if v.is_floating_point()).view(-1)[0] = float("nan")
+
+    def missing_weight(p):
+        for name in weights:
+            p[name] = {k: v for i, (k, v) in enumerate(p[name].items()) if i > 0}
 
     variant("nan.pt", nan_weight)
     variant("config-mismatch.pt",
             lambda p: p.update(model_config={**p["model_config"], "hidden_size": 9}))
-    variant("missing-weights.pt",
-            lambda p: p.update(model={k: v for i, (k, v) in enumerate(p["model"].items())
-                                      if i > 0}))
+    variant("missing-weights.pt", missing_weight)
     variant("no-vocab.pt", lambda p: p.pop("src_vocab"))
     variant("future.pt", lambda p: p.update(format=99))
     variant("bad-config.pt", lambda p: p.update(model_config={**p["model_config"],

@@ -31,7 +31,7 @@ def run(tmp_path_factory):
 def test_the_checkpoint_rebuilds_the_trained_model(run) -> None:
     path = find_checkpoint(run / "run")
     payload = load_checkpoint(path)
-    model, _, _ = model_from_checkpoint(payload)
+    model, _, _ = model_from_checkpoint(payload, ema=False)     # the trained weights
     assert model.config.decoder == "cgru" and model.config.layer_norm
     assert isinstance(model.decoder, ConditionalGRUDecoder) and model.encoder.norms is not None
     rebuilt = build_model(model.config)                 # the config alone: the same layers
