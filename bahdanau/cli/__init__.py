@@ -282,19 +282,18 @@ def _config_file(path: str, options: type[SearchOptions]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InputError(f"--config {path} must map option names to values, not hold a "
                          f"{type(data).__name__}")
-    known = {setting.key for setting in flat_settings(options)}
+    settings = {setting.key: setting for setting in flat_settings(options)}
     try:                                 # "max-steps" and "max_steps" name one option
         values = _unique([(str(key).replace("-", "_"), value) for key, value in data.items()])
     except _DuplicateKey as err:
         raise InputError(f"--config {path}: {err}") from None
     values.pop("versions", None)         # what a run's options.json records it ran with
-    unknown = sorted(set(values) - known)
+    unknown = sorted(set(values) - set(settings))
     if unknown:
         raise InputError(f"--config {path}: unknown option {unknown[0]!r}")
     # In a file a null is a value, not an option left out: an optional number's None, as a
     # run's options.json records a moving average turned off (--ema-decay none)
-    takes_none = {setting.key for setting in flat_settings(options) if setting.takes_none}
-    return {key: NONE if value is None and key in takes_none else value
+    return {key: NONE if value is None and settings[key].takes_none else value
             for key, value in values.items()}
 
 

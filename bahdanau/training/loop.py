@@ -101,11 +101,14 @@ def ema_note(decay: float, updates: float | None) -> str | None:
     """The note for a moving average of `decay` over a run of `updates` (None: unknown) that
     would end holding more than `EMA_INITIAL_SHARE` of the initial weights (decay ** updates),
     with the decay that would hold that share; None for a run long enough."""
-    if not updates or decay ** updates <= EMA_INITIAL_SHARE:
+    if not updates:
+        return None
+    share = decay ** updates
+    if share <= EMA_INITIAL_SHARE:
         return None
     shorter = math.floor(EMA_INITIAL_SHARE ** (1 / updates) * 1000) / 1000
     return (f"note: after this run's {updates:.0f} updates the moving average of the weights "
-            f"(ema_decay {decay:g}) still holds {decay ** updates:.0%} of the initial weights, "
+            f"(ema_decay {decay:g}) still holds {share:.0%} of the initial weights, "
             f"which every translation from its checkpoints uses; ema_decay {shorter:g} or "
             "less suits a run this short (or none)")
 
