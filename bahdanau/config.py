@@ -41,7 +41,7 @@ GRUForm = Literal["torch", "paper"]
 DecoderKind = Literal["paper", "cgru"]
 Init = Literal["paper", "glorot"]
 Amp = Literal["none", "bf16", "fp16", "auto"]
-Schedule = Literal["constant", "inverse_sqrt", "plateau"]
+Schedule = Literal["constant", "inverse_sqrt", "plateau", "linear"]
 StoppingMetric = Literal["bleu", "chrf", "ppl", "wer", "per", "accuracy"]
 # Scores where less is better (perplexity, the error rates of `bahdanau.error_rates`); the
 # others: more.
@@ -306,7 +306,8 @@ class TrainConfig(DictConfig):
     schedule: Schedule = setting(
         "constant", "learning-rate schedule: inverse_sqrt multiplies the rate by sqrt(W / step) "
         "after W = --warmup-steps updates; plateau multiplies it by --decay-factor after every "
-        "--decay-patience evaluations without improvement (needs --eval-every)")
+        "--decay-patience evaluations without improvement (needs --eval-every); linear falls "
+        "in a straight line from the rate at W to 0 after the last update (needs --max-steps)")
     warmup_steps: int = setting(0, "updates over which the learning rate rises linearly from "
                                    "0, with any --schedule", low=0)
     decay_factor: float = setting(0.5, "plateau: what each decay multiplies the learning rate "
@@ -383,6 +384,14 @@ class TrainConfig(DictConfig):
         if self.min_lr >= self.learning_rate:
             raise InputError(f"{field_name(_FIELDS['min_lr'])} ({self.min_lr:g}) must be below "
                              f"the learning rate ({self.learning_rate:g})")
+        if self.schedule == "linear":
+            if self.max_steps is None:
+                raise InputError(f"{field_name(_FIELDS['schedule'])} linear falls to 0 at the "
+                                 f"run's last update: give {field_name(_FIELDS['max_steps'])}")
+            if self.warmup_steps >= self.max_steps:
+                raise InputError(f"{field_name(_FIELDS['warmup_steps'])} ({self.warmup_steps}) "
+                                 f"must be below {field_name(_FIELDS['max_steps'])} "
+                                 f"({self.max_steps}) with the linear schedule")
 
     def resume_changes(self, stored: TrainConfig) -> list[str]:
         """What resuming a run saved with `stored` under this config changes.

@@ -259,7 +259,7 @@ class TrainOptions(SearchOptions):
                 (t.decay_patience != job.decay_patience, f"--decay-patience {t.decay_patience}",
                  "sets the plateau schedule's decays")])
         if t.schedule == "constant":
-            _needs("--schedule inverse_sqrt or plateau", [
+            _needs("--schedule inverse_sqrt, plateau or linear", [
                 (t.min_lr != job.min_lr, f"--min-lr {t.min_lr:g}",
                  "floors a decaying learning rate")])
         if t.optimizer != "adadelta":

@@ -13,6 +13,9 @@ For update `step` (1 for the first), with lr the configured learning rate
       plateau       decay_factor ** decays: decays counts the evaluations after which the run
                     had been `decay_patience`, 2 * `decay_patience`, ... evaluations without
                     improvement (`LRSchedule.decays_after`)
+      linear        1 up to W, then (T + 1 - step) / (T + 1 - W) for T = `max_steps`: a
+                    straight line from 1 to 0 one update after the run's last, which takes
+                    1 / (T + 1 - W) (the decay to zero that suits a run of a fixed length)
 
 `min_lr` (default 0) floors the decayed rate; the warm-up scales from 0 to it as to any other.
 The plateau schedule's only state is its number of decays, `TrainState.lr_decays`, which every
@@ -49,6 +52,10 @@ def _plateau(factor: float, step: int, decays: int) -> float:
     return factor ** decays
 
 
+def _linear(warmup: int, last: int, step: int, decays: int) -> float:
+    return min(1.0, max(0.0, (last + 1 - step) / (last + 1 - warmup)))
+
+
 @dataclass(frozen=True)
 class LRSchedule:
     """The learning rate of each update (see the module docstring for the formulas).
@@ -80,6 +87,9 @@ class LRSchedule:
             "constant": _constant,
             "inverse_sqrt": partial(_inverse_sqrt, max(cfg.warmup_steps, 1)),
             "plateau": partial(_plateau, cfg.decay_factor)}
+        if cfg.schedule == "linear":
+            assert cfg.max_steps is not None  # TrainConfig refuses linear without it
+            decays["linear"] = partial(_linear, cfg.warmup_steps, cfg.max_steps)
         decay = decays[cfg.schedule]
         return cls(cfg.learning_rate, decay, warmup_steps=cfg.warmup_steps, min_lr=cfg.min_lr,
                    decay_patience=cfg.decay_patience if cfg.schedule == "plateau" else None)

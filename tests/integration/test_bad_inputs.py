@@ -279,8 +279,8 @@ CASES = [
     ("translate --checkpoint {run} --input {files}/te.en --alignments-format pharaoh",
      "--alignments-format pharaoh sets what --alignments FILE holds"),
     ("train --out {new} --max-steps 1 --optimizer adam --min-lr 0.0001",
-     "--min-lr 0.0001 floors a decaying learning rate: it needs --schedule inverse_sqrt or "
-     "plateau"),
+     "--min-lr 0.0001 floors a decaying learning rate: it needs --schedule inverse_sqrt, "
+     "plateau or linear"),
     ("train --out {new} --max-steps 1 --optimizer adam --schedule constant --min-lr 0.0001",
      "--min-lr 0.0001 floors a decaying learning rate"),
     # a manifest or --config nested too deeply to parse (RecursionError tracebacks)

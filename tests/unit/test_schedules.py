@@ -55,6 +55,22 @@ def test_plateau_decays_every_patience_bad_evaluations_down_to_the_floor() -> No
     assert warm(3, 3) == pytest.approx(0.3 * 0.2)
 
 
+def test_linear_falls_to_zero_one_update_after_the_last() -> None:
+    # T = 9 updates, no warm-up: (10 - step) / 10, the last update takes a tenth of the rate
+    cfg = TrainConfig(optimizer="adam", lr=2e-3, schedule="linear", max_steps=9)
+    got = rates(cfg, [1, 5, 9, 10, 50])
+    assert got == pytest.approx([2e-3 * x for x in (0.9, 0.5, 0.1, 0.0, 0.0)], abs=1e-15)
+
+
+def test_linear_after_warmup_and_above_the_floor() -> None:
+    # W = 2, T = 7: 0.5 and 1 while warming up, then (8 - step) / 6: 5/6 at 3, 1/6 at 7
+    cfg = TrainConfig(lr=0.6, schedule="linear", warmup_steps=2, max_steps=7)
+    got = rates(cfg, [1, 2, 3, 5, 7])
+    assert got == pytest.approx([0.3, 0.6, 0.5, 0.3, 0.1], rel=1e-12)
+    floored = TrainConfig(lr=0.6, schedule="linear", warmup_steps=2, max_steps=7, min_lr=0.2)
+    assert rates(floored, [5, 7, 30]) == pytest.approx([0.3, 0.2, 0.2])
+
+
 @pytest.mark.parametrize("schedule", ["constant", "inverse_sqrt"])
 def test_only_plateau_decays_on_evaluations(schedule: str) -> None:
     cfg = TrainConfig(schedule=schedule, decay_patience=1)
@@ -86,7 +102,8 @@ def test_from_config_needs_a_train_config() -> None:
      ({"decay_patience": 0}, "decay_patience"), ({"min_lr": -1e-4}, "min_lr"),
      ({"optimizer": "adam", "min_lr": 1e-3}, "min_lr"), ({"lr": 0.5, "min_lr": 0.6}, "min_lr"),
      ({"min_lr": "0"}, "min_lr"), ({"accumulation": 0}, "accumulation"),
-     ({"accumulation": True}, "accumulation")],
+     ({"accumulation": True}, "accumulation"), ({"schedule": "linear"}, "schedule"),
+     ({"schedule": "linear", "max_steps": 5, "warmup_steps": 5}, "warmup_steps")],
 )
 def test_bad_schedule_and_accumulation_settings_are_one_line_errors(changes, field) -> None:
     with pytest.raises(InputError, match=f"^{field} ") as info:
