@@ -11,17 +11,19 @@ phonemes out (`bahdanau.WhitespaceTokenizer`), the two stored together in every 
 `bahdanau.TokenizerPair`. The stress digits are stripped (39 phonemes) unless --keep-stress.
 --dropout, --dropout-rnn-inputs and --dropout-deep-output are the model's three dropouts
 (`bahdanau.ModelConfig`; 0.2, 0 and 0 by default), --label-smoothing the training loss's
-(`bahdanau.TrainConfig`; 0.1 by default), --decoder its decoder form (the paper's by
-default, or cgru: Nematus' conditional GRU), --layer-norm layer-normalises its GRU cells
-(off by default), and --ema-decay D keeps a moving average of the weights, which the dev
-evaluations score and the checkpoints translate with (`bahdanau.TrainConfig`; none by default).
-Every pronunciation of a training word is a training pair. Every --eval-every updates the dev
-words are decoded greedily and scored (`bahdanau.error_rates`: a word is right when its output
-equals any of its pronunciations); the checkpoint of the lowest dev WER is RUN/checkpoints/
-best.pt. Adam's learning rate halves after every two evaluations without a better dev WER
-(``schedule="plateau"``). The run is --max-steps updates (60,000, about 50 minutes on an idle
-2-core CPU), so its result does not depend on the machine's load; --minutes (60) caps the
-training time on a slower or busier machine. The same command resumes a run where it stopped
+(`bahdanau.TrainConfig`; 0.1 by default), --decoder its decoder form (the paper's by default,
+or cgru: Nematus' conditional GRU), --layer-norm layer-normalises its GRU cells (off by
+default), and --ema-decay D keeps a moving average of the weights, which the dev evaluations
+score and the checkpoints translate with (`bahdanau.TrainConfig`; 0.999 by default, none keeps
+none). Every pronunciation of a training word is a training pair. Every --eval-every updates
+the dev words are decoded greedily and scored (`bahdanau.error_rates`: a word is right when its
+output equals any of its pronunciations); the checkpoint of the lowest dev WER is
+RUN/checkpoints/best.pt. Adam's learning rate (--lr, 2e-3) falls in a straight line to 0 at the
+run's last update (--schedule linear); --schedule plateau halves it after every two evaluations
+without a better dev WER instead (the recipe before, at --lr 1e-3). The run is --max-steps
+updates (60,000, about 50 minutes on an idle 2-core CPU), so its result does not depend on the
+machine's load; --minutes (60) caps the training time on a slower or busier machine (where it
+stops a run, the rate has not reached 0). The same command resumes a run where it stopped
 (`bahdanau.training` restores the weights, the optimizer, the batch order and the clock), so a
 run cut short loses at most the updates since its last checkpoint.
 
@@ -29,7 +31,8 @@ run cut short loses at most the updates since its last checkpoint.
 ``{"wer": ..., "per": ..., "words": ...}`` (percentages; PER is the summed edit distance to each
 word's closest pronunciation over those pronunciations' summed lengths). Whether stress is kept
 follows the model: a model whose phonemes carry digits is scored against the stressed
-references.
+references. Several --checkpoint decode as one ensemble (`bahdanau.Ensemble`: their next-phoneme
+distributions averaged), e.g. the runs of two seeds.
 
 Usage, from the repository root::
 
@@ -75,6 +78,7 @@ from bahdanau.config import DecoderKind
 from bahdanau.error_rates import error_rates, group_references, read_reference_tsv
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import existing
+from bahdanau.jobs.flags import NONE
 from bahdanau.settings import declared
 from bahdanau.training import train
 
@@ -87,7 +91,14 @@ DROPOUTS = {"dropout": 0.2, "dropout_rnn_inputs": 0.0, "dropout_deep_output": 0.
 LOSS = {"label_smoothing": 0.1}     # chosen on dev: docs/guides/characters.md
 DECODER = "paper"                   # the decoder form (--decoder)
 LAYER_NORM = False                  # layer-normalised GRU cells (--layer-norm)
-EMA_DECAY = None                    # a moving average of the weights (--ema-decay)
+EMA_DECAY = 0.999                   # a moving average of the weights (--ema-decay)
+SCHEDULE = "linear"                 # the learning rate's schedule (--schedule)
+LEARNING_RATE = 2e-3                # Adam's (--lr)
+
+
+def _decay(text: str) -> float | None:
+    """--ema-decay's value: a number, or "none" for no average."""
+    return None if text == NONE else float(text)
 
 
 def strip_stress(phones: str) -> str:
@@ -126,7 +137,8 @@ def _train(args: argparse.Namespace) -> dict[str, object]:
     config = replace(presets.g2p(len(src_vocab), len(tgt_vocab)), init="glorot",
                      decoder=args.decoder, layer_norm=args.layer_norm,
                      **{name: getattr(args, name) for name in DROPOUTS})
-    cfg = TrainConfig(optimizer="adam", schedule="plateau", decay_patience=DECAY_PATIENCE,
+    cfg = TrainConfig(optimizer="adam", lr=args.lr, schedule=args.schedule,
+                      decay_patience=DECAY_PATIENCE,
                       batch_size=args.batch_size, eval_every=args.eval_every,
                       save_every=args.eval_every, early_stopping_metric="wer",
                       max_time_s=args.minutes * 60 if args.minutes else None,
@@ -153,7 +165,7 @@ def _train(args: argparse.Namespace) -> dict[str, object]:
 
 def _evaluate(args: argparse.Namespace) -> dict[str, object]:
     tsv = existing(args.tsv, "--tsv", regular=True)
-    translator = load(find_checkpoint(args.checkpoint, "--checkpoint"))
+    translator = load([find_checkpoint(given, "--checkpoint") for given in args.checkpoint])
     keep_stress = any(phone[-1:].isdigit() for phone in translator.tgt_vocab.tokens)
     words, refs = read_pairs(tsv, keep_stress=keep_stress)
     items, groups, _ = group_references(words, refs)
@@ -166,6 +178,7 @@ def _evaluate(args: argparse.Namespace) -> dict[str, object]:
     rates = error_rates([h.text for h in hyps], groups)
     report: dict[str, object] = {"wer": round(rates.wer, 2), "per": round(rates.per, 2),
                                  "words": rates.items, "beam_size": BEAM_SIZE,
+                                 "models": len(args.checkpoint),
                                  "decode_seconds": round(seconds, 1),
                                  "keep_stress": keep_stress}
     out = Path(args.json)
@@ -197,14 +210,19 @@ def parser() -> argparse.ArgumentParser:
                    help=f"{helps['decoder']} (default {DECODER})")
     t.add_argument("--layer-norm", action=argparse.BooleanOptionalAction, default=LAYER_NORM,
                    help=f"{helps['layer_norm']} (default {'on' if LAYER_NORM else 'off'})")
-    t.add_argument("--ema-decay", type=float, default=EMA_DECAY,
-                   help=f"{helps['ema_decay']} (default {EMA_DECAY or 'none'})")
+    t.add_argument("--schedule", choices=("plateau", "linear"), default=SCHEDULE,
+                   help=f"{helps['schedule']} (default {SCHEDULE})")
+    t.add_argument("--lr", type=float, default=LEARNING_RATE,
+                   help=f"Adam's learning rate (default {LEARNING_RATE:g})")
+    t.add_argument("--ema-decay", type=_decay, default=EMA_DECAY,
+                   help=f"{helps['ema_decay']} (default {EMA_DECAY}; {NONE} keeps none)")
     t.add_argument("--limit", type=int, default=None, help="train on the first N words only")
     t.add_argument("--dev-limit", type=int, default=None, help="score the first N dev words")
     t.add_argument("--seed", type=int, default=1234)
     t.add_argument("--threads", type=int, default=2, help="torch threads")
     e = commands.add_parser("evaluate", help="WER and PER of a model, beam 5")
-    e.add_argument("--checkpoint", required=True, help="a checkpoint, or a run folder")
+    e.add_argument("--checkpoint", required=True, nargs="+",
+                   help="a checkpoint, or a run folder; several decode as an ensemble")
     e.add_argument("--tsv", required=True, help="word<TAB>phones lines to score")
     e.add_argument("--json", required=True, help="where the scores go")
     e.add_argument("--threads", type=int, default=2, help="torch threads")

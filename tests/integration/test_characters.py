@@ -94,14 +94,17 @@ def test_the_g2p_recipe_trains_resumes_and_evaluates(tmp_path, capsys) -> None:
               "2", "--batch-size", "16", "--threads", "1"]
     assert recipe.main([*common, "--max-steps", "2", "--dropout", "1.5"]) == 2
     assert "dropout" in capsys.readouterr().err and not run.exists()   # one line, no run
-    options = ["--dropout-deep-output", "0.5", "--label-smoothing", "0.2", "--layer-norm",
+    options = ["--dropout-deep-output", "0.5", "--label-smoothing", "0.2", "--schedule",
+               "plateau", "--lr", "5e-3", "--ema-decay", "none", "--layer-norm",
                "--decoder", "cgru"]                                 # none of them the defaults
     assert recipe.main([*common, "--max-steps", "2", *options]) == 0
     first = json.loads(capsys.readouterr().out)
     assert (first["step"], first["train_pairs"], first["dev_words"]) == (2, 60, 20)
     config = load(run).model.config
     assert (config.dropout_deep_output, config.layer_norm, config.decoder) == (0.5, True, "cgru")
-    assert read_checkpoint(run).train_config["label_smoothing"] == 0.2
+    stored = read_checkpoint(run).train_config
+    assert (stored["label_smoothing"], stored["schedule"], stored["lr"], stored["ema_decay"]) == (
+        0.2, "plateau", 5e-3, None)
     assert recipe.main([*common, "--max-steps", "4", *options[:-1], "paper"]) == 2
     error = capsys.readouterr().err                     # another decoder: refused, one line
     assert "decoder" in error and len(error.strip().splitlines()) == 1
@@ -131,6 +134,12 @@ def test_the_g2p_recipe_trains_resumes_and_evaluates(tmp_path, capsys) -> None:
     assert items == dev_words and sum(len(g) == 2 for g in groups) == 7
     expected = error_rates([h.text for h in hyps], groups)
     assert (report["wer"], report["per"]) == (round(expected.wer, 2), round(expected.per, 2))
+    # an ensemble of the model with itself averages equal distributions: the same scores
+    assert recipe.main(["evaluate", "--checkpoint", str(run), str(run), "--tsv",
+                        str(tmp_path / "data" / "dev.tsv"), "--json", str(scores),
+                        "--threads", "1"]) == 0
+    pair = json.loads(scores.read_text())
+    assert pair["models"] == 2 and (pair["wer"], pair["per"]) == (report["wer"], report["per"])
 
 
 def test_the_recipe_refuses_a_data_folder_without_its_files(tmp_path, capsys) -> None:
