@@ -14,16 +14,15 @@ phonemes out (`bahdanau.WhitespaceTokenizer`), the two stored together in every 
 (`bahdanau.TrainConfig`; 0.1 by default), --decoder its decoder form (the paper's by default,
 or cgru: Nematus' conditional GRU), --layer-norm layer-normalises its GRU cells (off by
 default), and --ema-decay D keeps a moving average of the weights, which the dev evaluations
-score and the checkpoints translate with (`bahdanau.TrainConfig`; 0.999 by default, none keeps
-none). Every pronunciation of a training word is a training pair. Every --eval-every updates
-the dev words are decoded greedily and scored (`bahdanau.error_rates`: a word is right when its
-output equals any of its pronunciations); the checkpoint of the lowest dev WER is
-RUN/checkpoints/best.pt. Adam's learning rate (--lr, 2e-3) falls in a straight line to 0 at the
-run's last update (--schedule linear); --schedule plateau halves it after every two evaluations
-without a better dev WER instead (the recipe before, at --lr 1e-3). The run is --max-steps
-updates (60,000, about 50 minutes on an idle 2-core CPU), so its result does not depend on the
-machine's load; --minutes (60) caps the training time on a slower or busier machine (where it
-stops a run, the rate has not reached 0). The same command resumes a run where it stopped
+score and the checkpoints translate with (`bahdanau.TrainConfig`; none by default). Every
+pronunciation of a training word is a training pair. Every --eval-every updates the dev words
+are decoded greedily and scored (`bahdanau.error_rates`: a word is right when its output equals
+any of its pronunciations); the checkpoint of the lowest dev WER is RUN/checkpoints/best.pt.
+Adam's learning rate (--lr, 1e-3) halves after every two evaluations without a better dev WER
+(--schedule plateau); --schedule linear makes it fall in a straight line to 0 at the run's last
+update instead. The run is --max-steps updates (60,000, about 50 minutes on an idle 2-core
+CPU), so its result does not depend on the machine's load; --minutes (60) caps the training
+time on a slower or busier machine. The same command resumes a run where it stopped
 (`bahdanau.training` restores the weights, the optimizer, the batch order and the clock), so a
 run cut short loses at most the updates since its last checkpoint.
 
@@ -91,9 +90,9 @@ DROPOUTS = {"dropout": 0.2, "dropout_rnn_inputs": 0.0, "dropout_deep_output": 0.
 LOSS = {"label_smoothing": 0.1}     # chosen on dev: docs/guides/characters.md
 DECODER = "paper"                   # the decoder form (--decoder)
 LAYER_NORM = False                  # layer-normalised GRU cells (--layer-norm)
-EMA_DECAY = 0.999                   # a moving average of the weights (--ema-decay)
-SCHEDULE = "linear"                 # the learning rate's schedule (--schedule)
-LEARNING_RATE = 2e-3                # Adam's (--lr)
+EMA_DECAY = None                    # a moving average of the weights (--ema-decay)
+SCHEDULE = "plateau"                # the learning rate's schedule (--schedule)
+LEARNING_RATE = 1e-3                # Adam's (--lr)
 
 
 def _decay(text: str) -> float | None:
@@ -215,7 +214,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--lr", type=float, default=LEARNING_RATE,
                    help=f"Adam's learning rate (default {LEARNING_RATE:g})")
     t.add_argument("--ema-decay", type=_decay, default=EMA_DECAY,
-                   help=f"{helps['ema_decay']} (default {EMA_DECAY}; {NONE} keeps none)")
+                   help=f"{helps['ema_decay']} (default {EMA_DECAY or NONE})")
     t.add_argument("--limit", type=int, default=None, help="train on the first N words only")
     t.add_argument("--dev-limit", type=int, default=None, help="score the first N dev words")
     t.add_argument("--seed", type=int, default=1234)

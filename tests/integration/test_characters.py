@@ -95,8 +95,9 @@ def test_the_g2p_recipe_trains_resumes_and_evaluates(tmp_path, capsys) -> None:
     assert recipe.main([*common, "--max-steps", "2", "--dropout", "1.5"]) == 2
     assert "dropout" in capsys.readouterr().err and not run.exists()   # one line, no run
     options = ["--dropout-deep-output", "0.5", "--label-smoothing", "0.2", "--schedule",
-               "plateau", "--lr", "5e-3", "--ema-decay", "none", "--layer-norm",
+               "linear", "--lr", "5e-3", "--ema-decay", "0.5", "--layer-norm",
                "--decoder", "cgru"]                                 # none of them the defaults
+    assert recipe.parser().parse_args([*common, "--ema-decay", "none"]).ema_decay is None
     assert recipe.main([*common, "--max-steps", "2", *options]) == 0
     first = json.loads(capsys.readouterr().out)
     assert (first["step"], first["train_pairs"], first["dev_words"]) == (2, 60, 20)
@@ -104,7 +105,7 @@ def test_the_g2p_recipe_trains_resumes_and_evaluates(tmp_path, capsys) -> None:
     assert (config.dropout_deep_output, config.layer_norm, config.decoder) == (0.5, True, "cgru")
     stored = read_checkpoint(run).train_config
     assert (stored["label_smoothing"], stored["schedule"], stored["lr"], stored["ema_decay"]) == (
-        0.2, "plateau", 5e-3, None)
+        0.2, "linear", 5e-3, 0.5)
     assert recipe.main([*common, "--max-steps", "4", *options[:-1], "paper"]) == 2
     error = capsys.readouterr().err                     # another decoder: refused, one line
     assert "decoder" in error and len(error.strip().splitlines()) == 1
