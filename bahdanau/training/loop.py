@@ -203,7 +203,8 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
     and the result's `stopped` is "sigint", "sigterm" or "sighup"; a second signal acts as
     usual. A run that has already reached a limit trains nothing and writes nothing. While it
     trains, rank 0 draws a progress bar on stderr when bars are shown
-    (`bahdanau.training.progress.TrainBar`).
+    (`bahdanau.training.progress.TrainBar`). A linear schedule (`TrainConfig.schedule`) that the
+    time limit stops before max_steps ends with a line saying so: its rate never reached 0.
 
     Args:
         run: the run.
@@ -236,6 +237,12 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
             stopped = _loop(run, validate, log, result, scalars, bar)
     finally:
         bar.close()
+    last = run.cfg.max_steps
+    if stopped == "max_time" and run.cfg.schedule == "linear" and last and run.is_main:
+        lr = run.optimizer.param_groups[0]["lr"]
+        log(f"step {state.step} | the time limit stopped the run {last - state.step} updates "
+            f"before max_steps {last}: its linear schedule's learning rate was {lr:.3g}, not "
+            "yet 0; resume it with more time, or start again with a max_steps the time allows")
     if run.distributed:          # every rank returns once rank 0 has written the last checkpoint
         torch.distributed.barrier()
     result.step, result.epoch, result.stopped = state.step, state.epoch, stopped

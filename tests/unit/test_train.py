@@ -510,6 +510,23 @@ def test_train_time_budget_and_token_batches() -> None:
     assert result.history[0]["loss"] == pytest.approx(result.train_loss)
 
 
+def test_time_limit_before_a_linear_schedule_ends_says_so() -> None:
+    lines: list[str] = []
+    cfg = TrainConfig(max_tokens=30, bucket=1, max_time_s=1e-9, max_steps=100,
+                      schedule="linear", lr=0.5, log_every=1)
+    result = train(tiny_model(), random_examples(40), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                   log=lines.append)
+    assert (result.step, result.stopped) == (1, "max_time")
+    # update 1 of 100 took 0.5 * (101 - 1) / 101
+    assert lines[-1] == ("step 1 | the time limit stopped the run 99 updates before max_steps "
+                         "100: its linear schedule's learning rate was 0.495, not yet 0; resume "
+                         "it with more time, or start again with a max_steps the time allows")
+    lines.clear()
+    train(tiny_model(), random_examples(40), replace(cfg, max_time_s=None, max_steps=2),
+          src_vocab=VOCAB, tgt_vocab=VOCAB, log=lines.append)
+    assert not any("time limit" in line for line in lines)
+
+
 def test_train_argument_errors() -> None:
     with pytest.raises(ValueError, match="max_steps, max_epochs or max_time_s"):
         train(tiny_model(), random_examples(4), TrainConfig(), src_vocab=VOCAB, tgt_vocab=VOCAB)
