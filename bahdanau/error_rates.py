@@ -7,8 +7,10 @@ its references. `group_references` makes those lists from line-aligned sources a
 in which a source repeats (``evaluate --src/--ref`` files, or the pairs of a TSV file that
 `read_reference_tsv` reads): every line of the same source, consecutive or not, is one item;
 items keep the order of their source's first line, and an item's references the order of their
-lines (a repeated reference counted once). Sources are compared after
-`bahdanau.data.normalize_whitespace`, as the model reads them.
+lines, as written (a reference repeated letter for letter counted once). Sources are the same
+when their tokens are, as the model reads them: `tokenize(source)`, whitespace-separated by
+default (``bahdanau evaluate`` uses the model's source tokenizer, so for characters "a b" and
+"a  b" are two sources, as they are two inputs).
 
 Scores, over N items, tokens being `tokenize(text)` (whitespace-separated by default: a
 phoneme sequence "K AE T" is three tokens; `bahdanau evaluate` uses the model's target
@@ -34,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bahdanau._checks import check_strings, describe
-from bahdanau.data.text import normalize_whitespace, read_lines
+from bahdanau.data.text import read_lines
 from bahdanau.errors import InputError
 
 METRICS: tuple[str, ...] = ("wer", "per", "accuracy")   # evaluate --metric's choices
@@ -92,17 +94,24 @@ def error_rates(hypotheses: Sequence[str], references: Sequence[Sequence[str]], 
     Returns:
         The `ErrorRates`.
     Raises:
-        InputError: no items, as many hypotheses as reference lists they are not, an item
-            without references, or a reference without tokens; one line each.
+        InputError: no items, `references` not a list of lists of str (a set has no order, which
+            the closest reference's ties need), as many hypotheses as reference lists they are
+            not, an item without references, a reference without tokens, or a `tokenize` that
+            is not callable; one line each.
     """
     check_strings("hypotheses", hypotheses)
+    _check_tokenize(tokenize)
+    if isinstance(references, str | bytes) or not isinstance(references, Sequence):
+        raise InputError(f"references must be a list of reference lists, got "
+                         f"{describe(references)}")
     if not hypotheses:
         raise InputError("no hypotheses to score: at least one item is needed")
     if len(hypotheses) != len(references):
         raise InputError(f"{len(hypotheses)} hypotheses but {len(references)} reference lists")
     errors = edits = reference_tokens = 0
     for index, (hypothesis, refs) in enumerate(zip(hypotheses, references, strict=True)):
-        if isinstance(refs, str) or not refs or not all(isinstance(r, str) for r in refs):
+        if (isinstance(refs, str) or not isinstance(refs, Sequence) or not refs
+                or not all(isinstance(r, str) for r in refs)):
             raise InputError(f"item {index}: its references must be a non-empty list of str, "
                              f"got {describe(refs)}")
         tokens = tokenize(hypothesis)
@@ -124,35 +133,46 @@ def error_rates(hypotheses: Sequence[str], references: Sequence[Sequence[str]], 
                       reference_tokens=reference_tokens)
 
 
-def group_references(sources: Sequence[str], references: Sequence[str]
+def group_references(sources: Sequence[str], references: Sequence[str], *,
+                     tokenize: Callable[[str], list[str]] = str.split
                      ) -> tuple[list[str], list[list[str]], list[int]]:
     """Line-aligned sources and references as items: each distinct source once, with all of
     its references (the rules in this module's docstring).
 
     Args:
         sources, references: one source and one of its references per line.
+        tokenize: a source's tokens, which decide whether two lines have the same source
+            (default: split on whitespace; the model's source tokenizer's for its outputs).
     Returns:
-        (the distinct sources in order of first appearance, their reference lists, and for
-        each item the index of its source's first line).
+        (the distinct sources in order of first appearance, each as its first line has it,
+        their reference lists, and for each item the index of its source's first line).
     Raises:
-        InputError: no lines, or as many sources as references there are not.
+        InputError: no lines, as many sources as references there are not, or a `tokenize`
+            that is not callable.
     """
     check_strings("sources", sources)
     check_strings("references", references)
+    _check_tokenize(tokenize)
     if not sources:
         raise InputError("no sources to group: at least one line is needed")
     if len(sources) != len(references):
         raise InputError(f"{len(sources)} sources but {len(references)} references")
-    items: dict[str, list[str]] = {}
-    first: dict[str, int] = {}
+    items: dict[tuple[str, ...], list[str]] = {}
+    first: dict[tuple[str, ...], int] = {}
     for line, (source, reference) in enumerate(zip(sources, references, strict=True)):
-        key = normalize_whitespace(source)
+        key = tuple(tokenize(source))
         refs = items.setdefault(key, [])
         first.setdefault(key, line)
-        reference = normalize_whitespace(reference)
         if reference not in refs:
             refs.append(reference)
-    return list(items), list(items.values()), list(first.values())
+    lines = list(first.values())
+    return [sources[line] for line in lines], list(items.values()), lines
+
+
+def _check_tokenize(tokenize: object) -> None:
+    if not callable(tokenize):
+        raise InputError(f"tokenize must be a callable (a text -> its tokens), got "
+                         f"{describe(tokenize)}")
 
 
 def read_reference_tsv(path: str | os.PathLike[str]) -> tuple[list[str], list[str]]:

@@ -398,9 +398,10 @@ def _error_rates(sources: list[str], references: list[str], translations: list[T
                  tokenizer: Tokenizer) -> ErrorRates:
     """evaluate --metric: the lines grouped by source (`group_references`), each item's
     hypothesis its first line's translation, tokens the model's target tokens."""
-    _, groups, first = group_references(sources, references)
+    source_side, target_side = sides(tokenizer)
+    _, groups, first = group_references(sources, references, tokenize=source_side.tokenize)
     return error_rates([translations[i].text for i in first], groups,
-                       tokenize=sides(tokenizer)[1].tokenize)
+                       tokenize=target_side.tokenize)
 
 
 # The longest sentence `plot` draws, in source tokens, refused before the model runs: a plot

@@ -276,9 +276,11 @@ def _dev_scores(o: TrainOptions, data: _Data, run: TrainRun, device: torch.devic
                    f"{time.perf_counter() - decoded:.1f} s")
         rates = {}
         if o.training.early_stopping_metric in METRICS:   # --early-stopping-metric wer ...
-            _, groups, first = group_references(sources, references)
+            source_side, target_side = sides(data.tokenizer)
+            _, groups, first = group_references(sources, references,
+                                                tokenize=source_side.tokenize)
             rates = error_rates([hyps[i].text for i in first], groups,
-                                tokenize=sides(data.tokenizer)[1].tokenize).as_dict()
+                                tokenize=target_side.tokenize).as_dict()
         return {"bleu": scores.bleu, "chrf": scores.chrf, "ppl": ppl, **rates}
 
     return validate

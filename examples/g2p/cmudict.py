@@ -74,6 +74,7 @@ from bahdanau import (
 )
 from bahdanau.checkpoint import find_checkpoint
 from bahdanau.config import DecoderKind
+from bahdanau.data import sides
 from bahdanau.error_rates import error_rates, group_references, read_reference_tsv
 from bahdanau.errors import InputError
 from bahdanau.jobs.files import existing
@@ -98,6 +99,17 @@ LEARNING_RATE = 1e-3                # Adam's (--lr)
 def _decay(text: str) -> float | None:
     """--ema-decay's value: a number, or "none" for no average."""
     return None if text == NONE else float(text)
+
+
+def _count(text: str) -> int:
+    """The value of --limit, --dev-limit and --threads: a whole number, at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def strip_stress(phones: str) -> str:
@@ -126,9 +138,9 @@ def _train(args: argparse.Namespace) -> dict[str, object]:
     words, phones = read_pairs(train_path, keep_stress=args.keep_stress, limit=args.limit)
     dev_words, dev_refs = read_pairs(dev_path, keep_stress=args.keep_stress,
                                      limit=args.dev_limit)
-    items, groups, _ = group_references(dev_words, dev_refs)
-
     tokenizer = TokenizerPair(CharTokenizer(), WhitespaceTokenizer())
+    items, groups, _ = group_references(dev_words, dev_refs,
+                                        tokenize=tokenizer.source.tokenize)
     src_vocab = Vocab.build(tokenizer.source.tokenize(w) for w in words)
     tgt_vocab = Vocab.build(tokenizer.target.tokenize(p) for p in phones)
     examples = encode_pairs(list(zip(words, phones, strict=True)), src_vocab, tgt_vocab,
@@ -167,7 +179,8 @@ def _evaluate(args: argparse.Namespace) -> dict[str, object]:
     translator = load([find_checkpoint(given, "--checkpoint") for given in args.checkpoint])
     keep_stress = any(phone[-1:].isdigit() for phone in translator.tgt_vocab.tokens)
     words, refs = read_pairs(tsv, keep_stress=keep_stress)
-    items, groups, _ = group_references(words, refs)
+    items, groups, _ = group_references(words, refs,
+                                        tokenize=sides(translator.tokenizer)[0].tokenize)
     start = time.perf_counter()
     hyps = translate_corpus(translator.model, items, translator.src_vocab, translator.tgt_vocab,
                             translator.tokenizer,
@@ -215,16 +228,16 @@ def parser() -> argparse.ArgumentParser:
                    help=f"Adam's learning rate (default {LEARNING_RATE:g})")
     t.add_argument("--ema-decay", type=_decay, default=EMA_DECAY,
                    help=f"{helps['ema_decay']} (default {EMA_DECAY or NONE})")
-    t.add_argument("--limit", type=int, default=None, help="train on the first N words only")
-    t.add_argument("--dev-limit", type=int, default=None, help="score the first N dev words")
+    t.add_argument("--limit", type=_count, default=None, help="train on the first N words only")
+    t.add_argument("--dev-limit", type=_count, default=None, help="score the first N dev words")
     t.add_argument("--seed", type=int, default=1234)
-    t.add_argument("--threads", type=int, default=2, help="torch threads")
+    t.add_argument("--threads", type=_count, default=2, help="torch threads")
     e = commands.add_parser("evaluate", help="WER and PER of a model, beam 5")
     e.add_argument("--checkpoint", required=True, nargs="+",
                    help="a checkpoint, or a run folder; several decode as an ensemble")
     e.add_argument("--tsv", required=True, help="word<TAB>phones lines to score")
     e.add_argument("--json", required=True, help="where the scores go")
-    e.add_argument("--threads", type=int, default=2, help="torch threads")
+    e.add_argument("--threads", type=_count, default=2, help="torch threads")
     return top
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 
+import pytest
 import torch
 from example_scripts import load_example
 
@@ -148,5 +149,12 @@ def test_the_recipe_refuses_a_data_folder_without_its_files(tmp_path, capsys) ->
     assert recipe.main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "train.tsv" in err
+    for flag, value, error in (("--limit", "0", "must be at least 1, got 0"),
+                               ("--dev-limit", "-1", "must be at least 1, got -1"),
+                               ("--threads", "two", "must be a whole number, got 'two'")):
+        with pytest.raises(SystemExit):
+            recipe.main(["train", "--data", str(tmp_path), "--out", str(tmp_path / "r"), flag,
+                         value])
+        assert f"argument {flag}: {error}" in capsys.readouterr().err
 
 

@@ -11,6 +11,7 @@ import gzip
 import pytest
 from training_fixtures import one_line_error
 
+from bahdanau import CharTokenizer
 from bahdanau.error_rates import (
     edit_distance,
     error_rates,
@@ -73,12 +74,32 @@ def test_tokens_are_what_tokenize_says() -> None:
 
 def test_group_references_by_source_consecutive_or_not() -> None:
     sources = ["read", "lead", "read ", "read", "lead"]
-    references = ["R IY D", "L IY D", "R EH D", "R  IY D", "L EH D"]
+    references = ["R IY D", "L IY D", "R EH D", "R IY D", "L EH D"]
     items, groups, first = group_references(sources, references)
-    # "read " is "read" once whitespace is normalised; "R  IY D" repeats the first reference
+    # "read " has the tokens of "read" (split on whitespace); line 3 repeats line 0's reference
     assert items == ["read", "lead"]
     assert groups == [["R IY D", "R EH D"], ["L IY D", "L EH D"]]
     assert first == [0, 1]
+    # a reference is kept as written: one spaced otherwise is another reference (with the
+    # same whitespace tokens, so it changes no score)
+    assert group_references(["read", "read"], ["R IY D", "R  IY D"])[1] == [
+        ["R IY D", "R  IY D"]]
+
+
+def test_characters_group_and_score_as_the_model_reads_them() -> None:
+    chars = CharTokenizer().tokenize
+    # As characters, "a b" and "a  b" are other inputs than "ab": three items
+    items, groups, first = group_references(["ab", "a b", "a  b", "ab"], ["X", "Y", "Z", "W"],
+                                            tokenize=chars)
+    assert (items, groups, first) == (["ab", "a b", "a  b"], [["X", "W"], ["Y"], ["Z"]],
+                                      [0, 1, 2])
+    # An output written exactly as its reference is right, whatever its spaces
+    for text in ("New\u00a0York", "a  b"):
+        _, refs, _ = group_references(["x"], [text], tokenize=chars)
+        assert error_rates([text], refs, tokenize=chars).wer == 0.0
+    # "a b" against "a  b" (a, _, _, b): one space inserted of 4 tokens
+    rates = error_rates(["a b"], [["a  b"]], tokenize=chars)
+    assert (rates.wer, rates.per) == (100.0, 25.0)
 
 
 def test_reference_tsv_reads_pairs_plain_or_gzip(tmp_path) -> None:
@@ -98,10 +119,15 @@ def test_reference_tsv_reads_pairs_plain_or_gzip(tmp_path) -> None:
     (lambda: error_rates(["A"], ["A"]), "item 0: its references must be a non-empty list"),
     (lambda: error_rates(["A"], [[" "]]), "item 0: the reference ' ' has no tokens"),
     (lambda: error_rates("A", [["A"]]), "hypotheses must be a list of str"),
+    (lambda: error_rates(["A"], None), "references must be a list of reference lists"),
+    (lambda: error_rates(["A"], [{"A", "B"}]), "item 0: its references must be a non-empty list"),
+    (lambda: error_rates(["A"], [["A"]], tokenize=None), "tokenize must be a callable"),
     (lambda: group_references([], []), "at least one line"),
     (lambda: group_references(["a", "b"], ["A"]), "2 sources but 1 references"),
+    (lambda: group_references(["a"], ["A"], tokenize=3), "tokenize must be a callable"),
 ], ids=["empty", "counts", "no-references", "references-a-str", "blank-reference",
-        "hypotheses-a-str", "group-empty", "group-counts"])
+        "hypotheses-a-str", "references-none", "references-a-set", "tokenize-none",
+        "group-empty", "group-counts", "group-tokenize"])
 def test_bad_arguments_are_one_line(call, fragment: str) -> None:
     one_line_error(call, fragment)
 
