@@ -123,19 +123,22 @@ def _eta(run: TrainRun, seconds_per_step: float) -> str:
 
 
 def _evaluate(run: TrainRun, validate: Validate, result: TrainResult,
-              log: Callable[[str], None], scalars: _Scalars | None) -> tuple[float, bool]:
+              log: Callable[[str], None], scalars: _Scalars | None, *, scheduled: bool = True
+              ) -> tuple[float, bool]:
     """`validate_run`, recorded in `result` and logged: ``step N | dev bleu 4.74 chrf 20.10
     ppl 123.40 | best bleu 4.74 at step N``, every score by its name."""
     state = run.state
     lr = run.schedule(state.step + 1, state.lr_decays)
-    metric, improved = validate_run(run, validate)
+    metric, improved = validate_run(run, validate, scheduled=scheduled)
     result.evals.append((state.step, metric))
+    if improved:
+        result.best_metric, result.best_step = metric, state.step
     if run.is_main:
         new_lr = run.schedule(state.step + 1, state.lr_decays)
         decayed = f" | lr decayed to {new_lr:.3g}" if new_lr < lr else ""
         scores = " ".join(f"{name} {value:.2f}" for name, value in run.scores.items())
         log(f"step {state.step} | dev {scores} | best {run.cfg.early_stopping_metric} "
-            f"{state.best_metric:.2f} at step {state.best_step}{decayed}")
+            f"{result.best_metric:.2f} at step {result.best_step}{decayed}")
         if scalars is not None:
             scalars(state.step, {f"dev/{name}": value for name, value in run.scores.items()})
     return metric, improved
@@ -153,7 +156,9 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
     log line every `cfg.log_every` steps, `validate_run` every `cfg.eval_every` steps and
     `save_run` every `cfg.save_every` steps and at every evaluation whose checkpoint is kept
     (an improvement, or with `cfg.keep_best` > 1 one of the best so far); at the end a last
-    evaluation and checkpoint unless this step already had them. `examples` are used as given
+    evaluation and checkpoint unless this step already had them (that evaluation, off the
+    schedule, ranks for best.pt but moves neither the plateau's decays nor the patience:
+    continued past its limit, the run is the one that never stopped). `examples` are used as given
     (the longest sentence is a data setting: `encode_pairs(..., max_len=50)`).
 
     Resumption: with `checkpoint_dir` and `resume`, the latest checkpoint there is restored, so
@@ -230,7 +235,8 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
         if short:
             log(short)
     result = TrainResult(step=state.step, epoch=state.epoch, stopped="",
-                         elapsed_s=state.elapsed_s, start_step=state.step)
+                         elapsed_s=state.elapsed_s, start_step=state.step,
+                         best_metric=state.best_metric, best_step=state.best_step)
     bar = TrainBar(run)
     try:
         with _stop_on_signals(run, log):
@@ -239,7 +245,7 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
         bar.close()
     last = run.cfg.max_steps
     if stopped == "max_time" and run.cfg.schedule == "linear" and last and run.is_main:
-        lr = run.optimizer.param_groups[0]["lr"]
+        lr = run.schedule(state.step, state.lr_decays)      # its last update's
         log(f"step {state.step} | the time limit stopped the run {last - state.step} updates "
             f"before max_steps {last}: its linear schedule's learning rate was {lr:.3g}, not "
             "yet 0; resume it with more time, or start again with a max_steps the time allows")
@@ -247,7 +253,6 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
         torch.distributed.barrier()
     result.step, result.epoch, result.stopped = state.step, state.epoch, stopped
     result.elapsed_s = state.elapsed_s
-    result.best_metric, result.best_step = state.best_metric, state.best_step
     if run.manager is not None and run.is_main:
         result.last_checkpoint, result.best_checkpoint = run.manager.latest(), run.manager.best()
     return result
@@ -309,7 +314,9 @@ def _loop(run: TrainRun, validate: Validate | None, log: Callable[[str], None],
         result.train_loss = window_loss / window_tokens
     final_metric = None
     if validate is not None and last_eval != state.step and stopped in _LIMITS:
-        final_metric, _ = _evaluate(run, validate, result, log, scalars)
+        # off the schedule: scored and ranked for best.pt; the run's state stays that of a run
+        # that never stopped here, should it be continued past this limit
+        final_metric, _ = _evaluate(run, validate, result, log, scalars, scheduled=False)
     if last_saved != state.step or _kept(run, final_metric):
         save_run(run, metric=final_metric, stopped=None if stopped in _ENDS else stopped)
     return stopped

@@ -453,7 +453,8 @@ def run_step(run: TrainRun) -> StepStats:
 Validate = Callable[[nn.Module], float | Mapping[str, float]]
 
 
-def validate_run(run: TrainRun, validate: Validate) -> tuple[float, bool]:
+def validate_run(run: TrainRun, validate: Validate, *, scheduled: bool = True
+                 ) -> tuple[float, bool]:
     """Score the model with `validate(model)` and update the best metric.
 
     `validate` returns the run's early-stopping metric (`TrainConfig.early_stopping_metric`:
@@ -471,6 +472,10 @@ def validate_run(run: TrainRun, validate: Validate) -> tuple[float, bool]:
     Args:
         run: the run.
         validate: called as `validate(model)`; returns a number or a dict of numbers.
+        scheduled: False for an evaluation off the `eval_every` schedule (`train_run`'s last,
+            when a limit stops the run between two): it is scored and compared with the best,
+            but leaves the best, `bad_evals` and `lr_decays` as they were, so that a run
+            continued past that limit keeps the rates and patience of one that never stopped.
     Returns:
         (metric, whether it improved on the best so far).
     Raises:
@@ -493,9 +498,9 @@ def validate_run(run: TrainRun, validate: Validate) -> tuple[float, bool]:
     metric = broadcast(metric, run.distributed)
     state = run.state
     improved = improves(name, metric, state.best_metric)
-    if improved:
+    if scheduled and improved:
         state.best_metric, state.best_step, state.bad_evals = metric, state.step, 0
-    else:
+    elif scheduled:
         state.bad_evals += 1
         if run.schedule.decays_after(state.bad_evals):
             state.lr_decays += 1

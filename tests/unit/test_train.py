@@ -510,17 +510,19 @@ def test_train_time_budget_and_token_batches() -> None:
     assert result.history[0]["loss"] == pytest.approx(result.train_loss)
 
 
-def test_time_limit_before_a_linear_schedule_ends_says_so() -> None:
+def test_time_limit_before_a_linear_schedule_ends_says_so(tmp_path) -> None:
     lines: list[str] = []
     cfg = TrainConfig(max_tokens=30, bucket=1, max_time_s=1e-9, max_steps=100,
                       schedule="linear", lr=0.5, log_every=1)
-    result = train(tiny_model(), random_examples(40), cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
-                   log=lines.append)
-    assert (result.step, result.stopped) == (1, "max_time")
-    # update 1 of 100 took 0.5 * (101 - 1) / 101
-    assert lines[-1] == ("step 1 | the time limit stopped the run 99 updates before max_steps "
-                         "100: its linear schedule's learning rate was 0.495, not yet 0; resume "
-                         "it with more time, or start again with a max_steps the time allows")
+    # update 1 of 100 took 0.5 * (101 - 1) / 101; the same again, resumed: it trains nothing
+    for step in (1, 1):
+        result = train(tiny_model(), random_examples(40), cfg, src_vocab=VOCAB,
+                       tgt_vocab=VOCAB, checkpoint_dir=tmp_path, log=lines.append)
+        assert (result.step, result.stopped) == (step, "max_time")
+        assert lines[-1] == (
+            "step 1 | the time limit stopped the run 99 updates before max_steps 100: its "
+            "linear schedule's learning rate was 0.495, not yet 0; resume it with more time, "
+            "or start again with a max_steps the time allows")
     lines.clear()
     train(tiny_model(), random_examples(40), replace(cfg, max_time_s=None, max_steps=2),
           src_vocab=VOCAB, tgt_vocab=VOCAB, log=lines.append)
@@ -751,6 +753,39 @@ def test_exact_resume_with_schedule_and_accumulation(tmp_path, schedule: str) ->
         assert payload["train_state"]["lr_decays"] == decays
         assert payload["train_state"]["position"] == 24 % 5 and payload["train_state"]["epoch"] == 4
         assert [g["lr"] for g in payload["optimizer"]["param_groups"]] == [pytest.approx(0.5)]
+
+
+def test_a_run_continued_past_its_limit_is_the_run_that_never_stopped(tmp_path) -> None:
+    """A limit between two evaluations ends the run with one more, off the schedule: it counts
+    for best.pt, but not for the plateau's decays or the patience, so the run continued to a
+    later limit takes the rates of a run that never stopped."""
+    examples = random_examples(40)
+    cfg = TrainConfig(batch_size=8, bucket=2, schedule="plateau", decay_patience=1,
+                      patience=2, eval_every=4, max_steps=8, save_every=100, log_every=100)
+
+    def run(model, cfg, directory, metrics):
+        return train(model, examples, cfg, src_vocab=VOCAB, tgt_vocab=VOCAB,
+                     checkpoint_dir=directory, validate=lambda m: next(metrics),
+                     log=lambda s: None)
+
+    # straight: 1.0 at 4 (the best), 1.0 at 8 (one bad evaluation: one decay, no stop)
+    straight = tiny_model(0)
+    assert run(straight, cfg, tmp_path / "straight", iter([1.0, 1.0])).stopped == "max_steps"
+    # stopped at 6 and continued: were 6's evaluation counted, 8's would be the second bad
+    # one, a second decay (updates 7 and 8 at half the rate) and a patience stop
+    first = run(tiny_model(0), replace(cfg, max_steps=6), tmp_path / "split", iter([1.0, 1.0]))
+    assert first.evals == [(4, 1.0), (6, 1.0)]
+    resumed = tiny_model(99)
+    result = run(resumed, cfg, tmp_path / "split", iter([1.0]))
+    assert (result.step, result.stopped) == (8, "max_steps")
+    assert _equal_weights(resumed, straight)
+    for name in ("straight", "split"):
+        state = load_checkpoint(CheckpointManager(tmp_path / name).latest())["train_state"]
+        assert (state["lr_decays"], state["bad_evals"], state["best_step"]) == (1, 1, 4)
+    # an off-schedule evaluation that beats the best is the run's best (result, best.pt)
+    best = run(tiny_model(0), replace(cfg, max_steps=6), tmp_path / "best", iter([1.0, 3.0]))
+    assert (best.best_metric, best.best_step) == (3.0, 6)
+    assert load_checkpoint(best.best_checkpoint)["train_state"]["step"] == 6
 
 
 def test_a_resumed_run_keeps_the_batches_of_an_update(tmp_path) -> None:
