@@ -384,6 +384,8 @@ class TrainConfig(DictConfig):
         if self.min_lr >= self.learning_rate:
             raise InputError(f"{field_name(_FIELDS['min_lr'])} ({self.min_lr:g}) must be below "
                              f"the learning rate ({self.learning_rate:g})")
+        if self.schedule == "plateau":
+            self._check_plateau()
         if self.schedule == "linear":
             if self.max_steps is None:
                 raise InputError(f"{field_name(_FIELDS['schedule'])} linear falls to 0 at the "
@@ -392,6 +394,21 @@ class TrainConfig(DictConfig):
                 raise InputError(f"{field_name(_FIELDS['warmup_steps'])} ({self.warmup_steps}) "
                                  f"must be below {field_name(_FIELDS['max_steps'])} "
                                  f"({self.max_steps}) with the linear schedule")
+
+    def _check_plateau(self) -> None:
+        """The plateau schedule decays after evaluations: refuse it where no update would
+        ever take a decayed rate."""
+        schedule, every = field_name(_FIELDS["schedule"]), field_name(_FIELDS["eval_every"])
+        if not self.eval_every:
+            raise InputError(f"{schedule} plateau decays after dev evaluations: it needs "
+                             f"{every} N")
+        if self.patience is not None and self.patience <= self.decay_patience:
+            raise InputError(
+                f"{field_name(_FIELDS['patience'])} {self.patience} stops the run at or before "
+                f"the evaluation that first decays the rate "
+                f"({field_name(_FIELDS['decay_patience'])} {self.decay_patience}), so "
+                f"{schedule} plateau would never act: give a patience above "
+                f"{self.decay_patience}, or another schedule")
 
     def resume_changes(self, stored: TrainConfig) -> list[str]:
         """What resuming a run saved with `stored` under this config changes.

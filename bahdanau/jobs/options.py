@@ -238,7 +238,8 @@ class TrainOptions(SearchOptions):
     def _check_inert(self) -> None:
         """Options that act only with another one, given without it (which left them silently
         ignored): the dev evaluations' (--eval-every), the plateau schedule's, a decaying
-        schedule's floor (--min-lr: the constant rate never decays to it), Adadelta's."""
+        schedule's floor (--min-lr: the constant rate never decays to it), Adadelta's. (The
+        plateau schedule itself without evaluations: `TrainConfig` refuses it.)"""
         t, job = self.training, JOB_TRAINING
         if not t.eval_every:
             _needs("--eval-every N", [
@@ -250,8 +251,7 @@ class TrainOptions(SearchOptions):
                  f"--early-stopping-metric {t.early_stopping_metric}",
                  "ranks dev evaluations (best.pt, --patience, --keep-best)"),
                 (t.keep_best > 1, f"--keep-best {t.keep_best}",
-                 "keeps the checkpoints of the best dev evaluations"),
-                (t.schedule == "plateau", "--schedule plateau", "decays after dev evaluations")])
+                 "keeps the checkpoints of the best dev evaluations")])
         if t.schedule != "plateau":
             _needs("--schedule plateau", [
                 (t.decay_factor != job.decay_factor, f"--decay-factor {t.decay_factor:g}",

@@ -272,6 +272,9 @@ CASES = [
     ("train --out {new} --max-steps 1 --dropout 1.5", "--dropout"),
     ("train --out {new} --max-steps 1 --patience 2", "--patience"),
     ("train --out {new} --max-steps 1 --schedule plateau", "--eval-every"),
+    ("train --out {new} --max-steps 1 --schedule plateau --eval-every 5 --patience 2",
+     "--patience 2 stops the run at or before the evaluation that first decays the rate "
+     "(--decay-patience 2), so --schedule plateau would never act"),
     ("train --out {new} --max-steps 1 --min-lr 0.001", "--min-lr"),
     # options that act only together with another, given alone (silently ignored)
     ("translate --checkpoint {run} --input {files}/te.en --alignments-format json",

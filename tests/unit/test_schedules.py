@@ -103,9 +103,17 @@ def test_from_config_needs_a_train_config() -> None:
      ({"optimizer": "adam", "min_lr": 1e-3}, "min_lr"), ({"lr": 0.5, "min_lr": 0.6}, "min_lr"),
      ({"min_lr": "0"}, "min_lr"), ({"accumulation": 0}, "accumulation"),
      ({"accumulation": True}, "accumulation"), ({"schedule": "linear"}, "schedule"),
-     ({"schedule": "linear", "max_steps": 5, "warmup_steps": 5}, "warmup_steps")],
+     ({"schedule": "linear", "max_steps": 5, "warmup_steps": 5}, "warmup_steps"),
+     # the plateau without evaluations, or with a patience that stops the run at or before its
+     # first decay: no update would ever take a decayed rate
+     ({"schedule": "plateau", "eval_every": 0}, "schedule"),
+     ({"schedule": "plateau", "decay_patience": 3, "patience": 3}, "patience")],
 )
 def test_bad_schedule_and_accumulation_settings_are_one_line_errors(changes, field) -> None:
     with pytest.raises(InputError, match=f"^{field} ") as info:
         TrainConfig(**changes)
     assert "\n" not in str(info.value)
+
+
+def test_a_patience_above_the_decay_patience_leaves_the_plateau_time_to_act() -> None:
+    assert TrainConfig(schedule="plateau", decay_patience=2, patience=3).patience == 3
