@@ -81,7 +81,8 @@ class Ensemble(nn.Module):
             `.config`s').
     Raises:
         InputError: no model, something that is not a `torch.nn.Module` with `encode` and
-            `step`, or members whose vocabulary sizes or special ids differ (named).
+            `step`, or members whose vocabulary sizes or special ids, or devices, differ
+            (named).
 
     `config` is the first member's `ModelConfig` (its vocabulary sizes and special ids are
     every member's); `arch` is "rnnsearch" if a member has attention, else "rnnencdec". An
@@ -99,6 +100,7 @@ class Ensemble(nn.Module):
                 raise InputError(f"models[{i}] must be a torch.nn.Module with encode() and "
                                  f"step() (e.g. RNNSearch), got {type(model).__name__}")
         _check_same_ids(models)
+        _check_one_device(models)
         self.members = nn.ModuleList(models)
 
     def _models(self) -> list[_Member]:
@@ -201,3 +203,14 @@ def _check_same_ids(models: Sequence[nn.Module]) -> None:
                                  f"has {first[name]}: ensemble members share their "
                                  "vocabularies")
 
+
+
+def _check_one_device(models: Sequence[nn.Module]) -> None:
+    """Members' weights lie on one device: their distributions are averaged there."""
+    placed = [(i, param.device) for i, model in enumerate(models)
+              if (param := next(iter(model.parameters()), None)) is not None]
+    for i, device in placed[1:]:
+        if device != placed[0][1]:
+            raise InputError(f"models[{i}] is on {device} but models[{placed[0][0]}] on "
+                             f"{placed[0][1]}: ensemble members decode on one device (move "
+                             "them there with .to(device))")

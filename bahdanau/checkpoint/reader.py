@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from bahdanau._checks import JSON_ERRORS, check_path, describe, resolve_device
+from bahdanau._checks import JSON_ERRORS, check_path, check_type, describe, resolve_device
 from bahdanau._files import restore_replaced
 from bahdanau.checkpoint.files import (
     load_checkpoint_file,
@@ -287,8 +287,10 @@ class Checkpoint:
         `MODEL`), checked against its config on the meta device (nothing is allocated).
 
         Raises:
-            InputError: the weights do not fit the config or are not finite (path first).
+            InputError: `ema` is not a bool, or the weights do not fit the config or are not
+                finite (path first).
         """
+        check_type("ema", ema, bool, "True or False")
         with named(self.path):
             section, weights = translation_weights(self.payload, ema=ema)
             check_weights(weights, self.skeleton(),

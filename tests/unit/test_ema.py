@@ -101,6 +101,8 @@ def test_checkpoints_translate_with_the_average(tmp_path) -> None:
     save_checkpoint(path, checkpoint_payload(model, src_vocab=VOCAB, tgt_vocab=VOCAB, ema=ema))
     averaged, _, _ = model_from_checkpoint(path)
     trained, _, _ = model_from_checkpoint(path, ema=False)
+    with pytest.raises(InputError, match="^ema must be True or False, got"):
+        model_from_checkpoint(path, ema="no")        # a str is true: it would take the average
     for key, value in averaged.state_dict().items():
         assert torch.equal(value, ema.state_dict()[key])
         assert torch.equal(trained.state_dict()[key], model.state_dict()[key])

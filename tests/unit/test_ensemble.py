@@ -100,7 +100,10 @@ def test_bad_members_are_refused_in_one_line() -> None:
     for bad, fragment in (([], "non-empty list"), (tiny_model(), "non-empty list"),
                           ([tiny_model(), torch.nn.Linear(2, 2)], "models[1] must be"),
                           ([tiny_model(), tiny_model(tgt_vocab_size=17)],
-                           "models[1] has tgt_vocab_size=17 but models[0] has 16")):
+                           "models[1] has tgt_vocab_size=17 but models[0] has 16"),
+                          ([tiny_model(), tiny_model().to("meta")],
+                           "models[1] is on meta but models[0] on cpu: ensemble members "
+                           "decode on one device")):
         with pytest.raises(InputError, match=re.escape(fragment)) as err:
             Ensemble(bad)
         assert "\n" not in str(err.value)
