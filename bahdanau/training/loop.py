@@ -131,14 +131,12 @@ def _evaluate(run: TrainRun, validate: Validate, result: TrainResult,
     lr = run.schedule(state.step + 1, state.lr_decays)
     metric, improved = validate_run(run, validate, scheduled=scheduled)
     result.evals.append((state.step, metric))
-    if improved:
-        result.best_metric, result.best_step = metric, state.step
     if run.is_main:
         new_lr = run.schedule(state.step + 1, state.lr_decays)
         decayed = f" | lr decayed to {new_lr:.3g}" if new_lr < lr else ""
         scores = " ".join(f"{name} {value:.2f}" for name, value in run.scores.items())
         log(f"step {state.step} | dev {scores} | best {run.cfg.early_stopping_metric} "
-            f"{result.best_metric:.2f} at step {result.best_step}{decayed}")
+            f"{state.best_metric:.2f} at step {state.best_step}{decayed}")
         if scalars is not None:
             scalars(state.step, {f"dev/{name}": value for name, value in run.scores.items()})
     return metric, improved
@@ -157,8 +155,8 @@ def train(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *, sr
     `save_run` every `cfg.save_every` steps and at every evaluation whose checkpoint is kept
     (an improvement, or with `cfg.keep_best` > 1 one of the best so far); at the end a last
     evaluation and checkpoint unless this step already had them (that evaluation, off the
-    schedule, ranks for best.pt but moves neither the plateau's decays nor the patience:
-    continued past its limit, the run is the one that never stopped). `examples` are used as given
+    schedule, may be the best but counts for neither the plateau's decays nor the patience:
+    `validate_run`'s `scheduled`). `examples` are used as given
     (the longest sentence is a data setting: `encode_pairs(..., max_len=50)`).
 
     Resumption: with `checkpoint_dir` and `resume`, the latest checkpoint there is restored, so
@@ -235,8 +233,7 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
         if short:
             log(short)
     result = TrainResult(step=state.step, epoch=state.epoch, stopped="",
-                         elapsed_s=state.elapsed_s, start_step=state.step,
-                         best_metric=state.best_metric, best_step=state.best_step)
+                         elapsed_s=state.elapsed_s, start_step=state.step)
     bar = TrainBar(run)
     try:
         with _stop_on_signals(run, log):
@@ -253,6 +250,7 @@ def train_run(run: TrainRun, *, validate: Validate | None = None,
         torch.distributed.barrier()
     result.step, result.epoch, result.stopped = state.step, state.epoch, stopped
     result.elapsed_s = state.elapsed_s
+    result.best_metric, result.best_step = state.best_metric, state.best_step
     if run.manager is not None and run.is_main:
         result.last_checkpoint, result.best_checkpoint = run.manager.latest(), run.manager.best()
     return result
@@ -314,8 +312,8 @@ def _loop(run: TrainRun, validate: Validate | None, log: Callable[[str], None],
         result.train_loss = window_loss / window_tokens
     final_metric = None
     if validate is not None and last_eval != state.step and stopped in _LIMITS:
-        # off the schedule: scored and ranked for best.pt; the run's state stays that of a run
-        # that never stopped here, should it be continued past this limit
+        # off the schedule: it may be the best, but counts no bad evaluation, should the run
+        # be continued past this limit
         final_metric, _ = _evaluate(run, validate, result, log, scalars, scheduled=False)
     if last_saved != state.step or _kept(run, final_metric):
         save_run(run, metric=final_metric, stopped=None if stopped in _ENDS else stopped)

@@ -473,9 +473,10 @@ def validate_run(run: TrainRun, validate: Validate, *, scheduled: bool = True
         run: the run.
         validate: called as `validate(model)`; returns a number or a dict of numbers.
         scheduled: False for an evaluation off the `eval_every` schedule (`train_run`'s last,
-            when a limit stops the run between two): it is scored and compared with the best,
-            but leaves the best, `bad_evals` and `lr_decays` as they were, so that a run
-            continued past that limit keeps the rates and patience of one that never stopped.
+            when a limit stops the run between two): a better metric is the best (best.pt),
+            but it leaves `bad_evals` and `lr_decays` as they were, so that a run continued
+            past that limit keeps the rates and patience of one that never stopped (unless
+            that evaluation was the best: later ones are compared with it).
     Returns:
         (metric, whether it improved on the best so far).
     Raises:
@@ -498,8 +499,10 @@ def validate_run(run: TrainRun, validate: Validate, *, scheduled: bool = True
     metric = broadcast(metric, run.distributed)
     state = run.state
     improved = improves(name, metric, state.best_metric)
+    if improved:
+        state.best_metric, state.best_step = metric, state.step
     if scheduled and improved:
-        state.best_metric, state.best_step, state.bad_evals = metric, state.step, 0
+        state.bad_evals = 0
     elif scheduled:
         state.bad_evals += 1
         if run.schedule.decays_after(state.bad_evals):

@@ -756,9 +756,9 @@ def test_exact_resume_with_schedule_and_accumulation(tmp_path, schedule: str) ->
 
 
 def test_a_run_continued_past_its_limit_is_the_run_that_never_stopped(tmp_path) -> None:
-    """A limit between two evaluations ends the run with one more, off the schedule: it counts
-    for best.pt, but not for the plateau's decays or the patience, so the run continued to a
-    later limit takes the rates of a run that never stopped."""
+    """A limit between two evaluations ends the run with one more, off the schedule: it may be
+    the best, but counts no bad evaluation for the plateau's decays or the patience, so the run
+    continued to a later limit takes the rates of a run that never stopped."""
     examples = random_examples(40)
     cfg = TrainConfig(batch_size=8, bucket=2, schedule="plateau", decay_patience=1,
                       patience=2, eval_every=4, max_steps=8, save_every=100, log_every=100)
@@ -782,10 +782,13 @@ def test_a_run_continued_past_its_limit_is_the_run_that_never_stopped(tmp_path) 
     for name in ("straight", "split"):
         state = load_checkpoint(CheckpointManager(tmp_path / name).latest())["train_state"]
         assert (state["lr_decays"], state["bad_evals"], state["best_step"]) == (1, 1, 4)
-    # an off-schedule evaluation that beats the best is the run's best (result, best.pt)
+    # an off-schedule evaluation that beats the best is the run's best: the result's, best.pt
+    # and the best its checkpoint records (which a continued run compares with)
     best = run(tiny_model(0), replace(cfg, max_steps=6), tmp_path / "best", iter([1.0, 3.0]))
     assert (best.best_metric, best.best_step) == (3.0, 6)
-    assert load_checkpoint(best.best_checkpoint)["train_state"]["step"] == 6
+    state = load_checkpoint(best.best_checkpoint)["train_state"]
+    assert (state["step"], state["best_step"], state["best_metric"], state["bad_evals"]) == (
+        6, 6, 3.0, 0)
 
 
 def test_a_resumed_run_keeps_the_batches_of_an_update(tmp_path) -> None:
