@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from bahdanau._about import EXTRAS
-from bahdanau.cli import _config_file, build_parser
+from bahdanau.cli import _COMMANDS, _config_file, build_parser
+from bahdanau.errors import InputError
 from bahdanau.jobs import TrainOptions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,18 +83,32 @@ def _commands(text: str) -> list[list[str]]:
 @pytest.mark.parametrize("page", [*(f"guides/{g}" for g in GUIDES), "README.md",
                                   "../README.md", "default-job.md", "multi30k.md"])
 def test_bahdanau_commands_parse(page: str) -> None:
-    """Every option a page shows exists, with a valid value (argparse exits 2 otherwise)."""
+    """Every option a page shows exists, with a valid value (argparse exits 2 otherwise), and
+    the options of each command agree with one another (a train command on the user's own
+    corpus names its length), as `bahdanau` checks them before it reads any file."""
     commands = _commands((DOCS / page).read_text(encoding="utf-8"))
     if page != "README.md":                              # docs/README.md shows none
         assert commands, f"{page} shows no bahdanau command"
     parser = build_parser()
     for argv in commands:
+        shown = f"{page}: `bahdanau {shlex.join(argv)}`"
         try:
-            parser.parse_args(argv)
+            args = vars(parser.parse_args(argv))
         except SystemExit as exc:
             if exc.code != 0:                                # --help exits 0
-                raise AssertionError(
-                    f"{page}: `bahdanau {shlex.join(argv)}` does not parse") from exc
+                raise AssertionError(f"{shown} does not parse") from exc
+            continue
+        command = args.pop("command")
+        if args.pop("config", None) is not None or command not in _COMMANDS:
+            continue                                     # a config file the page only names
+        for name in ("quiet", "verbose", "no_progress"):
+            args.pop(name)
+        try:
+            options = _COMMANDS[command][0].from_mapping(args, text=True)
+            if isinstance(options, TrainOptions):
+                options.limits                           # noqa: B018 (it checks)
+        except InputError as exc:
+            raise AssertionError(f"{shown} is refused: {exc}") from exc
 
 
 def test_links_between_docs_resolve() -> None:
