@@ -98,7 +98,8 @@ def _set_tokenizer(tokenizer: Tokenizer) -> None:
 
 def encode_chunk(chunk: Chunk) -> Encoded:
     """Tokenise a chunk: per side, the chunk's own word list, its ids in that list (uint32)
-    and the sentence lengths. Words become corpus-wide ids in the main process."""
+    and the sentence lengths. Words become corpus-wide ids in the main process. A blank line
+    has no tokens, whatever the tokenizer (a character tokenizer would make its spaces some)."""
     assert _worker_tokenizer is not None   # set first by _set_tokenizer, in every worker
     encoded = []
     for lines, side in zip(chunk, sides(_worker_tokenizer), strict=True):
@@ -107,7 +108,7 @@ def encode_chunk(chunk: Chunk) -> Encoded:
         ids: list[int] = []
         lengths = np.empty(len(lines), dtype=np.int64)
         for i, line in enumerate(lines):
-            tokens = tokenize(line)
+            tokens = tokenize(line) if line.strip() else []
             lengths[i] = len(tokens)
             ids.extend([words.setdefault(t, len(words)) for t in tokens])
         encoded.append((list(words), np.asarray(ids, dtype=np.uint32), lengths))

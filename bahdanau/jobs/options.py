@@ -531,7 +531,8 @@ class PrepareOptions(Options):
     vocab_size: int | None = option(None, "most frequent tokens kept per side (default: "
                                           f"{PREPARE_WORDS} words, or every piece of a "
                                           "SentencePiece model; the paper: 30000)", low=1)
-    lowercase: bool = option(False, "lowercase both sides (default tokenizer)")
+    lowercase: bool = option(False, "lowercase the sides of the default tokenizer (both, "
+                                    "unless --tokenizer or --target-tokenizer gives one another)")
     joiners: Literal["prefix", "punctuation"] = option(
         "prefix", "where the default tokenizer marks glued tokens")
     max_len: int | None = option(None, "drop pairs with a side longer than this many tokens "

@@ -22,6 +22,7 @@ from bahdanau.cli import main
 from bahdanau.config import TrainConfig
 from bahdanau.data import (
     BucketBatchSampler,
+    CharTokenizer,
     DefaultTokenizer,
     PreparedCorpus,
     Vocab,
@@ -92,6 +93,17 @@ def test_filters_are_counted_and_strict_names_the_line(tmp_path) -> None:
     with pytest.raises(InputError, match=r"s\.txt: line 2 is empty \(strict"):
         prepare_corpus(src, tgt, tmp_path / "strict", strict=True, workers=1)
     assert not (tmp_path / "strict").exists()
+
+
+def test_a_blank_line_is_empty_for_characters_too(tmp_path) -> None:
+    # As characters, "   " would be three spaces and "\u00a0" one symbol: both are blank
+    src = _write(tmp_path / "s.txt", ["ab", "   ", "b", "a"])
+    tgt = _write(tmp_path / "t.txt", ["x", "y", "\u00a0", "z"])
+    corpus = prepare_corpus(src, tgt, tmp_path / "out", tokenizer=CharTokenizer(), workers=1)
+    assert corpus.manifest["counts"]["empty"] == 2 and [ex.index for ex in corpus] == [0, 3]
+    with pytest.raises(InputError, match=r"s\.txt: line 2 is empty \(strict"):
+        prepare_corpus(src, tgt, tmp_path / "strict", tokenizer=CharTokenizer(), strict=True,
+                       workers=1)
 
 
 def test_large_vocabularies_use_uint32_ids(tmp_path) -> None:
