@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from bahdanau._about import versions
-from bahdanau._checks import check_path, describe
+from bahdanau._checks import check_path, describe, is_int
 from bahdanau._files import repeated_file, restore_replaced
 from bahdanau._progress import tracked
 from bahdanau.checkpoint.files import FORMAT_VERSION, load_checkpoint_file, named
@@ -55,6 +55,7 @@ from bahdanau.checkpoint.sections import (
     STOPPED,
     TGT_VOCAB,
     TOKENIZER,
+    TRAIN_CONFIG,
     TRAINING,
     VERSIONS,
 )
@@ -125,14 +126,21 @@ def _last_scheduled(numbered: list[Path], count: int, folder: Path) -> list[Path
     """The last `count` of the `numbered` checkpoints (oldest first) that their run saved on
     its schedule or at its end, oldest first: those saved because the run was interrupted (a
     `STOPPED` section: Ctrl-C a few updates after a scheduled save) would weigh the average
-    towards one moment of the run. What it leaves out is logged."""
+    towards one moment of the run. Only the run's last `keep_last` saves (its latest
+    checkpoint's `TrainConfig.keep_last`) are taken: an older file is there because it ranks
+    among the best evaluations (`keep_best`), from another moment of the run. What it leaves
+    out is logged."""
     taken: list[Path] = []
     left_out: list[str] = []
-    for path in reversed(numbered):
-        if len(taken) == count:
+    window = len(numbered)
+    for age, path in enumerate(reversed(numbered)):
+        if len(taken) == count or age == window:
             break
         with named(path):
-            stopped = load_checkpoint_file(path).get(STOPPED)     # a top-level section, any format
+            payload = load_checkpoint_file(path)
+        if age == 0:
+            window = _keep_last(payload, window)
+        stopped = payload.get(STOPPED)                     # a top-level section, any format
         if stopped is None:
             taken.append(path)
         else:
@@ -140,12 +148,24 @@ def _last_scheduled(numbered: list[Path], count: int, folder: Path) -> list[Path
     if len(taken) < count:
         also = (f" saved on the run's schedule and {len(left_out)} saved when the run was "
                 "interrupted, which --last leaves out" if left_out else "")
+        why = (f"its last {window} saves, --keep-last {window}; the older checkpoints "
+               f"({len(numbered) - window}) are kept as its best evaluations, which --best N "
+               "averages" if window < len(numbered) else "a run keeps its last --keep-last")
         raise InputError(f"{folder} holds {len(taken)} numbered checkpoints{also}, not the "
-                         f"{count} of --last {count} (a run keeps its last --keep-last)")
+                         f"{count} of --last {count} ({why})")
     if left_out:
         _LOG.info(f"--last {count} leaves out {', '.join(reversed(left_out))}: saved when the "
                   "run was interrupted, off its schedule (name them to average them)")
     return taken[::-1]
+
+
+def _keep_last(payload: dict[str, Any], files: int) -> int:
+    """How many of a run's newest numbered checkpoints are its last saves: its `keep_last`
+    (from the latest checkpoint's training config), or every one of the `files` when the
+    checkpoint records none."""
+    config = payload.get(TRAIN_CONFIG)
+    keep_last = config.get("keep_last") if isinstance(config, dict) else None
+    return min(keep_last, files) if is_int(keep_last) and keep_last >= 1 else files
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike[str]], *,

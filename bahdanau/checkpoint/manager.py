@@ -221,7 +221,12 @@ class CheckpointManager:
 
     def would_keep(self, metric: float) -> bool:
         """Whether a checkpoint with this metric would rank among the `keep_best` best (with
-        `keep_best` 1: whether it beats the best so far)."""
+        `keep_best` 1: whether it beats the best so far).
+
+        Raises:
+            InputError: `metric` is not a finite number.
+        """
+        _check_metric(metric)
         if self.keep_best == 1:
             return improves(self.metric_name, metric, self.best_metric)
         ranking = self.best_n()
@@ -249,10 +254,13 @@ class CheckpointManager:
         Returns:
             The path of the numbered checkpoint.
         Raises:
-            InputError: a negative step, or a payload `save_checkpoint` refuses.
+            InputError: a negative step, a metric that is not a finite number (NaN would
+                stay the best forever), or a payload `save_checkpoint` refuses.
         """
         if not is_int(step) or step < 0:
             raise InputError(f"step must be a non-negative int, got {step!r}")
+        if metric is not None:
+            _check_metric(metric)
         if self.directory.is_dir():  # temporary files left by a run killed mid-write
             for stale in self.directory.iterdir():
                 if self._TEMP_FILE.match(stale.name):
@@ -346,6 +354,11 @@ def _parse_best_n(section: Any) -> list[tuple[int, float]] | None:
             raise InputError(f'checkpoint best_n is malformed: it must be a list of '
                              f'{{"step": int, "metric": number}}, got {describe(section)}')
     return [(entry["step"], float(entry["metric"])) for entry in entries]
+
+
+def _check_metric(metric: object) -> None:
+    if not is_finite_number(metric):
+        raise InputError(f"metric must be a finite number, got {metric!r}")
 
 
 def checkpoints_folder(folder: Path) -> Path:

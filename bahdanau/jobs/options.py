@@ -460,7 +460,8 @@ class AverageOptions(Options):
     checkpoint: tuple[str, ...] = option(
         None, "checkpoint files to average, or one training output folder (with --last or "
         "--best)", required=True, metavar="PATH")
-    last: int | None = option(None, "average the folder's last N numbered checkpoints", low=1)
+    last: int | None = option(None, "average the folder's last N numbered checkpoints (of the "
+                                    "run's last --keep-last saves)", low=1)
     best: int | None = option(None, "average the checkpoints of the folder's N best dev "
                                     "evaluations (train with --keep-best N)", low=1)
     output: str = option(None, "the averaged checkpoint to write", required=True,

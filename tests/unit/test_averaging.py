@@ -7,6 +7,7 @@ gives its weights unchanged; `--last`/`--best` pick the files a hand-made rankin
 
 from __future__ import annotations
 
+import math
 import os
 
 import torch
@@ -143,6 +144,12 @@ def test_keep_best_one_writes_no_section_and_falls_back_to_best_pt(tmp_path) -> 
     assert manager.best_checkpoints(1) == [tmp_path / "best.pt"]
     assert manager.would_keep(3.5) and not manager.would_keep(3.0)
     one_line_error(lambda: CheckpointManager(tmp_path, keep_best=0), "keep_best must be a positive")
+    # NaN would be the best forever (nothing compares above it); "3" fails at the next save
+    for metric in (math.nan, "3"):
+        one_line_error(lambda m=metric: manager.save(4, {"step": 4}, metric=m),
+                       "metric must be a finite number")
+        one_line_error(lambda m=metric: manager.would_keep(m), "metric must be a finite number")
+    assert manager.checkpoints()[-1].name == "step_00000003.pt"
 
 
 def test_select_last_and_best(tmp_path) -> None:
@@ -163,6 +170,21 @@ def test_select_last_and_best(tmp_path) -> None:
     one_line_error(lambda: select_checkpoints([files[4], files[6]], last=2), "one training output")
     one_line_error(lambda: select_checkpoints([tmp_path / "nope.pt"]), "nope.pt: no such file")
     assert select_checkpoints([files[4], files[6]]) == [files[4], files[6]]
+
+
+def test_select_last_takes_the_run_s_last_saves_not_its_older_best(tmp_path) -> None:
+    """Step 1, the best evaluation, outlives --keep-last 2 by --keep-best 2: it is not one of
+    the last 3 saves (which the run no longer holds), it is another moment of the run."""
+    manager = CheckpointManager(tmp_path, keep_last=2, keep_best=2)
+    for step, metric in {1: 5.0, 2: None, 3: None, 4: None}.items():
+        manager.save(step, {"format": 2, "step": step, "train_config": {"keep_last": 2}},
+                     metric=metric)
+    files = {s: tmp_path / f"step_{s:08d}.pt" for s in (1, 3, 4)}
+    assert manager.checkpoints() == [files[1], files[3], files[4]]
+    assert select_checkpoints([tmp_path], last=2) == [files[3], files[4]]
+    one_line_error(lambda: select_checkpoints([tmp_path], last=3),
+                   "holds 2 numbered checkpoints, not the 3 of --last 3 (its last 2 saves, "
+                   "--keep-last 2; the older checkpoints (1) are kept as its best evaluations")
 
 
 def test_select_last_leaves_out_the_saves_of_an_interruption(tmp_path) -> None:
