@@ -187,8 +187,10 @@ def score_test_set(hypotheses: Sequence[str], sources: Sequence[str], references
     """Every test-set score the paper reports, as a JSON-friendly dict (scores to 2 decimals).
 
     BLEU and chrF with signatures; BLEU on the pairs whose source and reference have no [UNK]
-    (Table 1's second column); BLEU by source length in tokens (Figure 2). The references'
-    whitespace is normalised as the tokenizer's round trip normalises the hypotheses'. A
+    (Table 1's second column); BLEU by source length in tokens (Figure 2). BLEU and chrF read
+    the references with their whitespace normalised, as a word tokenizer's round trip
+    normalises the hypotheses'; whether a reference holds [UNK] is decided on its tokens as
+    written. A
     tokenizer that lowercases (`lowercase=True`) makes every score case-insensitive, and the
     BLEU signature says so (``case:lc``); so does `bleu` with ``lowercase=True``, and its
     ``tokenize`` sets BLEU's tokenisation (``moses``: the WMT shared tasks'), which the
@@ -211,7 +213,7 @@ def score_test_set(hypotheses: Sequence[str], sources: Sequence[str], references
     src_tokens = [tokenizer.tokenize(s) for s in sources]
     target_tokenizer = sides(tokenizer)[1]
     flags = [has_unk(s, src_vocab) or has_unk(target_tokenizer.tokenize(r), tgt_vocab)
-             for s, r in zip(src_tokens, refs, strict=True)]
+             for s, r in zip(src_tokens, references, strict=True)]   # r as written
     no_unk, n_no_unk = bleu_without_unk(hypotheses, refs, flags, **how)
     buckets = bleu_by_length([len(s) for s in src_tokens], hypotheses, refs, edges=edges, **how)
     return {

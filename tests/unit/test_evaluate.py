@@ -11,7 +11,7 @@ import torch
 from training_fixtures import TINY_VOCAB, tiny_model
 
 from bahdanau import BeamSearch, RNNSearch, WhitespaceTokenizer, presets
-from bahdanau.data import DefaultTokenizer, Vocab
+from bahdanau.data import CharTokenizer, DefaultTokenizer, Vocab
 from bahdanau.evaluate import (
     bleu_by_length,
     bleu_without_unk,
@@ -55,6 +55,14 @@ def test_length_buckets_by_hand() -> None:
                                                                   (20, None, 0)]
     assert buckets[0].bleu == pytest.approx(corpus_bleu([HYPS[0], HYPS[2]], [REFS[0], REFS[2]]))
     assert buckets[2].bleu is None
+
+
+def test_unk_is_decided_on_the_reference_as_written() -> None:
+    """As characters, "a\u00a0b" holds a symbol outside {a, b, \u2581} (its space is not one):
+    the pair does not count without [UNK], though chrF reads it with a plain space."""
+    chars, vocab = CharTokenizer(), Vocab(["a", "b", "\u2581"])
+    got = score_test_set(["a b", "a b"], ["ab", "ab"], ["a\u00a0b", "a b"], vocab, vocab, chars)
+    assert (got["sentences"], got["sentences_no_unk"], got["chrf"]) == (2, 1, 100.0)
 
 
 def test_score_test_set_by_hand() -> None:
