@@ -11,7 +11,7 @@ Shape legend: B batch, S source length, T target length (tgt_in and tgt_out, eos
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -333,6 +333,7 @@ class BucketBatchSampler:
             raise InputError(f"bucket must be a positive int, got {bucket!r}")
         if not (is_int(seed) or isinstance(seed, np.integer)):
             raise InputError(f"seed must be an int, got {describe(seed)}")
+        check_type("shuffle", shuffle, bool, "True or False")
         if num_replicas is None or rank is None:
             dist = torch.distributed
             initialised = dist.is_available() and dist.is_initialized()
@@ -358,18 +359,31 @@ class BucketBatchSampler:
     # epoch and resumption ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to iterate; a different epoch starts at its first batch."""
+        _check_count("epoch", epoch)
         if epoch != self.epoch:
-            self.epoch, self.position = int(epoch), 0
+            self.epoch, self.position = epoch, 0
 
     def state_dict(self) -> dict[str, int]:
         """{"epoch", "position"}: position = batches of this epoch already handed out."""
         return {"epoch": self.epoch, "position": self.position}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from `state_dict()` output: the next batch is the one after `position`."""
-        epoch, position = int(state["epoch"]), int(state["position"])
-        if position < 0:
-            raise InputError(f"sampler position must be >= 0, got {position}")
+        """Continue from `state_dict()` output: the next batch is the one after `position`.
+
+        Raises:
+            InputError: `state` lacks "epoch" or "position", either is not an int >= 0, or
+                `position` is past the epoch's batches.
+        """
+        if not isinstance(state, Mapping) or not {"epoch", "position"} <= state.keys():
+            raise InputError(f"a sampler state is {{'epoch': int, 'position': int}}, got "
+                             f"{describe(state)}")
+        epoch, position = state["epoch"], state["position"]
+        _check_count("sampler epoch", epoch)
+        _check_count("sampler position", position)
+        batches = len(self.epoch_batches(epoch))
+        if position > batches:
+            raise InputError(f"sampler position {position} is past epoch {epoch}'s {batches} "
+                             "batches")
         self.epoch, self.position = epoch, position
 
     # batches ----------------------------------------------------------------------------------
@@ -472,3 +486,9 @@ class BucketBatchSampler:
             batch = batches[big]
             batches[big:big + 1] = [batch[:half], batch[half:]]
         return batches
+
+
+def _check_count(name: str, value: object) -> None:
+    """An int >= 0 (not a bool): an epoch or a position."""
+    if not is_int(value) or value < 0:
+        raise InputError(f"{name} must be an int >= 0, got {value!r}")

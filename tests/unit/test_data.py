@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 
 import pytest
 import torch
@@ -360,6 +361,25 @@ def test_sampler_resume_mid_epoch() -> None:
     b.set_epoch(2)  # same epoch: keeps the position
     assert head + list(b) == full
     assert b.state_dict() == {"epoch": 2, "position": 0}  # exhausted: the epoch starts over
+
+
+@pytest.mark.parametrize(("call", "fragment"), [
+    (lambda s: s.load_state_dict({"epoch": 0, "position": 99}),
+     "sampler position 99 is past epoch 0's 14 batches"),        # 40 sentences, 3 a batch
+    (lambda s: s.load_state_dict({"epoch": 0, "position": 1.9}),
+     "sampler position must be an int >= 0, got 1.9"),
+    (lambda s: s.load_state_dict({"epoch": -3, "position": 0}),
+     "sampler epoch must be an int >= 0, got -3"),
+    (lambda s: s.load_state_dict({"epoch": 0}), "a sampler state is {'epoch': int, "),
+    (lambda s: s.set_epoch(1.7), "epoch must be an int >= 0, got 1.7"),
+])
+def test_sampler_state_is_checked(call, fragment: str) -> None:
+    sampler = BucketBatchSampler(list(range(1, 41)), batch_size=3, bucket=2, seed=5)
+    with pytest.raises(InputError, match=re.escape(fragment)):
+        call(sampler)
+    assert sampler.state_dict() == {"epoch": 0, "position": 0}         # unchanged
+    with pytest.raises(InputError, match="shuffle must be True or False"):
+        BucketBatchSampler([1, 2], batch_size=1, shuffle="no")       # a str would shuffle
 
 
 def test_sampler_epoch_batches_are_the_iteration_and_keep_the_state() -> None:
