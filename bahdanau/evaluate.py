@@ -291,6 +291,7 @@ def _check_corpus_arguments(model: torch.nn.Module, sentences: Sequence[str], sr
     check_strings("sentences", sentences)
     if not (is_int(batch_size) and batch_size >= 1):
         raise InputError(f"batch_size must be an int >= 1, got {batch_size!r}")
+    check_type("unk_replace", unk_replace, bool, "True or False")
     if unk_replace and getattr(model, "arch", None) == "rnnencdec":
         raise InputError("unk_replace needs attention weights, which RNNencdec does not have")
 
@@ -380,8 +381,8 @@ def translate_batches(model: torch.nn.Module, sentences: Sequence[str], src_voca
     search = search or BeamSearch(beam_size=5)
     number = _numbering(lines, len(sentences))
     tokenized = [tokenizer.tokenize(s) for s in sentences]
-    for i, toks in enumerate(tokenized):
-        if not toks:
+    for i, (sentence, toks) in enumerate(zip(sentences, tokenized, strict=True)):
+        if not toks or not sentence.strip():    # blank for any tokenizer (characters: spaces)
             raise InputError(f"sentence {number(i)} is empty")
     ids = [src_vocab.encode(toks) for toks in tokenized]
     positive, avoided = check_constraints([len(x) for x in ids], constraints, avoid, tgt_vocab,
@@ -596,8 +597,8 @@ def score_corpus(model: torch.nn.Module, sources: Sequence[str], targets: Sequen
     source_side, target_side = sides(tokenizer)
     for line, (src, tgt) in enumerate(zip(sources, targets, strict=True), start=1):
         src_tokens, tgt_tokens = source_side.tokenize(src), target_side.tokenize(tgt)
-        for side, tokens in (("source", src_tokens), ("target", tgt_tokens)):
-            if not tokens:
+        for side, text, tokens in (("source", src, src_tokens), ("target", tgt, tgt_tokens)):
+            if not tokens or not text.strip():
                 raise InputError(f"{side} sentence {line} is empty")
         pairs.append((src_vocab.encode(src_tokens), tgt_vocab.encode(tgt_tokens)))
     return score_ids(model, pairs, batch_size=batch_size, length_penalty=length_penalty,

@@ -447,6 +447,7 @@ def test_api_refusals_found_by_the_reliability_audit() -> None:
     model, vocab = MODELS["fast"], Vocab([f"w{i}" for i in range(V - 4)])
     for kwargs, match in (({"batch_size": -1}, "batch_size must be an int >= 1"),
                           ({"batch_size": 0}, "batch_size must be an int >= 1"),
+                          ({"unk_replace": "no"}, "unk_replace must be True or False"),
                           ({"device": "gpu"}, "device 'gpu' is not a device"),
                           ({"device": "meta"}, "not on meta")):
         with pytest.raises(InputError, match=match):

@@ -154,6 +154,10 @@ def test_translate_batches_come_in_the_order_of_their_first_sentence() -> None:
             assert translation.hypothesis.tokens == whole[i].hypothesis.tokens
     with pytest.raises(ValueError, match="sentence 2 is empty"):
         translate_batches(model, ["w1", " "], TINY_VOCAB, TINY_VOCAB, tok, search=search)
+    for blank in ("   ", "\t", "\u00a0"):       # characters would make its spaces tokens
+        with pytest.raises(ValueError, match="sentence 2 is empty"):
+            translate_batches(model, ["w1", blank], TINY_VOCAB, TINY_VOCAB, CharTokenizer(),
+                              search=search)
 
 
 def test_translate_corpus_refuses_config_ids_that_differ_from_vocabularies() -> None:

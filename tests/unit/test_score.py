@@ -18,7 +18,7 @@ from training_fixtures import TINY_VOCAB, one_line_error, tiny_model
 
 import bahdanau._checks as checks
 from bahdanau.cli import main
-from bahdanau.data import DefaultTokenizer, pad_sources
+from bahdanau.data import CharTokenizer, DefaultTokenizer, pad_sources
 from bahdanau.ensemble import Ensemble
 from bahdanau.evaluate import score_corpus, score_ids, translate_corpus
 from bahdanau.search import BeamSearch
@@ -104,6 +104,8 @@ def test_bad_arguments_are_one_line_errors() -> None:
     score = lambda src, tgt: score_corpus(model, src, tgt, vocab, vocab, tok)  # noqa: E731
     one_line_error(lambda: score(["w1", "w2"], ["w3"]), "2 sources but 1 targets")
     one_line_error(lambda: score(["w1", "w2"], ["w3", " "]), "target sentence 2 is empty")
+    one_line_error(lambda: score_corpus(model, ["w1", "\t"], ["w3", "w4"], vocab, vocab,
+                                        CharTokenizer()), "source sentence 2 is empty")
     assert score(["w1 w2", "w5"], ["w3 zebra", "w4"])[0].n_tokens == 3   # zebra is <unk>
 
 
