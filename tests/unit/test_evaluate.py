@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 import sacrebleu
 import torch
-from training_fixtures import TINY_VOCAB, tiny_model
+from search_asserts import random_model
+from training_fixtures import TINY_VOCAB
 
 from bahdanau import BeamSearch, RNNSearch, WhitespaceTokenizer, presets
 from bahdanau.data import CharTokenizer, DefaultTokenizer, Vocab
@@ -119,19 +120,23 @@ def test_errors(call, match) -> None:
 
 
 def test_translate_corpus_keeps_input_order() -> None:
-    tok = DefaultTokenizer()
-    sentences = ["a man .", "two dogs play in the snow .", "a girl", "dogs ."]
-    vocab = Vocab.build([tok.tokenize(s) for s in sentences])
-    torch.manual_seed(0)
-    model = RNNSearch.from_config(presets.tiny(len(vocab), len(vocab))).eval()
+    """Sentences of 3, 1, 6, 2 and 3 words in batches of 3 (sorted by length): each result is
+    its sentence's translated alone. The model's outputs differ by sentence, so results in
+    another order would not pass."""
+    tok, vocab = WhitespaceTokenizer(), TINY_VOCAB
+    sentences = ["w1 w2 w3", "w4", "w5 w6 w7 w8 w9 w10", "w2 w2", "w11 w3 w0"]
+    model = random_model(seed=1, scale=1.5).float()
     search = BeamSearch(beam_size=2, max_len=5)
-    batched = translate_corpus(model, sentences, vocab, vocab, tok, search=search, batch_size=3)
+    batched = translate_corpus(model, sentences, vocab, vocab, tok, search=search, batch_size=3,
+                               progress=None)
+    assert len({result.text for result in batched}) == len(sentences)
     for sentence, result in zip(sentences, batched, strict=True):
-        [alone] = translate_corpus(model, [sentence], vocab, vocab, tok, search=search)
+        [alone] = translate_corpus(model, [sentence], vocab, vocab, tok, search=search,
+                                   progress=None)
         assert result.hypothesis.tokens == alone.hypothesis.tokens
         assert result.text == tok.detokenize(vocab.decode(alone.hypothesis.tokens))
     with pytest.raises(ValueError, match="sentence 2 is empty"):
-        translate_corpus(model, ["a man", "   "], vocab, vocab, tok, search=search)
+        translate_corpus(model, ["w1", "   "], vocab, vocab, tok, search=search)
 
 
 def test_translate_batches_come_in_the_order_of_their_first_sentence() -> None:
@@ -140,7 +145,7 @@ def test_translate_batches_come_in_the_order_of_their_first_sentence() -> None:
     then {2, 4}, so after each batch every sentence before the next batch's first is done.
     Their translations are translate_corpus's; a bad input is refused at the call, before
     any batch is decoded."""
-    tok, model = WhitespaceTokenizer(), tiny_model().eval()
+    tok, model = WhitespaceTokenizer(), random_model(seed=1, scale=1.5).float()
     sentences = [" ".join(f"w{j}" for j in range(n)) for n in (5, 1, 4, 2, 3, 6)]
     search = BeamSearch(beam_size=2, max_len=5)
     batches = list(translate_batches(model, sentences, TINY_VOCAB, TINY_VOCAB, tok,
@@ -148,6 +153,7 @@ def test_translate_batches_come_in_the_order_of_their_first_sentence() -> None:
     assert [sorted(i for i, _ in batch) for batch in batches] == [[0, 5], [1, 3], [2, 4]]
     whole = translate_corpus(model, sentences, TINY_VOCAB, TINY_VOCAB, tok, search=search,
                              batch_size=2, progress=None)
+    assert len({t.text for t in whole}) >= 4          # outputs that tell the sentences apart
     for batch in batches:
         for i, translation in batch:
             assert translation.text == whole[i].text
