@@ -208,7 +208,8 @@ class BeamSearch:
         beam_size: K, hypotheses kept per sentence.
         n_best: hypotheses returned per sentence, best first (<= beam_size).
         max_len: absolute cap on generated tokens (eos not counted).
-        max_len_ratio: if set, each sentence's cap is also at most ceil(ratio * source length).
+        max_len_ratio: if set, each sentence's cap is also at most ceil(ratio * source length),
+            but never below `min_len` (nor 1).
         min_len: eos is forbidden before this many tokens.
         length_penalty: "none" (the paper), "average" or "gnmt"; see the module docstring.
         alpha: exponent of the "gnmt" penalty.

@@ -149,7 +149,7 @@ def load(checkpoint: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], 
     """
     if isinstance(checkpoint, (str, os.PathLike)):
         checkpoint = [checkpoint]
-    elif not isinstance(checkpoint, Sequence) or not checkpoint:
+    elif isinstance(checkpoint, bytes) or not isinstance(checkpoint, Sequence) or not checkpoint:
         raise InputError(f"checkpoint must be a path or a non-empty list of paths, got "
                          f"{describe(checkpoint)}")
     check_type("int8", int8, bool, "True or False")

@@ -196,6 +196,8 @@ def test_load_without_a_checkpoint_is_one_line(tmp_path) -> None:
     one_line_error(lambda: bahdanau.load(tmp_path), f"checkpoint {tmp_path}: no checkpoint "
                    "in this folder")
     one_line_error(lambda: bahdanau.load(tmp_path / "x.pt"), "no such file")
+    one_line_error(lambda: bahdanau.load(bytes(tmp_path)),     # not a list of byte values
+                   "checkpoint must be a path or a non-empty list of paths, got bytes")
     one_line_error(lambda: find_checkpoint(tmp_path, "--checkpoint"),
                    f"--checkpoint {tmp_path}: no checkpoint in this folder")
     (tmp_path / "x.pt").write_bytes(b"not a checkpoint")
