@@ -335,7 +335,9 @@ class TrainConfig(DictConfig):
                                      "(0: on the training thread)", low=0, group="machine")
     max_steps: int | None = setting(None, "stop after this many updates", low=1,
                                     group="limits")
-    max_epochs: int | None = setting(None, "stop after this many epochs", low=1,
+    max_epochs: int | None = setting(None, "stop after the update that ends this many epochs "
+                                           "(an update of several batches, --accumulation, may "
+                                           "take the next epoch's first)", low=1,
                                      group="limits")
     max_time_s: float | None = setting(None, "stop after this many seconds of training, resumed "
                                              "runs included", low=0, above=True, flag="")

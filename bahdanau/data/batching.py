@@ -408,8 +408,8 @@ class BucketBatchSampler:
 
         Does not change the sampler's `epoch` or `position`: `bahdanau.training` keeps its place
         in its own `TrainState` and reads batch `position` of epoch `epoch` here. The batches of
-        the last two epochs asked for are kept, so reading one batch at a time, on either side
-        of an epoch's end, costs nothing extra.
+        two epochs are kept (a third replaces the earlier made of the two), so reading one
+        batch at a time, on either side of an epoch's end, costs nothing extra.
 
         Args:
             epoch: the epoch (0-based).
