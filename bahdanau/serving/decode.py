@@ -21,8 +21,9 @@ of ``bahdanau translate`` (`bahdanau.search.BeamSearch` with n_best 1, early sto
 max_len_ratio): the same candidates in the same order, with the same length normalisation, so
 the same hypotheses win. (Of exactly equal log-probabilities of one beam's next tokens, which a
 trained model all but never gives, the two may keep different ones: on a CPU the library finds a
-beam's best tokens in two stages, `bahdanau.kernels.grouped_topk`.) Both raise `NaNScores`
-for a step whose log-probabilities hold NaN (a diverged model), where a NaN would win the argmax.
+beam's best tokens in two stages, `bahdanau.kernels.grouped_topk`.) Both raise `BadRequest`
+for a batch or a setting they cannot decode right (`check_request`), and `NaNScores` for a step
+whose log-probabilities hold NaN (a diverged model), where a NaN would win the argmax.
 """
 
 from __future__ import annotations
@@ -45,6 +46,55 @@ class NaNScores(ValueError):
                          "logits that overflow (a diverged training run)")
 
 
+class BadRequest(ValueError):
+    """A batch or a setting the programs would decode wrongly, or fail on."""
+
+
+PENALTIES = ("none", "average", "gnmt")
+
+
+def check_request(src: Tensor, src_lengths: Tensor, pad_id: int, *, max_len: int,
+                  min_len: int, beam_size: int = 1, length_penalty: str = "none") -> None:
+    """Refuse, before the programs run, what `greedy_decode` and `beam_decode` cannot decode
+    right: `src` not a (B, S) int64 tensor of at least one sentence, negative ids, lengths
+    outside [1, S] or that disagree with the padding (a pad before a sentence's end, or a real
+    token after it: the programs would read another sentence), and settings out of range.
+
+    Raises:
+        BadRequest: naming the problem, in one line.
+    """
+    if not isinstance(src, Tensor) or src.dim() != 2 or src.dtype != torch.long:
+        raise BadRequest(f"src must be a (B, S) int64 tensor, got {_shown(src)}")
+    if (not isinstance(src_lengths, Tensor) or src_lengths.dtype != torch.long
+            or tuple(src_lengths.shape) != (src.shape[0],)):
+        raise BadRequest(f"src_lengths must be a ({src.shape[0]},) int64 tensor, got "
+                         f"{_shown(src_lengths)}")
+    if src.shape[0] == 0:
+        raise BadRequest("src holds no sentence")
+    if bool((src < 0).any()):
+        raise BadRequest("src holds a negative id")
+    if bool(((src_lengths < 1) | (src_lengths > src.shape[1])).any()):
+        raise BadRequest(f"src_lengths must be in [1, {src.shape[1]}], got "
+                         f"{src_lengths.tolist()}")
+    real = torch.arange(src.shape[1], device=src.device)[None, :] < src_lengths[:, None]
+    if bool(((src == pad_id) == real).any()):
+        row = int(((src == pad_id) == real).any(1).nonzero()[0])
+        raise BadRequest(f"sentence {row}: src_lengths and the padding (pad_id={pad_id}) "
+                         "disagree")
+    for name, value, low in (("beam_size", beam_size, 1), ("min_len", min_len, 0),
+                             ("max_len", max_len, max(min_len, 1))):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise BadRequest(f"{name} must be an int >= {low}, got {value!r}")
+    if length_penalty not in PENALTIES:
+        raise BadRequest(f"length_penalty must be one of {PENALTIES}, got {length_penalty!r}")
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"a {tuple(value.shape)} {str(value.dtype).removeprefix('torch.')} tensor"
+    return type(value).__name__
+
+
 def pad_source(src: Tensor, pad_id: int) -> Tensor:
     """`src` padded to the programs' shortest source, `MIN_SRC_LEN` (padding changes nothing)."""
     short = MIN_SRC_LEN - src.shape[1]
@@ -65,8 +115,10 @@ def greedy_decode(encoder: Any, step: Any, src: Tensor, src_lengths: Tensor, *, 
     Returns:
         For each sentence its target ids, without bos and eos.
     Raises:
+        BadRequest: `check_request`'s, before the programs run.
         NaNScores: the step's log-probabilities hold NaN.
     """
+    check_request(src, src_lengths, pad_id, max_len=max_len, min_len=min_len)
     hidden, *memory = encoder(pad_source(src, pad_id), src_lengths)
     rows = torch.arange(src.shape[0], device=src.device)      # the sentences still decoding
     tokens = torch.full_like(rows, bos_id)
@@ -120,9 +172,12 @@ def beam_decode(encoder: Any, step: Any, src: Tensor, src_lengths: Tensor, *, bo
     Returns:
         For each sentence the best hypothesis's target ids, without bos and eos.
     Raises:
+        BadRequest: `check_request`'s, before the programs run.
         NaNScores: a live beam's log-probability is NaN.
         ValueError: a sentence got no hypothesis (every ending scored -inf).
     """
+    check_request(src, src_lengths, pad_id, max_len=max_len, min_len=min_len,
+                  beam_size=beam_size, length_penalty=length_penalty)
     K, n_sent = beam_size, src.shape[0]
     hidden, *memory = encoder(pad_source(src, pad_id), src_lengths)
     rows = torch.arange(n_sent, device=src.device).repeat_interleave(K)     # K rows a sentence

@@ -15,13 +15,14 @@ import torch
 from torch import Tensor, nn
 from torch.export import Dim, ExportedProgram
 
+from bahdanau._checks import check_lengths, check_padding, check_tensor, check_token_ids
 from bahdanau._folders import EXPORTED_FORMAT
 from bahdanau.config import SPECIAL_IDS, ModelConfig, model_vocabs
 from bahdanau.decoder import DecoderState, StepOutput
 from bahdanau.errors import InputError
 from bahdanau.models import RNNSearch
 from bahdanau.serving import decode
-from bahdanau.serving.decode import MIN_SRC_LEN, NaNScores, pad_source
+from bahdanau.serving.decode import MIN_SRC_LEN, BadRequest, NaNScores, pad_source
 
 __all__ = ["EXPORTED_VERSION", "MIN_SRC_LEN", "ExportedDecoder", "ExportedMemory",
            "ServingPrograms", "beam_decode", "export_programs", "greedy_decode", "interface",
@@ -201,13 +202,14 @@ def export_programs(model: nn.Module) -> ServingPrograms:
 
 def _input_errors(loop: Callable[..., list[list[int]]]) -> Callable[..., list[list[int]]]:
     """A loop of `bahdanau.serving.decode` (which imports nothing of `bahdanau`) raising the
-    library's one-line `InputError` where that file raises its `NaNScores` (a `ValueError` with
-    the message of `bahdanau.search.refuse_nan_scores`)."""
+    library's one-line `InputError` where that file raises its `BadRequest` (a batch or a
+    setting it cannot decode right) or its `NaNScores` (a `ValueError` with the message of
+    `bahdanau.search.refuse_nan_scores`)."""
     @functools.wraps(loop)
     def decode(*args: Any, **kwargs: Any) -> list[list[int]]:
         try:
             return loop(*args, **kwargs)
-        except NaNScores as err:
+        except (BadRequest, NaNScores) as err:
             raise InputError(str(err)) from None
     return decode
 
@@ -252,7 +254,17 @@ class ExportedDecoder(nn.Module):
         return self
 
     def encode(self, src: Tensor, src_lengths: Tensor) -> tuple[DecoderState, ExportedMemory]:
-        """s_0 and the memory of a padded batch."""
+        """s_0 and the memory of a padded batch, checked first as the model's `encode` checks
+        it (`RNNSearch.check_batch`: the programs cannot).
+
+        Raises:
+            InputError: `src` not a (B, S) integer tensor, lengths outside [1, S] or that
+                disagree with the padding, or ids outside the source vocabulary.
+        """
+        check_tensor("src", src, 2, integer=True)
+        check_lengths("src_lengths", src_lengths, src.shape[0], src.shape[1])
+        check_padding("src", src, src_lengths, self.config.pad_id)
+        check_token_ids("src", src, self.config.src_vocab_size)
         hidden, *memory = self.encoder_program(pad_source(src, self.config.pad_id),
                                                src_lengths)
         return DecoderState(hidden), ExportedMemory(tuple(memory))

@@ -25,7 +25,13 @@ from bahdanau.data import multi30k_files, pad_sources, read_lines
 from bahdanau.evaluate import translate_corpus
 from bahdanau.models import build_model
 from bahdanau.search import BeamSearch, greedy_search
-from bahdanau.serving import ExportedDecoder, export_programs, greedy_decode, load_exported
+from bahdanau.serving import (
+    ExportedDecoder,
+    beam_decode,
+    export_programs,
+    greedy_decode,
+    load_exported,
+)
 from bahdanau.serving.folder import _readme
 from bahdanau.translate import load
 
@@ -76,6 +82,35 @@ def test_one_sentence_of_one_token(exported) -> None:
     ids = {k: served.manifest[k] for k in ("bos_id", "eos_id", "pad_id")}
     got = greedy_decode(served.encoder, served.step, src, lengths, max_len=20, **ids)
     assert got == [h.tokens for h in greedy_search(translator.model, src, lengths, max_len=20)]
+
+
+def test_bad_requests_are_refused_before_the_programs_run(exported) -> None:
+    """Lengths that disagree with the padding would decode another sentence (row 1 read as 4
+    tokens, two of them pads); the others fail inside the programs or loop. Every one is one
+    line, from the two loops and from `ExportedDecoder` (which also knows the vocabulary)."""
+    _, served, _, _ = exported
+    ids = {k: served.manifest[k] for k in ("bos_id", "eos_id", "pad_id")}
+    src, lengths = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]]), torch.tensor([4, 4])
+    loops = (greedy_decode, beam_decode)
+    for loop in loops:
+        one_line_error(lambda loop=loop: loop(served.encoder, served.step, src, lengths, **ids),
+                       "sentence 1: src_lengths and the padding (pad_id=0) disagree")
+    for kwargs, fragment in (({"src_lengths": torch.tensor([2, 0])}, "src_lengths must be in"),
+                             ({"src": src[:0], "src_lengths": lengths[:0]}, "no sentence"),
+                             ({"src": src.int()}, "src must be a (B, S) int64 tensor"),
+                             ({"max_len": 0}, "max_len must be an int >= 1"),
+                             ({"beam_size": 0}, "beam_size must be an int >= 1"),
+                             ({"length_penalty": "gmnt"}, "length_penalty must be one of")):
+        request = {"src": src, "src_lengths": torch.tensor([4, 2]), **ids, **kwargs}
+        one_line_error(lambda r=request: beam_decode(served.encoder, served.step, **r),
+                       fragment)
+    decoder = ExportedDecoder(served.encoder, served.step, served.manifest)
+    search = BeamSearch(beam_size=2, max_len=5)
+    one_line_error(lambda: search(decoder, src, lengths), "lengths and padding (pad_id=0) "
+                   "disagree")
+    size = served.manifest["src_vocab_size"]
+    one_line_error(lambda: search(decoder, torch.tensor([[size, 6]]), torch.tensor([2])),
+                   f"src holds token id {size}, outside the vocabulary of size {size}")
 
 
 def test_folder_files_and_errors(exported, tmp_path, capsys, tmp_path_factory) -> None:
