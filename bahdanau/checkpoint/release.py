@@ -219,7 +219,7 @@ def read_release(folder: str | os.PathLike[str]) -> dict[str, Any]:
                          "holds")
     tokenizer = read_json(folder / TOKENIZER_FILE)
     if isinstance(tokenizer, dict) and tokenizer.get("name") == "sentencepiece":
-        if tokenizer.get("model") not in files:
+        if not isinstance(tokenizer.get("model"), str) or tokenizer["model"] not in files:
             raise InputError(f"{folder / TOKENIZER_FILE}: names the SentencePiece model "
                              f"{tokenizer.get('model')!r}, which the manifest does not list")
         proto = (folder / str(tokenizer["model"])).read_bytes()

@@ -241,6 +241,15 @@ def test_a_sentencepiece_model_travels_as_its_own_file(tmp_path) -> None:
     loaded = bahdanau.load(tmp_path / "sp")
     assert loaded.tokenizer.model_proto == tok.model_proto
     assert loaded.tokenizer.tokenize(SOURCES[0]) == tok.tokenize(SOURCES[0])
+    # a tokenizer.json naming its model by something other than a file name (digest made to
+    # match, as an editor would): one line, not an unhashable-type traceback
+    path, manifest_path = tmp_path / "sp" / "tokenizer.json", tmp_path / "sp" / "manifest.json"
+    path.write_text(json.dumps({"name": "sentencepiece", "model": [1]}))
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"]["tokenizer.json"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    manifest_path.write_text(json.dumps(manifest))
+    one_line_error(lambda: bahdanau.load(tmp_path / "sp"), "names the SentencePiece model [1], "
+                   "which the manifest does not list")
 
 
 def test_manifest_holds_every_file_digest_and_the_card_its_facts(run, folder) -> None:
