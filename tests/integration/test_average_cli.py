@@ -78,7 +78,8 @@ def test_average_refuses_what_it_cannot_do(run, capsys) -> None:
         (["--checkpoint", str(folder / "step_00000006.pt"), str(latest), "--output", str(latest)],
          f"--output {latest} is also --checkpoint {latest}: writing it would destroy it"),
         (["--checkpoint", str(run / "run"), "--last", "5", "--output", str(run / "x.pt")],
-         f"holds {kept} numbered checkpoints, not the 5 of --last 5"),
+         f"holds 2 numbered checkpoints, not the 5 of --last 5 (its last 2 saves, --keep-last "
+         f"2; the older checkpoints ({kept - 2}) are kept as its best evaluations"),
         (["--checkpoint", str(run / "run"), "--best", "4", "--output", str(run / "x.pt")],
          "ranks 3 evaluated checkpoints, not 4"),
         (["--checkpoint", str(run / "run"), "--output", str(run / "x.pt")],
