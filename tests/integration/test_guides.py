@@ -108,6 +108,8 @@ def test_bahdanau_commands_parse(page: str) -> None:
             if isinstance(options, TrainOptions):
                 options.limits                           # noqa: B018 (it checks)
         except InputError as exc:
+            if "pip install 'bahdanau[" in str(exc):     # an extra this environment lacks
+                continue
             raise AssertionError(f"{shown} is refused: {exc}") from exc
 
 
