@@ -331,8 +331,10 @@ def test_ctrl_c_while_translate_starts_is_one_line(data, tmp_path, delay) -> Non
 
 def test_importing_the_library_leaves_sigint_alone() -> None:
     """Only the command's own process gets the start-up handler: a program that imports
-    bahdanau keeps Python's KeyboardInterrupt."""
-    code = ("import signal, bahdanau, bahdanau.cli; "
+    bahdanau keeps Python's KeyboardInterrupt. The child sets that handler itself first: a
+    process started in the background inherits SIGINT ignored, and Python then leaves it so."""
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "import bahdanau, bahdanau.cli; "
             "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            timeout=120)
