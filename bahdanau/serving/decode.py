@@ -77,8 +77,9 @@ def check_request(src: Tensor, src_lengths: Tensor, pad_id: int, *, max_len: int
         raise BadRequest(f"src_lengths must be in [1, {src.shape[1]}], got "
                          f"{src_lengths.tolist()}")
     real = torch.arange(src.shape[1], device=src.device)[None, :] < src_lengths[:, None]
-    if bool(((src == pad_id) == real).any()):
-        row = int(((src == pad_id) == real).any(1).nonzero()[0])
+    wrong = ((src == pad_id) == real).any(1)          # a pad inside, or a token after the end
+    if bool(wrong.any()):
+        row = int(wrong.nonzero()[0])
         raise BadRequest(f"sentence {row}: src_lengths and the padding (pad_id={pad_id}) "
                          "disagree")
     for name, value, low in (("beam_size", beam_size, 1), ("min_len", min_len, 0),

@@ -31,7 +31,7 @@ from bahdanau.cli import main
 from bahdanau.data import multi30k_files, pad_sources, read_lines
 from bahdanau.errors import InputError
 from bahdanau.models import build_model
-from bahdanau.search import BeamSearch, refuse_nan_scores
+from bahdanau.search import LENGTH_PENALTIES, BeamSearch, refuse_nan_scores
 from bahdanau.serving import beam_decode, decode, export_programs, greedy_decode, onnx_programs
 from bahdanau.translate import load
 
@@ -124,6 +124,12 @@ def test_the_decode_file_is_the_module_and_imports_torch_alone(exported) -> None
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
     assert imported == {"__future__", "json", "pathlib", "typing", "torch", "onnxruntime"}
+
+
+def test_the_decode_file_knows_the_library_s_length_penalties() -> None:
+    """decode.py imports torch alone, so it names the penalties itself: the same as the
+    library's, or `check_request` would refuse one the library decodes, or pass a new one."""
+    assert decode.PENALTIES == LENGTH_PENALTIES
 
 
 def random_model(changes: dict, seed: int) -> torch.nn.Module:
