@@ -36,6 +36,13 @@ def check_optional_positive_int(name: str, value: object) -> None:
         raise InputError(f"{name} must be a positive int or None, got {value!r}")
 
 
+def check_count(name: str, value: object) -> None:
+    """`value` is an int >= 0 (not a bool), e.g. an epoch or a position; InputError naming
+    `name` otherwise."""
+    if not is_int(value) or value < 0:
+        raise InputError(f"{name} must be an int >= 0, got {value!r}")
+
+
 def check_sizes(owner: str, **sizes: object) -> None:
     """Every size is an int >= 1 (not a bool): a layer of size 0 builds, then fails, or worse
     returns empty tensors, only when it is called. InputError naming `owner` and the size."""

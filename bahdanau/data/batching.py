@@ -20,13 +20,13 @@ import torch
 from torch import Tensor
 
 from bahdanau._checks import (
+    check_count,
     check_optional_positive_int,
-    check_tokenizer,
     check_type,
     describe,
     is_int,
 )
-from bahdanau.data.tokenizers import Tokenizer, sides
+from bahdanau.data.tokenizers import Tokenizer, check_sides
 from bahdanau.data.vocab import Vocab
 from bahdanau.errors import InputError
 
@@ -85,15 +85,15 @@ def encode_pairs(pairs: Iterable[tuple[str, str]], src_vocab: Vocab, tgt_vocab: 
     Returns:
         The kept examples, in input order, each with its index in `pairs`.
     Raises:
-        InputError: `max_len` < 1, a side tokenises to nothing, or to a token spelled like the
-            pad, bos or eos special (the pair index is named).
+        InputError: `max_len` < 1, a vocabulary that is not a `Vocab`, a tokenizer argument
+            that is neither one tokenizer nor a (source, target) tuple of two (`check_sides`),
+            a pair that is not two str, a side that tokenises to nothing, or to a token spelled
+            like the pad, bos or eos special (the pair index is named).
     """
     check_optional_positive_int("max_len", max_len)
     check_type("src_vocab", src_vocab, Vocab, "a Vocab")
     check_type("tgt_vocab", tgt_vocab, Vocab, "a Vocab")
-    src_tok, tgt_tok = tokenizer if isinstance(tokenizer, tuple) else sides(tokenizer)
-    check_tokenizer("tokenizer", src_tok)
-    check_tokenizer("tokenizer", tgt_tok)
+    src_tok, tgt_tok = check_sides("tokenizer", tokenizer)
     examples = []
     for index, pair in enumerate(pairs):
         if not (isinstance(pair, (tuple, list)) and len(pair) == 2
@@ -262,23 +262,41 @@ def pad_to_multiple(batch: Batch, multiple: int = SHAPE_MULTIPLE) -> Batch:
 # Length-bucketed batch sampler
 
 
-def _lengths(items: Sequence[Any] | np.ndarray) -> np.ndarray:
+def _is_length(value: object) -> bool:
+    """An int or a numpy integer, not a bool: what a lengths array's integer dtypes hold."""
+    return is_int(value) or isinstance(value, np.integer)
+
+
+def _lengths(items: Sequence[Any] | np.ndarray | Tensor) -> np.ndarray:
     """(N, 2) padded lengths (source S, target T) of Examples, (src, tgt) pairs or ints, or of
-    an (N, 2) integer array of them (taken whole, as `PreparedCorpus.lengths` is)."""
+    an (N, 2) integer array of them (taken whole, as `PreparedCorpus.lengths` is). Floats and
+    bools are refused, in a list as in an array: a float would be truncated, True read as 1."""
+    if isinstance(items, Tensor):         # an array of torch's: the same rule
+        if items.dtype.is_floating_point or items.dtype.is_complex or items.dtype == torch.bool:
+            raise InputError(f"a lengths tensor must be (N, 2) integers, got {items.dtype} "
+                             f"{tuple(items.shape)}")
+        items = items.detach().cpu().numpy()
     if isinstance(items, np.ndarray):
         if items.ndim != 2 or items.shape[1] != 2 or items.dtype.kind not in "iu":
             raise InputError(f"a lengths array must be (N, 2) integers, got {items.dtype} "
                              f"{items.shape}")
         out = np.asarray(items, dtype=np.int64)   # no copy of an int64 array
+    elif isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+        raise InputError(f"lengths must be a list (of Examples, ints or (source, target) pairs "
+                         f"of ints) or an (N, 2) integer array, got {describe(items)}")
     else:
         out = np.empty((len(items), 2), dtype=np.int64)
         for i, item in enumerate(items):
             if isinstance(item, Example):
                 out[i] = (len(item.src), len(item.tgt) + 1)  # tgt_in/tgt_out carry bos/eos
-            elif isinstance(item, (int, np.integer)):
+            elif _is_length(item):
                 out[i] = (item, item)
+            elif (isinstance(item, (tuple, list)) and len(item) == 2
+                  and all(_is_length(n) for n in item)):
+                out[i] = item
             else:
-                out[i] = tuple(item)
+                raise InputError(f"lengths[{i}] must be an Example, an int or a (source, "
+                                 f"target) pair of ints, got {describe(item)}")
     if len(out) and out.min() < 1:
         raise InputError(f"lengths must be >= 1, got {int(out.min())} at position "
                          f"{int(np.argwhere(out < 1)[0][0])}")
@@ -309,7 +327,8 @@ class BucketBatchSampler:
 
     Args:
         lengths: one entry per example: an `Example`, a (source, target) length pair, or an int;
-            or an (N, 2) integer array of (source, target) lengths, e.g. `PreparedCorpus.lengths`.
+            or an (N, 2) integer array (numpy or torch) of (source, target) lengths, e.g.
+            `PreparedCorpus.lengths`.
         batch_size: most sentences per batch (the paper: 80); None for no sentence cap.
         max_tokens: most padded tokens per batch (see Budget); None for no token cap.
         bucket: minibatches per sorted chunk (the paper: 20); 1 gives no sorting across batches.
@@ -319,12 +338,14 @@ class BucketBatchSampler:
         rank: this process's rank; default: the torch.distributed rank, or 0.
     Raises:
         InputError: neither cap is set, a cap or `bucket` < 1, rank outside [0, num_replicas),
-            or fewer examples than replicas.
+            fewer examples than replicas, or a length that is not an int >= 1 (a float or a
+            bool, in a list as in an array).
     """
 
-    def __init__(self, lengths: Sequence[Any] | np.ndarray, *, batch_size: int | None = 80,
-                 max_tokens: int | None = None, bucket: int = 20, shuffle: bool = True,
-                 seed: int = 0, num_replicas: int | None = None, rank: int | None = None) -> None:
+    def __init__(self, lengths: Sequence[Any] | np.ndarray | Tensor, *,
+                 batch_size: int | None = 80, max_tokens: int | None = None, bucket: int = 20,
+                 shuffle: bool = True, seed: int = 0, num_replicas: int | None = None,
+                 rank: int | None = None) -> None:
         if batch_size is None and max_tokens is None:
             raise InputError("set batch_size, max_tokens, or both")
         for name, value in (("batch_size", batch_size), ("max_tokens", max_tokens)):
@@ -359,7 +380,7 @@ class BucketBatchSampler:
     # epoch and resumption ---------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch to iterate; a different epoch starts at its first batch."""
-        _check_count("epoch", epoch)
+        check_count("epoch", epoch)
         if epoch != self.epoch:
             self.epoch, self.position = epoch, 0
 
@@ -378,8 +399,8 @@ class BucketBatchSampler:
             raise InputError(f"a sampler state is {{'epoch': int, 'position': int}}, got "
                              f"{describe(state)}")
         epoch, position = state["epoch"], state["position"]
-        _check_count("sampler epoch", epoch)
-        _check_count("sampler position", position)
+        check_count("sampler epoch", epoch)
+        check_count("sampler position", position)
         batches = len(self.epoch_batches(epoch))
         if position > batches:
             raise InputError(f"sampler position {position} is past epoch {epoch}'s {batches} "
@@ -486,9 +507,3 @@ class BucketBatchSampler:
             batch = batches[big]
             batches[big:big + 1] = [batch[:half], batch[half:]]
         return batches
-
-
-def _check_count(name: str, value: object) -> None:
-    """An int >= 0 (not a bool): an epoch or a position."""
-    if not is_int(value) or value < 0:
-        raise InputError(f"{name} must be an int >= 0, got {value!r}")

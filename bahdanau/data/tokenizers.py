@@ -9,7 +9,9 @@ Two sides. A model reads its sources and writes its targets with one tokenizer, 
 `TokenizerPair`: one tokenizer per side (e.g. letters in, space-separated phonemes out for
 grapheme-to-phoneme conversion). A pair tokenizes as its source side and detokenizes as its
 target side, which is all that translating asks; `sides` gives the (source, target) tokenizers
-of any tokenizer, and every place that tokenizes a target text asks it.
+of any tokenizer, and every place that tokenizes a target text asks it. `check_sides` gives
+them for an argument that may also be a (source, target) tuple (`encode_pairs`'s), refusing
+anything else before any work.
 
 Storing. `tokenizer_to_payload` turns `DefaultTokenizer`, `WhitespaceTokenizer`,
 `CharTokenizer`, `SentencePieceTokenizer` or a `TokenizerPair` of the first three into a
@@ -30,7 +32,7 @@ import re
 import unicodedata
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -38,6 +40,7 @@ from torch import Tensor
 from bahdanau._checks import (
     JSON_ERRORS,
     check_path,
+    check_tokenizer,
     describe,
 )
 from bahdanau._files import atomic_file
@@ -257,6 +260,30 @@ def sides(tokenizer: Tokenizer) -> tuple[Tokenizer, Tokenizer]:
     if isinstance(tokenizer, TokenizerPair):
         return tokenizer.source, tokenizer.target
     return tokenizer, tokenizer
+
+
+def check_sides(name: str, tokenizer: object) -> tuple[Tokenizer, Tokenizer]:
+    """The (source, target) tokenizers of a tokenizer argument that may also be a pair, checked
+    before any work: one tokenizer instance (`sides`: a `TokenizerPair` gives its own two) or a
+    (source, target) tuple of two instances.
+
+    Raises:
+        InputError: a list, a tuple of other than two, a tuple holding a `TokenizerPair` (which
+            side of it would tokenize is not said), or something else than a tokenizer instance
+            (`check_tokenizer`), naming `name` (and `name[i]` for an item of the tuple).
+    """
+    if isinstance(tokenizer, list) or (isinstance(tokenizer, tuple) and len(tokenizer) != 2):
+        raise InputError(f"{name} must be one tokenizer or a (source, target) tuple of two, got "
+                         f"a {type(tokenizer).__name__} of {len(tokenizer)}")
+    if not isinstance(tokenizer, tuple):
+        check_tokenizer(name, tokenizer)
+        return sides(cast(Tokenizer, tokenizer))
+    for i, side in enumerate(tokenizer):
+        check_tokenizer(f"{name}[{i}]", side)
+        if isinstance(side, TokenizerPair):
+            raise InputError(f"{name}[{i}] is a TokenizerPair: give the pair alone, or a "
+                             "(source, target) tuple of single tokenizers")
+    return tokenizer[0], tokenizer[1]
 
 
 def writes_lowercase(tokenizer: Tokenizer) -> bool:

@@ -6,6 +6,7 @@ import gzip
 import json
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +16,7 @@ from bahdanau.data import (
     BucketBatchSampler,
     DefaultTokenizer,
     Example,
+    TokenizerPair,
     Vocab,
     WhitespaceTokenizer,
     collate,
@@ -240,6 +242,34 @@ def test_encode_pairs_tokenizer_per_side_and_errors() -> None:
         encode_pairs(pairs, Vocab(["a"]), Vocab(["x"]), WhitespaceTokenizer(), max_len=0)
 
 
+def _untouched_pairs():
+    raise AssertionError("the pairs were read before the arguments were checked")
+    yield
+
+
+_TOK = WhitespaceTokenizer()
+
+
+@pytest.mark.parametrize(("tokenizer", "message"), [
+    ((_TOK, _TOK, _TOK), "tokenizer must be one tokenizer or a (source, target) tuple of two, "
+                         "got a tuple of 3"),
+    ((_TOK,), "tokenizer must be one tokenizer or a (source, target) tuple of two, got a tuple "
+              "of 1"),
+    ([_TOK, _TOK], "tokenizer must be one tokenizer or a (source, target) tuple of two, got a "
+                   "list of 2"),
+    ((_TOK, "x"), "tokenizer[1] must be a tokenizer instance with tokenize() and detokenize() "
+                  "(e.g. DefaultTokenizer()), got str 'x'"),
+    ((TokenizerPair(_TOK, DefaultTokenizer()), _TOK),
+     "tokenizer[0] is a TokenizerPair: give the pair alone, or a (source, target) tuple of "
+     "single tokenizers"),
+])
+def test_encode_pairs_refuses_a_tokenizer_argument_in_one_line(tokenizer, message: str) -> None:
+    # one tokenizer, a TokenizerPair or a (source, target) tuple of two: anything else is
+    # refused before a pair is read (a tuple of three was unpacked into a traceback)
+    with pytest.raises(InputError, match=f"^{re.escape(message)}$"):
+        encode_pairs(_untouched_pairs(), Vocab(["a"]), Vocab(["x"]), tokenizer)
+
+
 def test_special_words_in_whitespace_text_stay_words() -> None:
     # "</s>", "<s>" and "<pad>" typed in pre-tokenised text are words: before, "a </s> b"
     # encoded as [a, eos, b], cutting the sentence (and "<pad>" broke the padding).
@@ -372,6 +402,7 @@ def test_sampler_resume_mid_epoch() -> None:
      "sampler epoch must be an int >= 0, got -3"),
     (lambda s: s.load_state_dict({"epoch": 0}), "a sampler state is {'epoch': int, "),
     (lambda s: s.set_epoch(1.7), "epoch must be an int >= 0, got 1.7"),
+    (lambda s: s.set_epoch(True), "epoch must be an int >= 0, got True"),
 ])
 def test_sampler_state_is_checked(call, fragment: str) -> None:
     sampler = BucketBatchSampler(list(range(1, 41)), batch_size=3, bucket=2, seed=5)
@@ -421,6 +452,38 @@ def test_sampler_errors(kwargs: dict, message: str) -> None:
 def test_sampler_rejects_zero_length() -> None:
     with pytest.raises(ValueError, match="lengths must be >= 1, got 0 at position 1"):
         BucketBatchSampler([(1, 1), (0, 2)])
+
+
+_NOT_INTS = "must be an Example, an int or a (source, target) pair of ints, got "
+
+
+@pytest.mark.parametrize(("lengths", "message"), [
+    ([3.7, 4], f"lengths[0] {_NOT_INTS}float 3.7"),                # was read as 3
+    ([4, (2, 3.7)], f"lengths[1] {_NOT_INTS}tuple (2, 3.7)"),
+    ([True, 2], f"lengths[0] {_NOT_INTS}bool True"),               # was read as 1
+    ([(2, 3), (False, 2)], f"lengths[1] {_NOT_INTS}tuple (False, 2)"),
+    ([(2, 3, 4)], f"lengths[0] {_NOT_INTS}tuple (2, 3, 4)"),
+    ([None], f"lengths[0] {_NOT_INTS}NoneType None"),
+    (torch.tensor([[3.7, 4.0], [2.0, 2.0]]),
+     "a lengths tensor must be (N, 2) integers, got torch.float32 (2, 2)"),
+    (torch.tensor([[True, True]]), "a lengths tensor must be (N, 2) integers, got torch.bool "
+                                   "(1, 2)"),
+    (np.array([[3.7, 4.0]]), "a lengths array must be (N, 2) integers, got float64 (1, 2)"),
+    (None, "lengths must be a list (of Examples, ints or (source, target) pairs of ints) or an "
+           "(N, 2) integer array, got NoneType None"),
+])
+def test_sampler_refuses_lengths_that_are_not_ints(lengths, message: str) -> None:
+    # a list is held to the rule of an array: integers, no float truncated, no bool read as 1
+    with pytest.raises(InputError, match=f"^{re.escape(message)}$"):
+        BucketBatchSampler(lengths, batch_size=2)
+
+
+def test_sampler_takes_integer_lengths_of_any_kind_alike() -> None:
+    pairs = [(2, 3), (4, 1), (1, 1), (5, 2)]
+    expected = list(BucketBatchSampler(pairs, batch_size=2, seed=3))
+    for lengths in ([list(p) for p in pairs], [(np.int32(s), t) for s, t in pairs],
+                    np.array(pairs, dtype=np.int16), torch.tensor(pairs)):
+        assert list(BucketBatchSampler(lengths, batch_size=2, seed=3)) == expected
 
 
 def test_display_drops_only_the_joiner_mark() -> None:
