@@ -298,22 +298,26 @@ class BeamSearch:
         does): for each of its B x K beam rows, at a step, the logits and log-probabilities of
         the V target words, their top candidates and the decoder state, and, kept for every
         step up to the cap, the back-pointers and the S attention weights; for the batch, the
-        annotations (2H) and keys (A) of each source position. From `model.config` (an
-        ensemble's first member's); None for a model without a `ModelConfig`."""
-        config = getattr(model, "config", None)
-        if not isinstance(config, ModelConfig):
+        annotations (2H) and keys (A) of each source position; None for a model without a
+        `ModelConfig`. An `Ensemble` (`members`) holds every member's V scores and, of each
+        member with a `ModelConfig`, its state, annotations and keys; the rest once."""
+        held = getattr(model, "members", None)
+        members = list(held) if isinstance(held, torch.nn.ModuleList) else [model]
+        configs = [c for m in members if isinstance(c := getattr(m, "config", None), ModelConfig)]
+        if not configs:
             return None
         first = next(iter(model.parameters()), None)
         size = 8 if first is not None and first.dtype == torch.float64 else 4   # the scores'
-        vocab, rows = config.tgt_vocab_size, sentences * self.beam_size
+        vocab, rows = configs[0].tgt_vocab_size, sentences * self.beam_size
         steps = int(self.caps(torch.tensor([src_len]))[0]) + 1
-        weights = 0 if config.arch == "rnnencdec" else src_len * size          # (S,) a step
-        per_step = (2 * vocab * size                      # logits, log-probabilities (V,)
+        weights = src_len * size if any(c.arch != "rnnencdec" for c in configs) else 0  # (S,)
+        scores = len(members) + (len(members) > 1)    # each member's and the combined (V,)
+        per_step = (2 * vocab * scores * size             # logits, log-probabilities (V,)
                     + min(2 * self.beam_size, vocab) * (size + 8)   # top candidates, their ids
-                    + 2 * config.decoder_size * size)     # the state s_i, reordered
+                    + 2 * sum(c.decoder_size for c in configs) * size)   # s_i, reordered
         history = steps * (16 + weights)                  # parent and token (int64), a_ij
-        source = sentences * src_len * (2 * config.hidden_size + config.align_size) * size
-        return rows * (per_step + history) + source
+        source = sum(2 * c.hidden_size + c.align_size for c in configs) * src_len * size
+        return rows * (per_step + history) + sentences * source
 
     def check_memory(self, model: torch.nn.Module, sentences: int, src_len: int,
                      device: torch.device, what: str | None = None) -> None:

@@ -231,8 +231,10 @@ def load_exported(folder: str | os.PathLike[str], *, trust_code: bool = False,
     build = _builder(manifest["model_config"], folder, (trust_code, parts))
     programs = export_programs(_rebuilt_model(build, data[FILES["encoder"]],
                                               folder / FILES["encoder"]))
+    # the interface the programs give; not model_config, the record they were traced from (a
+    # record written before a field was added lacks it, which `ModelConfig.from_dict` fills)
     for key, value in programs.manifest.items():
-        if manifest.get(key) != value:
+        if key != "model_config" and manifest.get(key) != value:
             raise InputError(f"{folder}: its model gives programs with {key} {value!r}, "
                              f"{FILES['manifest']} says {manifest.get(key)!r}: {_AGAIN}")
     return ExportedModel(programs.encoder.module(), programs.step.module(), manifest,

@@ -17,10 +17,11 @@ from torch.export import Dim, ExportedProgram
 
 from bahdanau._checks import check_lengths, check_padding, check_tensor, check_token_ids
 from bahdanau._folders import EXPORTED_FORMAT
-from bahdanau.config import SPECIAL_IDS, ModelConfig, model_vocabs
+from bahdanau.config import SPECIAL_IDS, ModelConfig, ModelVocabs, model_vocabs
 from bahdanau.decoder import DecoderState, StepOutput
 from bahdanau.errors import InputError
 from bahdanau.models import RNNSearch
+from bahdanau.parts import PART
 from bahdanau.serving import decode
 from bahdanau.serving.decode import MIN_SRC_LEN, BadRequest, NaNScores, pad_source
 
@@ -40,7 +41,8 @@ class ServingPrograms(NamedTuple):
 
     encoder: ExportedProgram
     step: ExportedProgram
-    manifest: dict[str, Any]      # sizes, special ids, the number of memory tensors
+    manifest: dict[str, Any]      # sizes, special ids, the number of memory tensors; the
+                                  # model's `ModelConfig` as "model_config" when it has one
 
 
 # ---------------------------------------------------------------------------- flat memory
@@ -166,7 +168,8 @@ def export_programs(model: nn.Module) -> ServingPrograms:
         model: an `RNNSearch` / `RNNEncDec` (any engine, attention and GRU form), on the CPU
             or a GPU; it is traced in eval mode and left in the mode it was in.
     Returns:
-        The two programs and their manifest (what `export_folder` writes as JSON).
+        The two programs and their manifest (what `export_folder` writes as JSON), which holds
+        the model's `ModelConfig` as ``model_config`` when it was built from one.
     Raises:
         InputError: not a single model (an `Ensemble` is several), or an attention that keeps
             a per-row state (the programs carry s_i alone).
@@ -197,6 +200,8 @@ def export_programs(model: nn.Module) -> ServingPrograms:
                 **interface(model), "memory_tensors": len(kept), "min_src_len": MIN_SRC_LEN,
                 "attention": model.decoder.attention is not None,
                 "dtype": str(state.hidden.dtype).removeprefix("torch.")}
+    if isinstance(model.config, ModelConfig):     # every size (`ExportedDecoder` reads them)
+        manifest["model_config"] = model.config.to_dict()
     return ServingPrograms(encoder, step, manifest)
 
 
@@ -235,18 +240,26 @@ class ExportedDecoder(nn.Module):
     The search keeps one memory row per sentence and K state rows per sentence; `step` repeats
     the memory rows K times for the program (a serving loop would repeat them once, up front).
 
+    It says of itself what the exported model said (`bahdanau.config.model_vocabs`): as
+    `config`, the `ModelConfig` its manifest records as ``model_config`` (a preset's model:
+    every size, so `BeamSearch.memory_needed` estimates the model's own memory), or, for a
+    model assembled from parts (a build record there), none: its `vocab_sizes` and the default
+    ids, and no memory estimate, as for that model.
+
     Args:
         encoder, step: the programs' modules (`load_exported`, or ``.module()`` of
             `export_programs`' programs).
-        manifest: their manifest (special ids and vocabulary sizes).
+        manifest: their manifest (special ids, vocabulary sizes and the model's config).
+    Raises:
+        InputError: a ``model_config`` that is no `ModelConfig`'s record nor a build record,
+            or sizes and special ids that disagree with it (one line).
     """
 
     def __init__(self, encoder: nn.Module, step: nn.Module, manifest: dict[str, Any]) -> None:
         super().__init__()
         self.encoder_program, self.step_program = encoder, step
-        self.config = ModelConfig(src_vocab_size=manifest["src_vocab_size"],
-                                  tgt_vocab_size=manifest["tgt_vocab_size"],
-                                  **{k: manifest[k] for k in SPECIAL_IDS})
+        self.config = _recorded_config(manifest)
+        self.vocab_sizes = (manifest["src_vocab_size"], manifest["tgt_vocab_size"])
 
     def train(self, mode: bool = True) -> ExportedDecoder:
         """The programs were traced in eval mode and have no other (`BeamSearch` sets eval)."""
@@ -261,12 +274,12 @@ class ExportedDecoder(nn.Module):
             InputError: `src` not a (B, S) integer tensor, lengths outside [1, S] or that
                 disagree with the padding, or ids outside the source vocabulary.
         """
+        vocabs = model_vocabs(self)
         check_tensor("src", src, 2, integer=True)
         check_lengths("src_lengths", src_lengths, src.shape[0], src.shape[1])
-        check_padding("src", src, src_lengths, self.config.pad_id)
-        check_token_ids("src", src, self.config.src_vocab_size)
-        hidden, *memory = self.encoder_program(pad_source(src, self.config.pad_id),
-                                               src_lengths)
+        check_padding("src", src, src_lengths, vocabs.pad_id)
+        check_token_ids("src", src, self.vocab_sizes[0])
+        hidden, *memory = self.encoder_program(pad_source(src, vocabs.pad_id), src_lengths)
         return DecoderState(hidden), ExportedMemory(tuple(memory))
 
     def step(self, prev_tokens: Tensor, state: DecoderState, memory: ExportedMemory
@@ -276,3 +289,27 @@ class ExportedDecoder(nn.Module):
         tensors = [m.repeat_interleave(beams, 0) if beams > 1 else m for m in memory.tensors]
         log_probs, hidden, *weights = self.step_program(prev_tokens, state.hidden, *tensors)
         return StepOutput(log_probs, DecoderState(hidden), weights[0] if weights else None)
+
+
+_INTERFACE = ("src_vocab_size", "tgt_vocab_size", *SPECIAL_IDS)   # what `interface` says
+
+
+def _recorded_config(manifest: dict[str, Any]) -> ModelConfig | None:
+    """The `ModelConfig` that `manifest` records as ``model_config`` (`export_programs` and
+    `export_folder` record a preset's model's; every exported folder has one), or None for a
+    model assembled from parts (a build record there, or none); checked to say the manifest's
+    vocabulary sizes and special ids, which a model without one has at their defaults."""
+    recorded, config = manifest.get("model_config"), None
+    if recorded is not None and not (isinstance(recorded, dict) and PART in recorded):
+        try:
+            config = ModelConfig.from_dict(recorded)
+        except (InputError, TypeError, ValueError, AttributeError) as err:
+            raise InputError(f"the manifest's model_config is no model config ({err})") from None
+    held = (dataclasses.asdict(ModelVocabs(manifest["src_vocab_size"],
+                                           manifest["tgt_vocab_size"])) if config is None
+            else {key: getattr(config, key) for key in _INTERFACE})
+    for key, value in held.items():
+        if manifest[key] != value:
+            holds = "a model without a ModelConfig has" if config is None else "model_config says"
+            raise InputError(f"the manifest says {key} {manifest[key]!r} but {holds} {value!r}")
+    return config

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import math
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -129,6 +130,36 @@ def test_members_without_configs_must_share_vocabulary_sizes(sizes, message) -> 
             Ensemble(members)
     same = Ensemble([_without_config(random_model()), random_model(seed=1)])   # default ids
     assert len(same.members) == 2
+
+
+def test_memory_estimate_holds_every_member() -> None:
+    """A search of an ensemble holds every member's memory, state and scores at once (`encode`
+    keeps each member's memory for the whole search): `BeamSearch.memory_needed` counts them
+    all, not the first member's alone. Computed by hand for members of different sizes, in
+    either order; a member without a `ModelConfig` adds nothing of its own but its scores; an
+    ensemble of one needs what its member does."""
+    small = RNNSearch.from_config(replace(presets.tiny(), hidden_size=4, decoder_size=6,
+                                          align_size=5))
+    large = RNNSearch.from_config(replace(presets.tiny(), hidden_size=10, decoder_size=12,
+                                          align_size=7))
+    search, sentences, src_len = BeamSearch(beam_size=3, max_len=7), 2, 5
+    rows, steps, vocab, size = sentences * 3, 7 + 1, 16, 4          # float32
+
+    def by_hand(scores: int, states: int, widths: int) -> int:
+        per_row = (2 * vocab * scores * size        # logits and log-probabilities
+                   + 2 * 3 * (size + 8)             # the 2K top candidates and their ids
+                   + 2 * states * size              # the states s_i, reordered
+                   + steps * (16 + src_len * size))  # each step's parents, tokens and a_ij
+        return rows * per_row + sentences * src_len * widths * size   # annotations and keys
+
+    both = by_hand(3, 6 + 12, (2 * 4 + 5) + (2 * 10 + 7))   # two members' and the combined V
+    assert search.memory_needed(Ensemble([small, large]), sentences, src_len) == both
+    assert search.memory_needed(Ensemble([large, small]), sentences, src_len) == both
+    partial = Ensemble([small, _without_config(large)])
+    assert search.memory_needed(partial, sentences, src_len) == by_hand(3, 6, 2 * 4 + 5)
+    alone = search.memory_needed(large, sentences, src_len)
+    assert alone == by_hand(1, 12, 2 * 10 + 7)
+    assert search.memory_needed(Ensemble([large]), sentences, src_len) == alone
 
 
 def _checkpoint(path, model, tokenizer=None, tgt_vocab=VOCAB):

@@ -24,13 +24,19 @@ import pytest
 import torch
 from training_fixtures import one_line_error
 
-from bahdanau import presets
+from bahdanau import BeamSearch, presets
 from bahdanau._pt2_archive import check_archive
 from bahdanau._sealed import manifest_digest, seal
 from bahdanau.data.tokenizers import DefaultTokenizer
 from bahdanau.data.vocab import Vocab
 from bahdanau.models import build_model
-from bahdanau.serving import export_folder, greedy_decode, load_exported
+from bahdanau.serving import (
+    ExportedDecoder,
+    export_folder,
+    export_programs,
+    greedy_decode,
+    load_exported,
+)
 
 
 class _Payload:
@@ -275,7 +281,7 @@ def test_a_model_assembled_from_parts_is_rebuilt_from_its_record(tmp_path) -> No
     greedy tokens; a record of other sizes is refused from the weights' shapes (on the meta
     device, before anything is allocated), and one whose outermost part is no model, in one
     line each."""
-    from bahdanau import AdditiveAttention, AttentiveDecoder, BeamSearch, BiRNNEncoder, RNNSearch
+    from bahdanau import AdditiveAttention, AttentiveDecoder, BiRNNEncoder, RNNSearch
     from bahdanau.parts import build_record
 
     torch.manual_seed(3)
@@ -295,6 +301,11 @@ def test_a_model_assembled_from_parts_is_rebuilt_from_its_record(tmp_path) -> No
     got = greedy_decode(served.encoder, served.step, src, lengths, bos_id=1, eos_id=2,
                         pad_id=0, max_len=6)
     assert got == [h[0].tokens for h in BeamSearch(beam_size=1, max_len=6)(model, src, lengths)]
+    decoder = ExportedDecoder(served.encoder, served.step, served.manifest)   # no config, as
+    search = BeamSearch(beam_size=2, max_len=6)                               # the model
+    assert decoder.config is None and search.memory_needed(decoder, 3, 4) is None
+    assert ([h[0].tokens for h in search(decoder, src, lengths)]
+            == [h[0].tokens for h in search(model, src, lengths)])
     record["args"]["decoder"]["args"]["maxout_size"] = 5             # the weights have 4
     _reseal(folder, model_config=record)
     one_line_error(lambda: load_exported(folder), "encoder.pt2",
@@ -302,6 +313,32 @@ def test_a_model_assembled_from_parts_is_rebuilt_from_its_record(tmp_path) -> No
     _reseal(folder, model_config=record["args"]["decoder"]["args"]["attention"])
     one_line_error(lambda: load_exported(folder), "manifest.json", "AdditiveAttention",
                    "not a model")
+
+
+def test_the_exported_decoder_estimates_the_model_s_memory(exported) -> None:
+    """`ExportedDecoder` is the exported model's `ModelConfig` (the manifest's model_config),
+    not one of the default sizes (1000 units each): a search over the programs estimates the
+    memory the model's own search does, from a folder (one whose record predates a field too)
+    or straight from `export_programs`; a manifest that disagrees with its record is refused in
+    one line."""
+    model, search = build_model(presets.tiny()), BeamSearch(beam_size=4, max_len=9)
+    want = search.memory_needed(model, 3, 7)
+    served = load_exported(exported)
+    decoder = ExportedDecoder(served.encoder, served.step, served.manifest)
+    assert search.memory_needed(decoder, 3, 7) == want
+    assert decoder.config == model.config
+    programs = export_programs(model)
+    decoder = ExportedDecoder(programs.encoder.module(), programs.step.module(),
+                              programs.manifest)
+    assert search.memory_needed(decoder, 3, 7) == want
+    record = {k: v for k, v in served.manifest["model_config"].items() if k != "layer_norm"}
+    _reseal(exported, model_config=record)                       # written before layer_norm
+    served = load_exported(exported)
+    decoder = ExportedDecoder(served.encoder, served.step, served.manifest)
+    assert search.memory_needed(decoder, 3, 7) == want
+    one_line_error(lambda: ExportedDecoder(served.encoder, served.step,
+                                           {**served.manifest, "eos_id": 5}),
+                   "the manifest says eos_id 5 but model_config says 2")
 
 
 @pytest.mark.parametrize("sizes", [{"hidden_size": 1_000_000}, {"maxout_size": 5}])
