@@ -167,14 +167,14 @@ def setup_run(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig, *
     Returns:
         The `TrainRun`.
     Raises:
-        InputError: no stopping limit, no examples, vocabularies or a tokenizer that do not
-            fit the model, a model without `.config` to checkpoint, `resume=False` with a
-            directory holding checkpoints, or a checkpoint that is damaged, malformed or does
-            not match (the file first, then what is wrong). Nothing is trained or written then.
+        InputError: a device `cfg` cannot train on (`check_machine`, first), no stopping limit, no
+            examples, vocabularies or a tokenizer unfit for the model, a model without `.config` to
+            checkpoint, `resume=False` over checkpoints, or a damaged, malformed or mismatched
+            checkpoint (its file, then what is wrong). Nothing is trained or written then.
     """
+    device = _training_device(device, cfg)       # first: it reads none of the examples
     lengths, digest = _check_inputs(model, examples, cfg, src_vocab, tgt_vocab,
                                     checkpoint_dir is not None, tokenizer)
-    device = _training_device(device, cfg)
     manager = (_checkpoint_manager(checkpoint_dir, cfg, resume)
                if checkpoint_dir is not None else None)
     latest = manager.latest() if manager is not None else None
@@ -225,7 +225,8 @@ def _batch_plan(lengths: np.ndarray | Sequence[Example], cfg: TrainConfig, proce
 
 
 def _training_device(device: str | torch.device, cfg: TrainConfig) -> torch.device:
-    """The device, checked (`check_machine`)."""
+    """The device, checked (`check_machine`) with `cfg`, which is checked a `TrainConfig`."""
+    check_type("cfg", cfg, TrainConfig, "a TrainConfig")
     device = resolve_device(device)
     check_machine(cfg, device, torch.distributed.get_world_size() if is_distributed() else 1)
     return device
@@ -282,10 +283,10 @@ def _finish_resume(state: TrainState, latest: Path, manager: CheckpointManager,
 def _check_inputs(model: nn.Module, examples: Sequence[Example], cfg: TrainConfig,
                   src_vocab: Vocab, tgt_vocab: Vocab, checkpointed: bool,
                   tokenizer: Tokenizer | None) -> tuple[Any, str]:
-    """`setup_run`'s checks of its arguments, before any work; returns the examples' lengths
-    (what the sampler reads) and their digest."""
+    """`setup_run`'s checks of its arguments (but `cfg`'s type and the device: checked before,
+    by `_training_device`), before any work; returns the examples' lengths (what the sampler
+    reads) and their digest."""
     check_type("model", model, nn.Module, "a torch.nn.Module such as RNNSearch")
-    check_type("cfg", cfg, TrainConfig, "a TrainConfig")
     if cfg.max_steps is None and cfg.max_epochs is None and cfg.max_time_s is None:
         raise InputError("cfg needs a limit: set max_steps, max_epochs or max_time_s")
     if len(examples) == 0:

@@ -24,10 +24,11 @@ from host_reads import HostRead, host_reads_refused
 from training_fixtures import TINY_VOCAB, one_line_error, random_examples, tiny_model
 
 from bahdanau.captured_step import replay_eagerly
+from bahdanau.cli import main
 from bahdanau.config import TrainConfig
 from bahdanau.data import collate, pad_to_multiple
 from bahdanau.kernels import triton_unavailable_reason
-from bahdanau.training import setup_run
+from bahdanau.training import setup_run, train
 from bahdanau.training.step import make_optimizer, train_step
 from bahdanau.training.update import SyncFreeUpdate, adadelta_step
 
@@ -275,3 +276,32 @@ def test_what_needs_cuda_or_one_process_is_refused_in_one_line() -> None:
         model, random_examples(4), replace(TrainConfig(max_steps=1), cuda_graphs=True),
         src_vocab=TINY_VOCAB, tgt_vocab=TINY_VOCAB), "--cuda-graphs", "CUDA")
     assert "cpu" in ddp_free
+
+
+class _Unread(list):
+    """Examples that fail the test when anything reads one (their count may be taken)."""
+
+    def __iter__(self):
+        raise AssertionError("the examples were read")
+
+    def __getitem__(self, index):
+        raise AssertionError("the examples were read")
+
+
+def test_captured_updates_off_cuda_are_refused_before_any_work(tmp_path, capsys) -> None:
+    """`cuda_graphs` on a CPU is refused at `train`'s entry, in one line, before the examples
+    are read (checked, digested) or a checkpoint folder is made; ``bahdanau train --device cpu
+    --cuda-graphs`` before its data are read (files that do not exist) or --out is made."""
+    folder = tmp_path / "checkpoints"
+    one_line_error(lambda: train(
+        tiny_model(), _Unread(random_examples(4)), TrainConfig(max_steps=1, cuda_graphs=True),
+        src_vocab=TINY_VOCAB, tgt_vocab=TINY_VOCAB, checkpoint_dir=folder, device="cpu"),
+        "--cuda-graphs needs a CUDA device, training is on cpu")
+    assert not folder.exists()
+    missing, out = tmp_path / "missing", tmp_path / "run"
+    code = main(["train", "--out", str(out), "--device", "cpu", "--cuda-graphs",
+                 "--max-steps", "1", "--train-src", f"{missing}.en", "--train-tgt",
+                 f"{missing}.fr"])
+    assert (code, capsys.readouterr().err) == (
+        2, "bahdanau: error: --cuda-graphs needs a CUDA device, training is on cpu\n")
+    assert not out.exists()
