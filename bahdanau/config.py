@@ -422,18 +422,20 @@ class TrainConfig(DictConfig):
         Raises:
             InputError: a setting declared ``on_resume="fixed"`` differs (named, with both
                 values): the optimizer type (its state is of that type) and what defines the
-                batches (their order is a function of the seed and the epoch). The others
-                (learning rate and schedule, limits, cadence, ...) are applied from the resumed
-                call on; `accumulation` only with another number of processes, keeping
-                processes x accumulation, the batches of an update
+                batches (their order is a function of the seed and the epoch), unless neither
+                config reads it (`unused_settings`: batch_size where both batch by
+                max_tokens). The others (learning rate and schedule, limits, cadence, ...) are
+                applied from the resumed call on; `accumulation` only with another number of
+                processes, keeping processes x accumulation, the batches of an update
                 (`bahdanau.training.setup_run` checks).
         """
         changes = []
+        unused = unused_settings(stored.to_dict()) & unused_settings(self.to_dict())
         for field, _, spec in declared(TrainConfig):
             old, new = getattr(stored, field.name), getattr(self, field.name)
             if old == new:
                 continue
-            if spec.on_resume == "fixed":
+            if spec.on_resume == "fixed" and field.name not in unused:
                 raise InputError(f"the checkpoint was trained with {field.name}={old!r}, not "
                                  f"{new!r}: a resumed run keeps its {field.name} (start a new "
                                  "run in another directory to change it)")
@@ -454,6 +456,18 @@ class TrainConfig(DictConfig):
         if self.lr is not None:
             return float(self.lr)
         return 1.0 if self.optimizer == "adadelta" else 1e-3
+
+
+def unused_settings(settings: Mapping[str, Any]) -> frozenset[str]:
+    """The `TrainConfig` fields that nothing reads under `settings` (field name -> value, as
+    `TrainConfig.to_dict` gives them): `batch_size` where `max_tokens` forms the batches (the
+    sampler of `bahdanau.training.setup_run` takes no sentence cap then, and the batches, their
+    order and a resumed run's place in them are those of `max_tokens`, `bucket` and `seed`).
+
+    A resumed run may change a setting fixed on resume that neither its checkpoint's settings
+    nor its own read (`TrainConfig.resume_changes`, `bahdanau.jobs.resume.resume_changes`).
+    """
+    return frozenset({"batch_size"}) if settings.get("max_tokens") is not None else frozenset()
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}

@@ -4,7 +4,8 @@ A run folder stores `bahdanau.jobs.options.TrainOptions.to_record()` as its ``op
 On resume, `resumed_options` completes the given options with what the run needs of its own
 (its limits, its --time-budget, a fine-tuned run's --init-from), and `resume_changes` sorts what
 still differs into the options it must refuse (declared ``on_resume="fixed"``: the model, the
-data and its tokenisation, the batches, the seed, the optimizer type) and those it applies and
+data and its tokenisation, the batches, the seed, the optimizer type; but not one that neither
+run reads, --train-batch-size where both batch by --max-tokens) and those it applies and
 records ("applied"), which the run logs.
 """
 
@@ -14,7 +15,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from bahdanau.config import UNNAMED_METRIC
+from bahdanau.config import UNNAMED_METRIC, unused_settings
 from bahdanau.errors import InputError
 from bahdanau.jobs.flags import NONE, FlatSetting, flag, flag_words, flat_settings, value_of
 from bahdanau.jobs.options import TrainOptions
@@ -39,9 +40,12 @@ def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
         One line per changed "applied" option, to log ("--threads 2 -> default" when it is
         no longer given).
     Raises:
-        InputError: a "fixed" option differs (named, with both values).
+        InputError: a "fixed" option differs (named, with both values), unless neither run
+            reads it (`bahdanau.config.unused_settings`: --train-batch-size where both batch
+            by --max-tokens).
     """
     changes = []
+    unused = _unused_training(stored, given)
     for s in flat_settings(type(given)):
         if s.spec.on_resume == "not_recorded" or s.key not in {*stored, *_BEFORE_RECORDED}:
             continue
@@ -52,13 +56,22 @@ def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:
             raise InputError(f"this run began with --init-from {old}, and resuming takes its "
                              "weights from its own checkpoints: leave --init-from out (or give "
                              f"{old} again) to resume it, or start a new run with another --out")
-        if s.spec.on_resume == "fixed":
+        if s.spec.on_resume == "fixed" and not (s.section == "training"
+                                               and s.field.name in unused):
             again = "" if old is None else f"{flag_words(s.key, old)} resumes it; "
             raise InputError(f"{flag(s.key)} was {old!r} when this run began and is {new!r} "
                              f"now; a resumed run keeps it ({again}start a new run with another "
                              "--out, or --overwrite this one)")
         changes.append(f"{flag(s.key)} {_shown(old, s)} -> {_shown(new, s)}")
     return changes
+
+
+def _unused_training(stored: Mapping[str, Any], given: TrainOptions) -> frozenset[str]:
+    """The training settings (`TrainConfig` fields) that neither the stored run nor `given`
+    reads (`bahdanau.config.unused_settings`)."""
+    before = {s.field.name: stored.get(s.key, s.default) for s in flat_settings(type(given))
+              if s.section == "training"}
+    return unused_settings(before) & unused_settings(given.training.to_dict())
 
 
 def _shown(value: Any, s: FlatSetting) -> str:

@@ -87,6 +87,28 @@ def test_the_resume_rule_has_one_source() -> None:
         assert refused_config == refused_command == (field.name in fixed), field.name
 
 
+def test_a_run_batched_by_tokens_may_resume_with_another_train_batch_size() -> None:
+    """--train-batch-size forms no batch where --max-tokens does, before and after: a resumed
+    run may change it, as its TrainConfig may (and it is logged); where either side batches by
+    sentences it stays fixed, in the command's terms and the config's alike."""
+    def given(**options: object) -> TrainOptions:
+        return TrainOptions.from_mapping({"train_batch_size": 64, "max_tokens": 300, **options})
+
+    stored = given().to_record()
+    assert resume_changes(stored, given(train_batch_size=32)) == [
+        "--train-batch-size 64 -> 32"]
+    assert given(train_batch_size=32).training.resume_changes(given().training) == [
+        "batch_size: 64 -> 32"]
+    for before, after in ((300, None), (None, 300), (None, None)):
+        old, new = given(max_tokens=before), given(max_tokens=after, train_batch_size=32)
+        with pytest.raises(InputError, match="^--train-batch-size was 64 when this run began "
+                                             "and is 32 now; a resumed run keeps it"):
+            resume_changes(old.to_record(), new)
+        with pytest.raises(InputError, match="^the checkpoint was trained with batch_size=64, "
+                                             "not 32: a resumed run keeps its batch_size"):
+            new.training.resume_changes(old.training)
+
+
 def _changed(name: str) -> TrainConfig:
     """`BASE` with another valid value of the setting `name`."""
     value = getattr(BASE, name)

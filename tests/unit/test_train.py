@@ -557,6 +557,34 @@ def test_exact_resume(tmp_path, optimizer: str) -> None:
     assert _equal_weights(resumed, straight)
 
 
+def test_a_run_batched_by_tokens_resumes_with_another_batch_size(tmp_path) -> None:
+    """With max_tokens before and after, batch_size forms no batch: a resumed run may change
+    it (a logged change) and ends with the weights of the run that never stopped; without
+    max_tokens on either side, it stays fixed."""
+    examples = random_examples(40)
+    cfg = TrainConfig(max_tokens=30, batch_size=8, bucket=2, max_steps=10, log_every=100,
+                      save_every=100)
+    quiet = {"src_vocab": VOCAB, "tgt_vocab": VOCAB, "log": lambda s: None}
+    straight = tiny_model(0, dropout=0.2)
+    train(straight, examples, cfg, **quiet)
+    train(tiny_model(0, dropout=0.2), examples, replace(cfg, max_steps=5),
+          checkpoint_dir=tmp_path / "tokens", **quiet)
+    resumed = setup_run(tiny_model(99, dropout=0.2), examples, replace(cfg, batch_size=3),
+                        src_vocab=VOCAB, tgt_vocab=VOCAB, checkpoint_dir=tmp_path / "tokens")
+    assert resumed.resume_changes == ["batch_size: 8 -> 3", "max_steps: 5 -> 10"]
+    while not stop_reason(resumed):
+        run_step(resumed)
+    assert resumed.state.step == 10 and _equal_weights(resumed.model, straight)
+    sentences = replace(cfg, max_tokens=None, max_steps=1)
+    train(tiny_model(), examples, sentences, checkpoint_dir=tmp_path / "sentences", **quiet)
+    for folder, changed in (("sentences", replace(sentences, batch_size=3)),
+                            ("sentences", replace(cfg, batch_size=3)),
+                            ("tokens", replace(sentences, batch_size=3))):
+        one_line_error(lambda f=folder, c=changed: setup_run(
+            tiny_model(), examples, c, src_vocab=VOCAB, tgt_vocab=VOCAB,
+            checkpoint_dir=tmp_path / f), "trained with batch_size=8, not 3")
+
+
 def test_resume_after_crash_from_periodic_checkpoint(tmp_path) -> None:
     examples = random_examples(40)
     cfg = TrainConfig(batch_size=8, bucket=2, max_steps=14, log_every=1, save_every=4)
