@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from bahdanau._about import versions
-from bahdanau._checks import describe, is_finite_number, is_int
+from bahdanau._checks import check_count, describe, is_finite_number, is_int
 from bahdanau.checkpoint.files import FORMAT_VERSION, parse_section
 from bahdanau.checkpoint.reader import Checkpoint, checkpoint_of
 from bahdanau.checkpoint.sections import (
@@ -226,9 +226,7 @@ class TrainState(DictConfig):
 
     def __post_init__(self) -> None:
         for name in ("step", "epoch", "position", "bad_evals", "lr_decays"):
-            value = getattr(self, name)
-            if not is_int(value) or value < 0:
-                raise InputError(f"TrainState.{name} must be an int >= 0, got {value!r}")
+            check_count(f"TrainState.{name}", getattr(self, name))
         if not is_int(self.processes) or self.processes < 1:
             raise InputError(f"TrainState.processes must be an int >= 1, got {self.processes!r}")
         if self.best_step is not None and not (is_int(self.best_step) and self.best_step >= 0):
