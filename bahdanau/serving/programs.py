@@ -17,7 +17,7 @@ from torch.export import Dim, ExportedProgram
 
 from bahdanau._checks import check_lengths, check_padding, check_tensor, check_token_ids
 from bahdanau._folders import EXPORTED_FORMAT
-from bahdanau.config import SPECIAL_IDS, ModelConfig, ModelVocabs, model_vocabs
+from bahdanau.config import ModelConfig, model_vocabs
 from bahdanau.decoder import DecoderState, StepOutput
 from bahdanau.errors import InputError
 from bahdanau.models import RNNSearch
@@ -260,6 +260,12 @@ class ExportedDecoder(nn.Module):
         self.encoder_program, self.step_program = encoder, step
         self.config = _recorded_config(manifest)
         self.vocab_sizes = (manifest["src_vocab_size"], manifest["tgt_vocab_size"])
+        for key, value in dataclasses.asdict(model_vocabs(self)).items():   # as `interface`
+            if manifest[key] != value:
+                holds = ("a model without a ModelConfig has" if self.config is None
+                         else "model_config says")
+                raise InputError(f"the manifest says {key} {manifest[key]!r} but {holds} "
+                                 f"{value!r}")
 
     def train(self, mode: bool = True) -> ExportedDecoder:
         """The programs were traced in eval mode and have no other (`BeamSearch` sets eval)."""
@@ -291,25 +297,14 @@ class ExportedDecoder(nn.Module):
         return StepOutput(log_probs, DecoderState(hidden), weights[0] if weights else None)
 
 
-_INTERFACE = ("src_vocab_size", "tgt_vocab_size", *SPECIAL_IDS)   # what `interface` says
-
-
 def _recorded_config(manifest: dict[str, Any]) -> ModelConfig | None:
     """The `ModelConfig` that `manifest` records as ``model_config`` (`export_programs` and
     `export_folder` record a preset's model's; every exported folder has one), or None for a
-    model assembled from parts (a build record there, or none); checked to say the manifest's
-    vocabulary sizes and special ids, which a model without one has at their defaults."""
-    recorded, config = manifest.get("model_config"), None
-    if recorded is not None and not (isinstance(recorded, dict) and PART in recorded):
-        try:
-            config = ModelConfig.from_dict(recorded)
-        except (InputError, TypeError, ValueError, AttributeError) as err:
-            raise InputError(f"the manifest's model_config is no model config ({err})") from None
-    held = (dataclasses.asdict(ModelVocabs(manifest["src_vocab_size"],
-                                           manifest["tgt_vocab_size"])) if config is None
-            else {key: getattr(config, key) for key in _INTERFACE})
-    for key, value in held.items():
-        if manifest[key] != value:
-            holds = "a model without a ModelConfig has" if config is None else "model_config says"
-            raise InputError(f"the manifest says {key} {manifest[key]!r} but {holds} {value!r}")
-    return config
+    model assembled from parts (a build record there, or none)."""
+    recorded = manifest.get("model_config")
+    if recorded is None or (isinstance(recorded, dict) and PART in recorded):
+        return None
+    try:
+        return ModelConfig.from_dict(recorded)
+    except (InputError, TypeError, ValueError, AttributeError) as err:
+        raise InputError(f"the manifest's model_config is no model config ({err})") from None
