@@ -164,12 +164,15 @@ class ModelConfig(DictConfig):
     layer_norm: bool = setting(
         False, "layer normalisation of every GRU's input and recurrent projections, encoder and "
         "decoder (Ba et al. 2016, as Nematus; needs --gru-form torch)", on_resume="fixed")
+    encoder_layers: int = setting(
+        1, "bidirectional GRU layers of the encoder, each reading the annotations of the one "
+        "below (the paper: 1)", low=1, on_resume="fixed", metavar="N")
     dropout: float = setting(0.0, "dropout on the embeddings and the maxout output t_i (the "
                                   "paper: none)", low=0, high=1, below=True, on_resume="fixed")
     dropout_rnn_inputs: float = setting(
-        0.0, "dropout on every GRU input: the source and target embeddings (after --dropout) "
-        "and the decoder's context c_i", low=0, high=1, below=True, on_resume="fixed",
-        metavar="P")
+        0.0, "dropout on every GRU input: the source and target embeddings (after --dropout), "
+        "the decoder's context c_i and a deeper encoder layer's input", low=0, high=1,
+        below=True, on_resume="fixed", metavar="P")
     dropout_deep_output: float = setting(
         0.0, "dropout on the deep output t~_i, before the maxout", low=0, high=1, below=True,
         on_resume="fixed", metavar="P")

@@ -5,7 +5,8 @@ Bahdanau et al. (2015), section 3.2 and appendix A.2.1. Padding is handled exact
 GRU stops at each sentence's last real token and the backward GRU starts there, so a sentence's
 annotations do not depend on how much padding its batch adds. Annotations at padding are 0.
 
-Two paths compute the same annotations:
+Several paths compute the same annotations, each for one bidirectional layer or a stack of
+them (``num_layers``, each layer reading the annotations of the one below):
 
 * eager: `torch.nn.GRU` over a `PackedSequence` (torch form), or one loop over positions that
   keeps each direction's state at padding (paper form);
@@ -23,7 +24,7 @@ Two paths compute the same annotations:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +36,7 @@ from bahdanau import functional
 from bahdanau._checks import (
     check_lengths,
     check_padding,
+    check_sizes,
     check_tensor,
     check_token_ids,
 )
@@ -42,6 +44,9 @@ from bahdanau.config import GRU_FORMS
 from bahdanau.errors import InputError
 from bahdanau.layer_norm import GateNorm
 from bahdanau.parts import Part
+
+# One bidirectional layer's weights: ([W_ih, W_hh, b_ih, b_hh] forward, the same backward).
+LayerWeights = tuple[Sequence[Tensor], Sequence[Tensor]]
 
 
 def _gru_layer(x: Tensor, weight_ih: Tensor, weight_hh: Tensor, bias_ih: Tensor,
@@ -178,7 +183,10 @@ class BiRNNEncoder(Part, nn.Module):
         layer_norm: layer-normalised GRUs (`bahdanau.layer_norm`; torch form only): each
             direction's input and recurrent projections normalised apart (`_norm_gru`, a loop
             over positions on every path; the same `nn.GRU` weights, and a `GateNorm` for each
-            projection of each direction in `norms`).
+            projection of each direction of each layer in `norms`).
+        num_layers: L, bidirectional layers stacked (1 in the paper): layer k + 1 reads layer
+            k's annotations, after dropout at the rate of `dropout_rnn_inputs` (as
+            `torch.nn.GRU`'s between layers); the annotations are the last layer's.
 
     Paths: eager calls take the packed path (torch form) or `_paper_gru` (paper form); under
     `torch.compile` and `torch.export`, and with `sync_free=True`, both forms take
@@ -201,22 +209,26 @@ class BiRNNEncoder(Part, nn.Module):
 
     def __init__(self, vocab_size: int, embed_size: int, hidden_size: int, *, pad_id: int = 0,
                  dropout: float = 0.0, dropout_rnn_inputs: float = 0.0,
-                 gru_form: str = "torch", layer_norm: bool = False) -> None:
+                 gru_form: str = "torch", layer_norm: bool = False, num_layers: int = 1) -> None:
         super().__init__()
+        check_sizes("BiRNNEncoder", num_layers=num_layers)
         if gru_form not in GRU_FORMS:
             raise InputError(f"gru_form must be one of {GRU_FORMS}, got {gru_form!r}")
         if layer_norm and gru_form != "torch":
             raise InputError("layer_norm needs gru_form='torch' (bahdanau.layer_norm)")
         self.vocab_size, self.embed_size, self.hidden_size = vocab_size, embed_size, hidden_size
-        self.pad_id, self.gru_form = pad_id, gru_form
+        self.pad_id, self.gru_form, self.num_layers = pad_id, gru_form, num_layers
         self.embedding = nn.Embedding(vocab_size, embed_size, padding_idx=pad_id)
         self.dropout = nn.Dropout(dropout)
         self.rnn_input_dropout = nn.Dropout(dropout_rnn_inputs)
-        # Parameters named as torch.nn.GRU names them, so both forms load the same state dict.
-        self.rnn = nn.GRU(embed_size, hidden_size, batch_first=True, bidirectional=True)
-        # LN of [forward W x, forward U h, backward W x, backward U h]; None: no layer norm
-        self.norms = (nn.ModuleList(GateNorm(hidden_size) for _ in range(4)) if layer_norm
-                      else None)
+        # Parameters named as torch.nn.GRU names them, so every path loads the same state dict;
+        # its dropout between layers is rnn_input_dropout's, on the inputs of layers 2 to L.
+        self.rnn = nn.GRU(embed_size, hidden_size, num_layers=num_layers, batch_first=True,
+                          bidirectional=True, dropout=dropout_rnn_inputs if num_layers > 1 else 0.0)
+        # LN of [forward W x, forward U h, backward W x, backward U h] of each layer in turn;
+        # None: no layer norm
+        self.norms = (nn.ModuleList(GateNorm(hidden_size) for _ in range(4 * num_layers))
+                      if layer_norm else None)
         self.reset_parameters()
 
     @property
@@ -326,7 +338,6 @@ class BiRNNEncoder(Part, nn.Module):
         """
         paper, compiling = self.gru_form == "paper", torch.compiler.is_compiling()
         exporting = torch.compiler.is_exporting()
-        forward_weights, backward_weights = self.rnn.all_weights   # [W_ih, W_hh, b_ih, b_hh]
 
         def layer(x: Tensor, weights: Sequence[Tensor]) -> Tensor:
             w_ih, w_hh, b_ih, b_hh = weights
@@ -339,32 +350,55 @@ class BiRNNEncoder(Part, nn.Module):
 
         positions = torch.arange(embedded.shape[1], device=embedded.device)
         flip = torch.where(mask, lengths[:, None] - 1 - positions, positions)[..., None]
-        fwd = layer(embedded, forward_weights)                                  # (B, S, H)
-        flipped = embedded.gather(1, flip.expand_as(embedded))                  # (B, S, E)
-        bwd = layer(flipped, backward_weights)
-        bwd = bwd.gather(1, flip.expand_as(bwd))                                # (B, S, H)
-        return torch.cat([fwd, bwd], dim=-1).masked_fill(~mask[..., None], 0.0)
+
+        def both_directions(x: Tensor, _: int, weights: LayerWeights) -> Tensor:
+            fwd = layer(x, weights[0])                                          # (B, S, H)
+            bwd = layer(x.gather(1, flip.expand_as(x)), weights[1])
+            bwd = bwd.gather(1, flip.expand_as(bwd))                            # (B, S, H)
+            return torch.cat([fwd, bwd], dim=-1).masked_fill(~mask[..., None], 0.0)
+
+        return self._stacked(embedded, both_directions)
+
+    def _stacked(self, embedded: Tensor,
+                 layer: Callable[[Tensor, int, LayerWeights], Tensor]) -> Tensor:
+        """`layer` (a layer's input, its index, its weights -> its (B, S, 2H) annotations) run
+        over the stack, first to last: layer k + 1 reads layer k's annotations after
+        `torch.nn.GRU`'s dropout between layers (the rate of `dropout_rnn_inputs`), so every
+        path is the same function as the packed one."""
+        weights = self.rnn.all_weights             # [W_ih, W_hh, b_ih, b_hh], per layer: fwd, bwd
+        x = embedded                                                 # (B, S, E), then (B, S, 2H)
+        for k in range(self.num_layers):
+            x = F.dropout(x, self.rnn.dropout, self.training) if k else x
+            x = layer(x, k, (weights[2 * k], weights[2 * k + 1]))
+        return x
 
     def _paper_gru(self, embedded: Tensor, mask: Tensor) -> Tensor:
-        """Both directions of the paper's GRU in one loop (fwd at position t, bwd at S-1-t)."""
+        """The paper's GRU, layer after layer: (B, S, E) -> (B, S, 2H), 0 at padding."""
+        return self._stacked(embedded, lambda x, _, weights: self._paper_layer(x, mask, *weights))
+
+    def _paper_layer(self, x: Tensor, mask: Tensor, forward_weights: Sequence[Tensor],
+                     backward_weights: Sequence[Tensor]) -> Tensor:
+        """Both directions of one layer of the paper's GRU in one loop (fwd at position t, bwd
+        at S-1-t), each weights [W_ih, W_hh, b_ih, b_hh]."""
         hidden = self.hidden_size
-        batch, src_len, _ = embedded.shape
-        # all_weights: [W_ih, W_hh, b_ih, b_hh] of each direction, forward then reverse
-        (w_ih, w_hh, b_ih, b_hh), (w_ih_r, w_hh_r, b_ih_r, b_hh_r) = self.rnn.all_weights
-        x_fwd = nn.functional.linear(embedded, w_ih, b_ih)                 # (B, S, 3H)
-        x_bwd = nn.functional.linear(embedded, w_ih_r, b_ih_r)             # (B, S, 3H)
+        batch, src_len, _ = x.shape
+        (w_ih, w_hh, b_ih, b_hh), (w_ih_r, w_hh_r, b_ih_r, b_hh_r) = (forward_weights,
+                                                                      backward_weights)
+        x_fwd = nn.functional.linear(x, w_ih, b_ih)                        # (B, S, 3H)
+        x_bwd = nn.functional.linear(x, w_ih_r, b_ih_r)                    # (B, S, 3H)
         w_rz = torch.stack([w_hh[: 2 * hidden], w_hh_r[: 2 * hidden]])     # (2, 2H, H)
         b_rz = torch.stack([b_hh[: 2 * hidden], b_hh_r[: 2 * hidden]])     # (2, 2H)
         w_n = (w_hh[2 * hidden:], w_hh_r[2 * hidden:])
         b_n = (b_hh[2 * hidden:], b_hh_r[2 * hidden:])
-        h = embedded.new_zeros(2, batch, hidden)                  # (2, B, H) fwd, bwd
+        h = x.new_zeros(2, batch, hidden)                         # (2, B, H) fwd, bwd
         outputs: list[list[Tensor]] = [[], []]
         for t in range(src_len):
             h_gates = torch.baddbmm(b_rz[:, None], h, w_rz.transpose(1, 2))  # (2, B, 2H)
             new = []
-            for d, x in ((0, x_fwd[:, t]), (1, x_bwd[:, src_len - 1 - t])):
+            for d, x_t in ((0, x_fwd[:, t]), (1, x_bwd[:, src_len - 1 - t])):
                 real = mask[:, t if d == 0 else src_len - 1 - t, None]
-                h_d = functional.gru_update(x, h_gates[d], h[d], weight_hn=w_n[d], bias_hn=b_n[d])
+                h_d = functional.gru_update(x_t, h_gates[d], h[d], weight_hn=w_n[d],
+                                            bias_hn=b_n[d])
                 h_d = torch.where(real, h_d, h[d])                # padding keeps the state
                 outputs[d].append(torch.where(real, h_d, torch.zeros_like(h_d)))
                 new.append(h_d)
@@ -374,17 +408,22 @@ class BiRNNEncoder(Part, nn.Module):
         return torch.cat([fwd, bwd], dim=-1)
 
     def _norm_gru(self, embedded: Tensor, mask: Tensor) -> Tensor:
-        """Both directions of the layer-normalised GRU in one loop (fwd at position t, bwd at
-        S-1-t), each direction's state kept at padding: (B, S, E) -> (B, S, 2H), 0 at padding.
+        """The layer-normalised GRU, layer after layer: (B, S, E) -> (B, S, 2H), 0 at padding."""
+        return self._stacked(embedded, lambda x, k, weights: self._norm_layer(x, mask, k, weights))
+
+    def _norm_layer(self, x: Tensor, mask: Tensor, layer: int, weights: LayerWeights) -> Tensor:
+        """Both directions of one layer of the layer-normalised GRU in one loop (fwd at position
+        t, bwd at S-1-t), each direction's state kept at padding: (B, S, in) -> (B, S, 2H).
 
         Eager, the loop is Python's; under `torch.export` it is one `scan` of the same
         `position` function (S stays dynamic, as `_gru_layer_scan`)."""
         assert self.norms is not None
+        norms = self.norms[4 * layer: 4 * layer + 4]
         inputs, recurrent = [], []
-        for d, (w_ih, w_hh, b_ih, b_hh) in enumerate(self.rnn.all_weights):
-            x_gates = self.norms[2 * d](F.linear(embedded, w_ih, b_ih)).transpose(0, 1)
+        for d, (w_ih, w_hh, b_ih, b_hh) in enumerate(weights):
+            x_gates = norms[2 * d](F.linear(x, w_ih, b_ih)).transpose(0, 1)
             inputs.append(x_gates if d == 0 else x_gates.flip(0))         # (S, B, 3H)
-            recurrent.append((w_hh, b_hh, self.norms[2 * d + 1]))
+            recurrent.append((w_hh, b_hh, norms[2 * d + 1]))
         real = mask.transpose(0, 1)[..., None]                             # (S, B, 1)
         inputs += [real, real.flip(0)]
 
@@ -397,13 +436,13 @@ class BiRNNEncoder(Part, nn.Module):
                 outputs.append(torch.where(x[2 + d], new, torch.zeros_like(new)))
             return (states[0], states[1]), (outputs[0], outputs[1])
 
-        h0 = inputs[0].new_zeros(embedded.shape[0], self.hidden_size)   # autocast: the gates'
+        h0 = inputs[0].new_zeros(x.shape[0], self.hidden_size)          # autocast: the gates'
         if torch.compiler.is_exporting():
             _, (fwd, bwd) = scan(position, (h0, h0.clone()), inputs)      # (S, B, H) each
         else:
             h, steps = (h0, h0), []
-            for t in range(embedded.shape[1]):
-                h, out = position(h, [x[t] for x in inputs])
+            for t in range(x.shape[1]):
+                h, out = position(h, [step[t] for step in inputs])
                 steps.append(out)
             fwd, bwd = (torch.stack(direction) for direction in zip(*steps, strict=True))
         return torch.cat([fwd, bwd.flip(0)], dim=-1).transpose(0, 1)     # (B, S, 2H)

@@ -124,7 +124,7 @@ class RNNSearch(Part, Pretrained, nn.Module):
         encoder = BiRNNEncoder(cfg.src_vocab_size, cfg.embed_size, cfg.hidden_size,
                                pad_id=cfg.pad_id, dropout=cfg.dropout,
                                dropout_rnn_inputs=cfg.dropout_rnn_inputs, gru_form=cfg.gru_form,
-                               layer_norm=cfg.layer_norm)
+                               layer_norm=cfg.layer_norm, num_layers=cfg.encoder_layers)
         attention = None
         if cls.arch == "rnnsearch":
             attention = _attention(cfg)

@@ -92,6 +92,7 @@ class ModelChoices:
     gru_form: GRUForm = like(ModelConfig, "gru_form")
     decoder: DecoderKind = like(ModelConfig, "decoder")
     layer_norm: bool = like(ModelConfig, "layer_norm", default=True)
+    encoder_layers: int = like(ModelConfig, "encoder_layers")
     dropout: float = like(ModelConfig, "dropout")
     dropout_rnn_inputs: float = like(ModelConfig, "dropout_rnn_inputs")
     dropout_deep_output: float = like(ModelConfig, "dropout_deep_output")
@@ -110,12 +111,14 @@ class ModelChoices:
 
     @property
     def name(self) -> str:
-        """The preset, the sizes that override it, and an attention other than the paper's:
-        "small", "small, embed_size=128" or "tiny, attention=luong_general"."""
+        """The preset, the sizes that override it, an attention other than the paper's and a
+        deeper encoder: "small", "small, embed_size=128" or "tiny, attention=luong_general"."""
         sizes = [f"{name}={getattr(self, name)}" for name in _SIZES
                  if getattr(self, name) is not None]
         if self.arch == "rnnsearch" and self.attention != "additive":
             sizes.append(f"attention={self.attention}")
+        if self.encoder_layers != 1:
+            sizes.append(f"encoder_layers={self.encoder_layers}")
         return ", ".join([self.preset, *sizes])
 
 

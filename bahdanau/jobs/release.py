@@ -176,8 +176,8 @@ def model_card(checkpoint: Checkpoint, license: str | None = None) -> str:
     meta = card_metadata(checkpoint, license)
     config, facts = _config(checkpoint), meta["bahdanau"]
     sizes = ", ".join(f"{k} {config[k]}" for k in (
-        "src_vocab_size", "tgt_vocab_size", "embed_size", "hidden_size", "decoder_size",
-        "align_size", "maxout_size") if k in config)
+        "src_vocab_size", "tgt_vocab_size", "embed_size", "hidden_size", "encoder_layers",
+        "decoder_size", "align_size", "maxout_size") if k in config)
     parameters = sum(p.numel() for p in checkpoint.skeleton().parameters())
     languages, _, data = training_data(checkpoint.run.options)
     lines = [front_matter(meta), f"# {config.get('arch', 'rnnsearch')} translation model", "",

@@ -13,7 +13,8 @@ phonemes out (`bahdanau.WhitespaceTokenizer`), the two stored together in every 
 (`bahdanau.ModelConfig`; 0.2, 0 and 0 by default), --label-smoothing the training loss's
 (`bahdanau.TrainConfig`; 0.1 by default), --decoder its decoder form (the paper's by default,
 or cgru: Nematus' conditional GRU), --layer-norm layer-normalises its GRU cells (off by
-default), and --ema-decay D keeps a moving average of the weights, which the dev evaluations
+default), --encoder-layers stacks bidirectional layers in its encoder (1 by default), and
+--ema-decay D keeps a moving average of the weights, which the dev evaluations
 score and the checkpoints translate with (`bahdanau.TrainConfig`; none by default). Every
 pronunciation of a training word is a training pair. Every --eval-every updates the dev words
 are decoded greedily and scored (`bahdanau.error_rates`: a word is right when its output equals
@@ -91,6 +92,7 @@ DROPOUTS = {"dropout": 0.2, "dropout_rnn_inputs": 0.0, "dropout_deep_output": 0.
 LOSS = {"label_smoothing": 0.1}     # chosen on dev: docs/guides/characters.md
 DECODER = "paper"                   # the decoder form (--decoder)
 LAYER_NORM = False                  # layer-normalised GRU cells (--layer-norm)
+ENCODER_LAYERS = 1                  # bidirectional layers of the encoder (--encoder-layers)
 EMA_DECAY = None                    # a moving average of the weights (--ema-decay)
 SCHEDULE = "plateau"                # the learning rate's schedule (--schedule)
 LEARNING_RATE = 1e-3                # Adam's (--lr)
@@ -147,6 +149,7 @@ def _train(args: argparse.Namespace) -> dict[str, object]:
                             tokenizer)
     config = replace(presets.g2p(len(src_vocab), len(tgt_vocab)), init="glorot",
                      decoder=args.decoder, layer_norm=args.layer_norm,
+                     encoder_layers=args.encoder_layers,
                      **{name: getattr(args, name) for name in DROPOUTS})
     cfg = TrainConfig(optimizer="adam", lr=args.lr, schedule=args.schedule,
                       decay_patience=DECAY_PATIENCE,
@@ -222,6 +225,8 @@ def parser() -> argparse.ArgumentParser:
                    help=f"{helps['decoder']} (default {DECODER})")
     t.add_argument("--layer-norm", action=argparse.BooleanOptionalAction, default=LAYER_NORM,
                    help=f"{helps['layer_norm']} (default {'on' if LAYER_NORM else 'off'})")
+    t.add_argument("--encoder-layers", type=_count, default=ENCODER_LAYERS,
+                   help=f"{helps['encoder_layers']} (default {ENCODER_LAYERS})")
     t.add_argument("--schedule", choices=("plateau", "linear"), default=SCHEDULE,
                    help=f"{helps['schedule']} (default {SCHEDULE})")
     t.add_argument("--lr", type=float, default=LEARNING_RATE,

@@ -1,5 +1,6 @@
-"""The command line with the conditional GRU decoder and layer-normalised GRUs: a few training
-steps, a checkpoint that rebuilds the same model, translate and evaluate with beam search."""
+"""The command line with the conditional GRU decoder, layer-normalised GRUs and a two-layer
+encoder: a few training steps, a checkpoint that rebuilds the same model, translate and evaluate
+with beam search."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ def run(tmp_path_factory):
     out = root / "run"
     assert main(["train", "--train-src", str(root / "tr.en"), "--train-tgt", str(root / "tr.fr"),
                  "--test-src", str(root / "te.en"), "--test-tgt", str(root / "te.fr"),
-                 "--preset", "tiny", "--decoder", "cgru", "--layer-norm", "--max-steps", "3",
+                 "--preset", "tiny", "--decoder", "cgru", "--layer-norm", "--encoder-layers", "2",
+                 "--max-steps", "3",
                  "--time-budget", "0", "--out", str(out), "--beam-size", "2", "--max-len", "6",
                  "--threads", "1", "--no-progress"]) == 0
     return root
@@ -33,6 +35,7 @@ def test_the_checkpoint_rebuilds_the_trained_model(run) -> None:
     payload = load_checkpoint(path)
     model, _, _ = model_from_checkpoint(payload, ema=False)     # the trained weights
     assert model.config.decoder == "cgru" and model.config.layer_norm
+    assert model.config.encoder_layers == 2 and model.encoder.rnn.num_layers == 2
     assert isinstance(model.decoder, ConditionalGRUDecoder) and model.encoder.norms is not None
     rebuilt = build_model(model.config)                 # the config alone: the same layers
     assert rebuilt.state_dict().keys() == model.state_dict().keys()

@@ -12,11 +12,15 @@ from bahdanau.encoder import _gru_layer, _gru_layer_scan
 
 V, E, H = 13, 6, 5
 FORMS = ["torch", "paper"]
+# (gru_form, num_layers): each form, one layer and stacked
+STACKS = [("torch", 1), ("paper", 1), ("torch", 3), ("paper", 2)]
 
 
-def random_encoder(gru_form: str, seed: int = 0) -> BiRNNEncoder:
+def random_encoder(gru_form: str, seed: int = 0, *, layer_norm: bool = False,
+                   num_layers: int = 1) -> BiRNNEncoder:
     """A float64 encoder with weights large enough that any mistake shows in the output."""
-    encoder = BiRNNEncoder(V, E, H, gru_form=gru_form).double()
+    encoder = BiRNNEncoder(V, E, H, gru_form=gru_form, layer_norm=layer_norm,
+                           num_layers=num_layers).double()
     gen = torch.Generator().manual_seed(seed)
     for p in encoder.parameters():
         p.data = 0.5 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
@@ -48,10 +52,10 @@ def no_padded_path(*args, **kwargs):
     raise AssertionError("eager forward took the padded path")
 
 
-@pytest.mark.parametrize("gru_form", FORMS)
-def test_padded_path_equals_eager_path(gru_form: str, monkeypatch) -> None:
+@pytest.mark.parametrize(("gru_form", "num_layers"), STACKS)
+def test_padded_path_equals_eager_path(gru_form: str, num_layers: int, monkeypatch) -> None:
     """float64: annotations and every parameter's gradient, mixed lengths (1 and full incl.)."""
-    encoder = random_encoder(gru_form)
+    encoder = random_encoder(gru_form, num_layers=num_layers)
     src, src_lengths = padded_batch([6, 1, 4, 6, 2], 6)
     with monkeypatch.context() as patch:                     # packed (torch) or loop (paper)
         patch.setattr(encoder, "_padded_gru", no_padded_path)
@@ -72,6 +76,33 @@ def test_padded_path_equals_eager_path(gru_form: str, monkeypatch) -> None:
     for name in want:
         assert want[name].abs().max() > 1e-3, name
         torch.testing.assert_close(got[name], want[name], rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_layer_normalised_layers_stack() -> None:
+    """Two layer-normalised layers equal two one-layer encoders of the same weights and norms,
+    the second run over the first's annotations; a sentence alone gives the same."""
+    deep = random_encoder("torch", layer_norm=True, num_layers=2)
+    assert deep.norms is not None and len(deep.norms) == 8
+    weights = deep.state_dict()
+    first = BiRNNEncoder(V, E, H, layer_norm=True).double()
+    first.load_state_dict({name: value for name, value in weights.items()
+                           if "_l1" not in name and not name.startswith(tuple(
+                               f"norms.{k}." for k in range(4, 8)))})
+    second = BiRNNEncoder(V, 2 * H, H, layer_norm=True).double()
+    second.load_state_dict({"embedding.weight": second.embedding.weight} | {
+        name.replace("_l1", "_l0"): value for name, value in weights.items() if "_l1" in name} | {
+        f"norms.{int(name.split('.')[1]) - 4}.{name.split('.', 2)[2]}": value
+        for name, value in weights.items()
+        if name.startswith(tuple(f"norms.{k}." for k in range(4, 8)))})
+    src, src_lengths = padded_batch([6, 1, 4, 6, 2], 6)
+    got, mask = deep(src, src_lengths)
+    below, _ = first(src, src_lengths)
+    want = second._norm_gru(below, mask)
+    assert (got[~mask] == 0).all() and (got[mask].abs() > 1e-3).any(dim=-1).all()
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(got, below)
+    alone, _ = deep(src[2:3, :4], src_lengths[2:3])
+    torch.testing.assert_close(got[2, :4], alone[0], rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("gru_form", FORMS)
@@ -113,11 +144,11 @@ def test_scan_layer_equals_the_loop(gru_form: str) -> None:
         torch.testing.assert_close(program.module()(inputs), want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("gru_form", FORMS)
-def test_compile_fullgraph_equals_eager(gru_form: str) -> None:
+@pytest.mark.parametrize(("gru_form", "num_layers"), STACKS)
+def test_compile_fullgraph_equals_eager(gru_form: str, num_layers: int) -> None:
     """No graph break (fullgraph), value checks skipped in the graph, same outputs and grads."""
     torch._dynamo.reset()
-    encoder = random_encoder(gru_form)
+    encoder = random_encoder(gru_form, num_layers=num_layers)
     backend = CompileCounterWithBackend("aot_eager")      # aot_eager, recording the graphs
     compiled = torch.compile(encoder, fullgraph=True, backend=backend)
     for lengths, src_len in [([5, 1, 3], 5), ([7, 2, 7, 4], 7)]:
@@ -134,17 +165,21 @@ def test_compile_fullgraph_equals_eager(gru_form: str) -> None:
             torch.testing.assert_close(actual[name], expected[name], rtol=1e-10, atol=1e-12,
                                        msg=name)
     assert backend.graphs
-    for graph in backend.graphs:                            # the padded path, both directions
-        assert graph.code.count("bahdanau.gru_layer") == 2 and "pack" not in graph.code
+    for graph in backend.graphs:           # the padded path, both directions of each layer
+        assert graph.code.count("bahdanau.gru_layer") == 2 * num_layers
+        assert "pack" not in graph.code
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("gru_form", FORMS)
-def test_export_dynamic_batch_and_length(gru_form: str) -> None:
+@pytest.mark.parametrize(("gru_form", "num_layers", "layer_norm"),
+                         [(*stack, False) for stack in STACKS] + [("torch", 2, True)])
+def test_export_dynamic_batch_and_length(gru_form: str, num_layers: int,
+                                         layer_norm: bool) -> None:
     """Exported with dynamic B and S at one shape, the program matches eager at another."""
     torch.manual_seed(0)
     cfg = ModelConfig(src_vocab_size=20, tgt_vocab_size=20, embed_size=8, hidden_size=6,
-                      decoder_size=10, align_size=7, maxout_size=4, gru_form=gru_form)
+                      decoder_size=10, align_size=7, maxout_size=4, gru_form=gru_form,
+                      encoder_layers=num_layers, layer_norm=layer_norm)
     encoder = RNNSearch.from_config(cfg).eval().encoder
     src, src_lengths = padded_batch([6, 1, 4], 6, vocab=20)
     batch, length = Dim("batch"), Dim("length")
@@ -153,7 +188,8 @@ def test_export_dynamic_batch_and_length(gru_form: str) -> None:
     targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
     assert "scan" in targets, targets
     assert not any("bahdanau" in t or "gru.input" in t or "pack" in t for t in targets), targets
-    assert program.graph_module.code.count("higher_order.scan(") == 2
+    scans = num_layers if layer_norm else 2 * num_layers   # layer norm: both directions in one
+    assert program.graph_module.code.count("higher_order.scan(") == scans
 
     src2, src_lengths2 = padded_batch([9, 3, 1, 9, 5], 9, seed=5, vocab=20)
     want, want_mask = encoder(src2, src_lengths2)

@@ -27,10 +27,12 @@ from bahdanau.errors import InputError
 V = 16
 
 
-def random_model(cls=RNNSearch, gru_form: str = "torch", seed: int = 0) -> RNNSearch:
+def random_model(cls=RNNSearch, gru_form: str = "torch", seed: int = 0,
+                 encoder_layers: int = 1) -> RNNSearch:
     """A tiny float64 model with weights large enough that any mistake shows in the output."""
     torch.manual_seed(seed)
-    model = cls.from_config(replace(presets.tiny(V, V), gru_form=gru_form)).double()
+    model = cls.from_config(replace(presets.tiny(V, V), gru_form=gru_form,
+                                    encoder_layers=encoder_layers)).double()
     gen = torch.Generator().manual_seed(seed)
     for p in model.parameters():
         p.data = 0.5 * torch.randn(p.shape, generator=gen, dtype=torch.float64)
@@ -98,6 +100,42 @@ def test_encoder_paper_form_by_the_equations() -> None:
                                    atol=1e-12)
     torch_form, _ = random_model(gru_form="torch").encoder(src, src_lengths)
     assert not torch.allclose(torch_form, annotations)
+
+
+@pytest.mark.parametrize("gru_form", ["torch", "paper"])
+def test_deeper_encoder_by_the_equations(gru_form: str) -> None:
+    """Three layers: each runs both directions of its own weights over the annotations of the
+    layer below, each sentence alone; the model's annotations are the top layer's."""
+    model = random_model(gru_form=gru_form, encoder_layers=3)
+    src, src_lengths, _, _ = batch()
+    annotations, mask = model.encoder(src, src_lengths)
+    assert annotations.shape == (3, 7, 16) and (annotations[~mask] == 0).all()
+    rnn, hidden = model.encoder.rnn, 8
+
+    def run(w_ih, b_ih, w_hh, b_hh, xs):
+        h, out = torch.zeros(hidden, dtype=torch.float64), []
+        for x_t in xs:
+            gi, gh = w_ih @ x_t + b_ih, w_hh @ h + b_hh
+            r = torch.sigmoid(gi[:hidden] + gh[:hidden])
+            z = torch.sigmoid(gi[hidden:2 * hidden] + gh[hidden:2 * hidden])
+            recurrent = (w_hh[2 * hidden:] @ (r * h) + b_hh[2 * hidden:] if gru_form == "paper"
+                         else r * gh[2 * hidden:])
+            h = z * h + (1 - z) * torch.tanh(gi[2 * hidden:] + recurrent)
+            out.append(h)
+        return torch.stack(out)
+
+    for b in range(3):
+        n = int(src_lengths[b])
+        x = model.encoder.embedding(src[b, :n])
+        for layer in range(3):
+            fwd, bwd = ([getattr(rnn, f"{name}_l{layer}{suffix}")
+                         for name in ("weight_ih", "bias_ih", "weight_hh", "bias_hh")]
+                        for suffix in ("", "_reverse"))
+            assert fwd[0].shape == (3 * hidden, 8 if layer == 0 else 2 * hidden)
+            x = torch.cat([run(*fwd, x), run(*bwd, x.flip(0)).flip(0)], -1)
+        torch.testing.assert_close(annotations[b, :n], x, rtol=1e-12, atol=1e-12)
+    one_layer, _ = random_model(gru_form=gru_form).encoder(src, src_lengths)
+    assert not torch.allclose(one_layer, annotations)
 
 
 def test_paper_initialisation() -> None:

@@ -207,9 +207,11 @@ def test_readme_names_the_models_dtype_and_its_sentencepiece_model() -> None:
     {"arch": "rnnencdec"},
     {"gru_form": "paper"},
     {"layer_norm": True},
+    {"gru_form": "paper", "encoder_layers": 2},
 ])
 def test_other_models_export(changes) -> None:
-    """Every engine, attention, architecture and GRU form, layer-normalised or not, exports,
+    """Every engine, attention, architecture and GRU form, layer-normalised or not, with a
+    deeper encoder too, exports,
     and greedy decoding from the programs equals `greedy_search` (float64, random weights, a
     batch of other lengths)."""
     torch.manual_seed(0)

@@ -151,6 +151,9 @@ def test_model_sizes_override_the_preset() -> None:
         ModelConfig(10, 12, embed_size=8, hidden_size=8, decoder_size=12, align_size=7,
                     maxout_size=6), init="glorot", layer_norm=True)
     assert ModelChoices(preset="tiny", align_size=7).name == "tiny, align_size=7"
+    deeper = ModelChoices(preset="g2p", encoder_layers=2)
+    assert deeper.config(10, 12).encoder_layers == 2
+    assert deeper.name == "g2p, encoder_layers=2"
 
 
 def test_model_size_flags_are_checked_and_fixed_on_resume() -> None:
