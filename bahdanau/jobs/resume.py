@@ -24,10 +24,12 @@ __all__ = ["resume_changes", "resumed_options"]
 
 # Options that options.json records only since a later version, and the value that the runs
 # written before then had: a missing one is compared as that (any other missing option is not).
-# The model's attention, how it is computed and layer norm became options later too: before,
-# every run trained ModelConfig's defaults (no layer norm, now the job's default).
+# The model's attention, how it is computed, layer norm and the encoder's depth became options
+# later too: before, every run trained ModelConfig's defaults (no layer norm, now the job's
+# default; one encoder layer).
 _BEFORE_RECORDED = {"early_stopping_metric": UNNAMED_METRIC, "attention": "additive",
-                    "attention_impl": "auto", "engine": "fast", "layer_norm": False}
+                    "attention_impl": "auto", "engine": "fast", "layer_norm": False,
+                    "encoder_layers": 1}
 
 
 def resume_changes(stored: Mapping[str, Any], given: TrainOptions) -> list[str]:

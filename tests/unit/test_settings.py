@@ -227,6 +227,17 @@ def test_a_run_begun_without_layer_norm_resumes_with_no_layer_norm() -> None:
         assert resume_changes(stored, without) == []
 
 
+def test_a_run_recorded_before_encoder_layers_keeps_one_layer() -> None:
+    """A run recorded before --encoder-layers was an option trained one layer: it resumes as it
+    is, and a deeper encoder given on resume is refused in one line that says what resumes it."""
+    before = {k: v for k, v in TrainOptions().to_record().items() if k != "encoder_layers"}
+    assert resume_changes(before, TrainOptions()) == []
+    with pytest.raises(InputError, match=r"^--encoder-layers was 1 when this run began and is 2 "
+                                         r"now; a resumed run keeps it \(--encoder-layers 1 "
+                                         r"resumes it; "):
+        resume_changes(before, TrainOptions.from_mapping({"encoder_layers": 2}))
+
+
 def test_model_attention_flags_choose_the_model_s_attention() -> None:
     """--attention, --attention-impl and --engine are ModelConfig's settings: checked as flags,
     in the job's model config, and fixed on resume, also for a run recorded before they were
