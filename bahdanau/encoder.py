@@ -363,27 +363,25 @@ class BiRNNEncoder(Part, nn.Module):
                  layer: Callable[[Tensor, int, LayerWeights], Tensor]) -> Tensor:
         """`layer` (a layer's input, its index, its weights -> its (B, S, 2H) annotations) run
         over the stack, first to last: layer k + 1 reads layer k's annotations after
-        `torch.nn.GRU`'s dropout between layers (the rate of `dropout_rnn_inputs`), so every
-        path is the same function as the packed one."""
+        `rnn_input_dropout`, the rate of `torch.nn.GRU`'s dropout between layers in the packed
+        path, so every path is the same function."""
         weights = self.rnn.all_weights             # [W_ih, W_hh, b_ih, b_hh], per layer: fwd, bwd
         x = embedded                                                 # (B, S, E), then (B, S, 2H)
         for k in range(self.num_layers):
-            x = F.dropout(x, self.rnn.dropout, self.training) if k else x
+            x = self.rnn_input_dropout(x) if k else x
             x = layer(x, k, (weights[2 * k], weights[2 * k + 1]))
         return x
 
     def _paper_gru(self, embedded: Tensor, mask: Tensor) -> Tensor:
         """The paper's GRU, layer after layer: (B, S, E) -> (B, S, 2H), 0 at padding."""
-        return self._stacked(embedded, lambda x, _, weights: self._paper_layer(x, mask, *weights))
+        return self._stacked(embedded, lambda x, _, weights: self._paper_layer(x, mask, weights))
 
-    def _paper_layer(self, x: Tensor, mask: Tensor, forward_weights: Sequence[Tensor],
-                     backward_weights: Sequence[Tensor]) -> Tensor:
+    def _paper_layer(self, x: Tensor, mask: Tensor, weights: LayerWeights) -> Tensor:
         """Both directions of one layer of the paper's GRU in one loop (fwd at position t, bwd
-        at S-1-t), each weights [W_ih, W_hh, b_ih, b_hh]."""
+        at S-1-t)."""
         hidden = self.hidden_size
         batch, src_len, _ = x.shape
-        (w_ih, w_hh, b_ih, b_hh), (w_ih_r, w_hh_r, b_ih_r, b_hh_r) = (forward_weights,
-                                                                      backward_weights)
+        (w_ih, w_hh, b_ih, b_hh), (w_ih_r, w_hh_r, b_ih_r, b_hh_r) = weights
         x_fwd = nn.functional.linear(x, w_ih, b_ih)                        # (B, S, 3H)
         x_bwd = nn.functional.linear(x, w_ih_r, b_ih_r)                    # (B, S, 3H)
         w_rz = torch.stack([w_hh[: 2 * hidden], w_hh_r[: 2 * hidden]])     # (2, 2H, H)
